@@ -1,0 +1,78 @@
+"""The harness's errors, as a tree that says what to do.
+
+::
+
+    HarnessError                 base of everything we raise on purpose
+    ├── UserError                fatal: the input is wrong; fix it and re-run (exit 2)
+    │   ├── SpecError            hypotheses.yaml: names the key and the line
+    │   └── CommitError          a revision that does not resolve in the engine repo
+    ├── InfrastructureError      fatal for the run: the machine or a tool failed (exit 3)
+    └── ConfigFailure            recoverable: one config could not be measured;
+        │                        recorded in the ledger with its log tail, the run goes on
+        ├── BuildFailed          the build command failed at a commit (bisection skips it)
+        └── BootFailed           the server exited early or never became ready
+            └── BootTimeout      ... within its deadline (may be retried)
+
+Only ``cli`` turns these into exit codes; library code raises, never prints or exits.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base of every error the harness raises on purpose."""
+
+    exit_code = 1
+
+
+class UserError(HarnessError):
+    """Bad input: the message names what is wrong and what to do."""
+
+    exit_code = 2
+
+
+class SpecError(UserError):
+    """A problem in a hypotheses file, located by key path and line."""
+
+    def __init__(self, message: str, *, key: str | None = None, line: int | None = None,
+                 file: str | None = None):
+        self.key, self.line, self.file = key, line, file
+        where = []
+        if file:
+            where.append(f"{file}" + (f":{line}" if line else ""))
+        elif line:
+            where.append(f"line {line}")
+        if key:
+            where.append(f"key '{key}'")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class CommitError(UserError):
+    """A revision that does not resolve in the engine's repository."""
+
+
+class InfrastructureError(HarnessError):
+    """The machine, git, or the ledger failed in a way no config can route around."""
+
+    exit_code = 3
+
+
+class ConfigFailure(HarnessError):
+    """One config could not be measured; recorded and skipped, never fatal to the run."""
+
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None):
+        self.log_tail, self.log_path = log_tail, log_path
+        super().__init__(message)
+
+
+class BuildFailed(ConfigFailure):
+    """The build command exited non-zero in a commit's worktree."""
+
+
+class BootFailed(ConfigFailure):
+    """The server process exited before it was ready, or failed its health check."""
+
+
+class BootTimeout(BootFailed):
+    """The server did not become ready before its deadline."""

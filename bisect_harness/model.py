@@ -1,0 +1,121 @@
+"""Plain value types shared by every layer: metrics, arms, samples, outcomes.
+
+These are frozen dataclasses: a measurement, once made, is never edited.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+FlagValue = Union[str, int, float, bool, list, dict, None]
+
+
+class Better(str, enum.Enum):
+    """Which way a metric improves. Decided per metric, never from its name."""
+
+    HIGHER = "higher"
+    LOWER = "lower"
+
+
+class Expect(str, enum.Enum):
+    """The direction a hypothesis claims the treatment moves the metric's value."""
+
+    INCREASE = "increase"
+    DECREASE = "decrease"
+
+    @property
+    def sign(self) -> int:
+        return 1 if self is Expect.INCREASE else -1
+
+
+class Outcome(str, enum.Enum):
+    """The three outcomes of a hypothesis; see ``stats`` for what each promises."""
+
+    CONFIRMED = "confirmed"
+    REFUTED = "refuted"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named quantity with a unit and a direction."""
+
+    name: str
+    unit: str
+    better: Better
+    description: str = ""
+
+
+#: Metrics every benchmark sample carries (from the streaming client).
+CLIENT_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("tok_s", "tok/s", Better.HIGHER, "output tokens per second over the sample window"),
+        Metric("ttft_ms", "ms", Better.LOWER, "mean time to first token"),
+        Metric("itl_ms", "ms", Better.LOWER, "mean inter-token latency (per token, not per chunk)"),
+        Metric("tpot_ms", "ms", Better.LOWER, "mean time per output token after the first"),
+        Metric("e2e_ms", "ms", Better.LOWER, "mean end-to-end request latency"),
+    )
+}
+
+
+def _canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of a comparison: what to boot. ``commit`` is a resolved sha or None
+    (an engine with no repository, e.g. an installed server)."""
+
+    commit: str | None
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    label: str = ""
+
+    def key(self) -> str:
+        """Stable identity of the config: equal arms share boots."""
+        payload = _canonical({"commit": self.commit, "env": dict(self.env), "flags": dict(self.flags)})
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        parts = [self.commit[:10] if self.commit else "(installed)"]
+        parts += [f"{k}={v}" for k, v in sorted(self.env.items())]
+        parts += [f"--{k}={v}" for k, v in sorted(self.flags.items())]
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One benchmark measurement inside a boot."""
+
+    metrics: Mapping[str, float]
+    requests: int
+    output_tokens: int
+    duration_s: float
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """How one sample is measured against a ready server.
+
+    ``api`` is ``"completions"`` (OpenAI ``/v1/completions`` streaming) or
+    ``"generate"`` (SGLang's native ``/generate`` streaming).
+    """
+
+    api: str = "completions"
+    model: str | None = None
+    prompt_tokens: int = 64
+    output_tokens: int = 64
+    concurrency: int = 1
+    requests_per_sample: int = 4
+    warmup_requests: int = 2
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    request_timeout_s: float = 300.0
+    seed: int = 0
