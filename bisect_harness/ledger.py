@@ -1,0 +1,323 @@
+"""The ledger: every run, config, boot, sample, verdict and bisection, append-only.
+
+Any SQLAlchemy URL works; the default is ``sqlite:///results.db``. Each sample is
+committed the moment it is measured, so a killed run loses nothing already
+measured, and a later run (or a resumed bisection) can reuse it.
+
+The schema carries a version number in ``meta``; a database written by a newer
+harness is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
+                        event, select)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from .errors import InfrastructureError, UserError
+
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict: JSON, list: JSON, Any: JSON}
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="run")  # run | bisect
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | done | failed | interrupted
+    spec_path: Mapped[str] = mapped_column(Text)
+    spec_text: Mapped[str] = mapped_column(Text)
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    harness_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[dict] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    configs: Mapped[list["Config"]] = relationship(back_populates="run")
+    hypotheses: Mapped[list["HypothesisRow"]] = relationship(back_populates="run", order_by="HypothesisRow.id")
+
+
+class Config(Base):
+    """One distinct server boot recipe within a run; ``key`` identifies it across runs."""
+
+    __tablename__ = "configs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    key: Mapped[str] = mapped_column(String(64), index=True)
+    label: Mapped[str] = mapped_column(Text, default="")
+    commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    flags: Mapped[dict] = mapped_column(JSON, default=dict)
+    argv: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | ok | build_failed | boot_failed
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    run: Mapped[Run] = relationship(back_populates="configs")
+    boots: Mapped[list["Boot"]] = relationship(back_populates="config", order_by="Boot.id")
+
+
+class Boot(Base):
+    """One start of the server for one config: the unit of replication."""
+
+    __tablename__ = "boots"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"), index=True)
+    config_key: Mapped[str] = mapped_column(String(64), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | ok | failed | excluded
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    ready_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    argv: Mapped[list] = mapped_column(JSON, default=list)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    host_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    provenance: Mapped[dict] = mapped_column(JSON, default=dict)
+    env_report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    flag_report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    server_info: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    marks: Mapped[list] = mapped_column(JSON, default=list)  # env_missing, flag_mismatch, source_unmatched, ...
+    source_problems: Mapped[list] = mapped_column(JSON, default=list)
+    config: Mapped[Config] = relationship(back_populates="boots")
+    samples: Mapped[list["SampleRow"]] = relationship(back_populates="boot", order_by="SampleRow.seq")
+
+
+class SampleRow(Base):
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    requests: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    duration_s: Mapped[float] = mapped_column(Float)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    boot: Mapped[Boot] = relationship(back_populates="samples")
+
+
+class HypothesisRow(Base):
+    __tablename__ = "hypotheses"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    hid: Mapped[str] = mapped_column(Text)
+    statement: Mapped[str] = mapped_column(Text, default="")
+    metric: Mapped[str] = mapped_column(String(64))
+    expect: Mapped[str] = mapped_column(String(16))
+    min_effect: Mapped[float] = mapped_column(Float)
+    baseline_config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"))
+    treatment_config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"))
+    spec: Mapped[dict] = mapped_column(JSON, default=dict)
+    run: Mapped[Run] = relationship(back_populates="hypotheses")
+    baseline: Mapped[Config] = relationship(foreign_keys=[baseline_config_id])
+    treatment: Mapped[Config] = relationship(foreign_keys=[treatment_config_id])
+    verdicts: Mapped[list["VerdictRow"]] = relationship(back_populates="hypothesis", order_by="VerdictRow.id")
+
+    @property
+    def verdict(self) -> "VerdictRow | None":
+        """The latest verdict (earlier ones are the sequential looks)."""
+        return self.verdicts[-1] if self.verdicts else None
+
+
+class VerdictRow(Base):
+    """One look at a hypothesis; the last one of a hypothesis is its verdict."""
+
+    __tablename__ = "verdicts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    hypothesis_id: Mapped[int] = mapped_column(ForeignKey("hypotheses.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    outcome: Mapped[str] = mapped_column(String(16))
+    final: Mapped[bool] = mapped_column(Boolean)
+    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_high: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    test: Mapped[str] = mapped_column(Text, default="")
+    alpha: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    baseline_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
+    treatment_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
+    warnings: Mapped[list] = mapped_column(JSON, default=list)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)
+    hypothesis: Mapped[HypothesisRow] = relationship(back_populates="verdicts")
+
+
+class Calibration(Base):
+    __tablename__ = "calibrations"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    phase: Mapped[str] = mapped_column(String(16))  # before | after
+    host_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    host: Mapped[dict] = mapped_column(JSON, default=dict)
+    result: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Bisection(Base):
+    __tablename__ = "bisections"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    hypothesis_id: Mapped[int | None] = mapped_column(ForeignKey("hypotheses.id"), nullable=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    good: Mapped[str] = mapped_column(String(64))
+    bad: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    commits: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    probes: Mapped[list["Probe"]] = relationship(back_populates="bisection", order_by="Probe.id")
+
+
+class Probe(Base):
+    __tablename__ = "bisect_probes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bisection_id: Mapped[int] = mapped_column(ForeignKey("bisections.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    commit: Mapped[str] = mapped_column(String(64))
+    boots_requested: Mapped[int] = mapped_column(Integer)
+    values: Mapped[list] = mapped_column(JSON, default=list)
+    reused: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False)
+    note: Mapped[str] = mapped_column(Text, default="")
+    bisection: Mapped[Bisection] = relationship(back_populates="probes")
+
+
+@dataclass(frozen=True)
+class BootValues:
+    """Boot-level view of a config's measurements for one metric."""
+
+    boot_ids: tuple[int, ...]
+    values: tuple[tuple[float, ...], ...]  # per boot, the sample values
+
+
+class Ledger:
+    """Thin session owner over the database. Methods commit before they return."""
+
+    def __init__(self, url: str = "sqlite:///results.db"):
+        self.url = url
+        try:
+            self.engine: Engine = create_engine(url, future=True)
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            Base.metadata.create_all(self.engine)
+        except SQLAlchemyError as exc:
+            raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
+                            "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
+        self.session = Session(self.engine, expire_on_commit=False)
+        self._check_version()
+
+    def _check_version(self) -> None:
+        row = self.session.get(Meta, "schema_version")
+        if row is None:
+            self.session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            self.session.commit()
+        elif int(row.value) > SCHEMA_VERSION:
+            raise UserError(f"the ledger {self.url} has schema version {row.value}, newer than this harness "
+                            f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
+
+    def close(self) -> None:
+        self.session.close()
+        self.engine.dispose()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def add(self, obj):
+        """Add and commit one row at once: nothing measured waits for the end of a run."""
+        try:
+            self.session.add(obj)
+            self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+        return obj
+
+    def commit(self) -> None:
+        try:
+            self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+
+    # ------------------------------------------------------------------ reads
+
+    def run(self, run_id: int) -> Run:
+        run = self.session.get(Run, run_id)
+        if run is None:
+            raise UserError(f"no run {run_id} in {self.url}; `harness ledger list` shows the runs")
+        return run
+
+    def runs(self, limit: int = 50) -> Sequence[Run]:
+        return self.session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
+
+    def latest_run(self) -> Run:
+        run = self.session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+        if run is None:
+            raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
+        return run
+
+    def boot_values(self, boots: Iterable[Boot], metric: str, *, include_marked: bool = True) -> BootValues:
+        ids, values = [], []
+        for boot in boots:
+            if boot.status != "ok" and not (include_marked and boot.status == "marked"):
+                continue
+            vals = tuple(float(s.metrics[metric]) for s in boot.samples
+                         if metric in s.metrics and s.metrics[metric] is not None)
+            if vals:
+                ids.append(boot.id)
+                values.append(vals)
+        return BootValues(tuple(ids), tuple(values))
+
+    def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:
+        """Finished boots of the same config on the same host (any earlier run)."""
+        q = select(Boot).where(Boot.config_key == config_key, Boot.status == "ok")
+        if host_fingerprint is not None:
+            q = q.where(Boot.host_fingerprint == host_fingerprint)
+        return self.session.scalars(q.order_by(Boot.id)).all()
+
+    def bisection_for(self, good: str, bad: str, metric: str, spec_hash: str) -> Bisection | None:
+        q = (select(Bisection).join(Run, Run.id == Bisection.run_id)
+             .where(Bisection.good == good, Bisection.bad == bad, Bisection.metric == metric,
+                    Run.spec_hash == spec_hash)
+             .order_by(Bisection.id.desc()))
+        return self.session.scalars(q).first()
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)

@@ -1,0 +1,534 @@
+"""hypotheses.yaml: the one reader of the file.
+
+``load_spec(path)`` parses, validates and freezes the file into dataclasses; every
+error names the key path and the line it came from, and says what to do. Nothing
+else in the harness reads the YAML again. The format is documented in
+``docs/hypotheses-format.md``.
+
+Defaults live here, in the dataclasses' fields, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import SpecError
+from .model import CLIENT_METRICS, BenchmarkSpec, Better, Expect, FlagValue, Metric
+
+SPEC_VERSION = 1
+ENV_CHECK_MODES = ("mark", "exclude", "fatal")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The server under test: where its code lives, how to build and launch it."""
+
+    preset: str = "openai"
+    repo: Path | None = None
+    build: tuple[str, ...] | None = None
+    launch: tuple[str, ...] = ()
+    cwd: str | None = None
+    health: str = "/health"
+    ready_timeout_s: float = 600.0
+    server_info: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    metrics: tuple[Any, ...] = ()  # sources.MetricSource
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Run-wide knobs; hypotheses may not override them (one design per run)."""
+
+    samples_per_boot: int = 3
+    boots_per_arm: int = 3
+    max_boots_per_arm: int = 6
+    alpha: float = 0.05
+    env_check: str = "mark"
+    flag_check: str = "mark"
+    aa_check: bool = False
+    boot_retries: int = 1
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One side of a hypothesis as written: a revision (unresolved), env and flags."""
+
+    commit: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HypothesisSpec:
+    id: str
+    statement: str
+    baseline: ArmSpec
+    treatment: ArmSpec
+    metric: str
+    expect: Expect
+    min_effect: float
+    bisect: bool = False
+    line: int | None = None
+    matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    text: str
+    engine: EngineSpec
+    benchmark: BenchmarkSpec
+    defaults: Defaults
+    hypotheses: tuple[HypothesisSpec, ...]
+
+    @property
+    def spec_dir(self) -> Path:
+        return self.path.parent
+
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric a hypothesis may name: the client's and the declared sources'."""
+        out = dict(CLIENT_METRICS)
+        for source in self.engine.metrics:
+            out[source.metric.name] = source.metric
+        return out
+
+    def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
+        """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
+        if not only:
+            return self
+        known = {h.id for h in self.hypotheses} | {h.id.split("[", 1)[0] for h in self.hypotheses}
+        unknown = [o for o in only if o not in known]
+        if unknown:
+            raise SpecError(
+                f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
+                + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
+        keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
+        return replace(self, hypotheses=keep)
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+class _Doc:
+    """The parsed YAML plus the line of every key path, for error messages."""
+
+    def __init__(self, text: str, file: str):
+        self.file = file
+        self.lines: dict[str, int] = {}
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise SpecError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                            line=mark.line + 1 if mark else None, file=file) from None
+        if node is None:
+            raise SpecError("the file is empty; see docs/hypotheses-format.md", file=file)
+        self.data = self._convert(node, "")
+
+    def _convert(self, node, path: str):
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict = {}
+            for key_node, value_node in node.value:
+                key = self._convert(key_node, path + ".<key>")
+                if not isinstance(key, (str, int, float, bool)):
+                    raise SpecError("a mapping key must be a plain scalar",
+                                    key=path or None, line=key_node.start_mark.line + 1, file=self.file)
+                key = str(key)
+                sub = f"{path}.{key}" if path else key
+                if key in out:
+                    raise SpecError("duplicate key", key=sub, line=key_node.start_mark.line + 1,
+                                    file=self.file)
+                self.lines[sub] = key_node.start_mark.line + 1
+                out[key] = self._convert(value_node, sub)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._convert(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
+        return _scalar(node)
+
+    def line(self, path: str) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+        return None
+
+    def error(self, path: str, message: str) -> SpecError:
+        return SpecError(message, key=path or None, line=self.line(path), file=self.file)
+
+
+def _scalar(node: yaml.ScalarNode):
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+class _Reader:
+    def __init__(self, doc: _Doc):
+        self.doc = doc
+
+    def mapping(self, value, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.doc.error(path, f"expected a mapping, got {_typename(value)}")
+        for key in value:
+            if key not in allowed:
+                hint = _closest(key, allowed)
+                raise self.doc.error(
+                    f"{path}.{key}" if path else key,
+                    f"unknown key{f'; did you mean {hint!r}' if hint else ''}. "
+                    f"Allowed here: {', '.join(allowed)}")
+        for key in required:
+            if key not in value:
+                raise self.doc.error(path, f"missing required key '{key}'")
+        return value
+
+    def typed(self, value, path: str, types: tuple[type, ...], what: str):
+        if isinstance(value, bool) and bool not in types:
+            raise self.doc.error(path, f"expected {what}, got a boolean")
+        if not isinstance(value, types):
+            raise self.doc.error(path, f"expected {what}, got {_typename(value)}")
+        return value
+
+    def positive_int(self, value, path: str, minimum: int = 1) -> int:
+        self.typed(value, path, (int,), "an integer")
+        if value < minimum:
+            raise self.doc.error(path, f"must be >= {minimum}, got {value}")
+        return value
+
+    def argv(self, value, path: str) -> tuple[str, ...]:
+        """An argv list. A plain string is split like a command line (shlex), never run by a shell."""
+        import shlex
+
+        if isinstance(value, str):
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise self.doc.error(path, f"cannot split into arguments: {exc}") from None
+        if not isinstance(value, list) or not value:
+            raise self.doc.error(path, "expected a non-empty list of arguments")
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise self.doc.error(f"{path}[{i}]", f"expected a string argument, got {_typename(item)}")
+            out.append(str(item))
+        return tuple(out)
+
+    def env(self, value, path: str) -> dict[str, str]:
+        if value is None:
+            return {}
+        self.typed(value, path, (dict,), "a mapping of environment variables")
+        out = {}
+        for name, v in value.items():
+            if not _ENV_NAME_RE.match(name):
+                raise self.doc.error(f"{path}.{name}", "not a valid environment variable name")
+            if v is None or isinstance(v, (dict, list)):
+                raise self.doc.error(f"{path}.{name}",
+                                     f"an environment value must be a string or number, got {_typename(v)}")
+            out[name] = _env_str(v)
+        return out
+
+    def flags(self, value, path: str) -> dict[str, FlagValue]:
+        if value is None:
+            return {}
+        self.typed(value, path, (dict,), "a mapping of server flags")
+        out = {}
+        for name, v in value.items():
+            if name.startswith("-"):
+                raise self.doc.error(f"{path}.{name}", "write flag names without leading dashes "
+                                     f"(e.g. '{name.lstrip('-')}')")
+            out[name] = v
+        return out
+
+
+def _env_str(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _typename(v) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
+            bool: "a boolean", type(None): "nothing (null)"}.get(type(v), type(v).__name__)
+
+
+def _closest(word: str, options) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def parse_effect(value, path: str, doc: _Doc) -> float:
+    """``10%``, ``"10 %"``, ``0.1`` -> 0.1. Must lie in (0, 1)."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
+        if not m:
+            raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
+        number = float(m.group(1)) / 100.0
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {_typename(value)}")
+    if not 0.0 < number < 1.0:
+        raise doc.error(path, f"must be a relative effect between 0 and 1 (0% and 100%), got {value!r}")
+    return number
+
+
+# --------------------------------------------------------------------------- the loader
+
+
+_TOP = ("version", "engine", "benchmark", "defaults", "hypotheses")
+_ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
+           "env", "flags", "metrics")
+_BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
+_DEFAULTS = tuple(Defaults.__dataclass_fields__)
+_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
+_ARM = ("commit", "env", "flags")
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read, validate and freeze a hypotheses file. Raises ``SpecError`` naming key and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"no such file: {path}. Pass the path of a hypotheses.yaml "
+                        "(see docs/hypotheses-format.md)") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from None
+    return parse_spec(text, path)
+
+
+def parse_spec(text: str, path: Path) -> Spec:
+    doc = _Doc(text, str(path))
+    r = _Reader(doc)
+    top = r.mapping(doc.data, "", _TOP, required=("engine", "hypotheses"))
+    version = top.get("version", SPEC_VERSION)
+    if version != SPEC_VERSION:
+        raise doc.error("version", f"this harness reads version {SPEC_VERSION} files, got {version!r}; "
+                        "upgrade bisect-harness or rewrite the file")
+    engine = _engine(r, top["engine"], path.parent)
+    bench = _benchmark(r, top.get("benchmark"))
+    defaults = _defaults(r, top.get("defaults"))
+    metrics = dict(CLIENT_METRICS)
+    for s in engine.metrics:
+        metrics[s.metric.name] = s.metric
+    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=engine.repo is not None or engine.preset == "demo")
+    return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
+                hypotheses=hyps)
+
+
+def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
+    from . import presets, sources
+
+    e = r.mapping(value, "engine", _ENGINE)
+    preset_name = e.get("preset", "openai")
+    r.typed(preset_name, "engine.preset", (str,), "a preset name")
+    try:
+        preset = presets.get_preset(preset_name)
+    except Exception as exc:  # UserError from presets names the known ones
+        raise r.doc.error("engine.preset", str(exc)) from None
+    repo = None
+    if "repo" in e:
+        r.typed(e["repo"], "engine.repo", (str,), "a path to a git repository")
+        repo = (spec_dir / Path(e["repo"]).expanduser()).resolve()
+        if not repo.exists():
+            raise r.doc.error("engine.repo", f"no such folder: {repo}. Point it at the engine's git checkout "
+                              "(relative to this file), or remove it to test an installed server")
+    launch = r.argv(e["launch"], "engine.launch") if "launch" in e else tuple(preset.launch)
+    if not launch:
+        raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "
+                          "e.g. [my-server, --port, '{port}']")
+    build = r.argv(e["build"], "engine.build") if "build" in e else (
+        tuple(preset.build) if preset.build else None)
+    health = e.get("health", preset.health_path)
+    r.typed(health, "engine.health", (str,), "a URL path like /health")
+    if not health.startswith("/"):
+        raise r.doc.error("engine.health", f"must start with '/', got {health!r}")
+    timeout = e.get("ready_timeout_s", preset.ready_timeout_s)
+    r.typed(timeout, "engine.ready_timeout_s", (int, float), "a number of seconds")
+    if timeout <= 0:
+        raise r.doc.error("engine.ready_timeout_s", "must be positive")
+    info = e.get("server_info", list(preset.server_info_paths))
+    if isinstance(info, str):
+        info = [info]
+    r.typed(info, "engine.server_info", (list,), "a path or a list of paths")
+    cwd = e.get("cwd")
+    if cwd is not None:
+        r.typed(cwd, "engine.cwd", (str,), "a folder (placeholders allowed)")
+    metrics = []
+    raw_metrics = e.get("metrics") or []
+    r.typed(raw_metrics, "engine.metrics", (list,), "a list of metric sources")
+    seen = set(CLIENT_METRICS)
+    for i, m in enumerate(raw_metrics):
+        key = f"engine.metrics[{i}]"
+        try:
+            source = sources.parse_source(m, key)
+        except SpecError as exc:
+            raise r.doc.error(exc.key or key, str(exc).split(": ", 1)[-1] if exc.key else str(exc)) from None
+        if source.metric.name in seen:
+            raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
+        seen.add(source.metric.name)
+        metrics.append(source)
+    return EngineSpec(
+        preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
+        ready_timeout_s=float(timeout), server_info=tuple(str(p) for p in info),
+        env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
+        metrics=tuple(metrics))
+
+
+def _benchmark(r: _Reader, value) -> BenchmarkSpec:
+    b = r.mapping(value, "benchmark", _BENCH)
+    kwargs: dict[str, Any] = {}
+    for name, f in BenchmarkSpec.__dataclass_fields__.items():
+        if name not in b:
+            continue
+        v, path = b[name], f"benchmark.{name}"
+        default = f.default
+        if isinstance(default, bool):
+            r.typed(v, path, (bool,), "true or false")
+        elif isinstance(default, int):
+            v = r.positive_int(v, path, minimum=0 if name in ("warmup_requests", "seed") else 1)
+        elif isinstance(default, float):
+            r.typed(v, path, (int, float), "a number")
+            if v < 0:
+                raise r.doc.error(path, "must not be negative")
+            v = float(v)
+        else:
+            r.typed(v, path, (str,), "a string")
+        kwargs[name] = v
+    if kwargs.get("api", "completions") not in ("completions", "generate"):
+        raise r.doc.error("benchmark.api", f"must be 'completions' or 'generate', got {kwargs['api']!r}")
+    return BenchmarkSpec(**kwargs)
+
+
+def _defaults(r: _Reader, value) -> Defaults:
+    d = r.mapping(value, "defaults", _DEFAULTS)
+    kwargs: dict[str, Any] = {}
+    for name in ("samples_per_boot", "boots_per_arm", "max_boots_per_arm"):
+        if name in d:
+            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=2 if name != "samples_per_boot" else 1)
+    if "boot_retries" in d:
+        kwargs["boot_retries"] = r.positive_int(d["boot_retries"], "defaults.boot_retries", minimum=0)
+    if "alpha" in d:
+        a = r.typed(d["alpha"], "defaults.alpha", (int, float), "a number")
+        if not 0 < a < 0.5:
+            raise r.doc.error("defaults.alpha", f"must lie in (0, 0.5), got {a}")
+        kwargs["alpha"] = float(a)
+    for name in ("env_check", "flag_check"):
+        if name in d:
+            if d[name] not in ENV_CHECK_MODES:
+                raise r.doc.error(f"defaults.{name}", f"must be one of {', '.join(ENV_CHECK_MODES)}, got {d[name]!r}")
+            kwargs[name] = d[name]
+    if "aa_check" in d:
+        kwargs["aa_check"] = r.typed(d["aa_check"], "defaults.aa_check", (bool,), "true or false")
+    out = Defaults(**kwargs)
+    if out.max_boots_per_arm < out.boots_per_arm:
+        raise r.doc.error("defaults.max_boots_per_arm",
+                          f"the budget ({out.max_boots_per_arm}) is below boots_per_arm ({out.boots_per_arm})")
+    return out
+
+
+def _arm(r: _Reader, value, path: str, has_repo: bool) -> ArmSpec:
+    a = r.mapping(value, path, _ARM)
+    commit = a.get("commit")
+    if commit is not None:
+        if isinstance(commit, bool) or not isinstance(commit, (str, int)):
+            raise r.doc.error(f"{path}.commit", f"expected a revision (sha, branch, tag, HEAD~3), got {_typename(commit)}")
+        commit = str(commit)
+        if not has_repo:
+            raise r.doc.error(f"{path}.commit", "this engine has no repository (engine.repo); "
+                              "add engine.repo or drop the commit")
+    elif has_repo:
+        commit = "HEAD"
+    return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"))
+
+
+def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool) -> tuple[HypothesisSpec, ...]:
+    r.typed(value, "hypotheses", (list,), "a list of hypotheses")
+    if not value:
+        raise r.doc.error("hypotheses", "no hypotheses: write at least one")
+    out: list[HypothesisSpec] = []
+    seen: dict[str, str] = {}
+    for i, raw in enumerate(value):
+        path = f"hypotheses[{i}]"
+        h = r.mapping(raw, path, _HYP, required=("id", "baseline", "treatment", "metric", "expect", "min_effect"))
+        hid = h["id"]
+        if not isinstance(hid, str) or not _ID_RE.match(hid):
+            raise r.doc.error(f"{path}.id", "an id is letters, digits, '.', '_' or '-', starting with a letter or digit")
+        statement = h.get("statement", "")
+        r.typed(statement, f"{path}.statement", (str,), "a sentence")
+        metric = h["metric"]
+        if metric not in metrics:
+            raise r.doc.error(f"{path}.metric", f"unknown metric {metric!r}; known: {', '.join(sorted(metrics))} "
+                              "(declare more under engine.metrics)")
+        try:
+            expect = Expect(h["expect"])
+        except ValueError:
+            raise r.doc.error(f"{path}.expect", f"must be 'increase' or 'decrease', got {h['expect']!r}") from None
+        min_effect = parse_effect(h["min_effect"], f"{path}.min_effect", r.doc)
+        bisect = h.get("bisect", False)
+        r.typed(bisect, f"{path}.bisect", (bool,), "true or false")
+        if bisect and not has_repo:
+            raise r.doc.error(f"{path}.bisect", "bisection needs commits: add engine.repo")
+        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo)
+        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo)
+        line = r.doc.line(path)
+        points = _matrix(r, h.get("matrix"), f"{path}.matrix")
+        for point in points:
+            b, t = base, treat
+            for (arm_name, kind, name), v in point:
+                for which in (("baseline", "treatment") if arm_name == "both" else (arm_name,)):
+                    arm = b if which == "baseline" else t
+                    if kind == "env":
+                        if isinstance(v, (dict, list)) or v is None:
+                            raise r.doc.error(f"{path}.matrix", f"env values must be scalars, got {_typename(v)}")
+                        arm = replace(arm, env={**arm.env, name: _env_str(v)})
+                    else:
+                        arm = replace(arm, flags={**arm.flags, name: v})
+                    if which == "baseline":
+                        b = arm
+                    else:
+                        t = arm
+            suffix = ",".join(f"{name}={v}" for (_, _, name), v in point)
+            full_id = f"{hid}[{suffix}]" if point else hid
+            if full_id in seen:
+                raise r.doc.error(f"{path}.id", f"id {full_id!r} is used twice (also at {seen[full_id]})")
+            seen[full_id] = path
+            out.append(HypothesisSpec(
+                id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
+                min_effect=min_effect, bisect=bisect, line=line,
+                matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point}))
+    return tuple(out)
+
+
+def _matrix(r: _Reader, value, path: str) -> list[list]:
+    if value is None:
+        return [[]]
+    r.typed(value, path, (dict,), "a mapping of 'flags.NAME' or 'env.NAME' to a list of values")
+    axes = []
+    for key, values in value.items():
+        parts = key.split(".", 2) if key.split(".", 1)[0] in ("baseline", "treatment", "both") else ["treatment"] + key.split(".", 1)
+        if len(parts) != 3 or parts[1] not in ("flags", "env") or not parts[2]:
+            raise r.doc.error(f"{path}.{key}", "matrix keys look like 'flags.NAME', 'env.NAME', "
+                              "'baseline.flags.NAME' or 'both.env.NAME'")
+        if not isinstance(values, list) or not values:
+            raise r.doc.error(f"{path}.{key}", "expected a non-empty list of values")
+        axes.append([((parts[0], parts[1], parts[2]), v) for v in values])
+    return [list(p) for p in itertools.product(*axes)]
