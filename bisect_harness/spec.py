@@ -347,10 +347,9 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     repo = None
     if "repo" in e:
         r.typed(e["repo"], "engine.repo", (str,), "a path to a git repository")
+        # Existence is checked when the plan resolves commits, so `--dry-run` can show
+        # a plan written for another machine.
         repo = (spec_dir / Path(e["repo"]).expanduser()).resolve()
-        if not repo.exists():
-            raise r.doc.error("engine.repo", f"no such folder: {repo}. Point it at the engine's git checkout "
-                              "(relative to this file), or remove it to test an installed server")
     launch = r.argv(e["launch"], "engine.launch") if "launch" in e else tuple(preset.launch)
     if not launch:
         raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "

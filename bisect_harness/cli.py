@@ -1,0 +1,310 @@
+"""The ``harness`` command: thin commands over the library, one error boundary.
+
+Each command loads, calls the library, renders. Only ``main`` turns errors into
+exit codes: 0 done, 1 an unexpected error (a bug: traceback shown), 2 bad input
+(the message names the key, commit or flag), 3 the machine or a tool failed,
+130 interrupted. Machine-readable output (``--json``) is the last line of stdout;
+progress and tables go to stderr when ``--json`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import HarnessError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Hypothesis-driven regression bisection for LLM inference engines.")
+demo_app = typer.Typer(no_args_is_help=True, help="The built-in demo engine (no GPU needed).")
+ledger_app = typer.Typer(no_args_is_help=True, help="Read the ledger (results.db).")
+app.add_typer(demo_app, name="demo")
+app.add_typer(ledger_app, name="ledger")
+
+LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy URL of the ledger.")
+JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
+
+
+def _console(json_mode: bool) -> Console:
+    return Console(stderr=json_mode, highlight=False)
+
+
+class _ProgressObserver:
+    """Rich progress: one bar per boot, advanced per benchmark sample."""
+
+    def __init__(self, console: Console):
+        from .executor import Observer  # noqa: F401  (the protocol this implements)
+
+        self.console = console
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=False)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def run_started(self, run, plan) -> None:
+        self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs")
+
+    def boot_started(self, config, attempt, samples) -> None:
+        self.task = self.progress.add_task(f"boot {attempt} {config.label[:60]}", total=samples)
+
+    def sample_done(self, config, index, metrics) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task)
+
+    def boot_finished(self, config, boot) -> None:
+        if self.task is not None:
+            status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
+            self.progress.update(self.task, description=f"boot {boot.seq} {config.label[:48]}: {status}")
+            self.task = None
+
+    def verdict(self, hypothesis, verdict) -> None:
+        if verdict.final:
+            self.console.print(f"  {hypothesis.id}: [bold]{verdict.outcome}[/bold] ({verdict.reason})")
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+
+def _verdict_table(run) -> Table:
+    t = Table(title=f"run {run.id}: verdicts")
+    for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t"):
+        t.add_column(col)
+    for h in run.hypotheses:
+        v = h.verdict
+        if v is None:
+            t.add_row(h.hid, h.metric, "not decided", "", "", "", "")
+            continue
+        ci = f"[{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else "n/a"
+        t.add_row(h.hid, h.metric, v.outcome, f"{v.ratio:.4f}" if v.ratio is not None else "n/a", ci,
+                  f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
+                  f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}")
+    return t
+
+
+def run_summary(run) -> dict:
+    """The ``--json`` object of ``harness run``."""
+    out = []
+    for h in run.hypotheses:
+        v = h.verdict
+        out.append({
+            "id": h.hid, "verdict": v.outcome if v else "inconclusive", "metric": h.metric,
+            "effect": v.ratio if v else None,
+            "ci": [v.ci_low, v.ci_high] if v and v.ci_low is not None else None,
+            "p_value": v.p_value if v else None,
+            "boots": {"baseline": len(v.baseline_boot_ids) if v else 0,
+                      "treatment": len(v.treatment_boot_ids) if v else 0},
+            "reason": v.reason if v else "no verdict recorded",
+            "warnings": list(v.warnings or []) if v else []})
+    return {"run_id": run.id, "status": run.status, "hypotheses": out}
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="hypotheses.yaml"),
+    ledger: str = LEDGER_OPT,
+    journal_dir: Path = JOURNAL_OPT,
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this hypothesis id (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),
+    no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
+) -> None:
+    """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
+    from . import journal
+    from .executor import Executor
+    from .ledger import Ledger
+    from .plan import make_plan
+    from .spec import load_spec
+
+    console = _console(json_out)
+    spec = load_spec(file).select(tuple(only or ()))
+    if dry_run:
+        from .dryrun import describe_plan
+
+        text, obj = describe_plan(spec, cache_dir=cache_dir)
+        if json_out:
+            print(json.dumps(obj))
+        else:
+            console.print(text, markup=False)
+        return
+    plan = make_plan(spec, cache_dir=cache_dir)
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+        executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration)
+        try:
+            the_run = executor.execute()
+            _bisect_confirmed(executor, console)
+        finally:
+            if executor.run is not None:
+                path = journal.write(led, executor.run, journal_dir)
+                console.print(f"journal: {path}")
+        console.print(_verdict_table(the_run))
+        console.print(f"ledger: {ledger} (run {the_run.id})")
+        if json_out:
+            print(json.dumps(run_summary(the_run)))
+
+
+def _bisect_confirmed(executor, console: Console) -> None:
+    """``bisect: true`` hypotheses whose regression was confirmed get bisected in the same run."""
+    from .bisect_runner import bisect_hypothesis
+
+    for h in executor.plan.hypotheses:
+        row = next(r for r in executor.run.hypotheses if r.hid == h.id)
+        v = row.verdict
+        if h.spec.bisect and v is not None and v.outcome == "confirmed":
+            console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}")
+            result = bisect_hypothesis(executor, h, row)
+            console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
+                          f"{result.boots} boots, {result.stopped})")
+
+
+@app.command()
+def bisect(
+    file: Path = typer.Argument(..., help="hypotheses.yaml: its engine and benchmark are used"),
+    good: str = typer.Option(..., "--good", help="A revision before the regression."),
+    bad: str = typer.Option(..., "--bad", help="A revision after it."),
+    metric: str = typer.Option("tok_s", "--metric", help="Metric to bisect on."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Posterior mass the culprit must hold."),
+    max_boots: int = typer.Option(60, "--max-boots", help="Budget of boots for the search."),
+    first_parent: bool = typer.Option(False, "--first-parent", help="Follow only the first parent of merges."),
+    ledger: str = LEDGER_OPT,
+    journal_dir: Path = JOURNAL_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+) -> None:
+    """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
+    from . import journal
+    from .bisect_runner import bisect_range
+    from .ledger import Ledger
+    from .spec import load_spec
+
+    console = _console(json_out)
+    spec = load_spec(file)
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+        result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
+                                        max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
+                                        log_dir=journal_dir / "logs", observer=obs)
+        path = journal.write(led, executor.run, journal_dir)
+        console.print(f"journal: {path}")
+        if result.culprit:
+            console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)")
+        else:
+            console.print(f"no single culprit ({result.stopped}); candidates: "
+                          + ", ".join(f"{c.commit[:12]} {c.probability:.2f}" for c in result.candidates[:5]))
+        if json_out:
+            print(json.dumps(result.to_json()))
+
+
+@demo_app.command("init")
+def demo_init(directory: Path = typer.Argument(..., help="Where to create the demo engine's git repository.")) -> None:
+    """Lay down the demo engine: a real git history of a small torch inference server."""
+    from .demo import create_demo_repo
+
+    if directory.exists() and any(directory.iterdir()):
+        raise _user_error(f"{directory} exists and is not empty; pick a new folder")
+    history = create_demo_repo(directory)
+    Console().print(f"demo engine: {directory} ({len(history.commits)} commits, HEAD {history.commits[-1][:12]})")
+
+
+@ledger_app.command("list")
+def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "--json")) -> None:
+    """The runs in the ledger, newest first."""
+    from .ledger import Ledger
+
+    with Ledger(ledger) as led:
+        runs = led.runs()
+        if json_out:
+            print(json.dumps([{"run_id": r.id, "kind": r.kind, "status": r.status, "created_at": str(r.created_at),
+                               "spec": r.spec_path, "hypotheses": len(r.hypotheses)} for r in runs]))
+            return
+        t = Table(title=f"runs in {ledger}")
+        for col in ("run", "kind", "date", "status", "spec", "hypotheses", "verdicts"):
+            t.add_column(col)
+        for r in runs:
+            verdicts = ", ".join(f"{h.verdict.outcome}" for h in r.hypotheses if h.verdict)
+            t.add_row(str(r.id), r.kind, r.created_at.strftime("%Y-%m-%d %H:%M"), r.status, Path(r.spec_path).name,
+                      str(len(r.hypotheses)), verdicts)
+        Console().print(t)
+
+
+@ledger_app.command("show")
+def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
+                json_out: bool = typer.Option(False, "--json")) -> None:
+    """One run: its verdicts, configs and boots."""
+    from .ledger import Ledger
+
+    with Ledger(ledger) as led:
+        r = led.run(run_id)
+        if json_out:
+            print(json.dumps(run_summary(r)))
+            return
+        console = Console()
+        console.print(_verdict_table(r))
+        t = Table(title="configs and boots")
+        for col in ("config", "label", "status", "boots ok/all", "marks"):
+            t.add_column(col)
+        for c in r.configs:
+            marks = sorted({m for b in c.boots for m in (b.marks or [])})
+            t.add_row(str(c.id), c.label, c.status, f"{sum(b.status == 'ok' for b in c.boots)}/{len(c.boots)}",
+                      ", ".join(marks))
+        console.print(t)
+
+
+@app.command("journal")
+def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help="Run id (default: the latest)."),
+                ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
+    """Render a run's journal again from the ledger."""
+    from . import journal
+    from .ledger import Ledger
+
+    with Ledger(ledger) as led:
+        r = led.run(run_id) if run_id is not None else led.latest_run()
+        Console().print(f"journal: {journal.write(led, r, journal_dir)}")
+
+
+@app.command()
+def doctor(json_out: bool = typer.Option(False, "--json"),
+           seconds: float = typer.Option(3.0, "--seconds", help="Budget of the calibration probe.")) -> None:
+    """This host's provenance and a calibration probe, now."""
+    from . import calibration
+
+    report = calibration.doctor_report(seconds_budget=seconds)
+    if json_out:
+        print(json.dumps(report.to_dict(), default=str))
+    else:
+        Console().print(calibration.render_doctor_text(report), markup=False)
+
+
+def _user_error(message: str):
+    from .errors import UserError
+
+    return UserError(message)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: the one place errors become exit codes."""
+    try:
+        app(args=argv, prog_name="harness", standalone_mode=True)
+    except HarnessError as exc:
+        Console(stderr=True, highlight=False).print(f"Error: {exc}", markup=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("Interrupted: every server we started was stopped; "
+                                   "what was measured is in the ledger.")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

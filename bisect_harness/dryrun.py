@@ -1,0 +1,52 @@
+"""``harness run --dry-run``: the plan, printed, with nothing booted."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from .plan import make_plan
+from .spec import Spec
+
+
+def describe_plan(spec: Spec, *, cache_dir: Path | None = None) -> tuple[str, dict]:
+    """Text for people and a JSON-ready object: configs, their argv and env, boots planned."""
+    from .plan import engine_repo
+    from .checkout import default_cache_dir
+
+    cache = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache) if spec.engine.preset == "demo" or spec.engine.repo else None
+    resolvable = repo is not None and Path(repo).exists()
+    plan = make_plan(spec, cache_dir=cache, resolve=resolvable)
+    d = spec.defaults
+    lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
+             f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
+             f"{d.samples_per_boot} samples per boot, alpha {d.alpha}"]
+    if repo is not None and not resolvable:
+        lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")
+    configs = []
+    for i, c in enumerate(plan.configs, 1):
+        argv = plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None)
+        users = [h.id for h in plan.hypotheses if c.key in (h.baseline.key, h.treatment.key)]
+        configs.append({"key": c.key, "commit": c.arm.commit, "env": dict(c.arm.env), "flags": dict(c.arm.flags),
+                        "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
+                        "hypotheses": users})
+        lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
+        lines.append(f"  commit: {c.arm.commit or '(installed server)'}")
+        if c.arm.env:
+            lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(c.arm.env.items())))
+        lines.append("  argv:   " + shlex.join(argv))
+    hyps = []
+    lines.append("")
+    for h in plan.hypotheses:
+        b = plan.configs.index(h.baseline) + 1
+        t = plan.configs.index(h.treatment) + 1
+        hyps.append({"id": h.id, "metric": h.metric.name, "expect": h.spec.expect.value,
+                     "min_effect": h.spec.min_effect, "baseline": h.baseline.key, "treatment": h.treatment.key,
+                     "bisect": h.spec.bisect})
+        lines.append(f"hypothesis {h.id}: config {b} vs config {t}, {h.metric.name} {h.spec.expect.value} "
+                     f">= {h.spec.min_effect:.1%}" + (", bisect if confirmed" if h.spec.bisect else ""))
+    obj = {"spec": str(spec.path), "configs": configs, "hypotheses": hyps,
+           "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
+                        "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
+    return "\n".join(lines), obj

@@ -1,0 +1,387 @@
+"""The local executor: boots configs, measures, records, decides.
+
+One boot at a time. Boots of the configs still in question are interleaved
+(A B A B ...), round after round, so slow drift of the host lands on both sides;
+after each round every undecided hypothesis is looked at again by the sequential
+test in ``stats`` and stops asking for boots once decided or out of budget.
+
+Everything measured goes to the ledger the moment it exists. A config that
+cannot be built or booted is recorded with its log tail and its hypotheses end
+inconclusive; the run goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import httpx
+
+from . import __version__, calibration, client, provenance, stats
+from .checkout import Workspace
+from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
+from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
+from .model import Expect, Outcome
+from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis
+from .server import ServerProcess, free_port
+from .sources import SourceCollector
+
+
+class Observer:
+    """Progress callbacks; the CLI renders them, tests ignore them."""
+
+    def run_started(self, run: Run, plan: Plan) -> None: ...
+    def boot_started(self, config: PlannedConfig, attempt: int, samples: int) -> None: ...
+    def sample_done(self, config: PlannedConfig, index: int, metrics: Mapping[str, float]) -> None: ...
+    def boot_finished(self, config: PlannedConfig, boot: Boot) -> None: ...
+    def verdict(self, hypothesis: PlannedHypothesis, verdict: VerdictRow) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class ConfigState:
+    row: Config
+    planned: PlannedConfig
+    failed: str | None = None
+    boots: list[Boot] = field(default_factory=list)
+    consecutive_failures: int = 0
+
+    @property
+    def good_boots(self) -> list[Boot]:
+        return [b for b in self.boots if b.status == "ok"]
+
+
+def host_fingerprint(host: Mapping) -> str:
+    """What makes two boots comparable hosts: machine, boot, GPUs, driver."""
+    keys = {k: host.get(k) for k in ("hostname", "boot_id", "kernel", "cpu_model")}
+    gpus = host.get("gpus") or []
+    keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def summarize_boot(boot: Boot, metric: str) -> float | None:
+    vals = [s.metrics.get(metric) for s in boot.samples]
+    vals = [float(v) for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+class Executor:
+    """Runs a plan on this machine against a ledger."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
+                 calibrate: bool = True):
+        self.plan = plan
+        self.spec = plan.spec
+        self.ledger = ledger
+        self.log_dir = Path(log_dir)
+        self.obs = observer or Observer()
+        self.calibrate = calibrate
+        self.ws = Workspace(plan.repo, plan.cache_dir) if plan.repo is not None else None
+        self.run: Run | None = None
+        self.states: dict[str, ConfigState] = {}
+        self.host: dict = {}
+        self.host_fp: str | None = None
+
+    # ------------------------------------------------------------------ run
+
+    def start_run(self, kind: str = "run") -> Run:
+        spec = self.spec
+        self.host = provenance.collect_host().to_dict()
+        self.host_fp = host_fingerprint(self.host)
+        self.run = self.ledger.add(Run(
+            kind=kind, spec_path=str(spec.path), spec_text=spec.text,
+            spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
+            host=self.host))
+        self.log_dir = self.log_dir / f"run-{self.run.id}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for pc in self.plan.configs:
+            self.state_for(pc)
+        return self.run
+
+    def state_for(self, pc: PlannedConfig) -> ConfigState:
+        st = self.states.get(pc.key)
+        if st is None:
+            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, label=pc.label, commit=pc.arm.commit,
+                                         env=dict(pc.arm.env), flags=dict(pc.arm.flags),
+                                         argv=self.plan.argv(pc, port="{port}", worktree=None)))
+            st = self.states[pc.key] = ConfigState(row=row, planned=pc)
+        return st
+
+    def record_calibration(self, phase: str) -> dict | None:
+        if not self.calibrate:
+            return None
+        try:
+            cal = calibration.calibrate(seconds_budget=2.0).to_dict()
+        except Exception as exc:  # a probe that fails must not lose the run; record why
+            cal = {"error": f"{type(exc).__name__}: {exc}"}
+        self.ledger.add(Calibration(run_id=self.run.id, phase=phase, host_fingerprint=self.host_fp,
+                                    host=self.host, result=cal))
+        return cal
+
+    def finish_run(self, status: str = "done", error: str | None = None) -> None:
+        if self.run is None:
+            return
+        self.run.status = status
+        self.run.error = error
+        self.run.finished_at = utcnow()
+        self.ledger.commit()
+
+    def execute(self) -> Run:
+        """The whole experiment: calibrate, boot rounds until decided, calibrate again."""
+        run = self.start_run()
+        self.obs.run_started(run, self.plan)
+        try:
+            self.record_calibration("before")
+            rows = self._hypothesis_rows()
+            self._sequential(rows)
+            self.record_calibration("after")
+        except KeyboardInterrupt:
+            self.finish_run("interrupted", "interrupted by the user")
+            raise
+        except HarnessError as exc:
+            self.finish_run("failed", str(exc))
+            raise
+        except Exception as exc:
+            self.finish_run("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        self.finish_run("done")
+        return run
+
+    def _hypothesis_rows(self) -> dict[str, HypothesisRow]:
+        rows = {}
+        for h in self.plan.hypotheses:
+            rows[h.id] = self.ledger.add(HypothesisRow(
+                run_id=self.run.id, hid=h.id, statement=h.spec.statement, metric=h.metric.name,
+                expect=h.spec.expect.value, min_effect=h.spec.min_effect,
+                baseline_config_id=self.states[h.baseline.key].row.id,
+                treatment_config_id=self.states[h.treatment.key].row.id,
+                spec={"baseline": _arm_dict(h.spec.baseline), "treatment": _arm_dict(h.spec.treatment),
+                      "matrix_point": dict(h.spec.matrix_point), "bisect": h.spec.bisect,
+                      "is_aa": h.is_aa, "line": h.spec.line}))
+        return rows
+
+    # ------------------------------------------------------------------ sequential rounds
+
+    def design(self) -> stats.Design:
+        d = self.spec.defaults
+        return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm)
+
+    def _sequential(self, rows: Mapping[str, HypothesisRow]) -> None:
+        d = self.spec.defaults
+        design = self.design()
+        family = [h for h in self.plan.hypotheses if not h.is_aa]
+        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(family)))
+        pending = list(self.plan.hypotheses)
+        target = d.boots_per_arm
+        while pending:
+            needed: list[ConfigState] = []
+            for h in pending:
+                for pc in (h.baseline, h.treatment):
+                    st = self.states[pc.key]
+                    if st not in needed and st.failed is None:
+                        needed.append(st)
+            self._boot_round(needed, target)
+            still = []
+            for h in pending:
+                alpha = d.alpha if h.is_aa else alpha_each
+                verdict = self._look(h, rows[h.id], design, alpha, force_final=target >= d.max_boots_per_arm)
+                if not verdict.final:
+                    still.append(h)
+            pending = still
+            target += 1
+
+    def _boot_round(self, states: Sequence[ConfigState], target: int) -> None:
+        """Boot each config up to ``target`` good boots, one boot each per pass (A B A B)."""
+        retries = self.spec.defaults.boot_retries
+        while True:
+            todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
+            if not todo:
+                return
+            cap = self.spec.defaults.max_boots_per_arm + retries + 1
+            for st in todo:
+                if st.failed is None and len(st.good_boots) < target:
+                    self.boot(st)
+                    if st.failed is None and st.consecutive_failures > retries:
+                        st.failed = f"{st.consecutive_failures} boots in a row failed"
+                    elif st.failed is None and len(st.boots) >= cap and len(st.good_boots) < target:
+                        st.failed = (f"only {len(st.good_boots)} usable boots of {len(st.boots)} "
+                                     "(the others failed or were excluded by a boot check)")
+                    if st.failed and st.row.status == "pending":
+                        st.row.status, st.row.failure = "boot_failed", st.failed
+                        self.ledger.commit()
+
+    def _look(self, h: PlannedHypothesis, row: HypothesisRow, design: stats.Design, alpha: float,
+              *, force_final: bool) -> VerdictRow:
+        b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+        warnings = self._warnings(b, t)
+        failed = [s for s in (b, t) if s.failed]
+        if failed:
+            which = " and ".join(f"{'baseline' if s is b else 'treatment'} ({s.failed})" for s in failed)
+            verdict = VerdictRow(hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True,
+                                 test="none", alpha=alpha, reason=f"could not be measured: {which}",
+                                 warnings=warnings)
+        else:
+            bv = self.ledger.boot_values(b.good_boots, h.metric.name)
+            tv = self.ledger.boot_values(t.good_boots, h.metric.name)
+            if not bv.values or not tv.values:
+                verdict = VerdictRow(
+                    hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
+                    alpha=alpha, warnings=warnings,
+                    reason=f"metric {h.metric.name} has no values in {'baseline' if not bv.values else 'treatment'} "
+                           "boots (see the boots' source problems)")
+            else:
+                res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values],
+                                     expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha)
+                final = res.final or force_final
+                outcome = res.outcome.value
+                verdict = VerdictRow(
+                    hypothesis_id=row.id, outcome=outcome, final=final, ratio=res.ratio, ci_low=res.ci[0],
+                    ci_high=res.ci[1], p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason,
+                    baseline_boot_ids=list(bv.boot_ids), treatment_boot_ids=list(tv.boot_ids),
+                    warnings=warnings, stats=stats.to_dict(res))
+        self.ledger.add(verdict)
+        self.obs.verdict(h, verdict)
+        return verdict
+
+    def _warnings(self, b: ConfigState, t: ConfigState) -> list[str]:
+        out = []
+        for side, st in (("baseline", b), ("treatment", t)):
+            marked = [bt for bt in st.boots if bt.marks]
+            for bt in marked:
+                out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
+        return out
+
+    # ------------------------------------------------------------------ one boot
+
+    def boot(self, st: ConfigState) -> Boot:
+        """Build (once), boot, verify, warm up, sample, tear down. Never raises ConfigFailure."""
+        pc = st.planned
+        spec = self.spec
+        samples = spec.defaults.samples_per_boot
+        seq = len(st.boots) + 1
+        self.obs.boot_started(pc, seq, samples)
+        boot = Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
+                    host_fingerprint=self.host_fp)
+        try:
+            worktree = None
+            if pc.arm.commit is not None:
+                worktree = self.ws.worktree(pc.arm.commit)
+                build = self.plan.build_argv(worktree)
+                if build:
+                    self.ws.build(pc.arm.commit, build, self.plan.boot_env(pc))
+        except BuildFailed as exc:
+            st.failed = str(exc)
+            st.row.status, st.row.failure, st.row.log_tail = "build_failed", str(exc), exc.log_tail
+            boot.status, boot.failure, boot.log_tail, boot.log_path = "failed", str(exc), exc.log_tail, exc.log_path
+            boot.finished_at = utcnow()
+            self.ledger.add(boot)
+            st.boots.append(boot)
+            self.obs.boot_finished(pc, boot)
+            return boot
+        port = free_port()
+        argv = self.plan.argv(pc, port=port, worktree=worktree)
+        boot.port, boot.argv = port, argv
+        self.ledger.add(boot)
+        st.boots.append(boot)
+        log_path = self.log_dir / f"boot-{boot.id}.log"
+        boot.log_path = str(log_path)
+        base_url = f"http://{LOOPBACK}:{port}"
+        preset = self.plan.preset
+        try:
+            with ServerProcess(argv, env=self.plan.boot_env(pc), cwd=self.plan.cwd(worktree), log_path=log_path,
+                               base_url=base_url, health_path=spec.engine.health,
+                               ready_timeout_s=spec.engine.ready_timeout_s) as server:
+                t0 = time.monotonic()
+                server.start()
+                boot.ready_s = time.monotonic() - t0
+                self._verify(boot, server, pc, base_url)
+                self.ledger.commit()
+                if "fatal" in boot.status:
+                    raise UserError(boot.failure or "a boot check failed")
+                client.warmup(base_url, spec.benchmark)
+                collector = SourceCollector(spec.engine.metrics, base_url, log_path)
+                with provenance.GpuSampler(interval_s=1.0) as sampler:
+                    for i in range(samples):
+                        collector.begin_sample()
+                        detail = client.measure_sample(base_url, spec.benchmark)
+                        result = detail.result
+                        extra = collector.end_sample(detail.responses, result.duration_s)
+                        metrics = {**dict(result.metrics), **extra}
+                        self.ledger.add(SampleRow(boot_id=boot.id, seq=i + 1, metrics=metrics,
+                                                  requests=result.requests, output_tokens=result.output_tokens,
+                                                  duration_s=result.duration_s, errors=result.errors))
+                        self.obs.sample_done(pc, i + 1, metrics)
+                boot.source_problems = list(collector.problems())
+                if boot.source_problems:
+                    boot.marks = [*boot.marks, "source_unmatched"]
+                boot.provenance = {**boot.provenance, "gpu_sampling": sampler.summary(),
+                                   "host": provenance.collect_host(self.plan.repo, pc.arm.commit).to_dict()}
+                if boot.status == "running":
+                    boot.status = "ok"
+                boot.log_tail = server.log_tail(40)
+            st.consecutive_failures = 0
+        except (BootFailed, ConfigFailure) as exc:
+            boot.status, boot.failure = "failed", str(exc)
+            boot.log_tail = exc.log_tail or _tail_file(log_path)
+            st.consecutive_failures += 1
+        except (httpx.HTTPError, RuntimeError) as exc:
+            boot.status, boot.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
+            boot.log_tail = _tail_file(log_path)
+            st.consecutive_failures += 1
+        finally:
+            boot.finished_at = utcnow()
+            self.ledger.commit()
+            self.obs.boot_finished(pc, boot)
+        return boot
+
+    def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str) -> None:
+        """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""
+        d = self.spec.defaults
+        info = fetch_server_info(base_url, self.spec.engine.server_info)
+        boot.server_info = info
+        env_rep = provenance.env_report(server.pid, pc.arm.env)
+        flag_rep = provenance.flag_report(pc.arm.flags, info, aliases=self.plan.preset.aliases)
+        boot.env_report, boot.flag_report = env_rep.to_dict(), flag_rep.to_dict()
+        marks = []
+        if not env_rep.ok:
+            marks.append("env_missing")
+        if not flag_rep.ok:
+            marks.append("flag_mismatch")
+        boot.marks = marks
+        for mark, mode, what in (("env_missing", d.env_check, env_rep), ("flag_mismatch", d.flag_check, flag_rep)):
+            if mark not in marks:
+                continue
+            if mode == "exclude":
+                boot.status = "excluded"
+            elif mode == "fatal":
+                boot.status = "fatal"
+                boot.failure = f"{mark}: {what.summary()} (defaults.{mark.split('_')[0]}_check is fatal)"
+
+
+def fetch_server_info(base_url: str, paths: Sequence[str]) -> dict | None:
+    """The first server-info endpoint that answers with a JSON object, or None."""
+    for path in paths:
+        try:
+            r = httpx.get(base_url + path, timeout=10.0)
+            if r.status_code == 200:
+                data = r.json()
+                if isinstance(data, dict):
+                    return data
+        except (httpx.HTTPError, ValueError):
+            continue
+    return None
+
+
+def _tail_file(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _arm_dict(arm) -> dict:
+    return {"commit": arm.commit, "env": dict(arm.env), "flags": dict(arm.flags)}

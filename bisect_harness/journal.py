@@ -1,0 +1,255 @@
+"""The experiment journal: a markdown page rendered from the ledger alone.
+
+Everything on the page is read back from the database, so a journal can be
+rendered again at any time (``harness journal RUN``) and every number in it
+traces to rows: verdict -> boots -> samples, with each boot's provenance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import jinja2
+
+from . import stats
+from .ledger import Boot, Ledger, Run
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+            return f"{x:.2e}"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _md(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _mean(vals: Sequence[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def _env_cell(report: dict | None) -> str:
+    if not report:
+        return "n/a"
+    if report.get("ok"):
+        return "yes" if report.get("vars") else "(no env requested)"
+    missing = [v.get("name") for v in report.get("vars", []) if not v.get("ok", True)]
+    return "**NO**: " + ", ".join(str(m) for m in missing)
+
+
+def _flag_cell(report: dict | None) -> str:
+    if not report:
+        return "n/a"
+    if report.get("ok"):
+        n = sum(1 for f in report.get("flags", []) if f.get("status") == "matched")
+        return f"yes ({n} confirmed)" if n else "not reported"
+    bad = [f"{f.get('name')}: asked {f.get('requested')!r}, got {f.get('effective')!r}"
+           for f in report.get("flags", []) if f.get("status") == "mismatched"]
+    return "**NO**: " + _md("; ".join(bad))
+
+
+def _host_line(host: dict) -> str:
+    if not host:
+        return "unknown"
+    gpus = host.get("gpus") or []
+    gpu = (f"{len(gpus)}x {gpus[0].get('name')}, driver {gpus[0].get('driver_version')}" if gpus
+           else host.get("gpu_note") or "no GPU")
+    return (f"{host.get('hostname', '?')}, {host.get('cpu_model', '?')} ({host.get('cpu_count', '?')} cores), "
+            f"{gpu}, kernel {host.get('kernel', '?')}, boot id {str(host.get('boot_id', '?'))[:8]}")
+
+
+def host_differences(a: dict, b: dict) -> list[dict]:
+    """Fields of two host records that differ (what the journal shows per comparison)."""
+    keys = ("hostname", "boot_id", "kernel", "cpu_model", "cpu_governor", "packages_hash", "torch_version",
+            "python_version", "engine_dirty")
+    out = [{"field": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
+    ga, gb = a.get("gpus") or [], b.get("gpus") or []
+    for i in range(max(len(ga), len(gb))):
+        x = ga[i] if i < len(ga) else {}
+        y = gb[i] if i < len(gb) else {}
+        for k in ("name", "driver_version", "cuda_version", "mig_mode", "ecc_mode"):
+            if x.get(k) != y.get(k):
+                out.append({"field": f"gpu{i}.{k}", "a": x.get(k), "b": y.get(k)})
+    return out
+
+
+def _boot_host(boot: Boot) -> dict:
+    return (boot.provenance or {}).get("host") or {}
+
+
+@dataclass(frozen=True)
+class RenderedJournal:
+    path: Path
+    text: str
+
+
+def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
+    """The journal's markdown for one run."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=False, lstrip_blocks=False)
+    template = env.get_template("journal.md.j2")
+    hyps = []
+    for h in run.hypotheses:
+        v = h.verdict
+        boot_rows = []
+        sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
+                 ("treatment", h.treatment, v.treatment_boot_ids if v else []))
+        hosts: dict[str, list[dict]] = {"baseline": [], "treatment": []}
+        for side, cfg, used in sides:
+            for boot in cfg.boots:
+                if boot.run_id != run.id and boot.id not in used:
+                    continue
+                vals = [s.metrics.get(h.metric) for s in boot.samples]
+                vals = [float(x) for x in vals if x is not None]
+                if boot.status == "ok" and _boot_host(boot):
+                    hosts[side].append(_boot_host(boot))
+                boot_rows.append({
+                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)"),
+                    "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
+                    "marks": ", ".join(boot.marks or []) or "-"})
+        drift = []
+        if hosts["baseline"] and hosts["treatment"]:
+            seen = set()
+            for d in host_differences(hosts["baseline"][0], hosts["treatment"][-1]):
+                if d["field"] not in seen:
+                    seen.add(d["field"])
+                    drift.append({"field": d["field"], "a": _md(d["a"]), "b": _md(d["b"])})
+        claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
+        hyps.append({
+            "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
+            "outcome": v.outcome if v else "not decided",
+            "ratio": _fmt(v.ratio, 4) if v else "n/a",
+            "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
+            "p": _fmt(v.p_value, 4) if v else "n/a",
+            "boots": f"{len(v.baseline_boot_ids)} / {len(v.treatment_boot_ids)}" if v else "0 / 0",
+            "baseline_label": h.baseline.label, "treatment_label": h.treatment.label,
+            "looks": len(h.verdicts), "test": v.test if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
+            "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
+            "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift})
+    configs = []
+    for c in run.configs:
+        boots = []
+        for b in c.boots:
+            details = []
+            if b.failure:
+                details.append(f"- failure: {b.failure}")
+            for p in b.source_problems or []:
+                details.append(f"- metric source: {p}")
+            if b.env_report and not b.env_report.get("ok", True):
+                for var in b.env_report.get("vars", []):
+                    if not var.get("ok", True):
+                        details.append(f"- env `{var.get('name')}` missing from: "
+                                       + ", ".join(f"pid {p.get('pid')} ({p.get('name')})"
+                                                   for p in var.get("missing_in", [])))
+            gpu = (b.provenance or {}).get("gpu_sampling")
+            if gpu:
+                details.append(f"- sampled during the benchmark: `{_md(json.dumps(gpu, default=str))[:600]}`")
+            boots.append({
+                "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
+                "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
+                "marks": ", ".join(b.marks or []) or "-", "details": details,
+                "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
+        configs.append({
+            "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
+            "subject": "", "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
+            "log_tail": (c.log_tail or "").strip(), "boots": boots})
+    cals = []
+    from .ledger import Calibration, Bisection
+    from sqlalchemy import select
+    for cal in ledger.session.scalars(select(Calibration).where(Calibration.run_id == run.id)).all():
+        cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
+    bisections = []
+    for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
+        bisections.append(_bisection_view(bis, plots_dir))
+    return template.render(
+        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
+        hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
+        ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _calibration_text(result: dict) -> str:
+    if not result:
+        return "not run"
+    if "error" in result:
+        return f"failed: {result['error']}"
+    parts = []
+    for k, v in result.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            parts.append(f"{k}={_fmt(float(v), 2)}")
+        elif isinstance(v, str) and len(v) < 40:
+            parts.append(f"{k}={v}")
+    return ", ".join(parts) or json.dumps(result, default=str)[:300]
+
+
+def _bisection_view(bis, plots_dir: Path | None) -> dict:
+    result = bis.result or {}
+    probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
+               "boots": len(p.values or []), "values": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
+               "note": "skipped" if p.skipped else (f"{p.reused} reused" if p.reused else "")}
+              for p in bis.probes]
+    cands = [{"commit": c["commit"][:12], "p": _fmt(c["probability"], 3)} for c in result.get("candidates", [])[:5]]
+    culprit = result.get("culprit")
+    if culprit:
+        summary = (f"Culprit: `{culprit[:12]}` with posterior probability {_fmt(result.get('probability'), 3)} "
+                   f"after {result.get('boots')} boots ({result.get('stopped', bis.status)}).")
+    elif bis.status == "running":
+        summary = "The bisection did not finish; `harness bisect` resumes it from the ledger."
+    else:
+        summary = (f"No single culprit ({result.get('stopped', bis.status)}); candidates below."
+                   + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
+    plot = None
+    if plots_dir is not None and bis.probes:
+        plot = _plot_bisection(bis, plots_dir)
+    return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
+            "probes": probes, "candidates": cands, "plot": plot}
+
+
+def _plot_bisection(bis, plots_dir: Path) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = {c: i for i, c in enumerate(bis.commits or [])}
+    xs, ys = [], []
+    for p in bis.probes:
+        for v in p.values or []:
+            if p.commit in order:
+                xs.append(order[p.commit])
+                ys.append(float(v))
+    if not xs:
+        return None
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    path = plots_dir / f"bisection-{bis.id}.png"
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    ax.plot(xs, ys, "o", alpha=0.7, label="boot mean")
+    culprit = (bis.result or {}).get("culprit")
+    if culprit in order:
+        ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
+    ax.set_xlabel("commit (order from good to bad)")
+    ax.set_ylabel(bis.metric)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
+
+
+def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
+    """Render and write ``<journal_dir>/<date>-run<id>.md`` (plots beside it)."""
+    journal_dir = Path(journal_dir)
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    text = render(ledger, run, plots_dir=journal_dir)
+    path = journal_dir / f"{run.created_at.strftime('%Y-%m-%d')}-run{run.id}.md"
+    path.write_text(text)
+    return path

@@ -1,0 +1,160 @@
+"""From a frozen spec to a plan: resolved commits, distinct configs, argv and env.
+
+Arms that are equal (same commit, env and flags) become one config and share
+their boots, so a HEAD baseline used by three hypotheses is booted once per round.
+A hypothesis that compares a config with itself (an A/A check) gets a second,
+independent replica of it, so its two sides never share a boot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from . import presets
+from .checkout import Workspace, default_cache_dir
+from .errors import CommitError, SpecError
+from .model import Arm, Metric
+from .spec import HypothesisSpec, Spec
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PlannedConfig:
+    """One distinct boot recipe. ``key`` identifies it across runs (ledger reuse)."""
+
+    key: str
+    arm: Arm
+    replica: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.arm.describe() + (f" (replica {self.replica})" if self.replica else "")
+
+
+@dataclass(frozen=True)
+class PlannedHypothesis:
+    spec: HypothesisSpec
+    baseline: PlannedConfig
+    treatment: PlannedConfig
+    metric: Metric
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def is_aa(self) -> bool:
+        return self.baseline.arm.key() == self.treatment.arm.key()
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    repo: Path | None
+    configs: tuple[PlannedConfig, ...]
+    hypotheses: tuple[PlannedHypothesis, ...]
+    cache_dir: Path
+    subjects: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def preset(self) -> presets.Preset:
+        return presets.get_preset(self.spec.engine.preset)
+
+    def argv(self, config: PlannedConfig, *, port: int | str, worktree: Path | None) -> list[str]:
+        """The launch argv for one boot: template plus flags, placeholders filled, no shell."""
+        engine = self.spec.engine
+        template = list(engine.launch) + presets.flags_to_argv(config.arm.flags, self.preset)
+        return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree))
+
+    def build_argv(self, worktree: Path | None) -> list[str] | None:
+        if not self.spec.engine.build:
+            return None
+        return presets.render_argv(list(self.spec.engine.build), **self.placeholders(port="", worktree=worktree))
+
+    def cwd(self, worktree: Path | None) -> Path:
+        engine = self.spec.engine
+        if engine.cwd:
+            return Path(presets.render_argv([engine.cwd], **self.placeholders(port="", worktree=worktree))[0])
+        return worktree if worktree is not None else self.spec.spec_dir
+
+    def placeholders(self, *, port, worktree: Path | None) -> dict[str, str]:
+        return {"port": str(port), "host": LOOPBACK, "python": sys.executable,
+                "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
+                "spec_dir": str(self.spec.spec_dir)}
+
+    def boot_env(self, config: PlannedConfig) -> dict[str, str]:
+        """The process env of a boot: ours, then the config's (engine base env merged into the arm)."""
+        env = dict(os.environ)
+        env.update(config.arm.env)
+        return env
+
+
+def engine_fingerprint(spec: Spec) -> str:
+    """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
+    e = spec.engine
+    payload = json.dumps({"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
+                          "cwd": e.cwd, "bench": spec.benchmark.__dict__,
+                          "samples_per_boot": spec.defaults.samples_per_boot,
+                          "metrics": [repr(m) for m in e.metrics]}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
+    if spec.engine.repo is not None:
+        return spec.engine.repo
+    if spec.engine.preset == "demo":
+        from .demo import ensure_demo_repo
+
+        return ensure_demo_repo(cache_dir)
+    return None
+
+
+def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
+    key = hashlib.sha256(f"{arm.key()}:{engine_fingerprint(spec)}:{replica}".encode()).hexdigest()[:20]
+    return PlannedConfig(key=key, arm=arm, replica=replica)
+
+
+def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags, where: str) -> Arm:
+    sha = ws.resolve(commit, where=where) if (ws is not None and commit is not None) else commit
+    return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags})
+
+
+def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True) -> Plan:
+    """Resolve every revision and dedupe configs. Raises CommitError naming the hypothesis key.
+
+    With ``resolve=False`` revisions stay as written (a dry run for another machine)."""
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is not None and resolve and not repo.exists():
+        raise CommitError(f"engine.repo: no such folder {repo}; point it at the engine's git checkout "
+                          "(relative to the hypotheses file), or remove it to test an installed server")
+    ws = Workspace(repo, cache_dir) if (repo is not None and resolve) else None
+    metrics = spec.metrics()
+    configs: dict[str, PlannedConfig] = {}
+    hyps: list[PlannedHypothesis] = []
+    for i, h in enumerate(spec.hypotheses):
+        where = f"hypothesis {h.id}"
+        base = resolve_arm(spec, ws, h.baseline.commit, h.baseline.env, h.baseline.flags, f"{where}, baseline.commit")
+        treat = resolve_arm(spec, ws, h.treatment.commit, h.treatment.env, h.treatment.flags,
+                            f"{where}, treatment.commit")
+        b = make_config(spec, base)
+        t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
+        b = configs.setdefault(b.key, b)
+        t = configs.setdefault(t.key, t)
+        if h.metric not in metrics:
+            raise SpecError(f"unknown metric {h.metric!r}", key=f"hypotheses[{i}].metric", line=h.line)
+        hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
+    subjects = {}
+    if ws is not None:
+        for c in configs.values():
+            if c.arm.commit:
+                subjects[c.arm.commit] = ws.subject(c.arm.commit)
+    return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
+                cache_dir=cache_dir, subjects=subjects)
