@@ -1060,7 +1060,10 @@ class GpuSampler:
             load1 = float(os.getloadavg()[0])
         except OSError:
             load1 = None
-        cpu = {"load1": load1, "cpu_percent": float(psutil.cpu_percent(interval=None)),
+        # cpu_percent is measured since the previous call; the first sample has no
+        # meaningful interval behind it.
+        pct = float(psutil.cpu_percent(interval=None)) if self._cpu else None
+        cpu = {"load1": load1, "cpu_percent": pct,
                "cpu_freq_mhz": freq_mhz}
         gpu = {i: sample_gpu(self._nvml, h) for i, h in self._handles}
         with self._lock:
