@@ -1,0 +1,348 @@
+"""Engine presets: how to launch, probe and read back a known inference server.
+
+A preset fills the ``engine`` keys a hypotheses file leaves out (launch argv,
+build argv, health path, readiness deadline, server-info paths, benchmark API)
+and says how YAML flags become argv for that engine::
+
+    >>> p = get_preset("sglang")
+    >>> flags_to_argv({"tp": 8, "speculative-algorithm": "EAGLE3", "disable-cuda-graph": True}, p)
+    ['--tp-size', '8', '--speculative-algorithm', 'EAGLE3', '--disable-cuda-graph']
+    >>> render_argv(["{python}", "-m", "x", "--port", "{port}"], python="python3", port=30000)
+    ['python3', '-m', 'x', '--port', '30000']
+
+What each engine really serves (checked against their sources):
+
+* SGLang (``python -m sglang.launch_server``): ``/health`` answers once the HTTP
+  server is up; ``/health_generate`` runs a one-token generation through the
+  scheduler, so it is the honest readiness probe. Server args come back from
+  ``/server_info`` (newer) or ``/get_server_info`` (older, later deprecated), as
+  ``dataclasses.asdict(server_args)`` plus scheduler info: keys are the argparse
+  dests (``tp_size``, ``speculative_algorithm``...). ``/generate`` returns
+  ``meta_info`` with ``completion_tokens`` and, with speculative decoding,
+  ``spec_verify_ct``. ``/metrics`` exists only with ``--enable-metrics``.
+  Boolean flags are ``store_true``: ``false`` is omitted.
+* vLLM (``vllm serve MODEL``): the model is positional (``--model`` is
+  deprecated for ``vllm serve``); ``/health``, ``/version``, ``/v1/models``,
+  ``/metrics`` always exist; ``/server_info`` exists only with
+  ``VLLM_SERVER_DEV_MODE=1`` and with ``?config_format=json`` returns
+  ``{"vllm_config": {...nested config...}}``. Booleans use
+  ``BooleanOptionalAction``: ``false`` becomes ``--no-KEY``. ``--speculative-config``
+  takes one JSON argument.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import UserError
+
+__all__ = [
+    "Preset",
+    "PRESETS",
+    "get_preset",
+    "canonical_flag",
+    "flags_to_argv",
+    "render_argv",
+    "server_info_candidates",
+    "info_key",
+]
+
+#: How a YAML ``false`` becomes argv: ``"omit"`` (store_true engines) or
+#: ``"no-prefix"`` (``--no-KEY``, argparse.BooleanOptionalAction engines).
+FALSE_STYLES = ("omit", "no-prefix")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What the harness knows about one kind of engine.
+
+    ``launch`` and ``build`` are argv templates (placeholders ``{python}``,
+    ``{port}``, ``{host}``, ``{worktree}``, ``{spec_dir}``); an empty ``launch``
+    means the hypotheses file must give ``engine.launch``.
+    ``positional_flags`` name flags whose value is passed as a bare argument, first
+    among the flags (vLLM's model); the launch template must end with an option
+    that takes exactly one value (``--port {port}``) for that to parse.
+    ``aliases`` maps alternative YAML spellings to the canonical flag name.
+    ``info_keys`` maps a canonical flag to its dotted path in the server-info
+    JSON; flags not listed map by ``info_key_rule``: ``"underscore"`` (dashes
+    become underscores, the argparse dest) or ``None`` (not checkable).
+    ``env`` is a base environment the preset needs (under the file's own env).
+    ``health_request_timeout_s`` bounds one readiness probe (SGLang's probe runs a
+    generation); ``settle_s`` is a pause after the probe first passes and before
+    the first request, for warmup the server does on its own.
+    """
+
+    name: str
+    launch: tuple[str, ...] = ()
+    build: tuple[str, ...] | None = None
+    health_path: str = "/health"
+    ready_timeout_s: float = 300.0
+    health_request_timeout_s: float = 5.0
+    settle_s: float = 0.0
+    server_info_paths: tuple[str, ...] = ()
+    api: str = "completions"
+    metrics_path: str = "/metrics"
+    false_style: str = "omit"
+    underscores_to_dashes: bool = False
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    positional_flags: tuple[str, ...] = ()
+    info_keys: Mapping[str, str] = field(default_factory=dict)
+    info_key_rule: str | None = "underscore"
+    env: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self):
+        if self.false_style not in FALSE_STYLES:
+            raise ValueError(f"false_style must be one of {FALSE_STYLES}, got {self.false_style!r}")
+        if self.api not in ("completions", "generate"):
+            raise ValueError(f"api must be 'completions' or 'generate', got {self.api!r}")
+
+
+_SGLANG = Preset(
+    name="sglang",
+    launch=("{python}", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}"),
+    build=None,
+    # /health_generate pushes a one-token request through tokenizer, scheduler
+    # and model: it passes only when generation works, not merely when HTTP is up.
+    health_path="/health_generate",
+    ready_timeout_s=1800.0,
+    health_request_timeout_s=60.0,
+    # SGLang sends its own warmup request from a thread after the port opens.
+    settle_s=5.0,
+    server_info_paths=("/server_info", "/get_server_info"),
+    api="generate",
+    false_style="omit",
+    underscores_to_dashes=True,
+    aliases={
+        "tp": "tp-size",
+        "tensor-parallel-size": "tp-size",
+        "dp": "dp-size",
+        "data-parallel-size": "dp-size",
+        "pp": "pp-size",
+        "pipeline-parallel-size": "pp-size",
+        "ep": "ep-size",
+        "model": "model-path",
+        "speculative-draft-model": "speculative-draft-model-path",
+    },
+    info_key_rule="underscore",
+    description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
+)
+
+_VLLM = Preset(
+    name="vllm",
+    launch=("vllm", "serve", "--host", "{host}", "--port", "{port}"),
+    health_path="/health",
+    ready_timeout_s=1800.0,
+    health_request_timeout_s=10.0,
+    server_info_paths=("/server_info?config_format=json", "/version"),
+    api="completions",
+    false_style="no-prefix",
+    underscores_to_dashes=True,
+    aliases={
+        "tp": "tensor-parallel-size",
+        "tp-size": "tensor-parallel-size",
+        "pp": "pipeline-parallel-size",
+        "dp": "data-parallel-size",
+        "model-path": "model",
+    },
+    positional_flags=("model",),
+    info_keys={
+        "model": "vllm_config.model_config.model",
+        "tensor-parallel-size": "vllm_config.parallel_config.tensor_parallel_size",
+        "pipeline-parallel-size": "vllm_config.parallel_config.pipeline_parallel_size",
+        "data-parallel-size": "vllm_config.parallel_config.data_parallel_size",
+        "max-model-len": "vllm_config.model_config.max_model_len",
+        "enforce-eager": "vllm_config.model_config.enforce_eager",
+        "dtype": "vllm_config.model_config.dtype",
+        "gpu-memory-utilization": "vllm_config.cache_config.gpu_memory_utilization",
+        "kv-cache-dtype": "vllm_config.cache_config.cache_dtype",
+        "enable-prefix-caching": "vllm_config.cache_config.enable_prefix_caching",
+        "max-num-seqs": "vllm_config.scheduler_config.max_num_seqs",
+        "max-num-batched-tokens": "vllm_config.scheduler_config.max_num_batched_tokens",
+        "speculative-config": "vllm_config.speculative_config",
+    },
+    # Other flags live somewhere in the nested config; guessing would report
+    # false mismatches, so they are not checked.
+    info_key_rule=None,
+    # /server_info is a development endpoint in vLLM.
+    env={"VLLM_SERVER_DEV_MODE": "1"},
+    description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
+)
+
+_OPENAI = Preset(
+    name="openai",
+    launch=(),
+    health_path="/health",
+    ready_timeout_s=600.0,
+    server_info_paths=(),
+    api="completions",
+    false_style="omit",
+    info_key_rule=None,
+    description="any OpenAI-compatible server: give engine.launch; use health /v1/models where "
+                "the server has no /health",
+)
+
+_DEMO = Preset(
+    name="demo",
+    launch=("{python}", "serve.py", "--host", "{host}", "--port", "{port}"),
+    build=("{python}", "build.py"),
+    health_path="/health",
+    ready_timeout_s=120.0,
+    server_info_paths=("/server_info",),
+    api="completions",
+    false_style="omit",
+    info_key_rule="underscore",
+    description="the built-in demo engine (a small torch model over HTTP)",
+)
+
+#: The known presets, by name.
+PRESETS: Mapping[str, Preset] = {p.name: p for p in (_SGLANG, _VLLM, _OPENAI, _DEMO)}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; a UserError naming the known ones otherwise."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise UserError(f"unknown engine preset {name!r}; known presets: {', '.join(sorted(PRESETS))}. "
+                        "Use 'openai' with engine.launch for any other OpenAI-compatible server") from None
+
+
+def canonical_flag(name: str, preset: Preset) -> str:
+    """The name a flag is rendered under: leading dashes dropped, underscores made
+    dashes where the engine's parser expects dashes, aliases resolved.
+
+    >>> canonical_flag("--tp", get_preset("vllm"))
+    'tensor-parallel-size'
+    """
+    if not isinstance(name, str) or not name.strip("-").strip():
+        raise UserError(f"flag name {name!r} is not a name; write flags as 'tp-size: 8'")
+    key = name.lstrip("-")
+    if preset.underscores_to_dashes:
+        key = key.replace("_", "-")
+    return preset.aliases.get(key, key)
+
+
+def _scalar(flag: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise UserError(f"flag '{flag}': a list item must be a string or a number, got {type(value).__name__} "
+                    f"{value!r}")
+
+
+def flags_to_argv(flags: Mapping[str, Any], preset: Preset) -> list[str]:
+    """Turn YAML flags into argv elements by the preset's conventions.
+
+    ``key: value`` -> ``--key value``; ``true`` -> ``--key``; ``false`` -> omitted,
+    or ``--no-key`` for engines whose booleans are BooleanOptionalAction (vLLM);
+    a list -> ``--key a b``; a mapping -> ``--key <compact json>`` as one element;
+    ``None`` -> omitted. Flags named in ``preset.positional_flags`` come first, as
+    bare arguments. Two spellings of one flag (``tp`` and ``tp-size``) are an error.
+    Order otherwise follows the mapping, so argv is stable for equal configs.
+    """
+    if not isinstance(flags, Mapping):
+        raise UserError(f"flags must be a mapping of name to value, got {type(flags).__name__}")
+    seen: dict[str, str] = {}
+    positional: list[str] = []
+    argv: list[str] = []
+    for raw, value in flags.items():
+        key = canonical_flag(raw, preset)
+        if key in seen:
+            raise UserError(f"flags '{seen[key]}' and '{raw}' both set --{key}; keep one")
+        seen[key] = str(raw)
+        if value is None:
+            continue
+        if key in preset.positional_flags:
+            if isinstance(value, (bool, list, tuple, Mapping)):
+                raise UserError(f"flag '{raw}' is passed to {preset.name} as a positional argument "
+                                f"and needs a single value, got {value!r}")
+            positional.append(_scalar(key, value))
+            continue
+        opt = f"--{key}"
+        if isinstance(value, bool):
+            if value:
+                argv.append(opt)
+            elif preset.false_style == "no-prefix":
+                argv.append(f"--no-{key}")
+        elif isinstance(value, Mapping):
+            argv += [opt, json.dumps(value, separators=(",", ":"), default=str)]
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                raise UserError(f"flag '{raw}' is an empty list; give at least one value or remove it")
+            argv += [opt] + [_scalar(key, v) for v in value]
+        elif isinstance(value, (str, int, float)):
+            argv += [opt, str(value)]
+        else:
+            raise UserError(f"flag '{raw}' has a value of type {type(value).__name__} ({value!r}); "
+                            "use a string, number, boolean, list or mapping")
+    return positional + argv
+
+
+# ``{name}`` is a placeholder; ``{{name}}`` is the literal text ``{name}``. Braces
+# in other shapes (JSON such as ``{"k": {"a": 1}}``) are left alone, so a
+# mapping flag's JSON passes through untouched.
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def render_argv(template: Iterable[Any], **values: Any) -> list[str]:
+    """Substitute ``{name}`` placeholders in each argv element; never a shell.
+
+    An element stays one argv element whatever the value contains. A placeholder
+    with no value is a UserError naming it and the known ones.
+
+    >>> render_argv(["serve", "--port", "{port}", '{"a": {"b": 1}}'], port=8000)
+    ['serve', '--port', '8000', '{"a": {"b": 1}}']
+    """
+    if isinstance(template, (str, bytes)):
+        raise UserError(f"an argv template must be a list of strings, got the string {template!r}")
+    out = []
+    for element in template:
+        if not isinstance(element, (str, int, float)) or isinstance(element, bool):
+            raise UserError(f"argv element {element!r} must be a string or a number")
+        text = str(element)
+
+        def sub(m: re.Match) -> str:
+            if m.group(1) is not None:
+                return "{" + m.group(1) + "}"
+            name = m.group(2)
+            if name not in values:
+                known = ", ".join("{" + k + "}" for k in sorted(values)) or "none"
+                raise UserError(f"unknown placeholder {{{name}}} in argv element {text!r}; known: {known}. "
+                                f"Write {{{{{name}}}}} for the literal text {{{name}}}")
+            return str(values[name])
+
+        out.append(_PLACEHOLDER.sub(sub, text))
+    return out
+
+
+def server_info_candidates(preset: Preset, override: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The server-info paths to try, in order: ``override`` (one path or a list;
+    an empty list turns server info off) or else the preset's."""
+    paths = preset.server_info_paths if override is None else (
+        (override,) if isinstance(override, str) else tuple(override))
+    for p in paths:
+        if not isinstance(p, str) or not p.startswith("/"):
+            raise UserError(f"server-info path {p!r} must be a string starting with '/', e.g. /server_info")
+    return tuple(paths)
+
+
+def info_key(flag: str, preset: Preset) -> str | None:
+    """The dotted path under which the server-info JSON reports ``flag``, or None
+    when this preset cannot tell (the flag is then not checked).
+
+    >>> info_key("tp", get_preset("sglang"))
+    'tp_size'
+    >>> info_key("-tp", get_preset("vllm"))
+    'vllm_config.parallel_config.tensor_parallel_size'
+    """
+    key = canonical_flag(flag, preset)
+    if key in preset.info_keys:
+        return preset.info_keys[key]
+    if preset.info_key_rule == "underscore":
+        return key.replace("-", "_")
+    return None
