@@ -1,0 +1,168 @@
+"""Drive the pure bisection search with real boots, recorded in the ledger.
+
+The search (``bisection.BisectionSearch``) asks for a commit and a number of
+boots; here each ask becomes boots of that commit's config through the executor,
+every one of them committed to the ledger as it is measured. Boots already in the
+ledger for the same config on the same host (an earlier run, the hypothesis that
+found the regression, or a bisection that was killed) are fed to the search
+first, so a bisection resumes where it stopped and never pays twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .bisection import BisectionSearch, BisectResult, StopReason
+from .checkout import Workspace
+from .errors import UserError
+from .executor import Executor, Observer, summarize_boot
+from .ledger import Bisection, HypothesisRow, Ledger, Probe
+from .model import Arm, Better, Expect
+from .plan import Plan, PlannedHypothesis, engine_repo, make_config
+from .spec import Spec
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    """What ``harness bisect --json`` prints."""
+
+    culprit: str | None
+    probability: float
+    candidates: tuple
+    candidate_set: tuple[str, ...]
+    boots: int
+    new_boots: int
+    skipped: tuple[str, ...]
+    stopped: str
+    bisection_id: int
+
+    def to_json(self) -> dict:
+        return {"culprit": self.culprit, "probability": self.probability,
+                "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
+                "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
+                "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id}
+
+
+def _boot_means(boots, metric: str) -> list[float]:
+    out = []
+    for b in boots:
+        m = summarize_boot(b, metric)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
+                   confidence: float, max_boots: int, hypothesis_id: int | None = None) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) with the executor's engine and benchmark."""
+    spec, ledger = executor.spec, executor.ledger
+    bis = ledger.add(Bisection(run_id=executor.run.id, hypothesis_id=hypothesis_id, good=commits[0],
+                               bad=commits[-1], metric=metric, commits=list(commits)))
+    configs = {sha: make_config(spec, Arm(commit=sha, env=dict(env), flags=dict(flags))) for sha in commits}
+    reused_total = 0
+    observed: dict[str, list[float]] = {}
+    for sha, pc in configs.items():
+        values = _boot_means(ledger.reusable_boots(pc.key, executor.host_fp), metric)
+        if values:
+            observed[sha] = values
+            reused_total += len(values)
+    search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
+                             max_boots=max(2, max_boots + reused_total))
+    for sha, values in observed.items():
+        search.observe(sha, values)
+        ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
+                         note=executor.ws.subject(sha) if executor.ws else ""))
+    new_boots = 0
+    while True:
+        probe = search.next_probe()
+        if probe is None:
+            break
+        st = executor.state_for(configs[probe.commit])
+        before = len(st.boots)
+        got: list[float] = []
+        for _ in range(probe.boots):
+            if st.failed:
+                break
+            boot = executor.boot(st)
+            new_boots += 1
+            if boot.status == "ok":
+                m = summarize_boot(boot, metric)
+                if m is not None:
+                    got.append(m)
+            elif st.consecutive_failures > spec.defaults.boot_retries:
+                st.failed = st.failed or boot.failure or "boot failed"
+        note = executor.ws.subject(probe.commit) if executor.ws else ""
+        if st.failed and not got:
+            search.skip(probe.commit, st.failed)
+            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=[],
+                             skipped=True, note=f"{note} | {st.failed}"))
+        elif got:
+            search.observe(probe.commit, got)
+            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=got,
+                             note=note))
+        elif len(st.boots) == before:
+            break  # nothing could be measured and nothing changed: stop rather than spin
+        else:
+            search.skip(probe.commit, "no usable boots (excluded by boot checks)")
+            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=[],
+                             skipped=True, note=f"{note} | no usable boots"))
+    res: BisectResult = search.result()
+    outcome = BisectOutcome(
+        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
+        candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
+        skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id)
+    bis.status = "done" if res.stopped != StopReason.RUNNING else "running"
+    bis.result = outcome.to_json()
+    ledger.commit()
+    return outcome
+
+
+def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
+                 max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
+                 observer: Observer | None = None) -> tuple[BisectOutcome, Executor]:
+    """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
+    from .checkout import default_cache_dir
+
+    metrics = spec.metrics()
+    if metric not in metrics:
+        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is None:
+        raise UserError(f"{spec.path.name} has no engine.repo: bisection needs the engine's git repository")
+    ws = Workspace(repo, cache_dir)
+    good_sha = ws.resolve(good, where="--good")
+    bad_sha = ws.resolve(bad, where="--bad")
+    if good_sha == bad_sha:
+        raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
+    commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
+    plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
+    executor = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False)
+    executor.start_run(kind="bisect")
+    better = metrics[metric].better
+    expect = Expect.DECREASE if better is Better.HIGHER else Expect.INCREASE
+    try:
+        outcome = search_commits(executor, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
+                                 expect=expect, confidence=confidence, max_boots=max_boots)
+    except BaseException as exc:
+        executor.finish_run("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", str(exc))
+        raise
+    executor.finish_run("done")
+    return outcome, executor
+
+
+def bisect_hypothesis(executor: Executor, h: PlannedHypothesis, row: HypothesisRow,
+                      *, confidence: float = 0.95, max_boots: int = 60) -> BisectOutcome:
+    """Bisect a confirmed hypothesis between its baseline and treatment commits."""
+    b, t = h.baseline.arm, h.treatment.arm
+    if b.commit is None or t.commit is None or b.commit == t.commit:
+        raise UserError(f"hypothesis {h.id}: bisect: true needs a baseline and a treatment at different commits")
+    if dict(b.env) != dict(t.env) or dict(b.flags) != dict(t.flags):
+        raise UserError(f"hypothesis {h.id}: bisect: true needs arms that differ only in their commit "
+                        "(env and flags equal); split the hypothesis")
+    commits = executor.ws.commits_between(b.commit, t.commit)
+    return search_commits(executor, commits, env=t.env, flags=t.flags, metric=h.metric.name,
+                          expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
+                          hypothesis_id=row.id)

@@ -1,0 +1,122 @@
+"""hypotheses.yaml: every bad input gets one clear error naming the key and the line."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from bisect_harness.errors import SpecError
+from bisect_harness.model import Expect
+from bisect_harness.spec import load_spec, parse_spec
+
+GOOD = textwrap.dedent("""\
+    version: 1
+    engine:
+      preset: openai
+      launch: [my-server, --port, "{port}"]
+      env: {NCCL_NVLS_ENABLE: "0"}
+      flags: {tp: 2}
+    benchmark:
+      output_tokens: 32
+    defaults:
+      boots_per_arm: 2
+      max_boots_per_arm: 4
+    hypotheses:
+      - id: steps
+        statement: more draft steps are faster
+        baseline: {flags: {speculative-num-steps: 0}}
+        treatment: {env: {NCCL_ALGO: Ring}}
+        metric: tok_s
+        expect: increase
+        min_effect: 10%
+        matrix:
+          flags.speculative-num-steps: [1, 2, 3]
+    """)
+
+
+def parse(text, tmp_path):
+    return parse_spec(textwrap.dedent(text), tmp_path / "hypotheses.yaml")
+
+
+def test_good_spec_freezes_and_expands_matrix(tmp_path):
+    spec = parse(GOOD, tmp_path)
+    assert [h.id for h in spec.hypotheses] == [
+        "steps[speculative-num-steps=1]", "steps[speculative-num-steps=2]", "steps[speculative-num-steps=3]"]
+    h = spec.hypotheses[1]
+    assert h.expect is Expect.INCREASE and h.min_effect == pytest.approx(0.10)
+    assert h.treatment.flags == {"speculative-num-steps": 2}
+    assert h.treatment.env == {"NCCL_ALGO": "Ring"}
+    assert h.baseline.flags == {"speculative-num-steps": 0}
+    assert spec.engine.launch == ("my-server", "--port", "{port}")
+    assert spec.benchmark.output_tokens == 32
+    assert spec.defaults.max_boots_per_arm == 4
+    with pytest.raises(Exception):
+        spec.defaults.alpha = 0.1  # frozen
+
+
+def test_select_only(tmp_path):
+    spec = parse(GOOD, tmp_path)
+    assert len(spec.select(["steps"]).hypotheses) == 3
+    assert len(spec.select(["steps[speculative-num-steps=2]"]).hypotheses) == 1
+    with pytest.raises(SpecError, match="no such hypothesis"):
+        spec.select(["nope"])
+
+
+@pytest.mark.parametrize("bad, key, line, words", [
+    (GOOD.replace("expect: increase", "expect: faster"), "hypotheses[0].expect", 18, "increase"),
+    (GOOD.replace("metric: tok_s", "metric: tokps"), "hypotheses[0].metric", 17, "unknown metric"),
+    (GOOD.replace("min_effect: 10%", "min_effect: 250%"), "hypotheses[0].min_effect", 19, "between 0 and 1"),
+    (GOOD.replace("min_effect: 10%", "min_effect: lots"), "hypotheses[0].min_effect", 19, "percentage"),
+    (GOOD.replace("  boots_per_arm: 2", "  boots_per_arm: two"), "defaults.boots_per_arm", 10, "integer"),
+    (GOOD.replace("  boots_per_arm: 2", "  boots_per_arms: 2"), "defaults.boots_per_arms", 10, "did you mean"),
+    (GOOD.replace("benchmark:", "benchmarks:"), "benchmarks", 7, "unknown key"),
+    (GOOD.replace("flags.speculative", "flag.speculative"), "hypotheses[0].matrix.flag.speculative-num-steps",
+     21, "matrix keys"),
+    (GOOD.replace('NCCL_ALGO: Ring', 'NCCL_ALGO: [a, b]'), "hypotheses[0].treatment.env.NCCL_ALGO", 16, "string"),
+    (GOOD.replace("preset: openai", "preset: tgi"), "engine.preset", 3, "sglang"),
+    (GOOD.replace("max_boots_per_arm: 4", "max_boots_per_arm: 1"), "defaults.max_boots_per_arm", 11, ">= 2"),
+    (GOOD.replace("flags: {tp: 2}", "flags: {--tp: 2}"), "engine.flags.--tp", 6, "without leading dashes"),
+    (GOOD.replace("- id: steps", "- id: 'bad id'"), "hypotheses[0].id", 13, "letters"),
+])
+def test_bad_input_names_key_and_line(tmp_path, bad, key, line, words):
+    with pytest.raises(SpecError) as err:
+        parse(bad, tmp_path)
+    assert err.value.key == key
+    assert err.value.line == line
+    assert words in str(err.value)
+    assert f"hypotheses.yaml:{line}" in str(err.value)
+
+
+def test_missing_required_and_empty(tmp_path):
+    with pytest.raises(SpecError, match="missing required key 'hypotheses'"):
+        parse("engine: {preset: openai, launch: [x]}\n", tmp_path)
+    with pytest.raises(SpecError, match="empty"):
+        parse("\n", tmp_path)
+    with pytest.raises(SpecError, match="not valid YAML") as err:
+        parse("engine: [unclosed\n", tmp_path)
+    assert err.value.line is not None
+
+
+def test_duplicate_key_and_commit_without_repo(tmp_path):
+    with pytest.raises(SpecError, match="duplicate key"):
+        parse(GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  output_tokens: 16"), tmp_path)
+    with pytest.raises(SpecError, match="no repository") as err:
+        parse(GOOD.replace("baseline: {flags", "baseline: {commit: HEAD~1, flags"), tmp_path)
+    assert err.value.key == "hypotheses[0].baseline.commit"
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_openai_preset_needs_launch(tmp_path):
+    with pytest.raises(SpecError, match="engine.launch"):
+        parse(GOOD.replace('  launch: [my-server, --port, "{port}"]\n', ""), tmp_path)
+
+
+def test_launch_string_is_split_not_shelled(tmp_path):
+    spec = parse(GOOD.replace('launch: [my-server, --port, "{port}"]',
+                              "launch: \"my-server --name 'a b; rm -rf /' --port {port}\""), tmp_path)
+    assert spec.engine.launch == ("my-server", "--name", "a b; rm -rf /", "--port", "{port}")
