@@ -1,0 +1,185 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bisect_harness import presets
+from bisect_harness.errors import UserError
+from bisect_harness.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv,
+                                    server_info_candidates)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
+
+# Every flag the example uses, as SGLang's launch_server spells it (server_args.py).
+SGLANG_KNOWN_FLAGS = {
+    "model-path", "tp-size", "trust-remote-code", "enable-metrics", "cuda-graph-max-bs", "mem-fraction-static",
+    "speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps", "speculative-eagle-topk",
+    "speculative-num-draft-tokens", "speculative-attention-mode", "disable-cuda-graph",
+}
+
+
+def test_get_preset_known_and_unknown():
+    assert get_preset("sglang").name == "sglang"
+    with pytest.raises(UserError) as exc:
+        get_preset("sglangg")
+    msg = str(exc.value)
+    assert "'sglangg'" in msg
+    for name in ("demo", "openai", "sglang", "vllm"):
+        assert name in msg
+
+
+def test_preset_contents():
+    s, v, o, d = (get_preset(n) for n in ("sglang", "vllm", "openai", "demo"))
+    assert s.launch == ("{python}", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}")
+    assert s.health_path == "/health_generate" and s.ready_timeout_s >= 1200
+    assert s.server_info_paths == ("/server_info", "/get_server_info")
+    assert s.api == "generate"
+    assert v.launch[:2] == ("vllm", "serve") and v.health_path == "/health" and v.ready_timeout_s >= 1200
+    assert v.server_info_paths[0].startswith("/server_info") and v.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert o.launch == ()
+    assert d.launch == ("{python}", "serve.py", "--host", "{host}", "--port", "{port}")
+    assert d.build == ("{python}", "build.py") and d.server_info_paths == ("/server_info",)
+    assert set(PRESETS) == {"sglang", "vllm", "openai", "demo"}
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"tp-size": 8}, ["--tp-size", "8"]),
+    ({"disable-cuda-graph": True}, ["--disable-cuda-graph"]),
+    ({"disable-cuda-graph": False}, []),
+    ({"speculative-num-steps": None}, []),
+    ({"cuda-graph-bs": [1, 2, 4]}, ["--cuda-graph-bs", "1", "2", "4"]),
+    ({"mem-fraction-static": 0.85}, ["--mem-fraction-static", "0.85"]),
+    ({"tp": 8}, ["--tp-size", "8"]),
+    ({"tensor_parallel_size": 4}, ["--tp-size", "4"]),
+    ({"--model": "/m"}, ["--model-path", "/m"]),
+    ({"json-model-override-args": {"a": {"b": 1}}}, ["--json-model-override-args", '{"a":{"b":1}}']),
+])
+def test_sglang_flags(flags, expected):
+    assert flags_to_argv(flags, get_preset("sglang")) == expected
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"tp": 8}, ["--tensor-parallel-size", "8"]),
+    ({"tensor-parallel-size": 8}, ["--tensor-parallel-size", "8"]),
+    ({"enforce-eager": False}, ["--no-enforce-eager"]),
+    ({"enable-prefix-caching": False}, ["--no-enable-prefix-caching"]),
+    ({"enforce-eager": True}, ["--enforce-eager"]),
+    ({"speculative-config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 2}},
+     ["--speculative-config", '{"method":"eagle3","model":"/d","num_speculative_tokens":2}']),
+    # The model is positional for `vllm serve` and comes before every option.
+    ({"tp": 2, "model": "/models/k2"}, ["/models/k2", "--tensor-parallel-size", "2"]),
+])
+def test_vllm_flags(flags, expected):
+    assert flags_to_argv(flags, get_preset("vllm")) == expected
+
+
+def test_generic_preset_keeps_underscores_and_omits_false():
+    assert flags_to_argv({"n_ctx": 512, "verbose": False, "x": True}, get_preset("openai")) == [
+        "--n_ctx", "512", "--x"]
+
+
+def test_flag_errors():
+    s = get_preset("sglang")
+    with pytest.raises(UserError, match="both set --tp-size"):
+        flags_to_argv({"tp": 8, "tp-size": 8}, s)
+    with pytest.raises(UserError, match="empty list"):
+        flags_to_argv({"cuda-graph-bs": []}, s)
+    with pytest.raises(UserError, match="not a name"):
+        flags_to_argv({"--": 1}, s)
+    with pytest.raises(UserError, match="mapping"):
+        flags_to_argv(["tp", 8], s)
+    with pytest.raises(UserError, match="positional"):
+        flags_to_argv({"model": ["/a", "/b"]}, get_preset("vllm"))
+    with pytest.raises(UserError, match="list item"):
+        flags_to_argv({"x": [{"a": 1}]}, s)
+
+
+def test_render_argv_substitutes_per_element():
+    out = render_argv(["{python}", "-m", "srv", "--port", "{port}", "--x", "a {host} b", "{{port}}"],
+                      python="/usr/bin/python3", port=30000, host="127.0.0.1")
+    assert out == ["/usr/bin/python3", "-m", "srv", "--port", "30000", "--x", "a 127.0.0.1 b", "{port}"]
+    # A value with spaces or shell characters stays one element, unquoted.
+    assert render_argv(["{p}"], p="a b; rm -rf /") == ["a b; rm -rf /"]
+
+
+def test_render_argv_leaves_json_alone():
+    argv = flags_to_argv({"speculative-config": {"method": "eagle3", "k": {"n": 2}}, "e": {}}, get_preset("vllm"))
+    assert render_argv(argv) == argv
+
+
+def test_render_argv_unknown_placeholder():
+    with pytest.raises(UserError) as exc:
+        render_argv(["--port", "{prot}"], port=1, host="h")
+    msg = str(exc.value)
+    assert "{prot}" in msg and "{port}" in msg and "{host}" in msg
+    with pytest.raises(UserError, match="list of strings"):
+        render_argv("serve --port {port}", port=1)
+
+
+def test_server_info_candidates():
+    s = get_preset("sglang")
+    assert server_info_candidates(s) == ("/server_info", "/get_server_info")
+    assert server_info_candidates(s, "/info") == ("/info",)
+    assert server_info_candidates(s, ["/a", "/b"]) == ("/a", "/b")
+    assert server_info_candidates(s, []) == ()
+    with pytest.raises(UserError, match="starting with '/'"):
+        server_info_candidates(s, ["server_info"])
+
+
+def test_info_keys():
+    s, v, o = get_preset("sglang"), get_preset("vllm"), get_preset("openai")
+    assert info_key("tp", s) == "tp_size"
+    assert info_key("tensor-parallel-size", s) == "tp_size"
+    assert info_key("speculative-num-steps", s) == "speculative_num_steps"
+    assert info_key("-tp", v) == "vllm_config.parallel_config.tensor_parallel_size"
+    assert info_key("speculative-config", v) == "vllm_config.speculative_config"
+    assert info_key("some-new-flag", v) is None
+    assert info_key("anything", o) is None
+    assert canonical_flag("model_path", s) == "model-path"
+
+
+def _arm_flags(doc):
+    yield "engine.flags", doc["engine"].get("flags") or {}
+    for h in doc["hypotheses"]:
+        for arm in ("baseline", "treatment"):
+            yield f"{h['id']}.{arm}", (h.get(arm) or {}).get("flags") or {}
+        for k in (h.get("matrix") or {}):
+            parts = k.split(".")
+            if "flags" in parts:
+                yield f"{h['id']}.matrix", {parts[parts.index("flags") + 1]: None}
+
+
+def test_example_yaml_parses_and_uses_known_preset_and_flags():
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    preset = get_preset(doc["engine"]["preset"])
+    assert preset.name == "sglang"
+    assert doc["engine"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    used = set()
+    for where, flags in _arm_flags(doc):
+        for name in flags:
+            canon = canonical_flag(name, preset)
+            assert canon in SGLANG_KNOWN_FLAGS, f"{where}: flag {name!r} is not a known SGLang flag"
+            used.add(canon)
+        template = list(preset.launch) + flags_to_argv({k: v for k, v in flags.items() if v is not None}, preset)
+        render_argv(template, python="python3", port=30000, host="127.0.0.1")
+    assert {"speculative-attention-mode", "speculative-num-steps", "speculative-algorithm"} <= used
+    ids = [h["id"] for h in doc["hypotheses"]]
+    assert len(ids) == len(set(ids))
+    assert any(h.get("bisect") for h in doc["hypotheses"])
+    modes = {h["id"]: (h["baseline"].get("flags", {}).get("speculative-attention-mode"),
+                       h["treatment"].get("flags", {}).get("speculative-attention-mode")) for h in doc["hypotheses"]}
+    assert ("prefill", "decode") in modes.values()
+
+
+def test_example_yaml_metric_sources_parse():
+    from bisect_harness.sources import parse_source
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    names = {parse_source(m, f"engine.metrics[{i}]").name for i, m in enumerate(doc["engine"]["metrics"])}
+    metrics_used = {h["metric"] for h in doc["hypotheses"]}
+    assert metrics_used <= names | {"tok_s"}
+
+
+def test_module_exports():
+    assert set(presets.__all__) == {"Preset", "PRESETS", "get_preset", "canonical_flag", "flags_to_argv",
+                                    "render_argv", "server_info_candidates", "info_key"}
