@@ -12,8 +12,11 @@ inconclusive; the run goes on.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +24,12 @@ from typing import Callable, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, provenance, stats
+from . import __version__, calibration, client, presets, provenance, stats
 from .checkout import Workspace
 from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
 from .model import Expect, Outcome
-from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis
+from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config
 from .server import ServerProcess, free_port
 from .sources import SourceCollector
 
@@ -73,18 +76,21 @@ class Executor:
     """Runs a plan on this machine against a ledger."""
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
-                 calibrate: bool = True):
+                 calibrate: bool = True, aa_check: bool = False):
         self.plan = plan
         self.spec = plan.spec
         self.ledger = ledger
         self.log_dir = Path(log_dir)
         self.obs = observer or Observer()
         self.calibrate = calibrate
+        self.aa_check = aa_check
         self.ws = Workspace(plan.repo, plan.cache_dir) if plan.repo is not None else None
         self.run: Run | None = None
         self.states: dict[str, ConfigState] = {}
         self.host: dict = {}
         self.host_fp: str | None = None
+        self.underpowered: dict[str, str] = {}
+        self.noise: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ run
 
@@ -137,6 +143,8 @@ class Executor:
         try:
             self.record_calibration("before")
             rows = self._hypothesis_rows()
+            if self.spec.defaults.aa_check or self.aa_check:
+                self._aa_check(rows)
             self._sequential(rows)
             self.record_calibration("after")
         except KeyboardInterrupt:
@@ -164,6 +172,41 @@ class Executor:
                       "is_aa": h.is_aa, "line": h.spec.line}))
         return rows
 
+    # ------------------------------------------------------------------ A/A power check
+
+    def _aa_check(self, rows: Mapping[str, HypothesisRow]) -> None:
+        """Boot each baseline config against an independent replica of itself, measure
+        the noise, and refuse to claim effects smaller than the run can resolve."""
+        d = self.spec.defaults
+        design = self.design()
+        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
+        for h in self.plan.hypotheses:
+            if not h.is_aa:
+                groups.setdefault((h.baseline.key, h.metric.name), []).append(h)
+        for (key, metric), hyps in groups.items():
+            base = self.states[key]
+            replica = self.state_for(make_config(self.spec, base.planned.arm, replica=2))
+            self._boot_round([base, replica], d.boots_per_arm)
+            if base.failed or replica.failed:
+                self.obs.message(f"A/A check of {base.planned.label}: could not be measured")
+                continue
+            a = self.ledger.boot_values(base.good_boots, metric).values
+            b = self.ledger.boot_values(replica.good_boots, metric).values
+            if len(a) < 2 or len(b) < 2:
+                continue
+            noise = stats.noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
+            sde = noise.smallest_detectable_effect
+            self.noise[key] = {"metric": metric, "boot_mean_cv": noise.boot_mean_cv,
+                               "smallest_detectable_effect": sde}
+            self.obs.message(f"A/A check of {base.planned.label}: boot-to-boot CV {noise.boot_mean_cv:.2%} "
+                             f"on {metric}; smallest effect this run can resolve: {sde:.2%}")
+            for h in hyps:
+                if h.spec.min_effect < sde:
+                    self.underpowered[h.id] = (
+                        f"min_effect {h.spec.min_effect:.1%} is below the smallest effect this run can resolve "
+                        f"({sde:.1%} from an A/A check); raise min_effect or defaults.max_boots_per_arm")
+
     # ------------------------------------------------------------------ sequential rounds
 
     def design(self) -> stats.Design:
@@ -173,9 +216,17 @@ class Executor:
     def _sequential(self, rows: Mapping[str, HypothesisRow]) -> None:
         d = self.spec.defaults
         design = self.design()
-        family = [h for h in self.plan.hypotheses if not h.is_aa]
-        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(family)))
-        pending = list(self.plan.hypotheses)
+        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        pending = []
+        for h in self.plan.hypotheses:
+            if h.id in self.underpowered:  # the power check refused it up front: no boots spent
+                v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
+                                               final=True, test="A/A power check", alpha=alpha_each,
+                                               reason=self.underpowered[h.id],
+                                               stats={"noise": self.noise.get(h.baseline.key)}))
+                self.obs.verdict(h, v)
+            else:
+                pending.append(h)
         target = d.boots_per_arm
         while pending:
             needed: list[ConfigState] = []
@@ -187,8 +238,7 @@ class Executor:
             self._boot_round(needed, target)
             still = []
             for h in pending:
-                alpha = d.alpha if h.is_aa else alpha_each
-                verdict = self._look(h, rows[h.id], design, alpha, force_final=target >= d.max_boots_per_arm)
+                verdict = self._look(h, rows[h.id], design, alpha_each, force_final=target >= d.max_boots_per_arm)
                 if not verdict.final:
                     still.append(h)
             pending = still
@@ -239,10 +289,11 @@ class Executor:
                 final = res.final or force_final
                 outcome = res.outcome.value
                 verdict = VerdictRow(
-                    hypothesis_id=row.id, outcome=outcome, final=final, ratio=res.ratio, ci_low=res.ci[0],
-                    ci_high=res.ci[1], p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason,
+                    hypothesis_id=row.id, outcome=outcome, final=final, ratio=res.ratio,
+                    ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
+                    p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason,
                     baseline_boot_ids=list(bv.boot_ids), treatment_boot_ids=list(tv.boot_ids),
-                    warnings=warnings, stats=stats.to_dict(res))
+                    warnings=warnings, stats=jsonable(dataclasses.asdict(res)))
         self.ledger.add(verdict)
         self.obs.verdict(h, verdict)
         return verdict
@@ -292,18 +343,20 @@ class Executor:
         base_url = f"http://{LOOPBACK}:{port}"
         preset = self.plan.preset
         try:
+            t0 = time.monotonic()
             with ServerProcess(argv, env=self.plan.boot_env(pc), cwd=self.plan.cwd(worktree), log_path=log_path,
                                base_url=base_url, health_path=spec.engine.health,
                                ready_timeout_s=spec.engine.ready_timeout_s) as server:
-                t0 = time.monotonic()
-                server.start()
-                boot.ready_s = time.monotonic() - t0
-                self._verify(boot, server, pc, base_url)
+                boot.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
+                if preset.settle_s:
+                    time.sleep(preset.settle_s)  # the engine's own warmup after its health check passes
+                info = self._verify(boot, server, pc, base_url)
                 self.ledger.commit()
                 if "fatal" in boot.status:
                     raise UserError(boot.failure or "a boot check failed")
                 client.warmup(base_url, spec.benchmark)
-                collector = SourceCollector(spec.engine.metrics, base_url, log_path)
+                collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
+                                            metrics_path=preset.metrics_path)
                 with provenance.GpuSampler(interval_s=1.0) as sampler:
                     for i in range(samples):
                         collector.begin_sample()
@@ -338,13 +391,16 @@ class Executor:
             self.obs.boot_finished(pc, boot)
         return boot
 
-    def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str) -> None:
+    def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str) -> dict | None:
         """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""
         d = self.spec.defaults
         info = fetch_server_info(base_url, self.spec.engine.server_info)
         boot.server_info = info
         env_rep = provenance.env_report(server.pid, pc.arm.env)
-        flag_rep = provenance.flag_report(pc.arm.flags, info, aliases=self.plan.preset.aliases)
+        preset = self.plan.preset
+        keys = {f: presets.info_key(f, preset) for f in pc.arm.flags}
+        checkable = {f: v for f, v in pc.arm.flags.items() if keys[f] is not None}
+        flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, k in keys.items() if k})
         boot.env_report, boot.flag_report = env_rep.to_dict(), flag_rep.to_dict()
         marks = []
         if not env_rep.ok:
@@ -359,7 +415,23 @@ class Executor:
                 boot.status = "excluded"
             elif mode == "fatal":
                 boot.status = "fatal"
-                boot.failure = f"{mark}: {what.summary()} (defaults.{mark.split('_')[0]}_check is fatal)"
+                boot.failure = f"{mark}: {what.describe()} (defaults.{mark.split('_')[0]}_check is fatal)"
+        return info
+
+
+def jsonable(obj):
+    """Dataclass dumps made safe for a JSON column: enums by value, NaN/inf as None."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "tolist"):
+        return jsonable(obj.tolist())
+    return obj
 
 
 def fetch_server_info(base_url: str, paths: Sequence[str]) -> dict | None:
