@@ -1,0 +1,289 @@
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bisect_harness.errors import SpecError
+from bisect_harness.model import Better
+from bisect_harness.sources import (LogSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector,
+                                    lookup, parse_source)
+
+
+class FakeServer:
+    """A real HTTP server on loopback whose /metrics text and JSON routes the test sets."""
+
+    def __init__(self):
+        self.metrics = ""
+        self.routes: dict[str, object] = {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/metrics":
+                    body, ctype, code = outer.metrics.encode(), "text/plain; version=0.0.4", 200
+                elif self.path in outer.routes:
+                    body, ctype, code = json.dumps(outer.routes[self.path]).encode(), "application/json", 200
+                else:
+                    body, ctype, code = b"not found", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+def counters(gen_rank0, gen_rank1, usage):
+    return f"""# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{model_name="k2",tp_rank="0"}} {gen_rank0}
+sglang:generation_tokens_total{{model_name="k2",tp_rank="1"}} {gen_rank1}
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{{model_name="k2"}} {usage}
+"""
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_parse_each_kind():
+    p = parse_source({"name": "gen", "from": "prometheus", "metric": "sglang:generation_tokens_total",
+                      "kind": "rate", "labels": {"tp_rank": 0}, "better": "higher"}, "k")
+    assert isinstance(p, PrometheusSource) and p.kind == "rate" and p.labels == {"tp_rank": "0"}
+    assert p.metric.unit == "1/s" and p.metric.better is Better.HIGHER
+    log = parse_source({"name": "verify_ms", "from": "log", "pattern": r"verify: (?P<value>[\d.]+) ms",
+                        "unit": "ms", "better": "lower", "reduce": "median"}, "k")
+    assert isinstance(log, LogSource) and log.metric.unit == "ms" and log.metric.better is Better.LOWER
+    info = parse_source({"name": "bs", "from": "server_info", "field": "cuda_graph_max_bs", "better": "higher"}, "k")
+    assert isinstance(info, ServerInfoSource)
+    acc = parse_source({"name": "acc", "from": "response", "field": "accept_length", "better": "higher"}, "k")
+    assert isinstance(acc, ResponseSource) and acc.metric.unit == "tok/verify"
+
+
+@pytest.mark.parametrize("entry, key, fragment", [
+    ({"name": "x", "from": "stdout", "better": "higher"}, "m.from", "unknown source 'stdout'"),
+    ({"name": "x", "from": "log", "better": "lower"}, "m.pattern", "missing 'pattern'"),
+    ({"name": "x", "from": "log", "pattern": r"verify: ([\d.]+)", "better": "lower"}, "m.pattern",
+     "named group 'value'"),
+    ({"name": "x", "from": "log", "pattern": r"(?P<value>[\d.+", "better": "lower"}, "m.pattern",
+     "invalid regular expression"),
+    ({"name": "x", "from": "prometheus", "metric": "m", "kind": "avg", "better": "lower"}, "m.kind",
+     "unknown kind 'avg'"),
+    ({"name": "x", "from": "log", "pattern": "(?P<value>1)", "reduce": "p99", "better": "lower"}, "m.reduce",
+     "unknown reduce"),
+    ({"name": "x", "from": "response", "field": "f", "better": "faster"}, "m.better", "'higher' or 'lower'"),
+    ({"name": "x", "from": "response", "field": "f"}, "m.better", "'higher' or 'lower'"),
+    ({"name": "x", "from": "response", "better": "higher"}, "m.field", "missing 'field'"),
+    ({"name": "x", "from": "response", "field": "f", "better": "higher", "pattern": "p"}, "m.pattern",
+     "unknown key"),
+    ({"name": "two words", "from": "response", "field": "f", "better": "higher"}, "m.name", "no spaces"),
+    ({"name": "x", "from": "prometheus", "metric": "m", "labels": ["a"], "better": "higher"}, "m.labels",
+     "'labels'"),
+    ("verify_ms", "m", "must be a mapping"),
+])
+def test_parse_errors_name_the_key(entry, key, fragment):
+    with pytest.raises(SpecError) as exc:
+        parse_source(entry, "m")
+    assert exc.value.key == key
+    assert fragment in str(exc.value)
+
+
+def test_lookup():
+    d = {"meta_info": {"spec_verify_ct": 3}, "choices": [{"text": "a"}], "a.b": 1}
+    assert lookup(d, "meta_info.spec_verify_ct") == 3
+    assert lookup(d, "choices.0.text") == "a"
+    assert lookup(d, "a.b") == 1
+    with pytest.raises(KeyError):
+        lookup(d, "meta_info.nope")
+
+
+# --------------------------------------------------------------------------- collecting
+
+
+def test_prometheus_delta_rate_gauge_with_labels(server):
+    srcs = [parse_source({"name": "gen_all", "from": "prometheus", "metric": "sglang:generation_tokens_total",
+                          "kind": "delta", "better": "higher"}, "a"),
+            parse_source({"name": "gen_r0", "from": "prometheus", "metric": "sglang:generation_tokens_total",
+                          "kind": "delta", "labels": {"tp_rank": "0"}, "better": "higher"}, "b"),
+            parse_source({"name": "gen_rate", "from": "prometheus", "metric": "sglang:generation_tokens",
+                          "kind": "rate", "labels": {"tp_rank": "0"}, "better": "higher"}, "c"),
+            parse_source({"name": "usage", "from": "prometheus", "metric": "sglang:token_usage",
+                          "kind": "gauge", "better": "lower"}, "d")]
+    c = SourceCollector(srcs, server.url, None)
+    server.metrics = counters(100, 100, 0.1)
+    c.begin_sample()
+    server.metrics = counters(160, 140, 0.25)
+    time.sleep(0.2)
+    out = c.end_sample([], 0.2)
+    assert out["gen_all"] == 100.0       # summed over both label sets
+    assert out["gen_r0"] == 60.0          # only tp_rank 0
+    assert 60.0 / 5.0 < out["gen_rate"] < 60.0 / 0.2   # per second of the scrape window (>= 0.2 s)
+    assert out["usage"] == 0.25
+    assert c.problems() == []
+
+
+def test_prometheus_absent_metric_and_failed_scrape_are_problems(server):
+    src = parse_source({"name": "spec", "from": "prometheus", "metric": "sglang:spec_accept_length",
+                        "kind": "gauge", "better": "higher"}, "a")
+    c = SourceCollector([src], server.url, None)
+    server.metrics = counters(1, 1, 0.1)
+    c.begin_sample()
+    assert c.end_sample([], 1.0) == {}
+    probs = c.problems()
+    assert len(probs) == 1 and "sglang:spec_accept_length" in probs[0] and "absent" in probs[0]
+
+    c2 = SourceCollector([src], server.url + "/nothing-here", None)
+    c2.begin_sample()
+    assert c2.end_sample([], 1.0) == {}
+    assert "HTTP 404" in c2.problems()[0]
+
+
+def test_prometheus_counter_reset_is_a_problem(server):
+    src = parse_source({"name": "g", "from": "prometheus", "metric": "sglang:generation_tokens_total",
+                        "better": "higher"}, "a")
+    c = SourceCollector([src], server.url, None)
+    server.metrics = counters(500, 0, 0)
+    c.begin_sample()
+    server.metrics = counters(5, 0, 0)
+    assert c.end_sample([], 1.0) == {}
+    assert "went down" in c.problems()[0]
+
+
+def test_server_info_field_with_fallback_paths(server):
+    server.routes["/get_server_info"] = {"cuda_graph_max_bs": 8, "disable_cuda_graph": False,
+                                         "speculative_algorithm": "EAGLE3", "nested": {"x": "2.5"}}
+    srcs = [parse_source({"name": "bs", "from": "server_info", "field": "cuda_graph_max_bs", "better": "higher"}, "a"),
+            parse_source({"name": "nx", "from": "server_info", "field": "nested.x", "better": "higher"}, "b"),
+            parse_source({"name": "off", "from": "server_info", "field": "disable_cuda_graph", "better": "lower"}, "c"),
+            parse_source({"name": "algo", "from": "server_info", "field": "speculative_algorithm",
+                          "better": "lower"}, "d"),
+            parse_source({"name": "gone", "from": "server_info", "field": "nope", "better": "lower"}, "e")]
+    c = SourceCollector(srcs, server.url, None, server_info_paths=["/server_info", "/get_server_info"])
+    c.begin_sample()
+    out = c.end_sample([], 1.0)
+    assert out == {"bs": 8.0, "nx": 2.5, "off": 0.0}
+    probs = c.problems()
+    assert len(probs) == 2
+    assert any("'speculative_algorithm' is not numeric" in p for p in probs)
+    assert any("'nope' is not in the server info" in p for p in probs)
+
+
+def test_server_info_unreachable_is_a_problem(server):
+    src = parse_source({"name": "bs", "from": "server_info", "field": "x", "better": "higher"}, "a")
+    c = SourceCollector([src], server.url, None, server_info_paths=["/server_info"])
+    c.begin_sample()
+    assert c.end_sample([], 1.0) == {}
+    assert "/server_info: HTTP 404" in c.problems()[0]
+
+
+def test_response_fields_and_accept_length():
+    srcs = [parse_source({"name": "acc", "from": "response", "field": "accept_length", "better": "higher"}, "a"),
+            parse_source({"name": "vct", "from": "response", "field": "spec_verify_ct", "better": "lower"}, "b"),
+            parse_source({"name": "ct", "from": "response", "field": "usage.completion_tokens", "better": "higher"},
+                         "c")]
+    c = SourceCollector(srcs, "http://127.0.0.1:9", None)
+    responses = [{"meta_info": {"completion_tokens": 100, "spec_verify_ct": 40}, "usage": {"completion_tokens": 100}},
+                 {"meta_info": {"completion_tokens": 60, "spec_verify_ct": 40}, "usage": {"completion_tokens": 60}}]
+    c.begin_sample()
+    out = c.end_sample(responses, 1.0)
+    assert out["acc"] == pytest.approx(160 / 80)   # tokens per verify cycle over the sample
+    assert out["vct"] == 40.0                      # found under meta_info
+    assert out["ct"] == 80.0                       # mean over requests
+    assert c.problems() == []
+
+
+def test_response_missing_fields_are_problems():
+    srcs = [parse_source({"name": "acc", "from": "response", "field": "accept_length", "better": "higher"}, "a"),
+            parse_source({"name": "lat", "from": "response", "field": "meta_info.e2e_latency", "better": "lower"}, "b")]
+    c = SourceCollector(srcs, "http://127.0.0.1:9", None)
+    c.begin_sample()
+    out = c.end_sample([{"usage": {"completion_tokens": 10}}, {"meta_info": {"e2e_latency": 2.0}}], 1.0)
+    assert out == {"lat": 2.0}
+    probs = " | ".join(c.problems())
+    assert "lack spec_verify_ct" in probs
+    assert "missing in 1 and not numeric in 0 of 2" in probs
+
+    c2 = SourceCollector(srcs[:1], "http://127.0.0.1:9", None)
+    c2.begin_sample()
+    assert c2.end_sample([{"meta_info": {"completion_tokens": 10, "spec_verify_ct": 0}}], 1.0) == {}
+    assert "speculative decoding did not run" in c2.problems()[0]
+
+
+def test_log_source_reads_only_new_lines(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("Target verify: 99.00 ms/cyc\n")   # before the window: ignored
+    pattern = r"Target verify: (?P<value>[0-9.]+) ms/cyc"
+    srcs = [parse_source({"name": "v_mean", "from": "log", "pattern": pattern, "better": "lower"}, "a"),
+            parse_source({"name": "v_med", "from": "log", "pattern": pattern, "reduce": "median",
+                          "better": "lower"}, "b"),
+            parse_source({"name": "v_last", "from": "log", "pattern": pattern, "reduce": "last",
+                          "better": "lower"}, "c"),
+            parse_source({"name": "v_n", "from": "log", "pattern": pattern, "reduce": "count",
+                          "better": "higher"}, "d")]
+    c = SourceCollector(srcs, "http://127.0.0.1:9", log)
+    c.begin_sample()
+    with open(log, "a") as f:
+        f.write("INFO Decode batch. accept len: 2.10\nTarget verify: 29.00 ms/cyc\nTarget verify: 30.00 ms/cyc\n"
+                "Target verify: 35.00 ms/cyc\nTarget verify: 31.")   # a partial line is left for later
+    out = c.end_sample([], 1.0)
+    assert out == {"v_mean": pytest.approx(94 / 3), "v_med": 30.0, "v_last": 35.0, "v_n": 3.0}
+    c.begin_sample()
+    with open(log, "a") as f:
+        f.write("00 ms/cyc\n")
+    out = c.end_sample([], 1.0)
+    # begin_sample marks the end of the file: the half-written line straddling it is not counted.
+    assert out["v_n"] == 0.0
+    assert "v_mean" not in out
+    assert any("v_mean" in p and "matched" in p for p in c.problems())
+
+
+def test_log_pattern_that_never_matches_is_reported(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    srcs = [parse_source({"name": "n", "from": "log", "pattern": r"nothing (?P<value>\d+)", "reduce": "count",
+                          "better": "higher"}, "a"),
+            parse_source({"name": "m", "from": "log", "pattern": r"nothing (?P<value>\d+)", "better": "higher"}, "b")]
+    c = SourceCollector(srcs, "http://127.0.0.1:9", log)
+    for _ in range(2):
+        c.begin_sample()
+        log.write_text(log.read_text() + "Decode batch. gen throughput (token/s): 82.00\n")
+        assert c.end_sample([], 1.0) == {"n": 0.0}
+    probs = c.problems()
+    assert len(probs) == 2
+    assert any("'m'" in p and "2 problem(s) over 2 sample(s)" in p for p in probs)
+    assert any("'n'" in p and "matched no log line in 2 sample(s)" in p for p in probs)
+
+
+def test_missing_log_file_is_a_problem(tmp_path):
+    src = parse_source({"name": "m", "from": "log", "pattern": r"(?P<value>\d+)", "better": "higher"}, "b")
+    c = SourceCollector([src], "http://127.0.0.1:9", tmp_path / "absent.log")
+    c.begin_sample()
+    assert c.end_sample([], 1.0) == {}
+    assert "cannot read log" in c.problems()[0]
+
+
+def test_end_without_begin_is_a_bug():
+    c = SourceCollector([], "http://127.0.0.1:9", None)
+    with pytest.raises(RuntimeError):
+        c.end_sample([], 1.0)
