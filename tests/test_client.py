@@ -1,0 +1,325 @@
+"""The streaming client against recorded streams replayed live on loopback.
+
+Each fixture in ``fixtures/streams`` is a raw ``text/event-stream`` body as
+vLLM or SGLang send it. A small HTTP/1.1 server replays it with chunked
+encoding, sleeping a known delay before each event that carries output, so
+TTFT and ITL can be checked against the delays.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bisect_harness.client import (
+    SampleFailed, SSEDecoder, measure_sample, measure_sample_detail, synthetic_prompt, warmup,
+)
+from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "streams"
+
+# Timing tolerances: the machine is shared and noisy, so lower bounds are tight
+# (a delay cannot be skipped) and upper bounds are generous.
+SLACK_S = 0.04
+
+
+def fixture_events(name: str) -> list[bytes]:
+    """Split a recorded body into events, each with its blank-line terminator."""
+    raw = (FIXTURES / name).read_bytes()
+    sep = b"\r\n\r\n" if b"\r\n\r\n" in raw else b"\n\n"
+    parts = raw.split(sep)
+    events = [p + sep for p in parts[:-1]]
+    if parts[-1]:
+        events.append(parts[-1])
+    return events
+
+
+def carries_output(event: bytes) -> bool:
+    for line in event.replace(b"\r\n", b"\n").split(b"\n"):
+        if line.startswith(b"data:") and b"[DONE]" not in line:
+            obj = json.loads(line[5:])
+            if "text" in obj and "choices" not in obj:
+                return True
+            return any(c.get("text") for c in obj.get("choices") or [])
+    return False
+
+
+class Replay:
+    """Loopback server: POST /v1/completions and /generate replay a fixture."""
+
+    def __init__(self, fixture: str, *, first_delay: float = 0.0, delay: float = 0.0,
+                 split_reads: bool = False, status_for=None, cut_after: int | None = None):
+        self.events = fixture_events(fixture)
+        self.first_delay, self.delay = first_delay, delay
+        self.split_reads = split_reads
+        self.status_for = status_for or (lambda n: 200)
+        self.cut_after = cut_after
+        self.payloads: list[dict] = []
+        self.paths: list[str] = []
+        self.count = 0
+        self.lock = threading.Lock()
+        replay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body = json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with replay.lock:
+                    n = replay.count
+                    replay.count += 1
+                    replay.payloads.append(payload)
+                    replay.paths.append(self.path)
+                status = replay.status_for(n)
+                if status != 200:
+                    body = json.dumps({"object": "error", "message": "overloaded", "code": status}).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                first = True
+                for i, event in enumerate(replay.events):
+                    if replay.cut_after is not None and i == replay.cut_after:
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    if carries_output(event):
+                        time.sleep(replay.first_delay if first else replay.delay)
+                        first = False
+                    if replay.split_reads and len(event) > 4:
+                        cut = len(event) // 2
+                        self.chunk(event[:cut])
+                        time.sleep(0.003)
+                        self.chunk(event[cut:])
+                    else:
+                        self.chunk(event)
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+            def chunk(self, data: bytes):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def spec(**kw) -> BenchmarkSpec:
+    base = dict(api="completions", model="m", requests_per_sample=1, concurrency=1, warmup_requests=0,
+                output_tokens=16, prompt_tokens=8)
+    base.update(kw)
+    return BenchmarkSpec(**base)
+
+
+# --------------------------------------------------------------------------- SSE decoder
+
+def decode_all(body: bytes, step: int) -> list[tuple[str | None, bytes]]:
+    dec = SSEDecoder()
+    out = []
+    for i in range(0, len(body), step):
+        out += dec.feed(body[i:i + step])
+    return out + dec.close()
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 100000])
+def test_sse_decoder_is_independent_of_read_boundaries(step):
+    body = (b": ping\r\n\r\nevent: error\r\ndata: {\"a\": 1}\r\n\r\ndata: x\rdata: y\r\r"
+            b"id: 7\ndata:no-space\n\ndata: [DONE]\n\ndata: tail-without-blank-line")
+    assert decode_all(body, step) == [
+        ("error", b'{"a": 1}'), (None, b"x\ny"), (None, b"no-space"), (None, b"[DONE]"),
+        (None, b"tail-without-blank-line")]
+
+
+def test_sse_decoder_fixtures_byte_by_byte():
+    for path in sorted(FIXTURES.glob("*.sse")):
+        body = path.read_bytes()
+        whole = decode_all(body, len(body))
+        assert decode_all(body, 1) == whole, path.name
+        assert whole and all(data for _, data in whole), path.name
+
+
+# --------------------------------------------------------------------------- live replays
+
+def test_vllm_completions_timing_and_usage():
+    with Replay("vllm_completions.sse", first_delay=0.20, delay=0.05) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    r = detail.result
+    assert set(r.metrics) == set(CLIENT_METRICS)
+    assert (r.requests, r.errors, r.output_tokens) == (1, 0, 8)
+    req = detail.requests[0]
+    assert req.counted_tokens == 8 and req.chunks == 8 and req.usage["completion_tokens"] == 8
+    assert 0.20 <= req.ttft_s < 0.20 + SLACK_S * 3
+    assert 0.05 <= r.metrics["itl_ms"] / 1e3 < 0.05 + SLACK_S
+    assert 0.05 <= r.metrics["tpot_ms"] / 1e3 < 0.05 + SLACK_S
+    assert r.metrics["e2e_ms"] / 1e3 >= 0.20 + 7 * 0.05
+    assert math.isclose(r.metrics["tok_s"], 8 / r.duration_s)
+
+
+def test_request_payloads_follow_the_documented_shapes():
+    with Replay("vllm_completions.sse") as srv:
+        measure_sample(srv.base_url, spec(model=None, output_tokens=33, prompt_tokens=20, seed=4))
+        assert srv.paths == ["/v1/completions"]
+        p = srv.payloads[0]
+        assert p["model"] == "served-model"  # from GET /v1/models
+        assert p["stream"] is True and p["stream_options"] == {"include_usage": True}
+        assert p["max_tokens"] == 33 and p["temperature"] == 0.0 and p["ignore_eos"] is True
+        assert p["prompt"] == synthetic_prompt(20, 4, 0) and len(p["prompt"].split()) == 20
+    with Replay("sglang_generate_spec.sse") as srv:
+        measure_sample(srv.base_url, spec(api="generate", output_tokens=12))
+        assert srv.paths == ["/generate"]
+        p = srv.payloads[0]
+        assert p["stream"] is True and isinstance(p["text"], str)
+        assert p["sampling_params"] == {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+
+
+def test_synthetic_prompt_is_seeded():
+    assert synthetic_prompt(50, 1, 0) == synthetic_prompt(50, 1, 0)
+    assert synthetic_prompt(50, 1, 0) != synthetic_prompt(50, 2, 0)
+    assert synthetic_prompt(50, 1, 0) != synthetic_prompt(50, 1, 1)
+
+
+def test_sglang_openai_completions():
+    with Replay("sglang_openai_completions.sse", first_delay=0.1, delay=0.03) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    assert detail.result.output_tokens == 6 and detail.requests[0].chunks == 6
+    assert 0.03 <= detail.result.metrics["itl_ms"] / 1e3 < 0.03 + SLACK_S
+
+
+def test_sglang_generate_cumulative_text_and_spec_fields():
+    # completion_tokens: 1, 3, 5, 8, 10, 12 -> 11 tokens after the first chunk, 5 gaps of 60 ms
+    with Replay("sglang_generate_spec.sse", first_delay=0.1, delay=0.06, split_reads=True) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(api="generate", output_tokens=12))
+    req = detail.requests[0]
+    assert req.output_tokens == 12 and req.counted_tokens == 12 and req.chunks == 6
+    assert req.decode_tokens == 11
+    itl = detail.result.metrics["itl_ms"] / 1e3
+    assert 5 * 0.06 / 11 <= itl < (5 * 0.06 + SLACK_S * 2) / 11  # per token, not per chunk (60 ms)
+    fields = detail.responses[0]
+    assert fields["spec_verify_ct"] == 5 and fields["completion_tokens"] == 12
+    assert fields["spec_accept_length"] == pytest.approx(12 / 5)
+
+
+def test_multi_token_chunks_do_not_inflate_itl():
+    # 6 chunks, 11 tokens (final usage): 10 tokens after the first chunk over 5 gaps of 60 ms
+    with Replay("multi_token_completions.sse", first_delay=0.05, delay=0.06) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    req = detail.requests[0]
+    assert req.output_tokens == 11 and req.counted_tokens == 6 and req.chunks == 6
+    itl = detail.result.metrics["itl_ms"] / 1e3
+    assert 0.030 <= itl < 0.030 + SLACK_S / 2
+    assert req.tpot_s == pytest.approx((req.e2e_s - req.ttft_s) / 10)
+
+
+def test_stream_without_done_or_usage_counts_chunks():
+    with Replay("no_done_no_usage.sse", delay=0.01) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    req = detail.requests[0]
+    assert req.ok and req.usage is None
+    assert req.output_tokens == req.counted_tokens == 5
+
+
+def test_keepalives_crlf_and_split_reads():
+    with Replay("keepalive_crlf.sse", first_delay=0.05, delay=0.02, split_reads=True) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=3, concurrency=3))
+    assert detail.result.errors == 0 and detail.result.requests == 3
+    for req in detail.requests:
+        assert req.output_tokens == 4 and req.counted_tokens == 4 and req.chunks == 4
+
+
+def test_error_object_in_stream_counts_as_error():
+    with Replay("vllm_completions.sse") as good, Replay("error_midstream.sse") as bad:
+        with pytest.raises(SampleFailed, match="illegal memory access"):
+            measure_sample(bad.base_url, spec(requests_per_sample=2, concurrency=2))
+        assert good.count == 0
+
+
+def test_http_errors_are_counted_and_all_failed_raises():
+    with Replay("vllm_completions.sse", status_for=lambda n: 503 if n % 2 else 200) as srv:
+        r = measure_sample(srv.base_url, spec(requests_per_sample=6, concurrency=2))
+    assert (r.requests, r.errors, r.output_tokens) == (3, 3, 24)
+    with Replay("vllm_completions.sse", status_for=lambda n: 500) as srv:
+        with pytest.raises(SampleFailed, match="all 2 benchmark requests .* HTTP 500"):
+            measure_sample(srv.base_url, spec(requests_per_sample=2))
+
+
+def test_disconnect_mid_stream_is_an_error():
+    with Replay("vllm_completions.sse", cut_after=3) as srv:
+        with pytest.raises(SampleFailed) as info:
+            measure_sample_detail(srv.base_url, spec())
+    assert "RemoteProtocolError" in str(info.value) or "ReadError" in str(info.value)
+
+
+def test_concurrency_overlaps_requests():
+    # 8 requests of ~0.1 + 7*0.03 = 0.31 s each: serial would take ~2.5 s
+    with Replay("vllm_completions.sse", first_delay=0.1, delay=0.03) as srv:
+        with httpx.Client(trust_env=False) as http:
+            detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=8, concurrency=4),
+                                           client=http)
+    r = detail.result
+    assert r.requests == 8 and r.output_tokens == 64
+    assert 2 * 0.31 <= r.duration_s < 2 * 0.31 + 0.6
+    starts = sorted(req.start_s for req in detail.requests)
+    assert starts[3] < 0.05  # four in flight at once
+
+
+def test_warmup_sends_requests_and_is_not_a_sample():
+    with Replay("vllm_completions.sse") as srv:
+        assert warmup(srv.base_url, spec(warmup_requests=3)) == 0
+        assert srv.count == 3
+        assert warmup(srv.base_url, spec(warmup_requests=0)) == 0
+        assert srv.count == 3
+    with Replay("error_midstream.sse") as srv:
+        with pytest.raises(SampleFailed, match="warmup"):
+            warmup(srv.base_url, spec(warmup_requests=2))
+
+
+def test_unreachable_server_raises_sample_failed():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SampleFailed, match="ConnectError"):
+        measure_sample(f"http://127.0.0.1:{port}", spec())
+
+
+def test_unknown_api_is_rejected():
+    with pytest.raises(ValueError, match="unknown benchmark api"):
+        measure_sample("http://127.0.0.1:9", spec(api="chat"))
