@@ -1,0 +1,352 @@
+"""The noisy bisection, driven by a fake measure with seeded noise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from bisect_harness.bisection import (
+    BisectionSearch,
+    BisectResult,
+    Candidate,
+    Probe,
+    StopReason,
+    run_search,
+)
+from bisect_harness.model import Expect
+
+
+def shas(n: int) -> list[str]:
+    return [f"c{i:03d}" for i in range(n)]
+
+
+class FakeEngine:
+    """A commit range with one step change at ``culprit``.
+
+    A boot's value is the mean of ``samples`` samples around the boot's level; the
+    level varies between boots by ``between_cv``, samples within a boot by
+    ``within_cv``. The n-th boot of a commit is the same number whatever order the
+    search asks in, so two searches over the same engine see the same data.
+    """
+
+    def __init__(self, n, culprit, *, change=-0.05, within_cv=0.02, between_cv=0.01,
+                 samples=3, base=100.0, seed=0, unbuildable=()):
+        self.commits = shas(n)
+        self.culprit, self.change, self.base = culprit, change, base
+        self.within_cv, self.between_cv, self.samples, self.seed = within_cv, between_cv, samples, seed
+        self.unbuildable = {self.commits[i] for i in unbuildable}
+        self.boots_done: dict[str, int] = {}
+        self.calls: list[tuple[str, int]] = []
+
+    def mean(self, i: int) -> float:
+        return self.base * (1 + self.change) if i >= self.culprit else self.base
+
+    def boot(self, sha: str, nth: int) -> float:
+        i = self.commits.index(sha)
+        rng = np.random.default_rng([self.seed, i, nth])
+        mu = self.mean(i)
+        level = mu * (1 + self.between_cv * rng.standard_normal())
+        return float(np.mean(level + mu * self.within_cv * rng.standard_normal(self.samples)))
+
+    def __call__(self, sha: str, boots: int):
+        self.calls.append((sha, boots))
+        if sha in self.unbuildable:
+            return None
+        start = self.boots_done.get(sha, 0)
+        self.boots_done[sha] = start + boots
+        return [self.boot(sha, start + b) for b in range(boots)]
+
+
+def search_for(engine: FakeEngine, expect=Expect.DECREASE, **kw) -> BisectionSearch:
+    return BisectionSearch(engine.commits, expect=expect, **kw)
+
+
+# -- finding the culprit ---------------------------------------------------------------
+
+def test_clean_data_finds_culprit_with_one_boot_per_probe():
+    engine = FakeEngine(64, 37, within_cv=0.0, between_cv=0.0)
+    result = run_search(search_for(engine), engine)
+    assert result.stopped is StopReason.CONFIDENT
+    assert result.culprit == "c037"
+    assert result.candidate_set == ("c037",)
+    assert result.probability >= 0.95
+    # 3 boots per endpoint, then one boot per bisection step (log2 64 = 6).
+    assert all(boots == 1 for sha, boots in engine.calls[2:])
+    assert result.boots_used == 6 + 6
+    assert result.good_mean == pytest.approx(100.0)
+    assert result.bad_mean == pytest.approx(95.0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_noisy_data_finds_culprit(seed):
+    rng = np.random.default_rng(seed)
+    culprit = int(rng.integers(1, 128))
+    engine = FakeEngine(128, culprit, seed=seed)
+    result = run_search(search_for(engine), engine)
+    assert result.stopped is StopReason.CONFIDENT
+    assert result.culprit == engine.commits[culprit]
+    assert result.boots_used < 60
+    assert result.candidates[0] == Candidate(result.culprit, result.probability)
+
+
+@pytest.mark.parametrize("culprit", [1, 63])
+def test_culprit_at_first_or_last_position(culprit):
+    engine = FakeEngine(64, culprit, seed=culprit)
+    result = run_search(search_for(engine), engine)
+    assert result.culprit == engine.commits[culprit]
+
+
+def test_two_commits_blames_the_bad_one_after_checking_the_change():
+    engine = FakeEngine(2, 1, seed=3)
+    result = run_search(search_for(engine), engine)
+    assert result.culprit == "c001" and result.probability == 1.0
+    assert result.boots_used == 6
+
+
+@pytest.mark.parametrize("expect,change", [(Expect.INCREASE, 0.05), (Expect.DECREASE, -0.05)])
+def test_direction(expect, change):
+    engine = FakeEngine(100, 58, change=change, seed=11)
+    result = run_search(search_for(engine, expect=expect), engine)
+    assert result.culprit == "c058"
+    assert np.sign(result.bad_mean - result.good_mean) == expect.sign
+
+
+def test_change_against_the_expected_direction_is_not_reproduced():
+    engine = FakeEngine(100, 58, change=+0.05, seed=11)
+    result = run_search(search_for(engine, expect=Expect.DECREASE), engine)
+    assert result.stopped is StopReason.NOT_REPRODUCED
+    assert result.culprit is None
+    assert {sha for sha, _ in engine.calls} == {"c000", "c099"}
+    assert result.boots_used == 20  # max_endpoint_boots at each end
+
+
+def test_no_change_is_not_reproduced():
+    engine = FakeEngine(50, 20, change=0.0, seed=5)
+    result = run_search(search_for(engine, max_endpoint_boots=6), engine)
+    assert result.stopped is StopReason.NOT_REPRODUCED
+    assert result.boots_used == 12
+
+
+def test_small_effect_asks_for_more_boots_per_probe():
+    # effect of 1.5 boot-to-boot standard deviations: one boot cannot call a side
+    engine = FakeEngine(64, 40, change=-0.0225, within_cv=0.0, between_cv=0.015, seed=2)
+    search = search_for(engine, max_boots=400)
+    result = run_search(search, engine)
+    interior = [boots for sha, boots in engine.calls if sha not in ("c000", "c063")]
+    assert max(interior) >= 2
+    assert result.culprit == "c040"
+
+
+def test_ambiguous_probe_gets_more_boots_at_the_same_commit():
+    search = BisectionSearch(shas(9), expect=Expect.DECREASE)
+    search.observe("c000", [100.0, 101.0, 99.0])
+    search.observe("c008", [95.0, 96.0, 94.0])
+    probe = search.next_probe()
+    assert probe == Probe("c004", 1)
+    search.observe("c004", [97.5])  # exactly midway: says nothing about its side
+    assert search.next_probe().commit == "c004"
+
+
+# -- budget, skips -----------------------------------------------------------------------
+
+def test_budget_stops_the_search():
+    engine = FakeEngine(256, 100, seed=1)
+    result = run_search(search_for(engine, max_boots=10), engine)
+    assert result.stopped is StopReason.BUDGET
+    assert result.boots_used == 10
+    assert result.culprit is None
+    assert result.candidates and result.candidates[0].probability < 0.95
+
+
+def test_skipped_commits_are_never_probed_again():
+    unbuildable = range(20, 40)
+    engine = FakeEngine(64, 45, seed=4, unbuildable=unbuildable)
+    result = run_search(search_for(engine), engine)
+    assert result.culprit == "c045"
+    asked = [sha for sha, _ in engine.calls]
+    for sha in {engine.commits[i] for i in unbuildable}:
+        assert asked.count(sha) <= 1
+    assert {sha for sha, _ in result.skipped} <= {engine.commits[i] for i in unbuildable}
+    assert len(result.skipped) == len({s for s in asked if s in engine.unbuildable})
+
+
+def test_culprit_after_an_unbuildable_commit_yields_the_candidate_set():
+    engine = FakeEngine(64, 30, seed=7, unbuildable=[29])
+    result = run_search(search_for(engine), engine)
+    assert result.stopped is StopReason.AMBIGUOUS_SKIPS
+    assert result.culprit is None
+    assert result.candidate_set == ("c029", "c030")
+    assert result.probability >= 0.95
+    assert ("c029", "measure returned None") in result.skipped
+
+
+def test_culprit_before_an_unbuildable_commit_is_still_exact():
+    engine = FakeEngine(64, 30, seed=7, unbuildable=[31])
+    result = run_search(search_for(engine), engine)
+    assert result.culprit == "c030"
+
+
+def test_run_of_unbuildable_commits_before_the_culprit():
+    engine = FakeEngine(64, 30, seed=8, unbuildable=[27, 28, 29])
+    search = search_for(engine)
+    for i in (27, 28, 29):
+        search.skip(engine.commits[i], "build failed")
+    result = run_search(search, engine)
+    assert result.candidate_set == ("c027", "c028", "c029", "c030")
+    assert all(sha not in {"c027", "c028", "c029"} for sha, _ in engine.calls)
+
+
+def test_unmeasurable_good_endpoint_stops():
+    engine = FakeEngine(16, 8, unbuildable=[0])
+    result = run_search(search_for(engine), engine)
+    assert result.stopped is StopReason.ENDPOINT_UNMEASURABLE
+    assert engine.calls == [("c000", 3)]
+
+
+# -- resuming from a ledger -------------------------------------------------------------
+
+def replay(engine_commits, log, **kw) -> BisectionSearch:
+    search = BisectionSearch(engine_commits, expect=Expect.DECREASE, **kw)
+    for sha, values in log:
+        if values is None:
+            search.skip(sha, "build failed")
+        else:
+            search.observe(sha, values)
+    return search
+
+
+def test_resumed_search_continues_identically_and_reuses_boots():
+    engine_a = FakeEngine(128, 77, seed=21, unbuildable=[50])
+    a = search_for(engine_a)
+    log = []
+    for _ in range(7):  # interrupted after 7 probes
+        probe = a.next_probe()
+        values = engine_a(probe.commit, probe.boots)
+        log.append((probe.commit, values))
+        if values is None:
+            a.skip(probe.commit, "build failed")
+        else:
+            a.observe(probe.commit, values)
+    b = replay(engine_a.commits, log)
+    assert b.boots_used == a.boots_used
+    assert b.next_probe() == a.next_probe()
+    assert b.result() == a.result()
+    # Both continue against the same engine state: identical probes and answers.
+    engine_b = FakeEngine(128, 77, seed=21, unbuildable=[50])
+    engine_b.boots_done = dict(engine_a.boots_done)
+    ra, rb = run_search(a, engine_a), run_search(b, engine_b)
+    assert ra == rb
+    assert engine_a.calls[len(log):] == engine_b.calls
+
+
+def test_endpoints_measured_before_are_not_measured_again():
+    engine = FakeEngine(32, 10, seed=3)
+    search = search_for(engine)
+    search.observe("c000", [engine.boot("c000", b) for b in range(3)])
+    search.observe("c031", [engine.boot("c031", b) for b in range(2)])
+    assert search.next_probe() == Probe("c031", 1)  # tops up to initial_boots only
+    search.observe("c031", [engine.boot("c031", 2)])
+    assert search.next_probe().commit not in {"c000", "c031"}
+
+
+def test_finished_search_replayed_asks_for_nothing():
+    engine = FakeEngine(64, 12, seed=9)
+    search = search_for(engine)
+    log = []
+
+    def recording(sha, boots):
+        values = engine(sha, boots)
+        log.append((sha, values))
+        return values
+
+    result = run_search(search, recording)
+    again = replay(engine.commits, log)
+    assert again.next_probe() is None
+    assert again.result() == result
+
+
+def test_observations_in_any_order_give_the_same_posterior():
+    engine = FakeEngine(32, 10, seed=3)
+    log = [(sha, [engine.boot(sha, b) for b in range(2)]) for sha in ("c000", "c031", "c016", "c008", "c012")]
+    forward = replay(engine.commits, log).result()
+    backward = replay(engine.commits, list(reversed(log))).result()
+    assert [c.commit for c in forward.candidates] == [c.commit for c in backward.candidates]
+    np.testing.assert_allclose([c.probability for c in forward.candidates],
+                               [c.probability for c in backward.candidates], rtol=1e-9)
+
+
+# -- the posterior against a direct computation -------------------------------------------
+
+def test_posterior_matches_numerical_integration():
+    """p(data | k) integrated on a grid over mu_g, mu_b (with mu_b < mu_g) and log s."""
+    data = {0: [10.0, 10.4, 9.8], 1: [10.1], 2: [9.7], 3: [9.3], 4: [9.1, 9.5]}
+    search = BisectionSearch(shas(5), expect=Expect.DECREASE)
+    for i, v in data.items():
+        search.observe(f"c{i:03d}", v)
+    got = {c.commit: c.probability for c in search.result().candidates}
+
+    mu = np.linspace(7.0, 12.5, 141)
+    log_s = np.linspace(np.log(0.02), np.log(4.0), 101)
+    mg, mb, ls = np.meshgrid(mu, mu, log_s, indexing="ij", sparse=True)
+
+    def marginal(k):  # prior: flat on the means, 1/s^2 on s^2 (= flat on log s)
+        ll = np.zeros(np.broadcast_shapes(mg.shape, mb.shape, ls.shape))
+        for i, values in data.items():
+            mean = mg if i < k else mb
+            for x in values:
+                ll -= 0.5 * ((x - mean) / np.exp(ls)) ** 2 + ls
+        dens = np.exp(ll) * (mb < mg)
+        return dens.sum()
+
+    m = np.array([marginal(k) for k in range(1, 5)])
+    want = m / m.sum()
+    assert len(set(np.round(want, 3))) == 4  # four different splits, four answers
+    for k in range(1, 5):
+        assert got[f"c{k:03d}"] == pytest.approx(want[k - 1], rel=1e-2)
+
+
+# -- input checks ------------------------------------------------------------------------
+
+def test_fewer_than_two_commits():
+    with pytest.raises(ValueError, match="at least 2 commits"):
+        BisectionSearch(["a"], expect=Expect.DECREASE)
+
+
+@pytest.mark.parametrize("confidence", [0.0, 1.0, -0.5, 1.5])
+def test_confidence_outside_unit_interval(confidence):
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        BisectionSearch(shas(4), expect=Expect.DECREASE, confidence=confidence)
+
+
+def test_unknown_commit_in_observe_and_skip():
+    search = BisectionSearch(shas(4), expect=Expect.DECREASE)
+    with pytest.raises(ValueError, match="unknown commit 'deadbeef'.*c000..c003"):
+        search.observe("deadbeef", [1.0])
+    with pytest.raises(ValueError, match="unknown commit"):
+        search.skip("deadbeef")
+
+
+def test_bad_values_and_arguments():
+    search = BisectionSearch(shas(4), expect=Expect.DECREASE)
+    with pytest.raises(ValueError, match="use skip"):
+        search.observe("c001", [])
+    with pytest.raises(ValueError, match="finite"):
+        search.observe("c001", [1.0, float("nan")])
+    with pytest.raises(ValueError, match="appears twice"):
+        BisectionSearch(["a", "b", "a"], expect=Expect.DECREASE)
+    with pytest.raises(ValueError, match="expect must be"):
+        BisectionSearch(shas(4), expect="decrease")
+    with pytest.raises(ValueError, match="max_boots"):
+        BisectionSearch(shas(4), expect=Expect.DECREASE, max_boots=0)
+
+
+def test_value_types_are_frozen():
+    result = BisectionSearch(shas(4), expect=Expect.INCREASE).result()
+    assert isinstance(result, BisectResult)
+    assert result.stopped is StopReason.RUNNING
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.culprit = "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Probe("a", 1).boots = 2
