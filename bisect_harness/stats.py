@@ -299,8 +299,8 @@ class SimulationResult:
 
 def _welch_arrays(mean_a, var_a, n_a, mean_b, var_b, n_b):
     """Welch difference, standard error and df, vectorised (``b - a``)."""
-    qa = var_a / n_a
-    qb = var_b / n_b
+    qa = np.asarray(var_a, dtype=float) / n_a
+    qb = np.asarray(var_b, dtype=float) / n_b
     se2 = qa + qb
     with np.errstate(divide="ignore", invalid="ignore"):
         df = se2 ** 2 / (qa ** 2 / (n_a - 1) + qb ** 2 / (n_b - 1))
@@ -429,19 +429,18 @@ def spent_alpha(design: Design, alpha: Optional[float] = None) -> np.ndarray:
     return 2.0 * _st.norm.sf(z / np.sqrt(tau))
 
 
-def _welch_p_paths(rng, n_paths: int, looks: tuple[int, ...], alpha: float) -> np.ndarray:
+def _welch_p_paths(rng, n_paths: int, looks: tuple[int, ...], p_cut: float) -> np.ndarray:
     """One-sided Welch p-values at each look for null paths of N(0,1) boot means.
 
-    Values that cannot reach ``alpha`` are left at 1: no look's level exceeds the
-    alpha spent by that look (a path with a p-value at or below a look's level has
-    crossed by then), and a t quantile is never below the normal one, so ``t`` under
-    ``z_{1-alpha}`` never matters. This spares most of the costly t tail calls.
+    p-values above ``p_cut`` are left at 1 (a t quantile is never below the normal
+    one, so ``t < z_{1-p_cut}`` implies ``p > p_cut``). This spares most of the
+    costly t tail calls; the caller checks that no level reaches ``p_cut``.
     """
     kmax = looks[-1]
     idx = np.array(looks) - 1
     k = np.array(looks, dtype=float)
     out = np.empty((n_paths, len(looks)))
-    z_min = float(_st.norm.isf(alpha))
+    z_min = float(_st.norm.isf(p_cut))
     for start in range(0, n_paths, _CAL_CHUNK):
         c = min(_CAL_CHUNK, n_paths - start)
         x = rng.standard_normal((2, c, kmax))
@@ -464,9 +463,13 @@ def _levels_cached(alpha: float, min_boots: int, max_boots: int, spending: str) 
     looks = design.looks
     if len(looks) == 1:
         return (alpha,)
-    n_paths = int(min(_CAL_MAX_PATHS, max(_CAL_MIN_PATHS, 4000.0 / alpha)))
+    n_paths = int(min(_CAL_MAX_PATHS, max(_CAL_MIN_PATHS, 1000.0 / alpha)))
     rng = np.random.default_rng([_CAL_SEED, min_boots, max_boots])
-    p = _welch_p_paths(rng, n_paths, looks, alpha)
+    # Welch p-values (random df) are conservative, so a level may exceed the alpha
+    # spent by its look; a look's level cannot exceed what a uniform p-value would
+    # allow by much, and 4*alpha leaves ample room (checked below).
+    p_cut = min(0.45, 4.0 * alpha)
+    p = _welch_p_paths(rng, n_paths, looks, p_cut)
     target = spent_alpha(design) * n_paths
     alive = np.ones(n_paths, dtype=bool)
     crossed = 0
@@ -484,6 +487,10 @@ def _levels_cached(alpha: float, min_boots: int, max_boots: int, spending: str) 
         crossed += int(hit.sum())
         alive &= ~hit
         levels.append(thr)
+    if max(levels) >= p_cut:  # pragma: no cover - would need a pathological design
+        raise ArithmeticError(
+            f"boundary calibration: a nominal level {max(levels):.3g} reached the cut "
+            f"{p_cut:.3g}; the design alpha={alpha}, looks {looks} is outside the supported range")
     return tuple(levels)
 
 

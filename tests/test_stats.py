@@ -1,0 +1,355 @@
+"""Statistics: checked against scipy, a textbook example and seeded simulations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from bisect_harness import stats as S
+from bisect_harness.model import Expect, Outcome
+from bisect_harness.stats import Design, evaluate
+
+INC, DEC = Expect.INCREASE, Expect.DECREASE
+
+
+def boots_from(rng, mean, n_boots, *, between=0.01, within=0.02, samples=3):
+    level = mean * (1 + between * rng.standard_normal(n_boots))
+    return [list(lv * (1 + within * rng.standard_normal(samples))) for lv in level]
+
+
+# ------------------------------------------------------------ against scipy
+
+
+def test_welch_matches_scipy():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(10, 1, 7), rng.normal(10.8, 2.5, 5)
+    ours = S.welch_t(a, b)
+    ref = st.ttest_ind(b, a, equal_var=False)
+    assert ours.statistic == pytest.approx(ref.statistic, rel=1e-12)
+    assert ours.p_two_sided == pytest.approx(ref.pvalue, rel=1e-10)
+    assert ours.p_greater == pytest.approx(
+        st.ttest_ind(b, a, equal_var=False, alternative="greater").pvalue, rel=1e-10)
+    assert ours.p_less == pytest.approx(
+        st.ttest_ind(b, a, equal_var=False, alternative="less").pvalue, rel=1e-10)
+    assert ours.df == pytest.approx(ref.df, rel=1e-12)
+
+
+def test_naive_pooled_t_is_welch_on_all_samples():
+    rng = np.random.default_rng(2)
+    base, treat = boots_from(rng, 100, 4), boots_from(rng, 101, 5)
+    ours = S.naive_pooled_t(base, treat)
+    ref = st.ttest_ind(np.concatenate(treat), np.concatenate(base), equal_var=False)
+    assert ours.statistic == pytest.approx(ref.statistic, rel=1e-12)
+    assert ours.p_two_sided == pytest.approx(ref.pvalue, rel=1e-10)
+
+
+def test_evaluate_p_value_is_one_sided_welch_on_log_boot_means():
+    rng = np.random.default_rng(3)
+    base, treat = boots_from(rng, 100, 5), boots_from(rng, 103, 5)
+    v = evaluate(base, treat, expect=INC, min_effect=0.01)
+    lb = np.log([np.mean(b) for b in base])
+    lt = np.log([np.mean(b) for b in treat])
+    ref = st.ttest_ind(lt, lb, equal_var=False, alternative="greater")
+    assert v.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    assert v.ratio == pytest.approx(math.exp(lt.mean() - lb.mean()), rel=1e-12)
+    assert v.n_boots == (5, 5) and v.n_samples == (15, 15)
+    down = evaluate(base, treat, expect=DEC, min_effect=0.01)
+    assert down.p_value == pytest.approx(1 - ref.pvalue, rel=1e-10)
+
+
+# ------------------------------------------------------- variance components
+
+
+def test_variance_components_montgomery_loom_example():
+    # Montgomery, Design and Analysis of Experiments (5th ed., Example 13-1; 8th ed.,
+    # Example 3.11): four looms, four strength determinations each. The book's ANOVA
+    # gives MS_treatments = 29.73, MS_E = 1.90, so sigma_tau^2 = (29.73 - 1.90)/4 = 6.96.
+    looms = [[98, 97, 99, 96], [91, 90, 93, 92], [96, 95, 97, 95], [95, 96, 99, 98]]
+    vc = S.variance_components(looms)
+    assert vc.ms_between == pytest.approx(29.73, abs=0.005)
+    assert vc.ms_within == pytest.approx(1.90, abs=0.005)
+    assert vc.var_between == pytest.approx(6.96, abs=0.005)
+    assert vc.var_within == pytest.approx(1.90, abs=0.005)
+    assert (vc.df_between, vc.df_within, vc.n0) == (3, 12, 4.0)
+    assert vc.grand_mean == pytest.approx(95.4375)
+    assert vc.between_cv == pytest.approx(math.sqrt(vc.var_between) / 95.4375)
+
+
+def test_variance_components_unbalanced_matches_f_oneway():
+    rng = np.random.default_rng(4)
+    groups = [rng.normal(50 + rng.normal(0, 2), 1, n) for n in (2, 5, 3, 4, 6)]
+    vc = S.variance_components(groups)
+    f = st.f_oneway(*groups).statistic
+    assert vc.ms_between / vc.ms_within == pytest.approx(f, rel=1e-10)
+    n = np.array([2, 5, 3, 4, 6])
+    assert vc.n0 == pytest.approx((n.sum() - (n ** 2).sum() / n.sum()) / 4)
+    assert vc.var_between == pytest.approx((vc.ms_between - vc.ms_within) / vc.n0)
+
+
+def test_variance_components_recover_simulated_cvs():
+    rng = np.random.default_rng(5)
+    vc = S.variance_components(boots_from(rng, 100, 400, between=0.03, within=0.05, samples=4))
+    assert vc.between_cv == pytest.approx(0.03, rel=0.15)
+    assert vc.within_cv == pytest.approx(0.05, rel=0.05)
+
+
+def test_between_variance_clips_at_zero():
+    vc = S.variance_components([[1.0, 3.0], [3.0, 1.0]])
+    assert vc.var_between == 0.0 and vc.between_cv == 0.0
+
+
+# ----------------------------------------------------------- the three outcomes
+
+
+def test_clear_increase_is_confirmed_at_first_look():
+    rng = np.random.default_rng(6)
+    v = evaluate(boots_from(rng, 100, 3), boots_from(rng, 120, 3), expect=INC, min_effect=0.10)
+    assert v.outcome is Outcome.CONFIRMED and v.final and v.look == 3
+    assert v.ci[0] > 1.0 and v.ratio >= 1.10
+    assert v.p_value <= v.p_threshold
+    assert "Confirmed" in v.reason
+
+
+def test_clear_decrease_is_confirmed():
+    rng = np.random.default_rng(7)
+    v = evaluate(boots_from(rng, 82, 3), boots_from(rng, 60, 3), expect=DEC, min_effect=0.10)
+    assert v.outcome is Outcome.CONFIRMED and v.ci[1] < 1.0
+
+
+def test_no_change_refutes_a_large_hypothesis_and_opposite_direction_refutes():
+    rng = np.random.default_rng(8)
+    same = evaluate(boots_from(rng, 100, 3), boots_from(rng, 100, 3), expect=INC, min_effect=0.10)
+    assert same.outcome is Outcome.REFUTED and same.final
+    assert same.ci[1] < 1.10
+    wrong_way = evaluate(boots_from(rng, 100, 3), boots_from(rng, 80, 3), expect=INC, min_effect=0.0)
+    assert wrong_way.outcome is Outcome.REFUTED
+
+
+def test_noisy_small_effect_is_inconclusive_then_final_at_budget():
+    rng = np.random.default_rng(9)
+    base = boots_from(rng, 100, 8, between=0.05, within=0.05)
+    treat = boots_from(rng, 102, 8, between=0.05, within=0.05)
+    early = evaluate(base[:3], treat[:3], expect=INC, min_effect=0.02)
+    assert early.outcome is Outcome.INCONCLUSIVE and not early.final
+    late = evaluate(base, treat, expect=INC, min_effect=0.02)
+    assert late.outcome is Outcome.INCONCLUSIVE and late.final
+    assert "Budget" in late.reason
+
+
+def test_real_but_smaller_than_hypothesised_is_not_confirmed():
+    rng = np.random.default_rng(10)
+    v = evaluate(boots_from(rng, 100, 8, between=0.002, within=0.002),
+                 boots_from(rng, 103, 8, between=0.002, within=0.002), expect=INC, min_effect=0.10)
+    assert v.p_value < 1e-6
+    assert v.outcome is Outcome.REFUTED
+
+
+def test_before_first_look_and_incomplete_round_are_not_final():
+    rng = np.random.default_rng(11)
+    base, treat = boots_from(rng, 100, 4), boots_from(rng, 150, 4)
+    one = evaluate(base[:1], treat[:1], expect=INC, min_effect=0.1)
+    assert one.outcome is Outcome.INCONCLUSIVE and not one.final and one.ci is None
+    assert one.ratio == pytest.approx(np.mean(treat[0]) / np.mean(base[0]))
+    two = evaluate(base[:2], treat[:2], expect=INC, min_effect=0.1)
+    assert not two.final and two.p_value is not None and two.look is None
+    uneven = evaluate(base[:4], treat[:3], expect=INC, min_effect=0.1)
+    assert uneven.outcome is Outcome.INCONCLUSIVE and not uneven.final
+    assert "Round incomplete" in uneven.reason
+
+
+def test_verdict_reports_components_and_footnote_names_outcomes():
+    rng = np.random.default_rng(12)
+    v = evaluate(boots_from(rng, 100, 3), boots_from(rng, 100, 3), expect=INC, min_effect=0.05)
+    assert all(c is not None and c >= 0 for c in v.between_cv + v.within_cv)
+    assert v.ci_level == pytest.approx(0.90) and v.alpha == 0.05 and v.expect is INC
+    assert "Welch" in v.test and "log boot means" in v.test
+    for word in ("Confirmed", "Refuted", "Inconclusive"):
+        assert word in S.OUTCOME_FOOTNOTE
+
+
+def test_public_names():
+    for name in S.__all__:
+        assert hasattr(S, name), name
+
+
+# ------------------------------------------------------ sequential boundaries
+
+
+@pytest.mark.parametrize("spending", S.SPENDING_FUNCTIONS)
+def test_boundaries_are_monotone_and_spend_at_most_alpha(spending):
+    d = Design(spending=spending)
+    spent = S.spent_alpha(d)
+    assert np.all(np.diff(spent) > 0) and spent[-1] == pytest.approx(0.05)
+    levels = np.array(S.nominal_levels(d))
+    # Welch p-values on few boots are conservative, so a level may exceed its spent
+    # alpha; whether the levels really spend alpha is checked by simulation below.
+    assert np.all(levels > 0) and np.all(levels < 0.05)
+    if spending == "obrien-fleming":
+        # Strict early, lenient late: levels rise and the critical t falls at each look.
+        assert np.all(np.diff(levels) > 0)
+        crit = [st.t.isf(p, 2 * k - 2) for p, k in zip(levels, d.looks)]
+        assert np.all(np.diff(crit) < 0)
+    else:
+        # Pocock-type: nearly flat levels after the first look, the first the largest
+        # (Welch's df on 3 boots per arm is the most conservative there).
+        assert levels[0] == levels.max() and levels[1:].max() / levels[1:].min() < 1.3
+
+
+def test_single_look_design_is_the_plain_test():
+    assert S.nominal_levels(Design(min_boots=5, max_boots=5), 0.025) == (0.025,)
+
+
+def test_crossing_probability_by_look_follows_spending():
+    d = Design()
+    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000, seed=13)
+    confirmed_by = [np.mean((r.outcomes == 1) & (r.boots <= k)) for k in d.looks]
+    np.testing.assert_allclose(confirmed_by, S.spent_alpha(d), atol=0.006)
+
+
+# ----------------------------------------------------- error rates and coverage
+
+
+@pytest.mark.parametrize("spending,between,within", [
+    ("pocock", 0.01, 0.02), ("pocock", 0.03, 0.05), ("pocock", 0.0, 0.02),
+    ("obrien-fleming", 0.01, 0.02)])
+def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within):
+    r = S.simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
+                   design=Design(spending=spending), n_sim=12000, seed=14)
+    assert r.confirmed <= 0.05 + 0.007  # 3.5 standard errors
+    assert r.confirmed >= 0.05 - 0.012  # and not needlessly conservative
+
+
+def test_false_refuted_rate_at_most_alpha_when_effect_equals_hypothesis():
+    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, n_sim=20000, seed=15)
+    assert r.refuted <= 0.05 + 0.006
+
+
+def test_naive_pooled_test_overstates_confidence():
+    r = S.simulate(0.0, between_cv=0.03, within_cv=0.05, min_effect=0.0, n_sim=20000, seed=16)
+    assert r.naive_confirmed > 0.07 and r.naive_peeking_confirmed > 0.12
+
+
+def test_family_of_twelve_aa_checks_with_bonferroni():
+    m = 12
+    a = S.adjust_alpha(0.05, m)
+    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, alpha=a,
+                   n_sim=m * 2000, seed=17)
+    any_false = (r.outcomes.reshape(2000, m) == 1).any(axis=1).mean()
+    assert any_false <= 0.05 + 0.012
+
+
+def test_simulate_decides_exactly_like_evaluate():
+    d = Design()
+    rng = np.random.default_rng(18)
+    samples = S._draw(rng, 60, 0.02, 0.01, 0.02, d.max_boots, d.samples_per_boot)
+    outcomes, boots, _ = S._run_paths(samples, 1, math.log1p(0.01), d, 0.05)
+    code = {Outcome.CONFIRMED: 1, Outcome.REFUTED: -1, Outcome.INCONCLUSIVE: 0}
+    for i in range(samples.shape[1]):
+        for k in d.looks:
+            v = evaluate(samples[0, i, :k], samples[1, i, :k], expect=INC, min_effect=0.01, design=d)
+            if v.final:
+                break
+        assert (code[v.outcome], k) == (outcomes[i], boots[i])
+
+
+def test_ci_coverage_fixed_design():
+    rng = np.random.default_rng(19)
+    d = Design(min_boots=4, max_boots=4)
+    hits = 0
+    n = 400
+    for _ in range(n):
+        v = evaluate(boots_from(rng, 100, 4), boots_from(rng, 104, 4), expect=INC, min_effect=0.0, design=d)
+        hits += v.ci[0] <= 1.04 <= v.ci[1]
+    assert abs(hits / n - 0.90) <= 0.045
+
+
+def test_repeated_ci_coverage_at_sequential_stop():
+    d = Design()
+    rng = np.random.default_rng(20)
+    samples = S._draw(rng, 250, 0.03, 0.01, 0.02, d.max_boots, d.samples_per_boot)
+    outcomes, boots, _ = S._run_paths(samples, 1, math.log1p(0.015), d, 0.05)
+    hits = 0
+    for i in range(samples.shape[1]):
+        k = boots[i]
+        v = evaluate(samples[0, i, :k], samples[1, i, :k], expect=INC, min_effect=0.015, design=d)
+        hits += v.ci[0] <= 1.03 <= v.ci[1]
+    assert hits / samples.shape[1] >= 0.90 - 0.04
+
+
+# ------------------------------------------------------------ noise floor
+
+
+def test_smallest_detectable_effect_has_the_promised_power():
+    rng = np.random.default_rng(21)
+    aa = boots_from(rng, 100, 300), boots_from(rng, 100, 300)
+    est = S.noise_floor(*aa, design=Design())
+    assert est.boot_mean_cv == pytest.approx(math.sqrt(0.01 ** 2 + 0.02 ** 2 / 3), rel=0.1)
+    sde = est.smallest_detectable_effect
+    assert sde == S.smallest_detectable_effect(*aa)
+    r = S.simulate(sde, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
+    assert r.confirmed >= 0.8 - 0.02
+    smaller = S.simulate(sde / 2, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
+    assert smaller.confirmed < 0.6
+    bigger_budget = S.smallest_detectable_effect(*aa, design=Design(max_boots=4, min_boots=4))
+    assert bigger_budget > sde
+
+
+# ------------------------------------------------------------ bad inputs
+
+
+@pytest.mark.parametrize("boots,msg", [
+    ([], "no boots"),
+    ([[100.0, 101.0], []], "has no samples"),
+    ([[100.0, float("nan")], [100.0]], "NaN"),
+    ([[100.0, 0.0], [100.0]], "non-positive"),
+    ([[100.0, -3.0], [100.0]], "non-positive"),
+    ([100.0, 101.0], "single number"),
+])
+def test_evaluate_rejects_bad_boots(boots, msg):
+    with pytest.raises(ValueError, match=msg):
+        evaluate(boots, [[100.0]] * 3, expect=INC, min_effect=0.1)
+    with pytest.raises(ValueError, match=msg):
+        evaluate([[100.0]] * 3, boots, expect=INC, min_effect=0.1)
+
+
+def test_single_boot_cannot_give_variance_components_or_noise():
+    with pytest.raises(ValueError, match="single boot"):
+        S.variance_components([[1.0, 2.0, 3.0]])
+    with pytest.raises(ValueError, match="single boot"):
+        S.noise_floor([[1.0, 2.0, 3.0]])
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(min_effect=-0.1), "min_effect"),
+    (dict(min_effect=float("nan")), "min_effect"),
+    (dict(min_effect=1.0, expect=DEC), "below 1"),
+    (dict(alpha=0.7), "alpha"),
+    (dict(expect="increase"), "Expect"),
+])
+def test_evaluate_rejects_bad_parameters(kwargs, msg):
+    args = dict(expect=INC, min_effect=0.1) | kwargs
+    with pytest.raises(ValueError, match=msg):
+        evaluate([[1.0, 1.1]] * 3, [[1.0, 1.2]] * 3, **args)
+
+
+def test_constant_data_is_an_error_not_a_verdict():
+    with pytest.raises(ValueError, match="no variation"):
+        evaluate([[5.0]] * 3, [[5.0]] * 3, expect=INC, min_effect=0.1)
+
+
+@pytest.mark.parametrize("kwargs", [dict(alpha=0), dict(min_boots=1), dict(max_boots=2),
+                                    dict(spending="linear"), dict(samples_per_boot=0)])
+def test_design_validates(kwargs):
+    with pytest.raises(ValueError, match="Design"):
+        Design(**kwargs)
+
+
+def test_adjust_alpha():
+    assert S.adjust_alpha(0.05, 12) == pytest.approx(0.05 / 12)
+    with pytest.raises(ValueError, match="holm"):
+        S.adjust_alpha(0.05, 12, method="holm")
+    with pytest.raises(ValueError, match="m "):
+        S.adjust_alpha(0.05, 0)
