@@ -121,6 +121,8 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
+    aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
+                                  "refuse hypotheses whose min_effect is below what the run can resolve."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from . import journal
@@ -142,7 +144,8 @@ def run(
         return
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs:
-        executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration)
+        executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
+                            aa_check=aa_check)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -295,6 +298,9 @@ def _user_error(message: str):
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place errors become exit codes."""
+    from .server import install_signal_handlers
+
+    install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:

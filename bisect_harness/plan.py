@@ -92,6 +92,7 @@ class Plan:
     def boot_env(self, config: PlannedConfig) -> dict[str, str]:
         """The process env of a boot: ours, then the config's (engine base env merged into the arm)."""
         env = dict(os.environ)
+        env.update(self.preset.env)  # what the engine needs to be observable (e.g. vLLM's dev-mode info)
         env.update(config.arm.env)
         return env
 

@@ -137,6 +137,7 @@ class _Doc:
     def _convert(self, node, path: str):
         self.lines.setdefault(path, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
+            _flatten_merges(node)
             out: dict = {}
             for key_node, value_node in node.value:
                 key = self._convert(key_node, path + ".<key>")
@@ -164,6 +165,18 @@ class _Doc:
 
     def error(self, path: str, message: str) -> SpecError:
         return SpecError(message, key=path or None, line=self.line(path), file=self.file)
+
+
+def _flatten_merges(node: yaml.MappingNode) -> None:
+    """Resolve YAML merge keys (``<<: *defaults``) in place, as PyYAML's loader does."""
+    loader = yaml.SafeLoader("")
+    try:
+        loader.flatten_mapping(node)
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        raise SpecError(f"bad merge key: {exc.problem}", line=mark.line + 1 if mark else None) from None
+    finally:
+        loader.dispose()
 
 
 def _scalar(node: yaml.ScalarNode):

@@ -120,3 +120,11 @@ def test_launch_string_is_split_not_shelled(tmp_path):
     spec = parse(GOOD.replace('launch: [my-server, --port, "{port}"]',
                               "launch: \"my-server --name 'a b; rm -rf /' --port {port}\""), tmp_path)
     assert spec.engine.launch == ("my-server", "--name", "a b; rm -rf /", "--port", "{port}")
+
+
+def test_yaml_merge_keys(tmp_path):
+    spec = parse(GOOD.replace("    baseline: {flags: {speculative-num-steps: 0}}",
+                              "    baseline: &base {flags: {speculative-num-steps: 0}}")
+                 .replace("    treatment: {env: {NCCL_ALGO: Ring}}",
+                          "    treatment: {<<: *base, env: {NCCL_ALGO: Ring}}"), tmp_path)
+    assert spec.hypotheses[0].treatment.env == {"NCCL_ALGO": "Ring"}
