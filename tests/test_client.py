@@ -296,9 +296,10 @@ def test_concurrency_overlaps_requests():
                                            client=http)
     r = detail.result
     assert r.requests == 8 and r.output_tokens == 64
-    assert 2 * 0.31 <= r.duration_s < 2 * 0.31 + 0.6
+    assert 2 * 0.31 <= r.duration_s < 2 * 0.31 + 1.2
     starts = sorted(req.start_s for req in detail.requests)
-    assert starts[3] < 0.05  # four in flight at once
+    first_end = min(req.start_s + req.e2e_s for req in detail.requests)
+    assert starts[3] < first_end <= starts[4]  # four in flight at once, never five
 
 
 def test_warmup_sends_requests_and_is_not_a_sample():
