@@ -176,8 +176,9 @@ def _allreduce_worker(rank: int, world_size: int, port: int, backend: str, numel
 
         def sync() -> None:
             return None
+    extra = {"device_id": dev} if backend == "nccl" else {}
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world_size)
+                            rank=rank, world_size=world_size, **extra)
     try:
         x = torch.ones(numel, dtype=torch.float32, device=dev)
 
@@ -185,7 +186,10 @@ def _allreduce_worker(rank: int, world_size: int, port: int, backend: str, numel
             dist.all_reduce(x)
 
         # Every rank must run the same number of ops: rank 0 decides the plan from
-        # its warm-up and broadcasts it.
+        # its second warm-up op (the first pays for communicator set-up) and
+        # broadcasts it.
+        op()
+        sync()
         t0 = time.perf_counter()
         op()
         sync()
