@@ -1,0 +1,165 @@
+"""A tiny decoder-only transformer, sharded for tensor parallelism.
+
+Weights are random but seeded: every rank builds the full matrices from the same
+generator and keeps its own slice, so outputs do not depend on the TP degree
+(up to float summation order).
+
+Attention runs over the whole preallocated KV cache with a position mask. That
+keeps every decode step the same shape, which is what lets the step be captured
+in a CUDA graph; the price is that decode cost grows with ``max_seq``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    max_seq: int
+    rope_theta: float
+    draft_layers: int
+    deep_scale: float
+    comm_chunk: int
+
+    @classmethod
+    def from_kernels(cls, kernels: dict) -> "ModelConfig":
+        m = kernels["model"]
+        return cls(
+            vocab=int(m["vocab"]),
+            d_model=int(m["d_model"]),
+            n_layers=int(m["n_layers"]),
+            n_heads=int(m["n_heads"]),
+            d_ff=int(m["d_ff"]),
+            max_seq=int(m["max_seq"]),
+            rope_theta=float(m["rope_theta"]),
+            draft_layers=int(m["draft_layers"]),
+            deep_scale=float(m["deep_scale"]),
+            comm_chunk=int(kernels["comm"]["default_chunk"]),
+        )
+
+
+class Comm:
+    """Sum-reduction across the tensor-parallel group.
+
+    The default path reduces in fixed-size buckets (``comm_chunk`` elements), the
+    conservative setting that works on any transport. ``tuned`` reduces each
+    tensor in one collective, and skips the collective for a group of one.
+    """
+
+    def __init__(self, world_size: int, tuned: bool, chunk: int):
+        self.world_size = world_size
+        self.tuned = tuned
+        self.chunk = chunk
+        self.calls = 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tuned:
+            if self.world_size > 1:
+                dist.all_reduce(x)
+                self.calls += 1
+            return x
+        flat = x.view(-1)
+        for start in range(0, flat.numel(), self.chunk):
+            dist.all_reduce(flat[start:start + self.chunk])
+            self.calls += 1
+        return x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(cfg: ModelConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+    head_dim = cfg.d_model // cfg.n_heads
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(cfg.max_seq, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [H, T, D]; cos/sin: [T, D] (rotate-half layout)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class TinyLM:
+    """The model of one tensor-parallel rank, with its KV cache."""
+
+    def __init__(self, cfg: ModelConfig, *, rank: int, world_size: int, seed: int,
+                 device: torch.device, comm: Comm):
+        if cfg.n_heads % world_size or cfg.d_ff % world_size:
+            raise ValueError(f"tp={world_size} must divide n_heads={cfg.n_heads} and d_ff={cfg.d_ff}")
+        self.cfg, self.rank, self.world_size, self.device, self.comm = cfg, rank, world_size, device, comm
+        d, hd = cfg.d_model, cfg.d_model // cfg.n_heads
+        self.head_dim = hd
+        self.local_heads = cfg.n_heads // world_size
+        gen = torch.Generator().manual_seed(seed)
+
+        def randn(*shape, scale):
+            return torch.randn(*shape, generator=gen) * scale
+
+        heads = slice(rank * self.local_heads * hd, (rank + 1) * self.local_heads * hd)
+        ff_local = cfg.d_ff // world_size
+        ff = slice(rank * ff_local, (rank + 1) * ff_local)
+        self.embed = randn(cfg.vocab, d, scale=1.0).to(device)
+        self.layers = []
+        for i in range(cfg.n_layers):
+            wq, wk, wv = (randn(d, d, scale=d ** -0.5) for _ in range(3))
+            wo = randn(d, d, scale=d ** -0.5)
+            w1 = randn(d, cfg.d_ff, scale=d ** -0.5)
+            w2 = randn(cfg.d_ff, d, scale=cfg.d_ff ** -0.5)
+            # Deeper layers write less into the residual stream, so the first
+            # layers alone predict the next token fairly often (self-speculation).
+            scale = 1.0 if i < cfg.draft_layers else cfg.deep_scale
+            self.layers.append({
+                "wqkv": torch.cat([wq[:, heads], wk[:, heads], wv[:, heads]], dim=1).contiguous().to(device),
+                "wo": (wo[heads, :] * scale).contiguous().to(device),
+                "w1": w1[:, ff].contiguous().to(device),
+                "w2": (w2[ff, :] * scale).contiguous().to(device),
+                "ln1": torch.ones(d, device=device),
+                "ln2": torch.ones(d, device=device),
+            })
+        self.ln_f = torch.ones(d, device=device)
+        self.lm_head = randn(d, cfg.vocab, scale=d ** -0.5).to(device)
+        self.cos, self.sin = rope_tables(cfg, device)
+        shape = (self.local_heads, cfg.max_seq, hd)
+        self.k_cache = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]
+        self.v_cache = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]
+        self.key_pos = torch.arange(cfg.max_seq, device=device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
+        """Logits ``[T, vocab]`` for ``tokens`` at ``positions``; writes their K/V.
+
+        ``n_layers`` < all runs the early-exit draft model (the first layers and
+        the shared head).
+        """
+        cfg = self.cfg
+        T = tokens.shape[0]
+        x = self.embed[tokens]
+        cos, sin = self.cos[positions], self.sin[positions]
+        mask = (self.key_pos[None, :] <= positions[:, None])[None]  # [1, T, max_seq]
+        for i, layer in enumerate(self.layers[: n_layers or cfg.n_layers]):
+            h = rms_norm(x, layer["ln1"])
+            # [3, H, T, D]
+            qkv = (h @ layer["wqkv"]).view(T, 3, self.local_heads, self.head_dim).permute(1, 2, 0, 3)
+            q = apply_rope(qkv[0], cos, sin)
+            self.k_cache[i].index_copy_(1, positions, apply_rope(qkv[1], cos, sin))
+            self.v_cache[i].index_copy_(1, positions, qkv[2])
+            attn = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask)
+            x = x + self.comm.all_reduce(attn.transpose(0, 1).reshape(T, -1) @ layer["wo"])
+            h = rms_norm(x, layer["ln2"])
+            x = x + self.comm.all_reduce(F.silu(h @ layer["w1"]) @ layer["w2"])
+        return rms_norm(x, self.ln_f) @ self.lm_head

@@ -1,0 +1,476 @@
+"""HTTP front end of the demo engine.
+
+    python build.py
+    python serve.py --port 30000 [--tp 2] [--speculative-num-steps 2]
+
+Endpoints: POST /v1/completions (OpenAI), POST /generate (SGLang-native),
+GET /health, GET /server_info, GET /metrics (Prometheus text), GET /v1/models.
+Requests are served one at a time by the worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import tokenizer
+
+VERSION = "0.3.0"
+HERE = Path(__file__).resolve().parent
+ARTIFACT = HERE / "build" / "kernels.json"
+CYCLE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def worker_env() -> dict[str, str]:
+    """The environment every worker process starts with."""
+    return dict(os.environ)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stats:
+    """Counters and one histogram, rendered in Prometheus text format."""
+
+    COUNTERS = {
+        "demo_requests_total": "Requests served.",
+        "demo_prompt_tokens_total": "Prompt tokens processed.",
+        "demo_generation_tokens_total": "Tokens generated.",
+        "demo_decode_cycles_total": "Decode cycles run (a verify counts as one cycle).",
+        "demo_spec_verify_total": "Speculative verify passes.",
+        "demo_spec_accepted_tokens_total": "Draft tokens accepted by verify.",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.values = dict.fromkeys(self.COUNTERS, 0)
+        self.buckets = [0] * len(CYCLE_BUCKETS)
+        self.cycle_count = 0
+        self.cycle_sum = 0.0
+        self.running = 0
+
+    def add(self, name: str, value: float = 1) -> None:
+        with self.lock:
+            self.values[name] += value
+
+    def observe_cycle(self, seconds: float) -> None:
+        with self.lock:
+            self.cycle_count += 1
+            self.cycle_sum += seconds
+            for i, bound in enumerate(CYCLE_BUCKETS):
+                if seconds <= bound:
+                    self.buckets[i] += 1
+
+    def render(self) -> str:
+        with self.lock:
+            lines = []
+            for name, help_text in self.COUNTERS.items():
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
+                          f"{name} {float(self.values[name])}"]
+            lines += ["# HELP demo_running_requests Requests being generated now.",
+                      "# TYPE demo_running_requests gauge", f"demo_running_requests {self.running}"]
+            name = "demo_decode_cycle_seconds"
+            lines += [f"# HELP {name} Wall time of one decode or verify cycle.",
+                      f"# TYPE {name} histogram"]
+            for bound, count in zip(CYCLE_BUCKETS, self.buckets):
+                lines.append(f'{name}_bucket{{le="{bound}"}} {float(count)}')
+            lines += [f'{name}_bucket{{le="+Inf"}} {float(self.cycle_count)}',
+                      f"{name}_sum {self.cycle_sum}", f"{name}_count {float(self.cycle_count)}"]
+            return "\n".join(lines) + "\n"
+
+
+class Workers:
+    """The worker processes and the request channel to them (one request at a time)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.procs: list[subprocess.Popen] = []
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.info: dict = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def start(self) -> None:
+        a = self.args
+        dist_port = free_port()
+        threads = a.threads or max(1, (os.cpu_count() or 1) // (a.tp + 1))
+        env = worker_env()
+        for rank in range(a.tp):
+            argv = [sys.executable, "-u", str(HERE / "worker.py"),
+                    "--rank", str(rank), "--world-size", str(a.tp),
+                    "--dist-port", str(dist_port), "--parent-pid", str(os.getpid()),
+                    "--device", a.device, "--seed", str(a.seed), "--threads", str(threads),
+                    "--cuda-graph", "1" if a.cuda_graph else "0",
+                    "--speculative-num-steps", str(a.speculative_num_steps),
+                    "--attention-mode", a.attention_mode]
+            self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               env=env, cwd=str(HERE), text=True, bufsize=1))
+        threading.Thread(target=self._wait_ready, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _wait_ready(self) -> None:
+        infos = []
+        for proc in self.procs:
+            line = proc.stdout.readline()
+            if not line:
+                return  # _watch reports the exit
+            infos.append(json.loads(line))
+        self.info = infos[0]
+        self.info["worker_pids"] = [i["pid"] for i in infos]
+        self.ready.set()
+        log(f"server ready: {len(infos)} worker(s) on {self.info['device']}")
+
+    def _watch(self) -> None:
+        while True:
+            for rank, proc in enumerate(self.procs):
+                code = proc.poll()
+                if code is not None and not self.stopping:
+                    log(f"worker rank {rank} exited with code {code}; shutting down")
+                    self.stop()
+                    os._exit(1)
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.stopping = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def run(self, request: dict):
+        """Send one request to every rank; yield rank 0's events until it is done."""
+        with self.lock:
+            line = json.dumps(request) + "\n"
+            for proc in self.procs:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+            out = self.procs[0].stdout
+            finished = False
+            try:
+                while not finished:
+                    raw = out.readline()
+                    if not raw:
+                        raise RuntimeError("worker rank 0 closed its output")
+                    event = json.loads(raw)
+                    finished = event["event"] in ("done", "error")
+                    yield event
+            finally:
+                # A client that went away leaves events in the pipe: drain them so
+                # the next request starts clean.
+                while not finished:
+                    raw = out.readline()
+                    finished = not raw or json.loads(raw)["event"] in ("done", "error")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"demo-engine/{VERSION}"
+
+    def log_message(self, fmt, *args):  # keep the log for decode lines
+        return
+
+    # -- plumbing ---------------------------------------------------------
+    def _send_json(self, code: int, obj) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_text(self, code: int, text: str, ctype: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _start_sse(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _sse(self, payload) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        chunk = f"data: {data}\n\n".encode()
+        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        self.wfile.flush()
+
+    def _end_sse(self) -> None:
+        self._sse("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        obj = json.loads(raw or b"{}")
+        if not isinstance(obj, dict):
+            raise ValueError("request body must be a JSON object")
+        return obj
+
+    # -- routes -----------------------------------------------------------
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        app = self.server.app
+        if path == "/health":
+            if app.workers.ready.is_set():
+                self._send_text(200, "ok\n", "text/plain")
+            else:
+                self._send_text(503, "starting\n", "text/plain")
+        elif path in ("/server_info", "/get_server_info"):
+            if not app.workers.ready.is_set():
+                self._send_json(503, {"error": "server is starting"})
+            else:
+                self._send_json(200, app.server_info())
+        elif path == "/metrics":
+            self._send_text(200, app.stats.render(), "text/plain; version=0.0.4")
+        elif path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [
+                {"id": app.args.model_name, "object": "model", "owned_by": "demo"}]})
+        else:
+            self._send_json(404, {"error": f"no route {path}"})
+
+    def do_POST(self):
+        path = self.path.split("?", 1)[0]
+        app = self.server.app
+        if path not in ("/v1/completions", "/generate"):
+            self._send_json(404, {"error": f"no route {path}"})
+            return
+        try:
+            body = self._body()
+        except ValueError as exc:
+            self._send_json(400, {"error": f"bad request body: {exc}"})
+            return
+        if not app.workers.ready.is_set():
+            self._send_json(503, {"error": "server is starting"})
+            return
+        try:
+            if path == "/v1/completions":
+                self._completions(app, body)
+            else:
+                self._generate(app, body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _completions(self, app, body: dict) -> None:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = prompt[0] if prompt else ""
+        ids = prompt if isinstance(prompt, list) else tokenizer.encode(str(prompt))
+        request = {"prompt_ids": ids, "max_new_tokens": int(body.get("max_tokens", 16)),
+                   "temperature": float(body.get("temperature", 1.0)),
+                   "ignore_eos": bool(body.get("ignore_eos", False)),
+                   "seed": int(body.get("seed") or app.args.seed)}
+        stream = bool(body.get("stream", False))
+        usage_wanted = bool((body.get("stream_options") or {}).get("include_usage", False))
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        base = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": app.args.model_name}
+        text_parts, done, started = [], None, False
+        for event in app.generate(request):
+            if event["event"] == "error":
+                if started:
+                    self._sse({"error": {"message": event["message"]}})
+                    self._end_sse()
+                else:
+                    self._send_json(400, {"error": {"message": event["message"]}})
+                return
+            if event["event"] == "done":
+                done = event
+                break
+            text = tokenizer.decode(event["ids"])
+            text_parts.append(text)
+            if stream:
+                if not started:
+                    self._start_sse()
+                    started = True
+                self._sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                "finish_reason": None}]})
+        usage = {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
+                 "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
+        if not stream:
+            self._send_json(200, {**base, "choices": [{"index": 0, "text": "".join(text_parts),
+                                                       "logprobs": None,
+                                                       "finish_reason": done["finish_reason"]}],
+                                  "usage": usage})
+            return
+        if not started:
+            self._start_sse()
+        self._sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                        "finish_reason": done["finish_reason"]}]})
+        if usage_wanted:
+            self._sse({**base, "choices": [], "usage": usage})
+        self._end_sse()
+
+    def _generate(self, app, body: dict) -> None:
+        sp = body.get("sampling_params") or {}
+        request = {"prompt_ids": tokenizer.encode(str(body.get("text", ""))),
+                   "max_new_tokens": int(sp.get("max_new_tokens", 128)),
+                   "temperature": float(sp.get("temperature", 1.0)),
+                   "ignore_eos": bool(sp.get("ignore_eos", False)),
+                   "seed": int(sp.get("seed") or app.args.seed)}
+        stream = bool(body.get("stream", False))
+        rid = uuid.uuid4().hex
+        spec = app.args.speculative_num_steps > 0
+        out_ids: list[int] = []
+        started = False
+
+        def payload(finish, verify_ct):
+            meta = {"id": rid, "prompt_tokens": len(request["prompt_ids"]),
+                    "completion_tokens": len(out_ids), "finish_reason": finish}
+            if spec:
+                meta["spec_verify_ct"] = verify_ct
+            return {"text": tokenizer.decode(out_ids), "meta_info": meta}
+
+        verify_ct = 0
+        for event in app.generate(request):
+            if event["event"] == "error":
+                if started:
+                    self._sse({"error": {"message": event["message"]}})
+                    self._end_sse()
+                else:
+                    self._send_json(400, {"error": {"message": event["message"]}})
+                return
+            if event["event"] == "done":
+                finish = {"type": event["finish_reason"]}
+                if stream:
+                    if not started:
+                        self._start_sse()
+                    self._sse(payload(finish, event["spec_verify_ct"]))
+                    self._end_sse()
+                else:
+                    self._send_json(200, payload(finish, event["spec_verify_ct"]))
+                return
+            out_ids.extend(event["ids"])
+            if event.get("kind") == "verify":
+                verify_ct += 1
+            if stream:
+                if not started:
+                    self._start_sse()
+                    started = True
+                self._sse(payload(None, verify_ct))
+
+
+class App:
+    def __init__(self, args):
+        self.args = args
+        self.stats = Stats()
+        self.workers = Workers(args)
+
+    def server_info(self) -> dict:
+        a, info = self.args, self.workers.info
+        return {
+            "version": VERSION,
+            "host": a.host,
+            "port": a.port,
+            "model": a.model_name,
+            "tp": a.tp,
+            "device": info["device"],
+            "cuda_graph": info["cuda_graph"],
+            "attention_mode": a.attention_mode,
+            "speculative_num_steps": a.speculative_num_steps,
+            "seed": a.seed,
+            "threads_per_worker": info["threads"],
+            "context_length": info["context_length"],
+            "worker_pids": info["worker_pids"],
+        }
+
+    def generate(self, request: dict):
+        """Run one request, keeping the metrics; drains the worker even if the client left."""
+        st = self.stats
+        st.add("demo_requests_total")
+        with st.lock:
+            st.running += 1
+        try:
+            for event in self.workers.run(request):
+                if event["event"] == "tokens":
+                    st.add("demo_generation_tokens_total", len(event["ids"]))
+                    if event["kind"] != "prefill":
+                        st.add("demo_decode_cycles_total")
+                        st.observe_cycle(event["cycle_ms"] / 1e3)
+                    if event["kind"] == "verify":
+                        st.add("demo_spec_verify_total")
+                        st.add("demo_spec_accepted_tokens_total", event["accepted"])
+                elif event["event"] == "done":
+                    st.add("demo_prompt_tokens_total", event["prompt_tokens"])
+                yield event
+        finally:
+            with st.lock:
+                st.running -= 1
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="demo inference engine")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1)
+    ap.add_argument("--attention-mode", choices=["prefill", "decode"], default="prefill")
+    ap.add_argument("--speculative-num-steps", type=int, default=0)
+    ap.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=True)
+    ap.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per CPU worker (0: auto)")
+    ap.add_argument("--model-name", default="demo")
+    args = ap.parse_args(argv)
+    if args.tp < 1:
+        ap.error("--tp must be at least 1")
+    if args.speculative_num_steps < 0:
+        ap.error("--speculative-num-steps must be >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not ARTIFACT.is_file():
+        log(f"error: {ARTIFACT.relative_to(HERE)} not found; run 'python build.py' first")
+        return 2
+    app = App(args)
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    httpd.daemon_threads = True
+    httpd.app = app
+    log(f"demo engine {VERSION} listening on http://{args.host}:{args.port} "
+        f"(tp={args.tp}, speculative_num_steps={args.speculative_num_steps})")
+
+    def on_signal(signum, frame):
+        app.workers.stop()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    app.workers.start()
+    try:
+        httpd.serve_forever()
+    finally:
+        app.workers.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

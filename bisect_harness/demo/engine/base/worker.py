@@ -1,0 +1,245 @@
+"""One tensor-parallel worker process, started by serve.py.
+
+Protocol: one JSON request per line on stdin (every rank gets every request);
+rank 0 answers with JSON event lines on stdout. Logs go to stderr. The worker
+exits when stdin reaches end-of-file or when its parent dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from model import Comm, ModelConfig, TinyLM
+from tokenizer import EOS
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill us when the server dies; close the race by hand."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Engine:
+    """Prefill, plain decode, and draft-and-verify decode over one TinyLM."""
+
+    def __init__(self, model: TinyLM, *, spec_steps: int, use_graph: bool, rank: int):
+        self.model = model
+        self.spec_steps = spec_steps
+        self.rank = rank
+        self.device = model.device
+        self.graph = None
+        if use_graph:
+            self._capture_decode_graph()
+
+    def _capture_decode_graph(self) -> None:
+        m = self.model
+        self.static_tok = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.static_pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                m.forward(self.static_tok, self.static_pos)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.static_logits = m.forward(self.static_tok, self.static_pos)
+        self.graph = graph
+
+    def decode_step(self, token: int, pos: int) -> torch.Tensor:
+        if self.graph is not None:
+            self.static_tok.fill_(token)
+            self.static_pos.fill_(pos)
+            self.graph.replay()
+            return self.static_logits[-1]
+        t = torch.tensor([token], device=self.device)
+        p = torch.tensor([pos], device=self.device)
+        return self.model.forward(t, p)[-1]
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def generate(self, req: dict, emit) -> None:
+        prompt = [int(t) for t in req["prompt_ids"]]
+        max_new = int(req["max_new_tokens"])
+        ignore_eos = bool(req.get("ignore_eos", False))
+        temperature = float(req.get("temperature", 0.0))
+        gen = torch.Generator(device="cpu").manual_seed(int(req.get("seed", 0)))
+        cap = self.model.cfg.max_seq
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) + max_new + self.spec_steps + 1 > cap:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new}) "
+                             f"exceeds the context length {cap}")
+
+        def pick(logits: torch.Tensor) -> int:
+            if temperature <= 0:
+                return int(torch.argmax(logits).item())
+            probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+            return int(torch.multinomial(probs, 1, generator=gen).item())
+
+        m = self.model
+        t0 = time.perf_counter()
+        logits = m.forward(torch.tensor(prompt, device=self.device),
+                           torch.arange(len(prompt), device=self.device))
+        out = [pick(logits[-1])]
+        self.sync()
+        emit({"event": "tokens", "ids": out[:], "cycle_ms": (time.perf_counter() - t0) * 1e3,
+              "kind": "prefill"})
+        pos = len(prompt)  # position of the newest token, not yet in the cache
+        verify_ct = 0
+        finish = "length"
+        while len(out) < max_new:
+            if not ignore_eos and out[-1] == EOS:
+                finish = "stop"
+                break
+            t0 = time.perf_counter()
+            if self.spec_steps == 0:
+                new = [pick(self.decode_step(out[-1], pos))]
+                self.sync()
+                ms = (time.perf_counter() - t0) * 1e3
+                if self.rank == 0:
+                    log(f"decode cycle: {ms:.2f} ms/cyc")
+                emit({"event": "tokens", "ids": new, "cycle_ms": ms, "kind": "decode"})
+            else:
+                new, accepted, verify_ms = self._spec_cycle(out[-1], pos, pick)
+                verify_ct += 1
+                ms = (time.perf_counter() - t0) * 1e3
+                if self.rank == 0:
+                    log(f"Target verify: {verify_ms:.2f} ms/cyc accept_len={len(new):.2f}")
+                emit({"event": "tokens", "ids": new, "cycle_ms": ms, "kind": "verify",
+                      "accepted": accepted, "verify_ms": verify_ms})
+            if not ignore_eos and EOS in new:
+                new = new[: new.index(EOS) + 1]
+            new = new[: max_new - len(out)]
+            out.extend(new)
+            pos += len(new)
+        if not ignore_eos and out and out[-1] == EOS:
+            finish = "stop"
+        emit({"event": "done", "prompt_tokens": len(prompt), "completion_tokens": len(out),
+              "spec_verify_ct": verify_ct, "finish_reason": finish})
+
+    def _spec_cycle(self, last: int, pos: int, pick) -> tuple[list[int], int, float]:
+        """Draft ``spec_steps`` tokens with the first layers, verify them in one pass."""
+        m = self.model
+        draft = []
+        tok = last
+        for j in range(self.spec_steps):
+            logits = m.forward(torch.tensor([tok], device=self.device),
+                               torch.tensor([pos + j], device=self.device),
+                               n_layers=m.cfg.draft_layers)[-1]
+            tok = int(torch.argmax(logits).item())
+            draft.append(tok)
+        t_verify = time.perf_counter()
+        seq = [last] + draft
+        logits = m.forward(torch.tensor(seq, device=self.device),
+                           torch.arange(pos, pos + len(seq), device=self.device))
+        self.sync()
+        verify_ms = (time.perf_counter() - t_verify) * 1e3
+        new = []
+        accepted = 0
+        for j in range(len(seq)):
+            target = pick(logits[j])
+            new.append(target)
+            if j < len(draft) and draft[j] == target:
+                accepted += 1
+                continue
+            break
+        return new, accepted, verify_ms
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--dist-port", type=int, required=True)
+    ap.add_argument("--parent-pid", type=int, required=True)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cuda-graph", type=int, default=1)
+    ap.add_argument("--speculative-num-steps", type=int, default=0)
+    ap.add_argument("--attention-mode", default="prefill")
+    args = ap.parse_args(argv)
+    die_with_parent(args.parent_pid)
+
+    here = Path(__file__).resolve().parent
+    kernels = json.loads((here / "build" / "kernels.json").read_text())
+    cfg = ModelConfig.from_kernels(kernels)
+    if args.device == "auto":
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device_type = args.device
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("worker: --device cuda requested but CUDA is not available")
+        torch.cuda.set_device(args.rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, args.threads))
+    tuned = os.environ.get("DEMO_COMM_TUNING", "") == "1"
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{args.dist_port}",
+                            rank=args.rank, world_size=args.world_size,
+                            timeout=timedelta(seconds=120))
+    comm = Comm(args.world_size, tuned, cfg.comm_chunk)
+    model = TinyLM(cfg, rank=args.rank, world_size=args.world_size, seed=args.seed,
+                   device=device, comm=comm)
+    use_graph = bool(args.cuda_graph) and device_type == "cuda"
+    engine = Engine(model, spec_steps=args.speculative_num_steps, use_graph=use_graph,
+                    rank=args.rank)
+    # Warm up one decode step so the first request does not pay for lazy init.
+    engine.decode_step(1, 0)
+    engine.sync()
+    dist.barrier()
+
+    out = sys.stdout
+
+    def emit(event: dict) -> None:
+        if args.rank == 0:
+            out.write(json.dumps(event) + "\n")
+            out.flush()
+
+    ready = {"event": "ready", "rank": args.rank, "pid": os.getpid(), "device": device_type,
+             "cuda_graph": engine.graph is not None, "threads": torch.get_num_threads(),
+             "attention_mode": args.attention_mode, "context_length": cfg.max_seq}
+    out.write(json.dumps(ready) + "\n")
+    out.flush()
+    log(f"worker rank {args.rank}/{args.world_size} ready on {device_type} "
+        f"(threads={torch.get_num_threads()}, cuda_graph={engine.graph is not None})")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        try:
+            engine.generate(req, emit)
+        except ValueError as exc:
+            emit({"event": "error", "message": str(exc)})
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
