@@ -299,11 +299,14 @@ class Executor:
         return verdict
 
     def _warnings(self, b: ConfigState, t: ConfigState) -> list[str]:
+        """Marked boots on either side, and every way the two sides' hosts differed."""
         out = []
         for side, st in (("baseline", b), ("treatment", t)):
-            marked = [bt for bt in st.boots if bt.marks]
-            for bt in marked:
-                out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
+            for bt in st.boots:
+                if bt.marks:
+                    out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
+        for drift in host_drift(b.good_boots, t.good_boots):
+            out.append(f"host drift: {drift.message}")
         return out
 
     # ------------------------------------------------------------------ one boot
@@ -360,10 +363,10 @@ class Executor:
                 with provenance.GpuSampler(interval_s=1.0) as sampler:
                     for i in range(samples):
                         collector.begin_sample()
-                        detail = client.measure_sample(base_url, spec.benchmark)
+                        detail = client.measure_sample_detail(base_url, spec.benchmark)
                         result = detail.result
                         extra = collector.end_sample(detail.responses, result.duration_s)
-                        metrics = {**dict(result.metrics), **extra}
+                        metrics = jsonable({**dict(result.metrics), **extra})
                         self.ledger.add(SampleRow(boot_id=boot.id, seq=i + 1, metrics=metrics,
                                                   requests=result.requests, output_tokens=result.output_tokens,
                                                   duration_s=result.duration_s, errors=result.errors))
@@ -371,8 +374,8 @@ class Executor:
                 boot.source_problems = list(collector.problems())
                 if boot.source_problems:
                     boot.marks = [*boot.marks, "source_unmatched"]
-                boot.provenance = {**boot.provenance, "gpu_sampling": sampler.summary(),
-                                   "host": provenance.collect_host(self.plan.repo, pc.arm.commit).to_dict()}
+                boot.provenance = {**boot.provenance, "gpu_sampling": sampler.summary().to_dict(),
+                                   "host": provenance.collect_host(worktree, pc.arm.commit).to_dict()}
                 if boot.status == "running":
                     boot.status = "ok"
                 boot.log_tail = server.log_tail(40)
@@ -417,6 +420,33 @@ class Executor:
                 boot.status = "fatal"
                 boot.failure = f"{mark}: {what.describe()} (defaults.{mark.split('_')[0]}_check is fatal)"
         return info
+
+
+def _boot_host(boot: Boot):
+    prov = boot.provenance or {}
+    if "host" not in prov:
+        return None, None
+    host = provenance.HostInfo.from_dict(prov["host"])
+    samples = provenance.SamplerSummary.from_dict(prov["gpu_sampling"]) if prov.get("gpu_sampling") else None
+    return host, samples
+
+
+def host_drift(a_boots: Sequence[Boot], b_boots: Sequence[Boot]) -> list[calibration.Drift]:
+    """What differed between the hosts of two sides (first and last boot of each,
+    so a reboot or a driver change in the middle of a side shows too)."""
+    pairs = []
+    if a_boots and b_boots:
+        pairs = [(a_boots[0], b_boots[-1]), (a_boots[-1], b_boots[0])]
+    seen, out = set(), []
+    for x, y in pairs:
+        (ha, sa), (hb, sb) = _boot_host(x), _boot_host(y)
+        if ha is None or hb is None:
+            continue
+        for d in calibration.compare_hosts(ha, hb, None, None, samples_a=sa, samples_b=sb):
+            if d.field not in seen:
+                seen.add(d.field)
+                out.append(d)
+    return out
 
 
 def jsonable(obj):
