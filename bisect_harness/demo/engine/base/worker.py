@@ -121,18 +121,19 @@ class Engine:
                 ms = (time.perf_counter() - t0) * 1e3
                 if self.rank == 0:
                     log(f"decode cycle: {ms:.2f} ms/cyc")
-                emit({"event": "tokens", "ids": new, "cycle_ms": ms, "kind": "decode"})
+                event = {"event": "tokens", "kind": "decode", "cycle_ms": ms}
             else:
                 new, accepted, verify_ms = self._spec_cycle(out[-1], pos, pick)
                 verify_ct += 1
                 ms = (time.perf_counter() - t0) * 1e3
                 if self.rank == 0:
                     log(f"Target verify: {verify_ms:.2f} ms/cyc accept_len={len(new):.2f}")
-                emit({"event": "tokens", "ids": new, "cycle_ms": ms, "kind": "verify",
-                      "accepted": accepted, "verify_ms": verify_ms})
+                event = {"event": "tokens", "kind": "verify", "cycle_ms": ms,
+                         "accepted": accepted, "verify_ms": verify_ms}
             if not ignore_eos and EOS in new:
                 new = new[: new.index(EOS) + 1]
             new = new[: max_new - len(out)]
+            emit({**event, "ids": new})
             out.extend(new)
             pos += len(new)
         if not ignore_eos and out and out[-1] == EOS:
