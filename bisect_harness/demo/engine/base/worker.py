@@ -80,7 +80,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def generate(self, req: dict, emit) -> None:
+    def generate(self, req: dict, emit, log_cycles: bool = True) -> None:
         prompt = [int(t) for t in req["prompt_ids"]]
         max_new = int(req["max_new_tokens"])
         ignore_eos = bool(req.get("ignore_eos", False))
@@ -119,14 +119,14 @@ class Engine:
                 new = [pick(self.decode_step(out[-1], pos))]
                 self.sync()
                 ms = (time.perf_counter() - t0) * 1e3
-                if self.rank == 0:
+                if self.rank == 0 and log_cycles:
                     log(f"decode cycle: {ms:.2f} ms/cyc")
                 event = {"event": "tokens", "kind": "decode", "cycle_ms": ms}
             else:
                 new, accepted, verify_ms = self._spec_cycle(out[-1], pos, pick)
                 verify_ct += 1
                 ms = (time.perf_counter() - t0) * 1e3
-                if self.rank == 0:
+                if self.rank == 0 and log_cycles:
                     log(f"Target verify: {verify_ms:.2f} ms/cyc accept_len={len(new):.2f}")
                 event = {"event": "tokens", "kind": "verify", "cycle_ms": ms,
                          "accepted": accepted, "verify_ms": verify_ms}
@@ -204,15 +204,17 @@ def main(argv=None) -> int:
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
                             init_method=f"tcp://127.0.0.1:{args.dist_port}",
                             rank=args.rank, world_size=args.world_size,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=120),
+                            device_id=device if device_type == "cuda" else None)
     comm = Comm(args.world_size, tuned, cfg.comm_chunk)
     model = TinyLM(cfg, rank=args.rank, world_size=args.world_size, seed=args.seed,
                    device=device, comm=comm)
     use_graph = bool(args.cuda_graph) and device_type == "cuda"
     engine = Engine(model, spec_steps=args.speculative_num_steps, use_graph=use_graph,
                     rank=args.rank)
-    # Warm up one decode step so the first request does not pay for lazy init.
-    engine.decode_step(1, 0)
+    # Warm up a short request so the first real one does not pay for lazy init.
+    engine.generate({"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 4, "temperature": 0.0,
+                     "ignore_eos": True}, lambda event: None, log_cycles=False)
     engine.sync()
     dist.barrier()
 
