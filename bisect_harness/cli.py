@@ -218,7 +218,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
     if directory.exists() and any(directory.iterdir()):
         raise _user_error(f"{directory} exists and is not empty; pick a new folder")
     history = create_demo_repo(directory)
-    Console().print(f"demo engine: {directory} ({len(history.commits)} commits, HEAD {history.commits[-1][:12]})")
+    Console().print(f"demo engine: {directory} ({len(history.shas)} commits, HEAD {history.shas[-1][:12]})")
 
 
 @ledger_app.command("list")

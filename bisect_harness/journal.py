@@ -45,9 +45,33 @@ def _env_cell(report: dict | None) -> str:
     return "**NO**: " + ", ".join(str(m) for m in missing)
 
 
+def _sampling_text(d: dict) -> str:
+    """One line per boot: CPU load and, per GPU, clocks, temperature, power, throttling."""
+    def rng(stat: dict | None, unit: str) -> str:
+        if not stat:
+            return "n/a"
+        lo, hi = stat.get("min"), stat.get("max")
+        return f"{lo:.0f}-{hi:.0f}{unit}" if lo is not None and hi is not None else "n/a"
+
+    cpu = d.get("cpu", {})
+    parts = [f"{d.get('n_samples', 0)} samples over {d.get('duration_s', 0):.1f}s",
+             f"CPU busy {rng(cpu.get('cpu_percent'), '%')}", f"load1 {rng(cpu.get('load1'), '')}"]
+    for g in d.get("gpus", []):
+        st = g.get("stats", {})
+        throttle = ", ".join(g.get("throttle_reasons_seen", [])) or "none"
+        parts.append(f"GPU{g.get('index')}: SM {rng(st.get('sm_clock_mhz'), ' MHz')} "
+                     f"(max {g.get('sm_clock_max_mhz')}), {rng(st.get('temperature_c'), ' C')}, "
+                     f"{rng(st.get('power_w'), ' W')}, throttle: {throttle}")
+    if d.get("note"):
+        parts.append(d["note"])
+    return _md("; ".join(parts))
+
+
 def _flag_cell(report: dict | None) -> str:
     if not report:
         return "n/a"
+    if not report.get("flags"):
+        return "(no flags requested)"
     if report.get("ok"):
         n = sum(1 for f in report.get("flags", []) if f.get("status") == "matched")
         return f"yes ({n} confirmed)" if n else "not reported"
@@ -62,7 +86,7 @@ def _host_line(host: dict) -> str:
     gpus = host.get("gpus") or []
     gpu = (f"{len(gpus)}x {gpus[0].get('name')}, driver {gpus[0].get('driver_version')}" if gpus
            else host.get("gpu_note") or "no GPU")
-    return (f"{host.get('hostname', '?')}, {host.get('cpu_model', '?')} ({host.get('cpu_count', '?')} cores), "
+    return (f"{host.get('hostname', '?')}, {host.get('cpu_model', '?')} ({host.get('cpu_count_logical', '?')} cores), "
             f"{gpu}, kernel {host.get('kernel', '?')}, boot id {str(host.get('boot_id', '?'))[:8]}")
 
 
@@ -150,9 +174,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                         details.append(f"- env `{var.get('name')}` missing from: "
                                        + ", ".join(f"pid {p.get('pid')} ({p.get('name')})"
                                                    for p in var.get("missing_in", [])))
-            gpu = (b.provenance or {}).get("gpu_sampling")
-            if gpu:
-                details.append(f"- sampled during the benchmark: `{_md(json.dumps(gpu, default=str))[:600]}`")
+            sampled = (b.provenance or {}).get("gpu_sampling")
+            if sampled:
+                details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
                 "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
@@ -194,7 +218,7 @@ def _calibration_text(result: dict) -> str:
 def _bisection_view(bis, plots_dir: Path | None) -> dict:
     result = bis.result or {}
     probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
-               "boots": len(p.values or []), "values": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
+               "boots": len(p.values or []), "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
                "note": "skipped" if p.skipped else (f"{p.reused} reused" if p.reused else "")}
               for p in bis.probes]
     cands = [{"commit": c["commit"][:12], "p": _fmt(c["probability"], 3)} for c in result.get("candidates", [])[:5]]
