@@ -140,7 +140,7 @@ def run(
         if json_out:
             print(json.dumps(obj))
         else:
-            console.print(text, markup=False)
+            typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
         return
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs:
