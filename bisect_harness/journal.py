@@ -16,6 +16,7 @@ import jinja2
 
 from . import stats
 from .ledger import Boot, Ledger, Run
+from .provenance import EnvReport, FlagReport
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -37,12 +38,37 @@ def _mean(vals: Sequence[float]) -> float | None:
 
 
 def _env_cell(report: dict | None) -> str:
+    """Did every requested env var reach every process of the server's tree?"""
     if not report:
         return "n/a"
-    if report.get("ok"):
-        return "yes" if report.get("vars") else "(no env requested)"
-    missing = [v.get("name") for v in report.get("vars", []) if not v.get("ok", True)]
-    return "**NO**: " + ", ".join(str(m) for m in missing)
+    rep = EnvReport.from_dict(report)
+    n = len(rep.processes)
+    if not rep.vars:
+        return f"(no env requested; {n} processes)"
+    if rep.ok:
+        return f"yes ({len(rep.vars)} vars in all {len(rep.readable_pids)} processes)"
+    bad = []
+    for v in rep.vars:
+        if not v.ok:
+            where = [rep.process(pid).name for pid in (*v.absent, *v.mismatched)]
+            bad.append(f"{v.name} missing in {len(where)} of {n} processes")
+    return "**NO**: " + _md("; ".join(bad) or rep.note or "no process could be read")
+
+
+def _flag_cell(report: dict | None) -> str:
+    """Did each requested flag show up in the server's effective arguments?"""
+    if not report:
+        return "n/a"
+    rep = FlagReport.from_dict(report)
+    if not rep.checks:
+        return "(no checkable flags)"
+    if rep.mismatched:
+        return "**NO**: " + _md("; ".join(f"{c.flag}: asked {c.requested!r}, server has {c.effective!r}"
+                                          for c in rep.mismatched))
+    text = f"yes ({len(rep.matched)} confirmed"
+    if rep.not_reported:
+        text += f", {len(rep.not_reported)} not reported: " + ", ".join(c.flag for c in rep.not_reported)
+    return _md(text + ")")
 
 
 def _sampling_text(d: dict) -> str:
@@ -65,19 +91,6 @@ def _sampling_text(d: dict) -> str:
     if d.get("note"):
         parts.append(d["note"])
     return _md("; ".join(parts))
-
-
-def _flag_cell(report: dict | None) -> str:
-    if not report:
-        return "n/a"
-    if not report.get("flags"):
-        return "(no flags requested)"
-    if report.get("ok"):
-        n = sum(1 for f in report.get("flags", []) if f.get("status") == "matched")
-        return f"yes ({n} confirmed)" if n else "not reported"
-    bad = [f"{f.get('name')}: asked {f.get('requested')!r}, got {f.get('effective')!r}"
-           for f in report.get("flags", []) if f.get("status") == "mismatched"]
-    return "**NO**: " + _md("; ".join(bad))
 
 
 def _host_line(host: dict) -> str:
@@ -169,11 +182,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             for p in b.source_problems or []:
                 details.append(f"- metric source: {p}")
             if b.env_report and not b.env_report.get("ok", True):
-                for var in b.env_report.get("vars", []):
-                    if not var.get("ok", True):
-                        details.append(f"- env `{var.get('name')}` missing from: "
-                                       + ", ".join(f"pid {p.get('pid')} ({p.get('name')})"
-                                                   for p in var.get("missing_in", [])))
+                for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]:
+                    details.append(f"- env: `{line.strip()}`")
             sampled = (b.provenance or {}).get("gpu_sampling")
             if sampled:
                 details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")

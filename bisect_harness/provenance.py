@@ -487,6 +487,14 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
             checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
             continue
         key = next((c for c in candidates if c in info), None)
+        if key is None and norm.startswith(("disable_", "no_")) and _as_bool(want) is not None:
+            # `--disable-cuda-graph` is reported by its positive twin: cuda_graph = not want
+            positive = norm.split("_", 1)[1]
+            if positive in info:
+                got = info[positive]
+                status = MATCHED if values_equal(not _as_bool(want), got) else MISMATCHED
+                checks.append(FlagCheck(flag, f"!{positive}", want, got, status))
+                continue
         if key is None:
             checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
             continue

@@ -395,3 +395,12 @@ def test_real_nvml_reads_every_gpu():
     s = sampler.summary()
     assert len(s.gpus) == len(gpus)
     assert all("sm_clock_mhz" in g.stats for g in s.gpus)
+
+
+def test_disable_flag_is_checked_against_its_positive_twin():
+    from bisect_harness.provenance import flag_report
+
+    ok = flag_report({"disable-cuda-graph": True}, {"cuda_graph": False})
+    assert ok.ok and ok.checks[0].status == "matched"
+    bad = flag_report({"disable-cuda-graph": True}, {"cuda_graph": True})
+    assert not bad.ok and bad.checks[0].status == "mismatched"
