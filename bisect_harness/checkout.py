@@ -16,13 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import git
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reported when used, not at import
+import git  # noqa: E402
 
 from .errors import BuildFailed, CommitError, InfrastructureError
 
@@ -52,6 +54,8 @@ class Workspace:
 
     def __init__(self, repo: Path, cache_dir: Path | None = None):
         self.repo_path = Path(repo).resolve()
+        if shutil.which("git") is None and not os.environ.get("GIT_PYTHON_GIT_EXECUTABLE"):
+            raise InfrastructureError("git is not installed or not on PATH; install git to check out engine commits")
         try:
             self.user = git.Repo(self.repo_path)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
