@@ -16,6 +16,7 @@ import jinja2
 
 from . import stats
 from .ledger import Boot, Ledger, Run
+from .executor import host_drift
 from .provenance import EnvReport, FlagReport
 
 
@@ -103,31 +104,6 @@ def _host_line(host: dict) -> str:
             f"{gpu}, kernel {host.get('kernel', '?')}, boot id {str(host.get('boot_id', '?'))[:8]}")
 
 
-def host_differences(a: dict, b: dict) -> list[dict]:
-    """Fields of two host records that differ (what the journal shows per comparison)."""
-    keys = ("hostname", "boot_id", "kernel", "cpu_model", "cpu_governor", "packages_hash", "torch_version",
-            "python_version", "engine_dirty")
-    out = [{"field": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
-    ga, gb = a.get("gpus") or [], b.get("gpus") or []
-    for i in range(max(len(ga), len(gb))):
-        x = ga[i] if i < len(ga) else {}
-        y = gb[i] if i < len(gb) else {}
-        for k in ("name", "driver_version", "cuda_version", "mig_mode", "ecc_mode"):
-            if x.get(k) != y.get(k):
-                out.append({"field": f"gpu{i}.{k}", "a": x.get(k), "b": y.get(k)})
-    return out
-
-
-def _boot_host(boot: Boot) -> dict:
-    return (boot.provenance or {}).get("host") or {}
-
-
-@dataclass(frozen=True)
-class RenderedJournal:
-    path: Path
-    text: str
-
-
 def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     """The journal's markdown for one run."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
@@ -140,26 +116,22 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         boot_rows = []
         sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
                  ("treatment", h.treatment, v.treatment_boot_ids if v else []))
-        hosts: dict[str, list[dict]] = {"baseline": [], "treatment": []}
+        used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
         for side, cfg, used in sides:
             for boot in cfg.boots:
                 if boot.run_id != run.id and boot.id not in used:
                     continue
                 vals = [s.metrics.get(h.metric) for s in boot.samples]
                 vals = [float(x) for x in vals if x is not None]
-                if boot.status == "ok" and _boot_host(boot):
-                    hosts[side].append(_boot_host(boot))
+                if boot.status == "ok" and boot.id in used:
+                    used_boots[side].append(boot)
                 boot_rows.append({
                     "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)"),
                     "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
                     "marks": ", ".join(boot.marks or []) or "-"})
-        drift = []
-        if hosts["baseline"] and hosts["treatment"]:
-            seen = set()
-            for d in host_differences(hosts["baseline"][0], hosts["treatment"][-1]):
-                if d["field"] not in seen:
-                    seen.add(d["field"])
-                    drift.append({"field": d["field"], "a": _md(d["a"]), "b": _md(d["b"])})
+        drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
+                  "message": _md(d.message)}
+                 for d in host_drift(used_boots["baseline"], used_boots["treatment"])]
         claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
         hyps.append({
             "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
@@ -171,7 +143,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "baseline_label": h.baseline.label, "treatment_label": h.treatment.label,
             "looks": len(h.verdicts), "test": v.test if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
             "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
-            "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift})
+            "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
+            "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"])})
     configs = []
     for c in run.configs:
         boots = []
