@@ -147,8 +147,9 @@ class Executor:
                 self._aa_check(rows)
             self._sequential(rows)
             self.record_calibration("after")
-        except KeyboardInterrupt:
-            self.finish_run("interrupted", "interrupted by the user")
+        except (KeyboardInterrupt, SystemExit) as exc:
+            why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
+            self.finish_run("interrupted", why)
             raise
         except HarnessError as exc:
             self.finish_run("failed", str(exc))
@@ -388,6 +389,11 @@ class Executor:
             boot.status, boot.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
             boot.log_tail = _tail_file(log_path)
             st.consecutive_failures += 1
+        except (KeyboardInterrupt, SystemExit):
+            if boot.status == "running":  # its finished samples stay; the boot is not used by a verdict
+                boot.status, boot.failure = "interrupted", "the harness was interrupted during this boot"
+            boot.log_tail = _tail_file(log_path)
+            raise
         finally:
             boot.finished_at = utcnow()
             self.ledger.commit()
