@@ -1,0 +1,189 @@
+"""``harness bisect`` and ``bisect: true`` against the live demo engine.
+
+The demo repository is made in a temp folder; ``events`` (known only to tests)
+names the commit that slowed decoding and the one that breaks the build. Every
+boot is a real server on 127.0.0.1. The ranges are small and the effect (~25%
+on tok/s) is several times the boot-to-boot noise, so a probe needs about one
+boot; each search here takes 6 to 12 boots (under a minute and a half). The
+metric is the engine's own decode time per cycle (a declared log source, median
+per sample): on a shared machine it is steadier than the client's tok/s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bisect_harness.demo import create_demo_repo
+from bisect_harness.ledger import Bisection, Ledger
+
+pytestmark = pytest.mark.slow
+
+SPEC = """\
+version: 1
+engine:
+  preset: demo
+  repo: {repo}
+  metrics:
+    # The engine's own decode timing, median per sample: steadier than the client's
+    # tok/s when another process takes the CPU for a moment.
+    - {{name: decode_ms, from: log, pattern: 'decode cycle: (?P<value>[0-9.]+) ms/cyc', reduce: median,
+       unit: ms, better: lower}}
+benchmark:
+  prompt_tokens: 16
+  output_tokens: 32
+  requests_per_sample: 2
+  warmup_requests: 1
+defaults:
+  samples_per_boot: 1
+  boots_per_arm: 2
+  max_boots_per_arm: {max_boots}
+  alpha: {alpha}
+hypotheses:
+  - id: regression
+    statement: decode cycles at {bad} are at least 10% longer than at {good}; bisect it
+    baseline: {{commit: {good}}}
+    treatment: {{commit: {bad}}}
+    metric: decode_ms
+    expect: increase
+    min_effect: 10%
+    bisect: {bisect}
+"""
+
+
+@pytest.fixture(scope="module")
+def hist(tmp_path_factory):
+    return create_demo_repo(tmp_path_factory.mktemp("bisect-cli") / "engine")
+
+
+def write_spec(path: Path, hist, *, good="HEAD~1", bad="HEAD", bisect=False, max_boots=4, alpha=0.05) -> Path:
+    path.write_text(SPEC.format(repo=hist.path, good=good, bad=bad, bisect=str(bisect).lower(),
+                                max_boots=max_boots, alpha=alpha))
+    return path
+
+
+def harness(args: list[str], cwd: Path, timeout: float = 400) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "bisect_harness.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc, time.monotonic() - t0
+
+
+def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str):
+    proc, seconds = harness(["bisect", str(spec), "--good", good, "--bad", bad, "--json",
+                             "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                             "--journal-dir", str(tmp_path / "journal"), "--metric", "decode_ms", *extra], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), seconds
+
+
+def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
+    i_reg = hist.index(hist.events["regression"])
+    i_broken = hist.index(hist.events["build_failure"])
+    # good just before the regression; the broken build sits at the uniform
+    # posterior's median (5 of 10 candidates), so it is the first interior probe.
+    good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
+    assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "30")
+    print(f"bisection: {out['boots']} boots in {seconds:.0f}s")
+
+    assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
+    assert out["culprit"] == hist.events["regression"], out
+    assert out["probability"] >= 0.95 and out["stopped"] == "confident"
+    assert out["candidates"][0] == {"commit": hist.events["regression"], "probability": out["probability"]}
+    assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
+    assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
+    assert out["skipped"] == [hist.events["build_failure"]]
+    assert 6 <= out["boots"] <= 30 and out["new_boots"] >= out["boots"]
+
+    with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
+        run = led.latest_run()
+        assert run.kind == "bisect" and run.status == "done"
+        broken = [c for c in run.configs if c.commit == hist.events["build_failure"]]
+        assert [c.status for c in broken] == ["build_failed"]
+        assert "build" in (broken[0].failure or "")
+
+    journal = next((tmp_path / "journal").glob("*.md")).read_text()
+    assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
+    assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
+    assert "skipped" in journal
+    assert "![decode_ms against commit order](bisection-1.png)" in journal
+    png = tmp_path / "journal" / "bisection-1.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resumes_from_the_ledger(hist, tmp_path):
+    i_reg = hist.index(hist.events["regression"])
+    good, bad = hist.shas[i_reg - 2], hist.shas[i_reg + 2]
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+
+    first, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "4")
+    assert first["stopped"] == "budget" and first["culprit"] is None
+    assert first["boots"] == first["new_boots"] == 4
+
+    second, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "30")
+    print(f"resumed bisection: {second['new_boots']} new of {second['boots']} boots in {seconds:.0f}s")
+    assert second["culprit"] == hist.events["regression"] and second["probability"] >= 0.95
+    assert 0 < second["new_boots"] < second["boots"]
+    assert second["boots"] - second["new_boots"] == 4, "every boot of the first run is reused, none re-measured"
+
+    with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
+        bis = led.session.get(Bisection, second["bisection_id"])
+        reused = [p for p in bis.probes if p.reused]
+        assert {p.commit for p in reused} == {good, bad}
+        assert sum(p.reused for p in reused) == 4
+        assert all(p.boots_requested == 0 for p in reused)
+        assert any(not p.reused and p.values for p in bis.probes), "and it measured more"
+        assert led.session.get(Bisection, first["bisection_id"]).result["stopped"] == "budget"
+
+
+def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
+    i_reg = hist.index(hist.events["regression"])
+    good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 2]
+    # The verdict only gates the bisection here: a looser alpha and a larger budget
+    # keep a noisy shared machine from leaving the regression inconclusive.
+    spec = write_spec(tmp_path / "spec.yaml", hist, good=good, bad=bad, bisect=True, max_boots=6, alpha=0.2)
+    proc, seconds = harness(["run", str(spec), "--json", "--no-calibration",
+                             "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                             "--journal-dir", str(tmp_path / "journal")], tmp_path)
+    print(f"run with bisect: true took {seconds:.0f}s")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    (h,) = summary["hypotheses"]
+    assert h["verdict"] == "confirmed", h
+    with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
+        run = led.latest_run()
+        (bis,) = led.session.query(Bisection).filter_by(run_id=run.id).all()
+        assert bis.hypothesis_id == run.hypotheses[0].id
+        assert bis.result["culprit"] == hist.events["regression"]
+        assert any(p.reused for p in bis.probes), "the hypothesis' own boots feed the search"
+    journal = next((tmp_path / "journal").glob("*.md")).read_text()
+    assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
+    assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
+
+
+@pytest.mark.parametrize("case", ["same", "reversed", "unknown"])
+def test_bad_ranges_exit_2_with_a_clear_message(hist, tmp_path, case):
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    i_reg = hist.index(hist.events["regression"])
+    good, bad = {"same": (hist.head, "HEAD"), "reversed": (hist.head, hist.shas[i_reg]),
+                 "unknown": ("no-such-tag", "HEAD")}[case]
+    proc, _ = harness(["bisect", str(spec), "--good", good, "--bad", bad, "--json",
+                       "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                       "--journal-dir", str(tmp_path / "journal")], tmp_path, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    err = " ".join(proc.stderr.split())
+    assert err.startswith("Error: ") and "Traceback" not in err
+    if case == "same":
+        assert f"--good and --bad are the same commit ({hist.head[:12]}); nothing to bisect" in err
+    elif case == "reversed":
+        assert f"good commit {hist.head[:12]} is not an ancestor of bad commit {hist.shas[i_reg][:12]}" in err
+    else:
+        assert "no-such-tag" in err and "--good" in err
+    assert not (tmp_path / "journal").exists(), "nothing was booted or written"
