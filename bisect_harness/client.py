@@ -220,11 +220,13 @@ def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int)
     prompt = synthetic_prompt(bench.prompt_tokens, bench.seed, index)
     base = base_url.rstrip("/")
     if bench.api == "completions":
-        return base + "/v1/completions", {
-            "model": model, "prompt": prompt, "max_tokens": bench.output_tokens,
-            "temperature": bench.temperature, "ignore_eos": bench.ignore_eos,
-            "stream": True, "stream_options": {"include_usage": True},
-        }
+        body = {"model": model, "prompt": prompt, "max_tokens": bench.output_tokens,
+                "temperature": bench.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        if bench.ignore_eos:
+            # A vLLM/SGLang extension: strict OpenAI servers (transformers serve) answer 422
+            # to any field they do not know, so `benchmark.ignore_eos: false` leaves it out.
+            body["ignore_eos"] = True
+        return base + "/v1/completions", body
     if bench.api == "generate":
         return base + "/generate", {
             "text": prompt, "stream": True,
