@@ -210,6 +210,47 @@ def bisect(
             print(json.dumps(result.to_json()))
 
 
+@app.command()
+def nightly(
+    file: Path = typer.Argument(..., help="hypotheses.yaml: its engine, benchmark and defaults are used"),
+    rev: str = typer.Option("HEAD", "--rev", help="The commit to measure tonight."),
+    metric: str = typer.Option("tok_s", "--metric", help="Metric to watch."),
+    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative regression that alerts."),
+    alpha: float = typer.Option(0.01, "--alpha", help="False-alert rate per night."),
+    window: int = typer.Option(7, "--window", help="Earlier nights to compare with."),
+    no_bisect: bool = typer.Option(False, "--no-bisect", help="Alert without bisecting."),
+    max_boots: int = typer.Option(40, "--max-boots", help="Budget of boots for the bisection."),
+    ledger: str = LEDGER_OPT,
+    journal_dir: Path = JOURNAL_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+    no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
+) -> None:
+    """Measure the newest commit, compare with earlier nights, bisect a regression.
+
+    Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
+    from . import journal
+    from .ledger import Ledger
+    from .nightly import run_nightly
+    from .spec import load_spec
+
+    console = _console(json_out)
+    spec = load_spec(file)
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+        outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
+                                        window=window, bisect=not no_bisect, max_boots=max_boots,
+                                        cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
+                                        calibrate=not no_calibration)
+        console.print(f"journal: {journal.write(led, executor.run, journal_dir)}")
+    console.print(f"{outcome.status}: {outcome.reason}")
+    for d in outcome.drift:
+        console.print(f"  host drift: {d}")
+    if json_out:
+        print(json.dumps(outcome.to_json()))
+    if outcome.alert:
+        raise typer.Exit(4)
+
+
 @demo_app.command("init")
 def demo_init(directory: Path = typer.Argument(..., help="Where to create the demo engine's git repository.")) -> None:
     """Lay down the demo engine: a real git history of a small torch inference server."""

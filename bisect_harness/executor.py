@@ -29,7 +29,7 @@ from .checkout import Workspace
 from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
 from .model import Expect, Outcome
-from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config
+from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config, series_key
 from .server import ServerProcess, free_port
 from .sources import SourceCollector
 
@@ -111,7 +111,8 @@ class Executor:
     def state_for(self, pc: PlannedConfig) -> ConfigState:
         st = self.states.get(pc.key)
         if st is None:
-            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, label=pc.label, commit=pc.arm.commit,
+            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, series=series_key(self.spec, pc.arm),
+                                         label=pc.label, commit=pc.arm.commit,
                                          env=dict(pc.arm.env), flags=dict(pc.arm.flags),
                                          argv=self.plan.argv(pc, port="{port}", worktree=None)))
             st = self.states[pc.key] = ConfigState(row=row, planned=pc)

@@ -46,13 +46,14 @@ class Run(Base):
     kind: Mapped[str] = mapped_column(String(16), default="run")  # run | bisect
     created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running | done | failed | interrupted
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running|done|alert|failed|interrupted
     spec_path: Mapped[str] = mapped_column(Text)
     spec_text: Mapped[str] = mapped_column(Text)
     spec_hash: Mapped[str] = mapped_column(String(64))
     harness_version: Mapped[str] = mapped_column(String(32))
     host: Mapped[dict] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    summary: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # kind-specific result (nightly)
     configs: Mapped[list["Config"]] = relationship(back_populates="run")
     hypotheses: Mapped[list["HypothesisRow"]] = relationship(back_populates="run", order_by="HypothesisRow.id")
 
@@ -64,6 +65,7 @@ class Config(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     key: Mapped[str] = mapped_column(String(64), index=True)
+    series: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # the key without the commit
     label: Mapped[str] = mapped_column(Text, default="")
     commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
     env: Mapped[dict] = mapped_column(JSON, default=dict)
@@ -302,6 +304,18 @@ class Ledger:
         if host_fingerprint is not None:
             q = q.where(Boot.host_fingerprint == host_fingerprint)
         return self.session.scalars(q.order_by(Boot.id)).all()
+
+    def nightly_history(self, series: str, *, before_run: int) -> list[tuple[Run, str, list[Boot]]]:
+        """Earlier nightly runs of one series, oldest first: (run, commit, ok boots)."""
+        q = (select(Config).join(Run, Run.id == Config.run_id)
+             .where(Config.series == series, Run.kind == "nightly", Run.id < before_run)
+             .order_by(Run.id))
+        out = []
+        for cfg in self.session.scalars(q).all():
+            ok = [b for b in cfg.boots if b.status == "ok"]
+            if ok:
+                out.append((cfg.run, cfg.commit, ok))
+        return out
 
     def bisection_for(self, good: str, bad: str, metric: str, spec_hash: str) -> Bisection | None:
         q = (select(Bisection).join(Run, Run.id == Bisection.run_id)

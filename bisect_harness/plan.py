@@ -117,6 +117,12 @@ def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
     return None
 
 
+def series_key(spec: Spec, arm: Arm) -> str:
+    """A config's identity without its commit: the same env, flags and engine over time."""
+    payload = json.dumps({"env": dict(arm.env), "flags": dict(arm.flags)}, sort_keys=True, default=str)
+    return hashlib.sha256(f"{payload}:{engine_fingerprint(spec)}".encode()).hexdigest()[:20]
+
+
 def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
     key = hashlib.sha256(f"{arm.key()}:{engine_fingerprint(spec)}:{replica}".encode()).hexdigest()[:20]
     return PlannedConfig(key=key, arm=arm, replica=replica)

@@ -110,6 +110,8 @@ __all__ = [
     "noise_floor",
     "smallest_detectable_effect",
     "simulate",
+    "Shift",
+    "detect_shift",
 ]
 
 OUTCOME_FOOTNOTE = (
@@ -803,3 +805,67 @@ def simulate(effect: float, *, between_cv: float, within_cv: float, min_effect: 
         naive_confirmed=float(naive[:, -1].mean()),
         naive_peeking_confirmed=float(naive.any(axis=1).mean()),
         outcomes=outcomes.astype(np.int8), boots=boots)
+
+
+# ------------------------------------------------------------- nightly change detection
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Did the newest night move against the nights before it?
+
+    ``history`` nights are pooled boot by boot (one log boot mean each) as the
+    reference; the newest night's boots are the treatment. ``regressed`` is True
+    when a one-sided Welch test in the *worse* direction rejects "no change" at
+    ``alpha`` and the estimated change is at least ``min_effect``; ``ratio`` is
+    newest/reference (geometric means of boot means), ``ci`` its two-sided
+    ``1 - 2*alpha`` interval.
+    """
+
+    regressed: bool
+    ratio: float
+    ci: tuple[float, float]
+    p_value: float
+    n_reference_boots: int
+    n_new_boots: int
+    reason: str
+
+
+def detect_shift(history: Sequence[Sequence[Sequence[float]]], newest: Sequence[Sequence[float]], *,
+                 worse: Expect, min_effect: float = 0.05, alpha: float = 0.01, window: int = 7) -> Shift:
+    """Compare the newest night's boots with the boots of the last ``window`` nights.
+
+    ``history`` is oldest first; each night is a sequence of boots, each a sequence
+    of samples. ``worse`` is the direction a regression moves the metric's value
+    (tok/s: ``Expect.DECREASE``). A night-level series with a step change is the
+    model: the window should hold only nights after the last accepted change, which
+    the caller ensures by starting the history after the last alert it acted on.
+    """
+    if not (0.0 < alpha < 0.5):
+        raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    if not (0.0 <= min_effect < 1.0):
+        raise ValueError(f"min_effect must be in [0, 1), got {min_effect!r}")
+    nights = [night for night in list(history)[-window:] if len(night)]
+    ref = [b for night in nights for b in _check_boots(night, "history", positive=True)]
+    new = _check_boots(newest, "newest night", positive=True)
+    if len(ref) < 2 or len(new) < 2:
+        raise ValueError(f"detect_shift needs at least 2 boots on each side, got {len(ref)} in the history "
+                         f"and {len(new)} in the newest night")
+    la = np.log([b.mean() for b in ref])
+    lb = np.log([b.mean() for b in new])
+    t = welch_t(la, lb)
+    sign = worse.sign
+    p = t.p_greater if sign > 0 else t.p_less
+    crit = float(_st.t.isf(alpha, t.df))
+    ci = (math.exp(t.difference - crit * t.se), math.exp(t.difference + crit * t.se))
+    ratio = math.exp(t.difference)
+    size = -math.log(1 - min_effect) if sign < 0 else math.log(1 + min_effect)
+    regressed = bool(p <= alpha and sign * t.difference >= size)
+    if regressed:
+        reason = (f"Regression: {ratio:.4f}x of the last {len(nights)} nights ({len(ref)} boots), "
+                  f"CI {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} <= {alpha}")
+    elif p <= alpha:
+        reason = f"A change of {_pct(ratio - 1)} is shown (p={p:.2g}) but is below {min_effect:.0%}"
+    else:
+        reason = f"No regression: {ratio:.4f}x, CI {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g}"
+    return Shift(regressed, ratio, ci, float(p), len(ref), len(new), reason)

@@ -1,0 +1,135 @@
+"""``harness nightly``: one night of a fixed experiment, compared with the nights before.
+
+Each night measures the engine's newest commit (the hypotheses file's engine, base
+env and flags) for ``boots_per_arm`` boots and stores it as a ``nightly`` run. The
+series is the config without its commit (same env, flags, launch, benchmark), so
+nights at different commits line up. The newest night is tested against the last
+``window`` nights since the last alert (``stats.detect_shift``); a regression is
+bisected at once between the last good night's commit and tonight's, reusing every
+boot the ledger already holds, and the run ends with status ``alert`` so the CI job
+can fail loudly. A commit that no longer builds or boots is an alert too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bisect_runner import BisectOutcome, search_commits
+from .checkout import Workspace, default_cache_dir
+from .errors import UserError
+from .executor import Executor, Observer, host_drift
+from .ledger import Ledger
+from .model import Arm, Better, Expect
+from .plan import Plan, engine_repo, make_config, series_key
+from .spec import Spec
+from .stats import Shift, detect_shift
+
+
+@dataclass(frozen=True)
+class NightlyOutcome:
+    """What one night found. ``status``: ``first-night`` (nothing to compare yet),
+    ``ok``, ``regression`` or ``broken`` (tonight's commit failed to build or boot)."""
+
+    run_id: int
+    commit: str
+    metric: str
+    status: str
+    nights_compared: int
+    shift: Shift | None
+    reference_commit: str | None
+    drift: tuple[str, ...]
+    bisection: BisectOutcome | None
+    reason: str
+
+    @property
+    def alert(self) -> bool:
+        return self.status in ("regression", "broken")
+
+    def to_json(self) -> dict:
+        s = self.shift
+        return {"run_id": self.run_id, "commit": self.commit, "metric": self.metric, "status": self.status,
+                "alert": self.alert, "nights_compared": self.nights_compared,
+                "reference_commit": self.reference_commit,
+                "ratio": s.ratio if s else None, "ci": list(s.ci) if s else None, "p_value": s.p_value if s else None,
+                "drift": list(self.drift), "reason": self.reason,
+                "bisection": self.bisection.to_json() if self.bisection else None}
+
+
+def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = "tok_s", min_effect: float = 0.05,
+                alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
+                confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
+                observer: Observer | None = None, calibrate: bool = True) -> tuple[NightlyOutcome, Executor]:
+    metrics = spec.metrics()
+    if metric not in metrics:
+        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
+    worse = Expect.DECREASE if metrics[metric].better is Better.HIGHER else Expect.INCREASE
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is None:
+        raise UserError(f"{spec.path.name} has no engine.repo: a nightly run follows the engine's newest commit")
+    ws = Workspace(repo, cache_dir)
+    sha = ws.resolve(rev, where="--rev")
+    plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
+    ex = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate)
+    run = ex.start_run(kind="nightly")
+    try:
+        ex.record_calibration("before")
+        arm = Arm(commit=sha, env=dict(spec.engine.env), flags=dict(spec.engine.flags))
+        st = ex.state_for(make_config(spec, arm))
+        ex._boot_round([st], spec.defaults.boots_per_arm)
+        outcome = _judge(ex, ledger, st, sha, arm, metric, worse, min_effect=min_effect, alpha=alpha,
+                         window=window, bisect=bisect, max_boots=max_boots, confidence=confidence)
+        ex.record_calibration("after")
+    except BaseException as exc:
+        ex.finish_run("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed", str(exc))
+        raise
+    run.summary = outcome.to_json()
+    ex.finish_run("alert" if outcome.alert else "done")
+    return outcome, ex
+
+
+def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, worse: Expect, *, min_effect: float,
+           alpha: float, window: int, bisect: bool, max_boots: int, confidence: float) -> NightlyOutcome:
+    run = ex.run
+    if st.failed:
+        return NightlyOutcome(run.id, sha, metric, "broken", 0, None, None, (), None,
+                              f"tonight's commit {sha[:12]} could not be measured: {st.failed}")
+    history = ledger.nightly_history(series_key(ex.spec, arm), before_run=run.id)
+    # After an alert the level it found is the new normal: compare with that night onwards.
+    last_alert = max((i for i, (r, _, _) in enumerate(history) if r.status == "alert"), default=0)
+    history = history[last_alert:]
+    nights = [(r, c, [list(v) for v in ledger.boot_values(boots, metric).values]) for r, c, boots in history]
+    nights = [n for n in nights if n[2]][-window:]
+    newest = [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
+    if sum(len(n[2]) for n in nights) < 2 or len(newest) < 2:
+        return NightlyOutcome(run.id, sha, metric, "first-night", len(nights), None, None, (), None,
+                              "not enough earlier nights of this series to compare with yet; tonight is recorded "
+                              "as a reference")
+    # Sequential: boot tonight's commit again while the answer is open, up to the
+    # budget; each look gets alpha / looks (Bonferroni), so the false-alert rate holds.
+    d = ex.spec.defaults
+    looks = d.max_boots_per_arm - d.boots_per_arm + 1
+    while True:
+        shift = detect_shift([n[2] for n in nights], newest, worse=worse, min_effect=min_effect,
+                             alpha=alpha / looks, window=window)
+        if shift.regressed or shift.p_value > 0.5 or len(st.boots) >= d.max_boots_per_arm or st.failed:
+            break
+        ex.boot(st)
+        newest = [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
+    reference = nights[-1][1]
+    last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
+    drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))
+    if not shift.regressed:
+        return NightlyOutcome(run.id, sha, metric, "ok", len(nights), shift, reference, drift, None, shift.reason)
+    outcome = None
+    reason = shift.reason
+    if bisect and reference and reference != sha:
+        commits = ex.ws.commits_between(reference, sha)
+        outcome = search_commits(ex, commits, env=arm.env, flags=arm.flags, metric=metric, expect=worse,
+                                 confidence=confidence, max_boots=max_boots)
+        reason += (f"; culprit {outcome.culprit[:12]} (p={outcome.probability:.2f})" if outcome.culprit
+                   else f"; bisection ended {outcome.stopped}")
+    elif reference == sha:
+        reason += "; same commit as the last night: the host or environment moved (see drift)"
+    return NightlyOutcome(run.id, sha, metric, "regression", len(nights), shift, reference, drift, outcome, reason)
