@@ -445,14 +445,7 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
     object in the stream, no output). Raises :class:`SampleFailed` when all fail.
     """
-    own = client is None
-    http = client or _client(bench)
-    try:
-        model = _model_for(base_url, bench, http)
-        records, wall = _run_batch(http, base_url, bench, model, bench.requests_per_sample)
-    finally:
-        if own:
-            http.close()
+    records, wall = _batch(base_url, bench, bench.requests_per_sample, client)
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
@@ -470,6 +463,18 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     return SampleDetail(result=result, requests=tuple(records))
 
 
+def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None):
+    """``n`` requests as a sample sends them, on ``client`` or a client of our own."""
+    own = client is None
+    http = client or _client(bench)
+    try:
+        model = _model_for(base_url, bench, http)
+        return _run_batch(http, base_url, bench, model, n)
+    finally:
+        if own:
+            http.close()
+
+
 def measure_sample(base_url: str, bench: BenchmarkSpec, *,
                    client: httpx.Client | None = None) -> SampleResult:
     """:func:`measure_sample_detail` without the per-request records."""
@@ -483,14 +488,7 @@ def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None =
     """
     if bench.warmup_requests <= 0:
         return 0
-    own = client is None
-    http = client or _client(bench)
-    try:
-        model = _model_for(base_url, bench, http)
-        records, _ = _run_batch(http, base_url, bench, model, bench.warmup_requests)
-    finally:
-        if own:
-            http.close()
+    records, _ = _batch(base_url, bench, bench.warmup_requests, client)
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)
