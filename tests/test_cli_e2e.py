@@ -21,7 +21,7 @@ import pytest
 from bisect_harness.demo import create_demo_repo
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
-DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 4}
+DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 6}
 
 HYPOTHESES = [
     {"id": "head-regression",
@@ -80,7 +80,8 @@ def test_run_exits_zero_and_prints_the_documented_json(demo_run):
         assert h["metric"] == "tok_s"
         assert h["verdict"] in ("confirmed", "refuted", "inconclusive")
         assert set(h["boots"]) == {"baseline", "treatment"}
-        assert 3 <= h["boots"]["baseline"] <= 4 and 3 <= h["boots"]["treatment"] <= 4, h
+        top = DEFAULTS["max_boots_per_arm"]
+        assert 3 <= h["boots"]["baseline"] <= top and 3 <= h["boots"]["treatment"] <= top, h
         low, high = h["ci"]
         assert low <= h["effect"] <= high
         assert 0.0 <= h["p_value"] <= 1.0
@@ -112,7 +113,7 @@ def test_ledger_holds_runs_configs_boots_and_samples(demo_run):
     boots = query(db, "SELECT id, config_id, status, ready_s FROM boots WHERE run_id = ?", (run_id,))
     assert all(b[2] == "ok" for b in boots), boots
     per_config = {c[0]: sum(b[1] == c[0] for b in boots) for c in configs}
-    assert all(3 <= n <= 4 for n in per_config.values()), per_config
+    assert all(3 <= n <= DEFAULTS["max_boots_per_arm"] for n in per_config.values()), per_config
     assert all(b[3] is not None and b[3] > 0 for b in boots)
     samples = query(db, "SELECT s.boot_id, s.metrics, s.requests, s.output_tokens FROM samples s "
                         "JOIN boots b ON b.id = s.boot_id WHERE b.run_id = ?", (run_id,))

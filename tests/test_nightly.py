@@ -60,7 +60,7 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path):
         hypotheses=[{"id": "unused", "baseline": {}, "treatment": {}, "metric": "tok_s", "expect": "decrease",
                      "min_effect": "10%"}])
     common = ["--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", tmp_path / "exp", "--json",
-              "--no-calibration", "--metric", "decode_ms", "--min-effect", "0.05", "--alpha", "0.05"]
+              "--no-calibration", "--metric", "decode_ms", "--min-effect", "0.05"]
     first = harness("nightly", spec, "--rev", history.shas[i - 2], *common)
     assert first.returncode == 0, first.stderr
     assert last_json(first.stdout)["status"] == "first-night"
