@@ -72,6 +72,20 @@ def _flag_cell(report: dict | None) -> str:
     return _md(text + ")")
 
 
+def _checks_cell(warnings, drift) -> str:
+    """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
+    counts: dict[str, int] = {}
+    for w in warnings or []:
+        if w.startswith("host drift"):
+            continue
+        for mark in w.split(": ", 1)[-1].split(", "):
+            counts[mark] = counts.get(mark, 0) + 1
+    parts = [f"{mark} x{n}" for mark, n in sorted(counts.items())]
+    if drift:
+        parts.append(f"host drift ({len(drift)})")
+    return "**" + ", ".join(parts) + "**" if parts else "ok"
+
+
 def _sampling_text(d: dict) -> str:
     """One line per boot: CPU load and, per GPU, clocks, temperature, power, throttling."""
     def rng(stat: dict | None, unit: str) -> str:
@@ -144,7 +158,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "looks": len(h.verdicts), "test": v.test if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
             "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
             "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
-            "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"])})
+            "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
+            "checks": _checks_cell(v.warnings if v else [], drift)})
     configs = []
     for c in run.configs:
         boots = []

@@ -23,7 +23,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from .errors import InfrastructureError, UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Forward migrations, applied in order to an older ledger on open. Each only adds;
+#: nothing recorded is ever rewritten or dropped.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE configs ADD COLUMN series VARCHAR(64)",  # nightly series: the config without its commit
+        "ALTER TABLE runs ADD COLUMN summary JSON"),           # kind-specific result (nightly)
+}
 
 
 def utcnow() -> _dt.datetime:
@@ -239,6 +246,22 @@ class Ledger:
         elif int(row.value) > SCHEMA_VERSION:
             raise UserError(f"the ledger {self.url} has schema version {row.value}, newer than this harness "
                             f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
+        elif int(row.value) < SCHEMA_VERSION:
+            self._migrate(int(row.value), row)
+
+    def _migrate(self, version: int, row: Meta) -> None:
+        from sqlalchemy import text
+
+        try:
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS.get(target, ()):
+                    self.session.execute(text(statement))
+                row.value = str(target)
+                self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not upgrade the ledger {self.url} from schema version {version} to "
+                                      f"{SCHEMA_VERSION}: {exc}; back it up and retry, or use another --ledger") from None
 
     def close(self) -> None:
         self.session.close()

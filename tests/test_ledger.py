@@ -1,0 +1,59 @@
+"""The ledger: versioned schema, older ledgers upgraded in place, newer ones refused."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from bisect_harness.errors import UserError
+from bisect_harness.ledger import SCHEMA_VERSION, Config, Ledger, Run
+
+V1_SCHEMA = """
+CREATE TABLE meta (key VARCHAR(64) PRIMARY KEY, value TEXT);
+INSERT INTO meta VALUES ('schema_version', '1');
+CREATE TABLE runs (id INTEGER PRIMARY KEY, kind VARCHAR(16), created_at DATETIME, finished_at DATETIME,
+  status VARCHAR(16), spec_path TEXT, spec_text TEXT, spec_hash VARCHAR(64), harness_version VARCHAR(32),
+  host JSON, error TEXT);
+CREATE TABLE configs (id INTEGER PRIMARY KEY, run_id INTEGER REFERENCES runs(id), key VARCHAR(64), label TEXT,
+  "commit" VARCHAR(64), env JSON, flags JSON, argv JSON, status VARCHAR(16), failure TEXT, log_tail TEXT);
+INSERT INTO runs VALUES (1, 'run', '2026-01-01 00:00:00', NULL, 'done', 'h.yaml', 'x', 'abc', '0.1.0', '{}', NULL);
+INSERT INTO configs VALUES (1, 1, 'k1', 'HEAD', 'deadbeef', '{}', '{}', '[]', 'ok', NULL, NULL);
+"""
+
+
+def test_new_ledger_records_its_version(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}"):
+        pass
+    db = sqlite3.connect(tmp_path / "r.db")
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_older_ledger_is_upgraded_and_keeps_its_rows(tmp_path):
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.executescript(V1_SCHEMA)
+    db.close()
+    with Ledger(f"sqlite:///{tmp_path / 'old.db'}") as led:
+        assert led.run(1).spec_path == "h.yaml"
+        cfg = led.session.get(Config, 1)
+        assert cfg.commit == "deadbeef" and cfg.series is None
+        led.add(Run(kind="nightly", spec_path="n.yaml", spec_text="", spec_hash="h", harness_version="x",
+                    summary={"status": "ok"}))
+    db = sqlite3.connect(tmp_path / "old.db")
+    assert db.execute("select value from meta where key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_newer_ledger_is_refused(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}"):
+        pass
+    db = sqlite3.connect(tmp_path / "r.db")
+    db.execute("update meta set value = ? where key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    db.commit()
+    db.close()
+    with pytest.raises(UserError, match="newer than this harness"):
+        Ledger(f"sqlite:///{tmp_path / 'r.db'}")
+
+
+def test_bad_url_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="--ledger"):
+        Ledger("nosuchdialect://x")
