@@ -438,9 +438,15 @@ def _boot_host(boot: Boot):
     return host, samples
 
 
+def _boot_calibration(boot: Boot):
+    result = boot.run.calibration("before") if boot.run is not None else None
+    return calibration.Calibration.from_dict(result) if result else None
+
+
 def host_drift(a_boots: Sequence[Boot], b_boots: Sequence[Boot]) -> list[calibration.Drift]:
     """What differed between the hosts of two sides (first and last boot of each,
-    so a reboot or a driver change in the middle of a side shows too)."""
+    so a reboot or a driver change in the middle of a side shows too), including the
+    calibration probes of the runs the boots belong to (sides from different runs)."""
     pairs = []
     if a_boots and b_boots:
         pairs = [(a_boots[0], b_boots[-1]), (a_boots[-1], b_boots[0])]
@@ -449,7 +455,8 @@ def host_drift(a_boots: Sequence[Boot], b_boots: Sequence[Boot]) -> list[calibra
         (ha, sa), (hb, sb) = _boot_host(x), _boot_host(y)
         if ha is None or hb is None:
             continue
-        for d in calibration.compare_hosts(ha, hb, None, None, samples_a=sa, samples_b=sb):
+        cal_a, cal_b = (_boot_calibration(x), _boot_calibration(y)) if x.run_id != y.run_id else (None, None)
+        for d in calibration.compare_hosts(ha, hb, cal_a, cal_b, samples_a=sa, samples_b=sb):
             if d.field not in seen:
                 seen.add(d.field)
                 out.append(d)

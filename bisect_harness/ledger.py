@@ -63,6 +63,14 @@ class Run(Base):
     summary: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # kind-specific result (nightly)
     configs: Mapped[list["Config"]] = relationship(back_populates="run")
     hypotheses: Mapped[list["HypothesisRow"]] = relationship(back_populates="run", order_by="HypothesisRow.id")
+    calibrations: Mapped[list["Calibration"]] = relationship(order_by="Calibration.id", viewonly=True)
+
+    def calibration(self, phase: str = "before") -> dict | None:
+        """The run's calibration probe result of ``phase``, when it ran and succeeded."""
+        for cal in self.calibrations:
+            if cal.phase == phase and cal.result and "error" not in cal.result:
+                return cal.result
+        return None
 
 
 class Config(Base):
@@ -111,6 +119,7 @@ class Boot(Base):
     marks: Mapped[list] = mapped_column(JSON, default=list)  # env_missing, flag_mismatch, source_unmatched, ...
     source_problems: Mapped[list] = mapped_column(JSON, default=list)
     config: Mapped[Config] = relationship(back_populates="boots")
+    run: Mapped[Run] = relationship()
     samples: Mapped[list["SampleRow"]] = relationship(back_populates="boot", order_by="SampleRow.seq")
 
 

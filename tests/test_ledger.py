@@ -57,3 +57,31 @@ def test_newer_ledger_is_refused(tmp_path):
 def test_bad_url_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="--ledger"):
         Ledger("nosuchdialect://x")
+
+
+def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
+    import copy
+
+    from bisect_harness.calibration import calibrate
+    from bisect_harness.executor import host_drift
+    from bisect_harness.ledger import Boot, Calibration
+    from bisect_harness.provenance import collect_host
+
+    host = collect_host().to_dict()
+    fast = calibrate("cpu", 0.2).to_dict()
+    slow = copy.deepcopy(fast)
+    for m in slow["measurements"]:
+        m["median"] *= 0.6
+        m["values"] = [v * 0.6 for v in m["values"]]
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        boots = []
+        for cal in (fast, slow):
+            run = led.add(Run(spec_path="h.yaml", spec_text="", spec_hash="h", harness_version="x"))
+            led.add(Calibration(run_id=run.id, phase="before", result=cal))
+            cfg = led.add(Config(run_id=run.id, key="k"))
+            boots.append(led.add(Boot(run_id=run.id, config_id=cfg.id, config_key="k", seq=1, status="ok",
+                                      provenance={"host": host})))
+        led.session.expire_all()
+        drifts = host_drift([boots[0]], [boots[1]])
+        assert any(d.field.startswith("calibration") for d in drifts), drifts
+        assert host_drift([boots[0]], [boots[0]]) == []  # same run, same host: nothing to say
