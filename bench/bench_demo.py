@@ -35,7 +35,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_harness.demo import DEMO_LAUNCH, create_demo_repo  # noqa: E402
+from bisect_harness.demo import create_demo_repo  # noqa: E402
+from bisect_harness.presets import get_preset  # noqa: E402
+
+DEMO_LAUNCH = get_preset("demo")
 
 PROMPT = " ".join(f"w{i}" for i in range(1, 33))
 
@@ -62,7 +65,7 @@ def boot(path: Path, flags: list[str], env: dict[str, str], log: Path):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready in {DEMO_LAUNCH.ready_timeout_s}s; see {log}")
             with contextlib.suppress(httpx.TransportError):
-                if client.get(DEMO_LAUNCH.health).status_code == 200:
+                if client.get(DEMO_LAUNCH.health_path).status_code == 200:
                     break
             time.sleep(0.1)
         yield client

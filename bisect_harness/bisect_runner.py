@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Sequence
 
 from .bisection import BisectionSearch, BisectResult, StopReason
-from .checkout import Workspace
+from .checkout import Workspace, default_cache_dir
 from .errors import UserError
-from .executor import Executor, Observer, summarize_boot
+from .executor import Executor, Observer
 from .ledger import Bisection, HypothesisRow, Ledger, Probe
-from .model import Arm, Better, Expect
+from .model import Arm, Expect, Metric
 from .plan import Plan, PlannedHypothesis, engine_repo, make_config
 from .spec import Spec
 
@@ -45,13 +45,23 @@ class BisectOutcome:
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id}
 
 
-def _boot_means(boots, metric: str) -> list[float]:
-    out = []
-    for b in boots:
-        m = summarize_boot(b, metric)
-        if m is not None:
-            out.append(m)
-    return out
+def _boot_means(ledger: Ledger, boots, metric: str) -> list[float]:
+    """One value per usable boot: the mean of its samples (what the search observes)."""
+    return [sum(v) / len(v) for v in ledger.boot_values(boots, metric).values]
+
+
+def engine_workspace(spec: Spec, metric: str, cache_dir: Path | None, purpose: str
+                     ) -> tuple[Metric, Workspace, Path, Path]:
+    """The metric and the engine's workspace for a command that walks commits, or a
+    UserError naming what is missing."""
+    metrics = spec.metrics()
+    if metric not in metrics:
+        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is None:
+        raise UserError(f"{spec.path.name} has no engine.repo: {purpose} needs the engine's git repository")
+    return metrics[metric], Workspace(repo, cache_dir), repo, cache_dir
 
 
 def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
@@ -64,7 +74,7 @@ def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, me
     reused_total = 0
     observed: dict[str, list[float]] = {}
     for sha, pc in configs.items():
-        values = _boot_means(ledger.reusable_boots(pc.key, executor.host_fp), metric)
+        values = _boot_means(ledger, ledger.reusable_boots(pc.key, executor.host_fp), metric)
         if values:
             observed[sha] = values
             reused_total += len(values)
@@ -88,9 +98,7 @@ def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, me
             boot = executor.boot(st)
             new_boots += 1
             if boot.status == "ok":
-                m = summarize_boot(boot, metric)
-                if m is not None:
-                    got.append(m)
+                got += _boot_means(ledger, [boot], metric)
             elif st.consecutive_failures > spec.defaults.boot_retries:
                 st.failed = st.failed or boot.failure or "boot failed"
         note = executor.ws.subject(probe.commit) if executor.ws else ""
@@ -123,16 +131,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
                  max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
                  observer: Observer | None = None) -> tuple[BisectOutcome, Executor]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
-    from .checkout import default_cache_dir
-
-    metrics = spec.metrics()
-    if metric not in metrics:
-        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
-    cache_dir = cache_dir or default_cache_dir()
-    repo = engine_repo(spec, cache_dir)
-    if repo is None:
-        raise UserError(f"{spec.path.name} has no engine.repo: bisection needs the engine's git repository")
-    ws = Workspace(repo, cache_dir)
+    m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "bisection")
     good_sha = ws.resolve(good, where="--good")
     bad_sha = ws.resolve(bad, where="--bad")
     if good_sha == bad_sha:
@@ -140,15 +139,9 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
     commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
     plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
     executor = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False)
-    executor.start_run(kind="bisect")
-    better = metrics[metric].better
-    expect = Expect.DECREASE if better is Better.HIGHER else Expect.INCREASE
-    try:
+    with executor.recording("bisect"):
         outcome = search_commits(executor, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
-                                 expect=expect, confidence=confidence, max_boots=max_boots)
-    except BaseException as exc:
-        executor.finish_run("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed", str(exc))
-        raise
+                                 expect=m.worse, confidence=confidence, max_boots=max_boots)
     executor.finish_run("done")
     return outcome, executor
 

@@ -41,6 +41,14 @@ def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def read_tail(path: Path | str, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file, or "" when it cannot be read."""
+    try:
+        return tail(Path(path).read_text(errors="replace"), lines)
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class BuildResult:
     ok: bool
@@ -165,7 +173,7 @@ class Workspace:
             info = json.loads(marker.read_text())
             if not info["ok"]:
                 raise BuildFailed(f"build failed at {sha[:12]} (cached; exit {info['code']}): "
-                                  f"{' '.join(argv)}", log_tail=tail(_read(log_path)), log_path=str(log_path))
+                                  f"{' '.join(argv)}", log_tail=read_tail(log_path), log_path=str(log_path))
             return BuildResult(True, log_path, info["seconds"], True)
         marker.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
@@ -184,18 +192,8 @@ class Workspace:
         marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": list(argv)}))
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
-                              log_tail=tail(_read(log_path)), log_path=str(log_path))
+                              log_tail=read_tail(log_path), log_path=str(log_path))
         return BuildResult(True, log_path, seconds, False)
-
-    def is_dirty(self) -> bool:
-        return self.user.is_dirty(untracked_files=False)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _rmtree(path: Path) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import HarnessError
+from .errors import HarnessError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -37,11 +37,9 @@ def _console(json_mode: bool) -> Console:
 
 
 class _ProgressObserver:
-    """Rich progress: one bar per boot, advanced per benchmark sample."""
+    """Rich progress: one bar per boot, advanced per benchmark sample (an ``executor.Observer``)."""
 
     def __init__(self, console: Console):
-        from .executor import Observer  # noqa: F401  (the protocol this implements)
-
         self.console = console
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=False)
@@ -257,7 +255,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
     from .demo import create_demo_repo
 
     if directory.exists() and any(directory.iterdir()):
-        raise _user_error(f"{directory} exists and is not empty; pick a new folder")
+        raise UserError(f"{directory} exists and is not empty; pick a new folder")
     history = create_demo_repo(directory)
     Console().print(f"demo engine: {directory} ({len(history.shas)} commits, HEAD {history.shas[-1][:12]})")
 
@@ -329,12 +327,6 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
         print(json.dumps(report.to_dict(), default=str))
     else:
         Console().print(calibration.render_doctor_text(report), markup=False)
-
-
-def _user_error(message: str):
-    from .errors import UserError
-
-    return UserError(message)
 
 
 def main(argv: list[str] | None = None) -> None:

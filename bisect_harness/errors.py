@@ -36,7 +36,7 @@ class SpecError(UserError):
 
     def __init__(self, message: str, *, key: str | None = None, line: int | None = None,
                  file: str | None = None):
-        self.key, self.line, self.file = key, line, file
+        self.key, self.line, self.file, self.message = key, line, file, message
         where = []
         if file:
             where.append(f"{file}" + (f":{line}" if line else ""))

@@ -12,6 +12,7 @@ inconclusive; the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -20,15 +21,15 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import httpx
 
 from . import __version__, calibration, client, presets, provenance, stats
-from .checkout import Workspace
-from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
+from .checkout import Workspace, read_tail
+from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
-from .model import Expect, Outcome
+from .model import Outcome
 from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config, series_key
 from .server import ServerProcess, free_port
 from .sources import SourceCollector
@@ -64,12 +65,6 @@ def host_fingerprint(host: Mapping) -> str:
     gpus = host.get("gpus") or []
     keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def summarize_boot(boot: Boot, metric: str) -> float | None:
-    vals = [s.metrics.get(metric) for s in boot.samples]
-    vals = [float(v) for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
 
 
 class Executor:
@@ -137,27 +132,32 @@ class Executor:
         self.run.finished_at = utcnow()
         self.ledger.commit()
 
+    @contextlib.contextmanager
+    def recording(self, kind: str) -> Iterator[Run]:
+        """Start a run of ``kind``; if the body raises, the run row says how it ended
+        (``interrupted`` or ``failed``, with the error) before the error goes on. On
+        success the caller finishes the run with its own status."""
+        run = self.start_run(kind)
+        try:
+            yield run
+        except (KeyboardInterrupt, SystemExit) as exc:
+            why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
+            self.finish_run("interrupted", why)
+            raise
+        except Exception as exc:
+            self.finish_run("failed", str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}")
+            raise
+
     def execute(self) -> Run:
         """The whole experiment: calibrate, boot rounds until decided, calibrate again."""
-        run = self.start_run()
-        self.obs.run_started(run, self.plan)
-        try:
+        with self.recording("run") as run:
+            self.obs.run_started(run, self.plan)
             self.record_calibration("before")
             rows = self._hypothesis_rows()
             if self.spec.defaults.aa_check or self.aa_check:
                 self._aa_check(rows)
             self._sequential(rows)
             self.record_calibration("after")
-        except (KeyboardInterrupt, SystemExit) as exc:
-            why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
-            self.finish_run("interrupted", why)
-            raise
-        except HarnessError as exc:
-            self.finish_run("failed", str(exc))
-            raise
-        except Exception as exc:
-            self.finish_run("failed", f"{type(exc).__name__}: {exc}")
-            raise
         self.finish_run("done")
         return run
 
@@ -189,7 +189,7 @@ class Executor:
         for (key, metric), hyps in groups.items():
             base = self.states[key]
             replica = self.state_for(make_config(self.spec, base.planned.arm, replica=2))
-            self._boot_round([base, replica], d.boots_per_arm)
+            self.boot_round([base, replica], d.boots_per_arm)
             if base.failed or replica.failed:
                 self.obs.message(f"A/A check of {base.planned.label}: could not be measured")
                 continue
@@ -237,7 +237,7 @@ class Executor:
                     st = self.states[pc.key]
                     if st not in needed and st.failed is None:
                         needed.append(st)
-            self._boot_round(needed, target)
+            self.boot_round(needed, target)
             still = []
             for h in pending:
                 verdict = self._look(h, rows[h.id], design, alpha_each, force_final=target >= d.max_boots_per_arm)
@@ -246,14 +246,14 @@ class Executor:
             pending = still
             target += 1
 
-    def _boot_round(self, states: Sequence[ConfigState], target: int) -> None:
+    def boot_round(self, states: Sequence[ConfigState], target: int) -> None:
         """Boot each config up to ``target`` good boots, one boot each per pass (A B A B)."""
         retries = self.spec.defaults.boot_retries
+        cap = self.spec.defaults.max_boots_per_arm + retries + 1
         while True:
             todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
             if not todo:
                 return
-            cap = self.spec.defaults.max_boots_per_arm + retries + 1
             for st in todo:
                 if st.failed is None and len(st.good_boots) < target:
                     self.boot(st)
@@ -268,37 +268,41 @@ class Executor:
 
     def _look(self, h: PlannedHypothesis, row: HypothesisRow, design: stats.Design, alpha: float,
               *, force_final: bool) -> VerdictRow:
-        b, t = self.states[h.baseline.key], self.states[h.treatment.key]
-        warnings = self._warnings(b, t)
-        failed = [s for s in (b, t) if s.failed]
-        if failed:
-            which = " and ".join(f"{'baseline' if s is b else 'treatment'} ({s.failed})" for s in failed)
-            verdict = VerdictRow(hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True,
-                                 test="none", alpha=alpha, reason=f"could not be measured: {which}",
-                                 warnings=warnings)
-        else:
-            bv = self.ledger.boot_values(b.good_boots, h.metric.name)
-            tv = self.ledger.boot_values(t.good_boots, h.metric.name)
-            if not bv.values or not tv.values:
-                verdict = VerdictRow(
-                    hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                    alpha=alpha, warnings=warnings,
-                    reason=f"metric {h.metric.name} has no values in {'baseline' if not bv.values else 'treatment'} "
-                           "boots (see the boots' source problems)")
-            else:
-                res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values],
-                                     expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha)
-                final = res.final or force_final
-                outcome = res.outcome.value
-                verdict = VerdictRow(
-                    hypothesis_id=row.id, outcome=outcome, final=final, ratio=res.ratio,
-                    ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
-                    p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason,
-                    baseline_boot_ids=list(bv.boot_ids), treatment_boot_ids=list(tv.boot_ids),
-                    warnings=warnings, stats=jsonable(dataclasses.asdict(res)))
+        verdict = self._judge(h, row, design, alpha, force_final=force_final)
         self.ledger.add(verdict)
         self.obs.verdict(h, verdict)
         return verdict
+
+    def _judge(self, h: PlannedHypothesis, row: HypothesisRow, design: stats.Design, alpha: float,
+               *, force_final: bool) -> VerdictRow:
+        b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+        warnings = self._warnings(b, t)
+
+        def undecided(reason: str, **ids) -> VerdictRow:
+            return VerdictRow(hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
+                              alpha=alpha, reason=reason, warnings=warnings, **ids)
+
+        failed = [s for s in (b, t) if s.failed]
+        if failed:
+            which = " and ".join(f"{'baseline' if s is b else 'treatment'} ({s.failed})" for s in failed)
+            return undecided(f"could not be measured: {which}")
+        bv = self.ledger.boot_values(b.good_boots, h.metric.name)
+        tv = self.ledger.boot_values(t.good_boots, h.metric.name)
+        if not bv.values or not tv.values:
+            return undecided(f"metric {h.metric.name} has no values in {'baseline' if not bv.values else 'treatment'} "
+                             "boots (see the boots' source problems)")
+        ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+        try:
+            res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values],
+                                 expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha)
+        except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
+            return undecided(f"metric {h.metric.name} cannot be compared: {exc}. Pick a metric with positive, "
+                             "varying values (a rate, a latency, a count per sample)", **ids)
+        return VerdictRow(
+            hypothesis_id=row.id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
+            ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
+            p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
+            stats=jsonable(dataclasses.asdict(res)), **ids)
 
     def _warnings(self, b: ConfigState, t: ConfigState) -> list[str]:
         """Marked boots on either side, and every way the two sides' hosts differed."""
@@ -357,7 +361,7 @@ class Executor:
                     time.sleep(preset.settle_s)  # the engine's own warmup after its health check passes
                 info = self._verify(boot, server, pc, base_url)
                 self.ledger.commit()
-                if "fatal" in boot.status:
+                if boot.status == "fatal":
                     raise UserError(boot.failure or "a boot check failed")
                 client.warmup(base_url, spec.benchmark)
                 collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
@@ -384,16 +388,16 @@ class Executor:
             st.consecutive_failures = 0
         except (BootFailed, ConfigFailure) as exc:
             boot.status, boot.failure = "failed", str(exc)
-            boot.log_tail = exc.log_tail or _tail_file(log_path)
+            boot.log_tail = exc.log_tail or read_tail(log_path)
             st.consecutive_failures += 1
         except (httpx.HTTPError, RuntimeError) as exc:
             boot.status, boot.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
-            boot.log_tail = _tail_file(log_path)
+            boot.log_tail = read_tail(log_path)
             st.consecutive_failures += 1
         except (KeyboardInterrupt, SystemExit):
             if boot.status == "running":  # its finished samples stay; the boot is not used by a verdict
                 boot.status, boot.failure = "interrupted", "the harness was interrupted during this boot"
-            boot.log_tail = _tail_file(log_path)
+            boot.log_tail = read_tail(log_path)
             raise
         finally:
             boot.finished_at = utcnow()
@@ -425,7 +429,9 @@ class Executor:
                 boot.status = "excluded"
             elif mode == "fatal":
                 boot.status = "fatal"
-                boot.failure = f"{mark}: {what.describe()} (defaults.{mark.split('_')[0]}_check is fatal)"
+                key = f"defaults.{mark.split('_')[0]}_check"
+                boot.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
+                                f"or set {key}: mark to measure and flag such boots)")
         return info
 
 
@@ -490,13 +496,6 @@ def fetch_server_info(base_url: str, paths: Sequence[str]) -> dict | None:
         except (httpx.HTTPError, ValueError):
             continue
     return None
-
-
-def _tail_file(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _arm_dict(arm) -> dict:

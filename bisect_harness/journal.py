@@ -8,14 +8,14 @@ traces to rows: verdict -> boots -> samples, with each boot's provenance.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import jinja2
+from sqlalchemy import select
 
 from . import stats
-from .ledger import Boot, Ledger, Run
+from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
 
@@ -182,13 +182,11 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
         configs.append({
             "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
-            "subject": "", "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
             "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
             "log_tail": (c.log_tail or "").strip(), "boots": boots})
     cals = []
-    from .ledger import Calibration, Bisection
-    from sqlalchemy import select
-    for cal in ledger.session.scalars(select(Calibration).where(Calibration.run_id == run.id)).all():
+    for cal in run.calibrations:
         cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
     bisections = []
     for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():

@@ -11,7 +11,6 @@ harness is refused rather than misread.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -318,10 +317,11 @@ class Ledger:
             raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
         return run
 
-    def boot_values(self, boots: Iterable[Boot], metric: str, *, include_marked: bool = True) -> BootValues:
+    def boot_values(self, boots: Iterable[Boot], metric: str) -> BootValues:
+        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out."""
         ids, values = [], []
         for boot in boots:
-            if boot.status != "ok" and not (include_marked and boot.status == "marked"):
+            if boot.status != "ok":
                 continue
             vals = tuple(float(s.metrics[metric]) for s in boot.samples
                          if metric in s.metrics and s.metrics[metric] is not None)
@@ -349,13 +349,6 @@ class Ledger:
                 out.append((cfg.run, cfg.commit, ok))
         return out
 
-    def bisection_for(self, good: str, bad: str, metric: str, spec_hash: str) -> Bisection | None:
-        q = (select(Bisection).join(Run, Run.id == Bisection.run_id)
-             .where(Bisection.good == good, Bisection.bad == bad, Bisection.metric == metric,
-                    Run.spec_hash == spec_hash)
-             .order_by(Bisection.id.desc()))
-        return self.session.scalars(q).first()
-
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
@@ -363,7 +356,3 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)

@@ -49,6 +49,11 @@ class Metric:
     better: Better
     description: str = ""
 
+    @property
+    def worse(self) -> Expect:
+        """The direction a regression moves this metric's value (tok/s: decrease)."""
+        return Expect.DECREASE if self.better is Better.HIGHER else Expect.INCREASE
+
 
 #: Metrics every benchmark sample carries (from the streaming client).
 CLIENT_METRICS: dict[str, Metric] = {

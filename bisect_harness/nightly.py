@@ -15,13 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bisect_runner import BisectOutcome, search_commits
-from .checkout import Workspace, default_cache_dir
-from .errors import UserError
+from .bisect_runner import BisectOutcome, engine_workspace, search_commits
 from .executor import Executor, Observer, host_drift
 from .ledger import Ledger
-from .model import Arm, Better, Expect
-from .plan import Plan, engine_repo, make_config, series_key
+from .model import Arm, Expect
+from .plan import Plan, make_config, series_key
 from .spec import Spec
 from .stats import Shift, detect_shift
 
@@ -60,30 +58,18 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
                 alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
                 confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
                 observer: Observer | None = None, calibrate: bool = True) -> tuple[NightlyOutcome, Executor]:
-    metrics = spec.metrics()
-    if metric not in metrics:
-        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
-    worse = Expect.DECREASE if metrics[metric].better is Better.HIGHER else Expect.INCREASE
-    cache_dir = cache_dir or default_cache_dir()
-    repo = engine_repo(spec, cache_dir)
-    if repo is None:
-        raise UserError(f"{spec.path.name} has no engine.repo: a nightly run follows the engine's newest commit")
-    ws = Workspace(repo, cache_dir)
+    m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "a nightly run")
     sha = ws.resolve(rev, where="--rev")
     plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
     ex = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate)
-    run = ex.start_run(kind="nightly")
-    try:
+    with ex.recording("nightly") as run:
         ex.record_calibration("before")
         arm = Arm(commit=sha, env=dict(spec.engine.env), flags=dict(spec.engine.flags))
         st = ex.state_for(make_config(spec, arm))
-        ex._boot_round([st], spec.defaults.boots_per_arm)
-        outcome = _judge(ex, ledger, st, sha, arm, metric, worse, min_effect=min_effect, alpha=alpha,
+        ex.boot_round([st], spec.defaults.boots_per_arm)
+        outcome = _judge(ex, ledger, st, sha, arm, metric, m.worse, min_effect=min_effect, alpha=alpha,
                          window=window, bisect=bisect, max_boots=max_boots, confidence=confidence)
         ex.record_calibration("after")
-    except BaseException as exc:
-        ex.finish_run("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed", str(exc))
-        raise
     run.summary = outcome.to_json()
     ex.finish_run("alert" if outcome.alert else "done")
     return outcome, ex

@@ -12,13 +12,11 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
-
 from . import presets
 from .checkout import Workspace, default_cache_dir
-from .errors import CommitError, SpecError
+from .errors import CommitError
 from .model import Arm, Metric
 from .spec import HypothesisSpec, Spec
 
@@ -61,7 +59,6 @@ class Plan:
     configs: tuple[PlannedConfig, ...]
     hypotheses: tuple[PlannedHypothesis, ...]
     cache_dir: Path
-    subjects: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def preset(self) -> presets.Preset:
@@ -155,13 +152,6 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)
         t = configs.setdefault(t.key, t)
-        if h.metric not in metrics:
-            raise SpecError(f"unknown metric {h.metric!r}", key=f"hypotheses[{i}].metric", line=h.line)
         hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
-    subjects = {}
-    if ws is not None:
-        for c in configs.values():
-            if c.arm.commit:
-                subjects[c.arm.commit] = ws.subject(c.arm.commit)
     return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
-                cache_dir=cache_dir, subjects=subjects)
+                cache_dir=cache_dir)

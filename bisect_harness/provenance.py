@@ -35,10 +35,9 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import SpecError
-from .model import CLIENT_METRICS, BenchmarkSpec, Better, Expect, FlagValue, Metric
+from .errors import SpecError, UserError
+from .model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
@@ -355,7 +355,7 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     r.typed(preset_name, "engine.preset", (str,), "a preset name")
     try:
         preset = presets.get_preset(preset_name)
-    except Exception as exc:  # UserError from presets names the known ones
+    except UserError as exc:  # names the known presets
         raise r.doc.error("engine.preset", str(exc)) from None
     repo = None
     if "repo" in e:
@@ -377,10 +377,12 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     r.typed(timeout, "engine.ready_timeout_s", (int, float), "a number of seconds")
     if timeout <= 0:
         raise r.doc.error("engine.ready_timeout_s", "must be positive")
-    info = e.get("server_info", list(preset.server_info_paths))
-    if isinstance(info, str):
-        info = [info]
-    r.typed(info, "engine.server_info", (list,), "a path or a list of paths")
+    if e.get("server_info") is not None:
+        r.typed(e["server_info"], "engine.server_info", (str, list), "a path or a list of paths")
+    try:  # the preset's paths, or the file's (one path or a list; [] turns server info off)
+        info = presets.server_info_candidates(preset, e.get("server_info"))
+    except UserError as exc:
+        raise r.doc.error("engine.server_info", str(exc)) from None
     cwd = e.get("cwd")
     if cwd is not None:
         r.typed(cwd, "engine.cwd", (str,), "a folder (placeholders allowed)")
@@ -393,14 +395,14 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         try:
             source = sources.parse_source(m, key)
         except SpecError as exc:
-            raise r.doc.error(exc.key or key, str(exc).split(": ", 1)[-1] if exc.key else str(exc)) from None
+            raise r.doc.error(exc.key or key, exc.message) from None
         if source.metric.name in seen:
             raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
         seen.add(source.metric.name)
         metrics.append(source)
     return EngineSpec(
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
-        ready_timeout_s=float(timeout), server_info=tuple(str(p) for p in info),
+        ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
         metrics=tuple(metrics))
 

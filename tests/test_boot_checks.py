@@ -78,3 +78,29 @@ def test_aa_check_refuses_effects_below_the_noise_floor(tmp_path):
     assert "A/A check" in proc.stderr
     # the power check spent the baseline and its replica, and nothing on the refused treatment
     assert not [1 for _, _, env in boots(tmp_path) if "DEMO_UNUSED" in env]
+
+
+def test_a_metric_that_cannot_be_compared_gives_a_recorded_verdict_not_a_crash(tmp_path):
+    # demo_running_requests is 0 once a sample's requests are done: there is no ratio to test.
+    spec = textwrap.dedent("""\
+        version: 1
+        engine:
+          preset: demo
+          metrics:
+            - {name: running, from: prometheus, metric: demo_running_requests, kind: gauge, better: lower}
+        benchmark: {prompt_tokens: 16, output_tokens: 16, requests_per_sample: 1, warmup_requests: 0}
+        defaults: {samples_per_boot: 1, boots_per_arm: 2, max_boots_per_arm: 2}
+        hypotheses:
+          - id: running
+            baseline: {commit: HEAD}
+            treatment: {commit: HEAD, flags: {attention-mode: decode}}
+            metric: running
+            expect: decrease
+            min_effect: 10%
+        """)
+    proc = harness(tmp_path, spec)
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])["hypotheses"][0]
+    assert verdict["verdict"] == "inconclusive"
+    assert "metric running cannot be compared" in verdict["reason"] and "positive" in verdict["reason"]
+    assert verdict["boots"] == {"baseline": 2, "treatment": 2}

@@ -21,11 +21,12 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bisect_harness.demo import (DEMO_LAUNCH, DemoHistory, create_demo_repo, ensure_demo_repo,
-                                 read_demo_history)
+from bisect_harness.demo import DemoHistory, create_demo_repo, ensure_demo_repo, read_demo_history
+from bisect_harness.presets import get_preset
 
 pytestmark = pytest.mark.slow
 
+DEMO_LAUNCH = get_preset("demo")  # the harness builds and boots the demo exactly so
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 BOOT_TIMEOUT_S = 90.0
@@ -89,7 +90,7 @@ def boot(path: Path, *flags: str, env: dict[str, str] | None = None):
             assert proc.poll() is None, f"server exited early:\n{server.log_text()}"
             assert time.monotonic() < deadline, f"server not ready:\n{server.log_text()}"
             with contextlib.suppress(httpx.TransportError):
-                if server.client.get(DEMO_LAUNCH.health).status_code == 200:
+                if server.client.get(DEMO_LAUNCH.health_path).status_code == 200:
                     break
             time.sleep(0.2)
         yield server

@@ -173,7 +173,7 @@ def test_a_source_that_never_matches_is_reported_not_zero(live):
             assert len(b.source_problems) == 1, b.source_problems
             problem = b.source_problems[0]
             assert problem.startswith("log source 'recycled'") and NEVER_PATTERN in problem
-    assert f"log source 'recycled': 2 problem(s) over 2 sample(s): no new line of" in live.journal
+    assert "log source 'recycled': 2 problem(s) over 2 sample(s): no new line of" in live.journal
     assert live.journal.count("log source 'recycled'") == 10, "one line per boot"
 
 

@@ -128,3 +128,13 @@ def test_yaml_merge_keys(tmp_path):
                  .replace("    treatment: {env: {NCCL_ALGO: Ring}}",
                           "    treatment: {<<: *base, env: {NCCL_ALGO: Ring}}"), tmp_path)
     assert spec.hypotheses[0].treatment.env == {"NCCL_ALGO": "Ring"}
+
+
+def test_server_info_paths_are_checked(tmp_path):
+    spec = parse(GOOD.replace("  flags: {tp: 2}", "  flags: {tp: 2}\n  server_info: /info"), tmp_path)
+    assert spec.engine.server_info == ("/info",)
+    with pytest.raises(SpecError, match="starting with '/'") as err:
+        parse(GOOD.replace("  flags: {tp: 2}", "  flags: {tp: 2}\n  server_info: [info]"), tmp_path)
+    assert err.value.key == "engine.server_info"
+    with pytest.raises(SpecError, match="a path or a list"):
+        parse(GOOD.replace("  flags: {tp: 2}", "  flags: {tp: 2}\n  server_info: 7"), tmp_path)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..checkout import default_cache_dir
 from ..errors import InfrastructureError
 from .history import STEPS, apply_step, base_files
 
@@ -43,26 +44,6 @@ class DemoHistory:
 
     def index(self, sha: str) -> int:
         return self.shas.index(sha)
-
-
-@dataclass(frozen=True)
-class DemoLaunch:
-    """How the harness builds and boots the demo engine in a commit's worktree.
-
-    Argv templates use the harness placeholders ``{python}``, ``{host}``, ``{port}``;
-    ``cwd`` is the worktree.
-    """
-
-    launch: tuple[str, ...] = ("{python}", "serve.py", "--host", "{host}", "--port", "{port}")
-    build: tuple[str, ...] = ("{python}", "build.py")
-    cwd: str = "{worktree}"
-    health: str = "/health"
-    server_info: tuple[str, ...] = ("/server_info",)
-    metrics_path: str = "/metrics"
-    ready_timeout_s: float = 120.0
-
-
-DEMO_LAUNCH = DemoLaunch()
 
 
 def _git_env() -> dict[str, str]:
@@ -135,15 +116,6 @@ def read_demo_history(path: Path | str) -> DemoHistory:
                                   f"({exc}); delete it and let it be created again") from exc
     return DemoHistory(path=path, shas=tuple(marker["shas"]), messages=tuple(marker["messages"]),
                        events=dict(marker["events"]))
-
-
-def default_cache_dir() -> Path:
-    """``$BISECT_HARNESS_CACHE``, else ``$XDG_CACHE_HOME/bisect-harness``, else ``~/.cache/bisect-harness``."""
-    if os.environ.get("BISECT_HARNESS_CACHE"):
-        return Path(os.environ["BISECT_HARNESS_CACHE"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "bisect-harness"
-    return Path.home() / ".cache" / "bisect-harness"
 
 
 def ensure_demo_repo(cache_dir: Path | None = None) -> Path:
