@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from . import host_state
 from .bisection import BisectionSearch, BisectResult, StopReason
 from .checkout import Workspace, default_cache_dir
 from .errors import UserError
@@ -37,12 +38,14 @@ class BisectOutcome:
     skipped: tuple[str, ...]
     stopped: str
     bisection_id: int
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
                 "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
                 "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
-                "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id}
+                "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
+                "warnings": list(self.warnings)}
 
 
 def _boot_means(ledger: Ledger, boots, metric: str) -> list[float]:
@@ -92,13 +95,18 @@ def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, me
         st = executor.state_for(configs[probe.commit])
         before = len(st.boots)
         got: list[float] = []
-        for _ in range(probe.boots):
+        left, rebooted = probe.boots, 0
+        while left > 0:
+            left -= 1
             if st.failed:
                 break
             boot = executor.boot(st)
             new_boots += 1
             if boot.status == "ok":
                 got += _boot_means(ledger, [boot], metric)
+            elif executor.retries(boot) and rebooted < probe.boots and new_boots < max_boots:
+                rebooted += 1  # host_check retry: a busy boot is booted again, within the budget
+                left += 1
             elif st.consecutive_failures > spec.defaults.boot_retries:
                 st.failed = st.failed or boot.failure or "boot failed"
         note = executor.ws.subject(probe.commit) if executor.ws else ""
@@ -120,16 +128,30 @@ def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, me
     outcome = BisectOutcome(
         culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
-        skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id)
+        skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id,
+        warnings=tuple(_host_warnings(executor, configs.values())))
     bis.status = "done" if res.stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome
 
 
+def _host_warnings(executor: Executor, configs) -> list[str]:
+    """Busy boots of the bisection's commits, a busy preflight, noisy calibration."""
+    out = host_state.calibration_warnings([executor.run], executor.spec.defaults.host_thresholds)
+    for pc in configs:
+        st = executor.states.get(pc.key)
+        for boot in st.boots if st else ():
+            rec = host_state.BootContention.of(boot)
+            if rec is not None and rec.busy:
+                out.append(host_state.busy_sentence(f"boot {boot.id} ({pc.arm.commit[:12]}, {boot.status})", rec))
+    return out
+
+
 def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
                  max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
-                 observer: Observer | None = None) -> tuple[BisectOutcome, Executor]:
+                 observer: Observer | None = None, wait_quiet_s: float | None = None
+                 ) -> tuple[BisectOutcome, Executor]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
     m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "bisection")
     good_sha = ws.resolve(good, where="--good")
@@ -138,7 +160,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
         raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
     commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
     plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
-    executor = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False)
+    executor = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s)
     with executor.recording("bisect"):
         outcome = search_commits(executor, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
                                  expect=m.worse, confidence=confidence, max_boots=max_boots)

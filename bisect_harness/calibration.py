@@ -506,6 +506,7 @@ class Doctor:
     samples: SamplerSummary | None
     warnings: tuple[Drift, ...]
     note: str = ""
+    contention: Mapping[str, Any] | None = None  # contention.Window.to_dict() of a window before calibrating
 
     @property
     def ok(self) -> bool:
@@ -515,7 +516,8 @@ class Doctor:
         return {"schema_version": SCHEMA_VERSION, "ok": self.ok, "host": self.host.to_dict(),
                 "calibration": self.calibration.to_dict() if self.calibration else None,
                 "samples": self.samples.to_dict() if self.samples else None,
-                "warnings": [w.to_dict() for w in self.warnings], "note": self.note}
+                "warnings": [w.to_dict() for w in self.warnings], "note": self.note,
+                "contention": dict(self.contention) if self.contention else None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Doctor":
@@ -523,29 +525,47 @@ class Doctor:
         return cls(HostInfo.from_dict(d["host"]),
                    Calibration.from_dict(d["calibration"]) if d.get("calibration") else None,
                    SamplerSummary.from_dict(d["samples"]) if d.get("samples") else None,
-                   tuple(Drift.from_dict(w) for w in d["warnings"]), d.get("note", ""))
+                   tuple(Drift.from_dict(w) for w in d["warnings"]), d.get("note", ""), d.get("contention"))
 
 
 def doctor_report(*, seconds_budget: float = 3.0, device: str = "auto",
                   engine_repo: Path | None = None, run_calibration: bool = True,
-                  sample_interval_s: float = 0.25) -> Doctor:
-    """Snapshot the host, calibrate it while sampling clocks and thermals (so
-    "clocks held low" is judged under load), and list what looks wrong."""
+                  sample_interval_s: float = 0.25, contention_s: float = 2.0,
+                  thresholds: Any | None = None) -> Doctor:
+    """Snapshot the host, watch it for ``contention_s`` seconds (foreign CPU, pressure,
+    run queue, steal, other GPU processes), calibrate it while sampling clocks and
+    thermals (so "clocks held low" is judged under load), and list what looks wrong:
+    contention and a calibration spread above ``thresholds`` (``contention.Thresholds``)
+    are warnings, as they are for a run's boots."""
+    from . import contention
+
+    thresholds = thresholds or contention.Thresholds()
     host = collect_host(engine_repo)
     cal = None
     samples = None
+    window = contention.sample_host(contention_s) if contention_s > 0 else None
     if run_calibration:
         with GpuSampler(sample_interval_s) as sampler:
             cal = calibrate(device, seconds_budget)
         samples = sampler.summary()
     warnings = host_warnings(host, samples)
+    if window is not None:
+        for c in contention.judge(window, thresholds):
+            warnings.append(Drift(f"contention.{c.figure}", round(c.value, 4), None, Severity.WARNING,
+                                  f"host busy: {c.message}"))
+    for m in cal.measurements if cal is not None else ():
+        if m.spread > thresholds.calibration_spread:
+            warnings.append(Drift(f"calibration.{m.key}.spread", round(m.spread, 4), None, Severity.WARNING,
+                                  f"calibration {m.key} varied {m.spread:.0%} between repetitions "
+                                  f"(> {thresholds.calibration_spread:.0%}): the host is not quiet"))
     notes = []
     if host.cpu_governor not in (None, "performance"):
         warnings.append(Drift("cpu_governor", host.cpu_governor, None, Severity.INFO,
                               f"CPU governor is {host.cpu_governor!r}, not 'performance'"))
     if not host.gpus:
         notes.append(host.gpu_note)
-    return Doctor(host, cal, samples, tuple(warnings), "; ".join(n for n in notes if n))
+    return Doctor(host, cal, samples, tuple(warnings), "; ".join(n for n in notes if n),
+                  window.to_dict() if window is not None else None)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -585,6 +605,13 @@ def render_doctor_text(doctor: Doctor) -> str:
                 f"persistence {g.persistence_mode}")
     else:
         lines.append(f"gpus      none: {h.gpu_note}")
+    if doctor.contention:
+        from .contention import Window, summary_line
+
+        w = Window.from_dict(doctor.contention)
+        lines.append(f"contention {summary_line(w)}")
+        for p in w.details.get("top_foreign", [])[:5]:
+            lines.append(f"  foreign  {p['name']} (pid {p['pid']}) {p['cores']:.2f} cores")
     cal = doctor.calibration
     if cal is not None:
         lines.append(f"calibration ({cal.device}, {cal.elapsed_s:.1f} s, {cal.threads} threads)")

@@ -25,9 +25,9 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, presets, provenance, stats
+from . import __version__, calibration, client, contention, host_state, presets, provenance, stats
 from .checkout import Workspace, read_tail
-from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, UserError
+from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
 from .model import Outcome
 from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config, series_key
@@ -71,7 +71,7 @@ class Executor:
     """Runs a plan on this machine against a ledger."""
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
-                 calibrate: bool = True, aa_check: bool = False):
+                 calibrate: bool = True, aa_check: bool = False, wait_quiet_s: float | None = None):
         self.plan = plan
         self.spec = plan.spec
         self.ledger = ledger
@@ -86,6 +86,8 @@ class Executor:
         self.host_fp: str | None = None
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
+        self.wait_quiet_s = wait_quiet_s  # --wait-quiet: wait up to this long for a quiet host first
+        self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
 
     # ------------------------------------------------------------------ run
 
@@ -101,7 +103,39 @@ class Executor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for pc in self.plan.configs:
             self.state_for(pc)
+        self.preflight()
         return self.run
+
+    def preflight(self) -> contention.Window | None:
+        """Watch the host before the first boot; say so when it is busy (naming the
+        busiest foreign processes), and with ``wait_quiet_s`` wait for a quiet window.
+        The window is recorded as the run's ``preflight`` calibration row."""
+        d = self.spec.defaults
+        seconds = d.host_preflight_s
+        if seconds <= 0 and not self.wait_quiet_s:
+            return None
+        seconds = seconds or 2.0
+        t0 = time.monotonic()
+        if self.wait_quiet_s:
+            quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
+                                                  say=self.obs.message)
+        else:
+            window = contention.sample_host(seconds)
+        crossed = contention.judge(window, d.host_thresholds)
+        waited = time.monotonic() - t0
+        if crossed:
+            why = "; ".join(c.message for c in crossed)
+            self.obs.message(f"host busy before the first boot ({why}); the boots' figures will say how busy "
+                             f"each one was. Use --wait-quiet to wait for a quiet host, or defaults.host_check "
+                             f"(now {d.host_check}) to act on busy boots.")
+        elif self.wait_quiet_s:
+            self.obs.message(f"host quiet after {waited:.0f} s")
+        self.ledger.add(Calibration(run_id=self.run.id, phase="preflight", host_fingerprint=self.host_fp,
+                                    host=self.host, result={"contention": window.to_dict(),
+                                                            "crossed": [c.to_dict() for c in crossed],
+                                                            "waited_s": round(waited, 2),
+                                                            "thresholds": d.host_thresholds.to_dict()}))
+        return window
 
     def state_for(self, pc: PlannedConfig) -> ConfigState:
         st = self.states.get(pc.key)
@@ -120,6 +154,11 @@ class Executor:
             cal = calibration.calibrate(seconds_budget=2.0).to_dict()
         except Exception as exc:  # a probe that fails must not lose the run; record why
             cal = {"error": f"{type(exc).__name__}: {exc}"}
+        limit = self.spec.defaults.host_thresholds.calibration_spread
+        noisy = host_state.calibration_spreads(cal, limit)
+        cal["judged"] = {"spread_limit": limit, "noisy": noisy}
+        for sentence in noisy:
+            self.obs.message(f"calibration ({phase}): {sentence}")
         self.ledger.add(Calibration(run_id=self.run.id, phase=phase, host_fingerprint=self.host_fp,
                                     host=self.host, result=cal))
         return cal
@@ -313,6 +352,9 @@ class Executor:
                     out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
         for drift in host_drift(b.good_boots, t.good_boots):
             out.append(f"host drift: {drift.message}")
+        thresholds = self.spec.defaults.host_thresholds
+        out += host_state.contention_warnings({"baseline": b.boots, "treatment": t.boots}, thresholds)
+        out += host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)
         return out
 
     # ------------------------------------------------------------------ one boot
@@ -323,6 +365,7 @@ class Executor:
         spec = self.spec
         samples = spec.defaults.samples_per_boot
         seq = len(st.boots) + 1
+        self._wait_if_busy()
         self.obs.boot_started(pc, seq, samples)
         boot = Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                     host_fingerprint=self.host_fp)
@@ -366,8 +409,11 @@ class Executor:
                 client.warmup(base_url, spec.benchmark)
                 collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
                                             metrics_path=preset.metrics_path)
-                with provenance.GpuSampler(interval_s=1.0) as sampler:
+                with provenance.GpuSampler(interval_s=1.0) as sampler, \
+                        contention.Monitor(server_pid=server.pid) as monitor:
                     for i in range(samples):
+                        if i:
+                            monitor.split()  # one contention window per sample, and one for the boot
                         collector.begin_sample()
                         detail = client.measure_sample_detail(base_url, spec.benchmark)
                         result = detail.result
@@ -382,10 +428,13 @@ class Executor:
                     boot.marks = [*boot.marks, "source_unmatched"]
                 boot.provenance = {**boot.provenance, "gpu_sampling": sampler.summary().to_dict(),
                                    "host": provenance.collect_host(worktree, pc.arm.commit).to_dict()}
+                self._host_check(boot, monitor)
                 if boot.status == "running":
                     boot.status = "ok"
                 boot.log_tail = server.log_tail(40)
             st.consecutive_failures = 0
+            if boot.status == "fatal":
+                raise InfrastructureError(boot.failure)
         except (BootFailed, ConfigFailure) as exc:
             boot.status, boot.failure = "failed", str(exc)
             boot.log_tail = exc.log_tail or read_tail(log_path)
@@ -404,6 +453,46 @@ class Executor:
             self.ledger.commit()
             self.obs.boot_finished(pc, boot)
         return boot
+
+    def _host_check(self, boot: Boot, monitor: contention.Monitor) -> None:
+        """Store the boot's contention figures; when they crossed a threshold, mark the
+        boot ``host_busy`` and apply ``defaults.host_check`` (as ``_verify`` does for env)."""
+        d = self.spec.defaults
+        window = monitor.window()
+        crossed = contention.judge(window, d.host_thresholds)
+        boot.provenance = {**boot.provenance,
+                           "contention": host_state.record(window, monitor.samples(), crossed, d.host_thresholds)}
+        if not crossed:
+            return
+        boot.marks = [*boot.marks, host_state.HOST_BUSY]
+        why = "; ".join(c.message for c in crossed)
+        if d.host_check in ("exclude", "retry") and boot.status == "running":
+            boot.status = "excluded"
+            self._busy_before_next = d.host_check == "retry"
+        elif d.host_check == "fatal":
+            boot.status = "fatal"
+            boot.failure = (f"host_busy: {why} (defaults.host_check is fatal: stop the other jobs on this host, "
+                            "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
+
+    def retries(self, boot: Boot) -> bool:
+        """Whether ``boot`` was left out as busy under ``host_check: retry`` (so it is re-booted)."""
+        return (self.spec.defaults.host_check == "retry" and boot.status == "excluded"
+                and host_state.HOST_BUSY in (boot.marks or []))
+
+    def _wait_if_busy(self) -> None:
+        """host_check retry: before the boot after a busy one, wait for a quiet host
+        (up to ``defaults.host_wait_s``); the re-boot itself comes later in the round."""
+        if not self._busy_before_next:
+            return
+        self._busy_before_next = False
+        d = self.spec.defaults
+        if d.host_wait_s <= 0:
+            return
+        quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=d.host_wait_s,
+                                              window_s=max(1.0, d.host_preflight_s), say=self.obs.message)
+        if not quiet:
+            self.obs.message(f"host still busy after {d.host_wait_s:.0f} s; booting anyway "
+                             f"({contention.summary_line(window)})")
 
     def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str) -> dict | None:
         """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""

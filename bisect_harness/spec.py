@@ -18,11 +18,13 @@ from typing import Any, Mapping
 
 import yaml
 
+from .contention import Thresholds
 from .errors import SpecError, UserError
 from .model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
+HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,6 +58,10 @@ class Defaults:
     flag_check: str = "mark"
     aa_check: bool = False
     boot_retries: int = 1
+    host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
+    host_thresholds: Thresholds = field(default_factory=Thresholds)
+    host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
+    host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
 
 
 @dataclass(frozen=True)
@@ -452,6 +458,26 @@ def _defaults(r: _Reader, value) -> Defaults:
             kwargs[name] = d[name]
     if "aa_check" in d:
         kwargs["aa_check"] = r.typed(d["aa_check"], "defaults.aa_check", (bool,), "true or false")
+    if "host_check" in d:
+        if d["host_check"] not in HOST_CHECK_MODES:
+            raise r.doc.error("defaults.host_check",
+                              f"must be one of {', '.join(HOST_CHECK_MODES)}, got {d['host_check']!r}")
+        kwargs["host_check"] = d["host_check"]
+    for name in ("host_preflight_s", "host_wait_s"):
+        if name in d:
+            v = r.typed(d[name], f"defaults.{name}", (int, float), "a number of seconds")
+            if v < 0:
+                raise r.doc.error(f"defaults.{name}", f"must not be negative, got {v}")
+            kwargs[name] = float(v)
+    if "host_thresholds" in d:
+        t = r.mapping(d["host_thresholds"], "defaults.host_thresholds", Thresholds.names())
+        limits = {}
+        for name, v in t.items():
+            r.typed(v, f"defaults.host_thresholds.{name}", (int, float), "a number")
+            if v < 0:
+                raise r.doc.error(f"defaults.host_thresholds.{name}", f"must not be negative, got {v}")
+            limits[name] = float(v)
+        kwargs["host_thresholds"] = Thresholds(**limits)
     out = Defaults(**kwargs)
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",
