@@ -30,6 +30,10 @@ app.add_typer(ledger_app, name="ledger")
 
 LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy URL of the ledger.")
 JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
+#: ``--wait-quiet`` without a value waits this long at most (see ``_wait_quiet_value``).
+WAIT_QUIET_DEFAULT_S = 600.0
+WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
+                              help="Before the first boot, wait up to SECONDS (600 without a value) for a quiet host.")
 
 
 def _console(json_mode: bool) -> Console:
@@ -64,7 +68,7 @@ class _ProgressObserver:
 
     def boot_finished(self, config, boot) -> None:
         if self.task is not None:
-            status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
+            status = boot.status + (f" \\[{', '.join(boot.marks)}]" if boot.marks else "")
             self.progress.update(self.task, description=f"boot {boot.seq} {config.label[:48]}: {status}")
             self.task = None
 
@@ -78,17 +82,20 @@ class _ProgressObserver:
 
 def _verdict_table(run) -> Table:
     t = Table(title=f"run {run.id}: verdicts")
-    for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t"):
+    from .journal import _checks_cell
+
+    for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
         t.add_column(col)
     for h in run.hypotheses:
         v = h.verdict
         if v is None:
-            t.add_row(h.hid, h.metric, "not decided", "", "", "", "")
+            t.add_row(h.hid, h.metric, "not decided", "", "", "", "", "")
             continue
         ci = f"[{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else "n/a"
         t.add_row(h.hid, h.metric, v.outcome, f"{v.ratio:.4f}" if v.ratio is not None else "n/a", ci,
                   f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
-                  f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}")
+                  f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
+                  _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")]).strip("*"))
     return t
 
 
@@ -121,6 +128,7 @@ def run(
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
     aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
                                   "refuse hypotheses whose min_effect is below what the run can resolve."),
+    wait_quiet: Optional[float] = WAIT_QUIET_OPT,
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from . import journal
@@ -143,7 +151,7 @@ def run(
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs:
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -184,6 +192,7 @@ def bisect(
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+    wait_quiet: Optional[float] = WAIT_QUIET_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
     from . import journal
@@ -196,7 +205,7 @@ def bisect(
     with Ledger(ledger) as led, _ProgressObserver(console) as obs:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
-                                        log_dir=journal_dir / "logs", observer=obs)
+                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet)
         path = journal.write(led, executor.run, journal_dir)
         console.print(f"journal: {path}")
         if result.culprit:
@@ -204,6 +213,8 @@ def bisect(
         else:
             console.print(f"no single culprit ({result.stopped}); candidates: "
                           + ", ".join(f"{c.commit[:12]} {c.probability:.2f}" for c in result.candidates[:5]))
+        for w in result.warnings:
+            console.print(f"  warning: {w}", markup=False)
         if json_out:
             print(json.dumps(result.to_json()))
 
@@ -223,6 +234,7 @@ def nightly(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
+    wait_quiet: Optional[float] = WAIT_QUIET_OPT,
 ) -> None:
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
@@ -238,7 +250,7 @@ def nightly(
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
-                                        calibrate=not no_calibration)
+                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet)
         console.print(f"journal: {journal.write(led, executor.run, journal_dir)}")
     console.print(f"{outcome.status}: {outcome.reason}")
     for d in outcome.drift:
@@ -329,11 +341,27 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
         Console().print(calibration.render_doctor_text(report), markup=False)
 
 
+def _wait_quiet_value(argv: list[str]) -> list[str]:
+    """``--wait-quiet`` may come without a value: give it the default (click options
+    take a value or none, not either)."""
+    out = []
+    for i, a in enumerate(argv):
+        out.append(a)
+        if a == "--wait-quiet":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            try:
+                float(nxt)
+            except ValueError:
+                out.append(str(WAIT_QUIET_DEFAULT_S))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place errors become exit codes."""
     from .server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
+    argv = _wait_quiet_value(list(sys.argv[1:] if argv is None else argv))
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:

@@ -541,8 +541,8 @@ def summary_line(window: Window) -> str:
         parts.append(f"steal {f['steal']:.1%}")
     if "gpu_foreign_processes" in f:
         parts.append(f"other GPU processes {f['gpu_foreign_processes']:.0f}")
-    for name, note in window.unavailable().items():
-        parts.append(f"{name} n/a ({note})")
+    for name in window.unavailable():
+        parts.append(f"{name} n/a")
     return "; ".join(parts) + f" over {window.seconds:.1f}s"
 
 

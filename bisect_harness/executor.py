@@ -122,7 +122,7 @@ class Executor:
         else:
             window = contention.sample_host(seconds)
         crossed = contention.judge(window, d.host_thresholds)
-        waited = time.monotonic() - t0
+        waited = time.monotonic() - t0 if self.wait_quiet_s else 0.0
         if crossed:
             why = "; ".join(c.message for c in crossed)
             self.obs.message(f"host busy before the first boot ({why}); the boots' figures will say how busy "
@@ -410,7 +410,7 @@ class Executor:
                 collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
                                             metrics_path=preset.metrics_path)
                 with provenance.GpuSampler(interval_s=1.0) as sampler, \
-                        contention.Monitor(server_pid=server.pid) as monitor:
+                        contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor:
                     for i in range(samples):
                         if i:
                             monitor.split()  # one contention window per sample, and one for the boot

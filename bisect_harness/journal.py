@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from . import stats
+from . import host_state, stats
 from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
@@ -76,13 +76,18 @@ def _checks_cell(warnings, drift) -> str:
     """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
     counts: dict[str, int] = {}
     for w in warnings or []:
-        if w.startswith("host drift"):
+        if not w.startswith(("baseline boot ", "treatment boot ")):
             continue
         for mark in w.split(": ", 1)[-1].split(", "):
             counts[mark] = counts.get(mark, 0) + 1
     parts = [f"{mark} x{n}" for mark, n in sorted(counts.items())]
     if drift:
         parts.append(f"host drift ({len(drift)})")
+    for prefix, label in (("contention differed", "contention differs"), ("calibration (", "calibration noisy"),
+                          ("host busy before the first boot", "busy at preflight")):
+        n = sum(1 for w in warnings or [] if w.startswith(prefix))
+        if n:
+            parts.append(label if n == 1 else f"{label} x{n}")
     return "**" + ", ".join(parts) + "**" if parts else "ok"
 
 
@@ -147,6 +152,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                   "message": _md(d.message)}
                  for d in host_drift(used_boots["baseline"], used_boots["treatment"])]
         claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
+        same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
         hyps.append({
             "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
             "outcome": v.outcome if v else "not decided",
@@ -159,6 +165,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
             "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
+            "same_host": same, "not_same": "; ".join(not_same),
             "checks": _checks_cell(v.warnings if v else [], drift)})
     configs = []
     for c in run.configs:
@@ -175,6 +182,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             sampled = (b.provenance or {}).get("gpu_sampling")
             if sampled:
                 details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
+            busy = host_state.boot_line(b)
+            if busy:
+                details.append(f"- contention during the benchmark: {_md(busy)}")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
                 "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
@@ -202,6 +212,20 @@ def _calibration_text(result: dict) -> str:
         return "not run"
     if "error" in result:
         return f"failed: {result['error']}"
+    if "contention" in result:  # the preflight: the host watched before the first boot
+        from .contention import Window, summary_line
+
+        text = f"host watched before the first boot: {summary_line(Window.from_dict(result['contention']))}"
+        if result.get("waited_s"):
+            text += f" (after waiting {result['waited_s']:.0f} s)"
+        crossed = result.get("crossed") or []
+        return text + ("; **busy**: " + "; ".join(c["message"] for c in crossed) if crossed else "; quiet")
+    if "measurements" in result:  # the figures, then the settings
+        figures = [f"{m['name']}@{m['device']} {_fmt(float(m['median']), 2)} {m['unit']} (spread {m['spread']:.1%} "
+                   f"over {len(m.get('values', []))} repetitions)" for m in result["measurements"]]
+        noisy = (result.get("judged") or {}).get("noisy") or []
+        settings = f"{result.get('device')}, {result.get('threads')} threads, {_fmt(result.get('elapsed_s'), 2)} s"
+        return "; ".join(figures) + f" [{settings}]" + ("; **" + "; ".join(noisy) + "**" if noisy else "")
     parts = []
     for k, v in result.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -230,6 +254,8 @@ def _bisection_view(bis, plots_dir: Path | None) -> dict:
     plot = None
     if plots_dir is not None and bis.probes:
         plot = _plot_bisection(bis, plots_dir)
+    if result.get("warnings"):
+        summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
     return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
             "probes": probes, "candidates": cands, "plot": plot}
 

@@ -57,11 +57,12 @@ class NightlyOutcome:
 def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = "tok_s", min_effect: float = 0.05,
                 alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
                 confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
-                observer: Observer | None = None, calibrate: bool = True) -> tuple[NightlyOutcome, Executor]:
+                observer: Observer | None = None, calibrate: bool = True,
+                wait_quiet_s: float | None = None) -> tuple[NightlyOutcome, Executor]:
     m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "a nightly run")
     sha = ws.resolve(rev, where="--rev")
     plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
-    ex = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate)
+    ex = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate, wait_quiet_s=wait_quiet_s)
     with ex.recording("nightly") as run:
         ex.record_calibration("before")
         arm = Arm(commit=sha, env=dict(spec.engine.env), flags=dict(spec.engine.flags))
