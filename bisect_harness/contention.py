@@ -432,7 +432,7 @@ class Thresholds:
 
     foreign_cpu_share: float = 0.25          # CPU outside our tree, share of the server's cores
     foreign_runnable_per_core: float = 0.5   # runnable foreign tasks per server core (mean)
-    cpu_pressure: float = 0.35               # PSI cpu "some": share of the window a task waited for CPU
+    cpu_pressure: float = 0.9                # PSI cpu "some": share of the window a task waited for CPU (host-wide)
     io_pressure: float = 0.25                # PSI io "some"
     memory_pressure: float = 0.10            # PSI memory "some"
     steal: float = 0.05                      # CPU time stolen by the hypervisor
