@@ -57,9 +57,11 @@ def stop(procs: list[subprocess.Popen]) -> None:
         p.wait(timeout=10)
 
 
-def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
+def run_with_burner(tmp_path, spec_text: str, busy_boot: int = BUSY_BOOT):
+    """``harness run --json`` with the test's burner running through boot ``busy_boot``
+    only; returns the finished process's (returncode, stdout, stderr) and the ledger path."""
     spec = tmp_path / "hypotheses.yaml"
-    spec.write_text(SPEC)
+    spec.write_text(spec_text)
     db = tmp_path / "r.db"
     out, err = open(tmp_path / "out.txt", "w+"), open(tmp_path / "err.txt", "w+")
     proc = subprocess.Popen([*HARNESS, "run", str(spec), "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
@@ -76,11 +78,11 @@ def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
                 return None
             return rows[0][0] if rows else None
 
-        wait_for(lambda: boot_status(BUSY_BOOT) or proc.poll() is not None, timeout=300, interval=0.05,
-                 what=f"boot {BUSY_BOOT} to start")
+        wait_for(lambda: boot_status(busy_boot) or proc.poll() is not None, timeout=300, interval=0.05,
+                 what=f"boot {busy_boot} to start")
         burn = burner(len(os.sched_getaffinity(0)))
-        wait_for(lambda: boot_status(BUSY_BOOT) not in (None, "running") or proc.poll() is not None, timeout=300,
-                 interval=0.05, what=f"boot {BUSY_BOOT} to finish")
+        wait_for(lambda: boot_status(busy_boot) not in (None, "running") or proc.poll() is not None, timeout=300,
+                 interval=0.05, what=f"boot {busy_boot} to finish")
         stop(burn)
         proc.wait(timeout=300)
     finally:
@@ -90,14 +92,24 @@ def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
             proc.wait(timeout=60)
     out.seek(0)
     err.seek(0)
-    stdout, stderr = out.read(), err.read()
-    assert proc.returncode == 0, stderr
+    return proc.returncode, out.read(), err.read(), db
 
-    rows = query(db, "select id, status, marks, provenance from boots order by id")
-    figures = {bid: json.loads(prov)["contention"] for bid, _, _, prov in rows}
-    seen = "\n".join(f"boot {bid}: crossed {figures[bid]['crossed']} figures {figures[bid]['window']['figures']}"
-                     for bid, *_ in rows)
-    busy = [bid for bid, _, marks, _ in rows if "host_busy" in json.loads(marks)]
+
+def recorded(db):
+    """Per boot: (id, status, marks, contention record), and a readable dump of the figures."""
+    rows = [(bid, status, json.loads(marks), json.loads(prov).get("contention"))
+            for bid, status, marks, prov in query(db, "select id, status, marks, provenance from boots order by id")]
+    seen = "\n".join(f"boot {bid} {status}: crossed {rec and rec['crossed']} figures {rec and rec['window']['figures']}"
+                     for bid, status, _, rec in rows)
+    return rows, seen
+
+
+def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
+    returncode, stdout, stderr, db = run_with_burner(tmp_path, SPEC)
+    assert returncode == 0, stderr
+    rows, seen = recorded(db)
+    figures = {bid: rec for bid, _, _, rec in rows}
+    busy = [bid for bid, _, marks, _ in rows if "host_busy" in marks]
     assert busy == [BUSY_BOOT], seen
     crossed = {c["figure"] for c in figures[BUSY_BOOT]["crossed"]}
     assert "foreign_cpu_share" in crossed, seen
@@ -120,6 +132,20 @@ def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
     assert "host_busy x1" in journal and "contention differs" in journal
     assert journal.count("**above thresholds**") == 1
     assert "host_busy" in stderr  # the CLI's verdict table and progress say it too
+
+
+def test_retry_leaves_the_busy_boot_out_and_boots_the_config_again(tmp_path):
+    spec = SPEC.replace("host_check: mark", "host_check: retry, host_wait_s: 30")
+    returncode, stdout, stderr, db = run_with_burner(tmp_path, spec)
+    assert returncode == 0, stderr
+    rows, seen = recorded(db)
+    status = {bid: (st, "host_busy" in marks) for bid, st, marks, _ in rows}
+    assert status[BUSY_BOOT] == ("excluded", True), seen
+    assert [bid for bid, (st, busy) in status.items() if busy] == [BUSY_BOOT], seen
+    assert len(rows) == 5 and all(st == "ok" for bid, (st, _) in status.items() if bid != BUSY_BOOT), seen
+    verdict = last_json(stdout)["hypotheses"][0]
+    assert verdict["boots"] == {"baseline": 2, "treatment": 2}  # the re-boot took the busy boot's place
+    assert any(w.startswith(f"host busy during treatment boot {BUSY_BOOT}: ") for w in verdict["warnings"])
 
 
 FAILING_ENGINE = textwrap.dedent("""\
