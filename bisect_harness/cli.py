@@ -255,6 +255,8 @@ def nightly(
     console.print(f"{outcome.status}: {outcome.reason}")
     for d in outcome.drift:
         console.print(f"  host drift: {d}")
+    for w in outcome.warnings:
+        console.print(f"  warning: {w}", markup=False)
     if json_out:
         print(json.dumps(outcome.to_json()))
     if outcome.alert:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bisect_runner import BisectOutcome, engine_workspace, search_commits
+from . import host_state
 from .executor import Executor, Observer, host_drift
 from .ledger import Ledger
 from .model import Arm, Expect
@@ -39,6 +40,7 @@ class NightlyOutcome:
     drift: tuple[str, ...]
     bisection: BisectOutcome | None
     reason: str
+    warnings: tuple[str, ...] = ()  # contention of either night's boots, noisy calibration, a busy preflight
 
     @property
     def alert(self) -> bool:
@@ -51,7 +53,7 @@ class NightlyOutcome:
                 "reference_commit": self.reference_commit,
                 "ratio": s.ratio if s else None, "ci": list(s.ci) if s else None, "p_value": s.p_value if s else None,
                 "drift": list(self.drift), "reason": self.reason,
-                "bisection": self.bisection.to_json() if self.bisection else None}
+                "bisection": self.bisection.to_json() if self.bisection else None, "warnings": list(self.warnings)}
 
 
 def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = "tok_s", min_effect: float = 0.05,
@@ -107,8 +109,12 @@ def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, wo
     reference = nights[-1][1]
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
     drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))
+    thresholds = ex.spec.defaults.host_thresholds
+    warnings = tuple(host_state.contention_warnings({"last night": last_boots, "tonight": st.boots}, thresholds)
+                     + host_state.calibration_warnings([run], thresholds))
     if not shift.regressed:
-        return NightlyOutcome(run.id, sha, metric, "ok", len(nights), shift, reference, drift, None, shift.reason)
+        return NightlyOutcome(run.id, sha, metric, "ok", len(nights), shift, reference, drift, None, shift.reason,
+                              warnings)
     outcome = None
     reason = shift.reason
     if bisect and reference and reference != sha:
@@ -119,4 +125,5 @@ def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, wo
                    else f"; bisection ended {outcome.stopped}")
     elif reference == sha:
         reason += "; same commit as the last night: the host or environment moved (see drift)"
-    return NightlyOutcome(run.id, sha, metric, "regression", len(nights), shift, reference, drift, outcome, reason)
+    return NightlyOutcome(run.id, sha, metric, "regression", len(nights), shift, reference, drift, outcome, reason,
+                          warnings)
