@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     rates: dict[str, list[float]] = {"quiet": [], "busy": []}
     spreads: dict[str, list[float]] = {"quiet": [], "busy": []}
     crossed: dict[str, set] = {}
+    neighbours: dict[str, set] = {}  # the busiest foreign processes seen: in "quiet", someone else's jobs
     with tempfile.TemporaryDirectory(prefix="bench-contention-") as tmp:
         tmp = Path(tmp)
         hist = create_demo_repo(tmp / "engine")
@@ -120,6 +121,8 @@ def main(argv=None) -> int:
                             pids = []
                         for kind, w in windows.items():
                             rows.setdefault((state, kind), []).append(dict(w.figures))
+                            for p in w.details.get("top_foreign", [])[:3]:
+                                neighbours.setdefault(f"{state}/{kind}", set()).add(p["name"])
                             crossed.setdefault(f"{state}/{kind}", set()).update(
                                 c.figure for c in contention.judge(w, thresholds))
                         print(f"trial {trial + 1}/{args.trials} {state:<5} load {rate:6.1f} tok/s  "
@@ -140,6 +143,7 @@ def main(argv=None) -> int:
         "figures": med, "tok_s_busy_over_quiet": round(b / q, 3),
         "calibration_spread": {s: round(statistics.median(v), 4) for s, v in spreads.items()},
         "crossed_default_thresholds": {k: sorted(v) for k, v in crossed.items()},
+        "top_foreign_names": {k: sorted(v) for k, v in neighbours.items()},
         "thresholds": thresholds.to_dict()}))
     return 0
 
