@@ -259,3 +259,8 @@ def test_calibration_spread_is_judged():
     out = host_state.calibration_spreads(result, 0.10)
     assert out == ["matmul@cpu varied 20% between repetitions (> 10%): the host was not quiet while it was "
                    "calibrated"]
+
+
+def test_a_crossing_never_reads_as_equal_to_its_limit():
+    (x,) = c.judge(c.Window(1.0, 2, {"cpu_pressure": 0.9003}, {}), c.Thresholds())
+    assert x.message.endswith("90.0% > 90%")
