@@ -514,7 +514,7 @@ def judge(window: Window, thresholds: Thresholds) -> list[Crossing]:
             continue
         shown, lim = _fmt_value(name, v), _fmt_value(name, limit)
         if shown == lim:  # 90.3% > 90%: show the digit that makes the sentence true
-            shown = f"{v:.1%}" if "%" in lim else f"{v:.3f}"
+            shown = f"{v:.2%}" if "%" in lim else f"{v:.3f}"
         msg = f"{what} {shown} > {lim}"
         if name == "foreign_cpu_share":
             msg += f" ({window.figures.get('foreign_cpu', 0):.2f} of {window.cores} cores"

@@ -263,4 +263,4 @@ def test_calibration_spread_is_judged():
 
 def test_a_crossing_never_reads_as_equal_to_its_limit():
     (x,) = c.judge(c.Window(1.0, 2, {"cpu_pressure": 0.9003}, {}), c.Thresholds())
-    assert x.message.endswith("90.0% > 90%")
+    assert x.message.endswith("90.03% > 90%")
