@@ -264,3 +264,13 @@ def test_calibration_spread_is_judged():
 def test_a_crossing_never_reads_as_equal_to_its_limit():
     (x,) = c.judge(c.Window(1.0, 2, {"cpu_pressure": 0.9003}, {}), c.Thresholds())
     assert x.message.endswith("90.03% > 90%")
+
+
+def test_wait_quiet_takes_an_optional_value():
+    from bisect_harness.cli import WAIT_QUIET_DEFAULT_S, _wait_quiet_value
+
+    default = str(WAIT_QUIET_DEFAULT_S)
+    assert _wait_quiet_value(["run", "--wait-quiet", "h.yaml"]) == ["run", "--wait-quiet", default, "h.yaml"]
+    assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet"]) == ["run", "h.yaml", "--wait-quiet", default]
+    assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet", "30"]) == ["run", "h.yaml", "--wait-quiet", "30"]
+    assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet=30"]) == ["run", "h.yaml", "--wait-quiet=30"]
