@@ -611,7 +611,7 @@ def render_doctor_text(doctor: Doctor) -> str:
         w = Window.from_dict(doctor.contention)
         lines.append(f"contention {summary_line(w)}")
         for p in w.details.get("top_foreign", [])[:5]:
-            lines.append(f"  foreign  {p['name']} (pid {p['pid']}) {p['cores']:.2f} cores")
+            lines.append(f"  foreign  {p.get('command') or p['name']} (pid {p['pid']}) {p['cores']:.2f} cores")
     cal = doctor.calibration
     if cal is not None:
         lines.append(f"calibration ({cal.device}, {cal.elapsed_s:.1f} s, {cal.threads} threads)")

@@ -289,8 +289,19 @@ class ForeignCpuSource(Source):
     description = ("CPU time used during the window by processes outside the harness's and the server's "
                    "process tree, in cores (1.0 = one core busy) and as a share of the server's cores")
 
-    def __init__(self, iterate: Callable[[], Iterable[ProcCpu]] | None = None):
+    def __init__(self, iterate: Callable[[], Iterable[ProcCpu]] | None = None,
+                 command: Callable[[int], str | None] | None = None):
         self._iterate = iterate or self._psutil_processes
+        self._command = command or self._psutil_command
+
+    @staticmethod
+    def _psutil_command(pid: int) -> str | None:
+        """The command line of a (top) foreign process, shortened, or None once it is gone."""
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            return None
+        return cmd if len(cmd) <= 80 else cmd[:77] + "..."
 
     @staticmethod
     def _psutil_processes() -> Iterable[ProcCpu]:
@@ -342,7 +353,8 @@ class ForeignCpuSource(Source):
         if not dt:
             return {}
         top = sorted(((cpu, key, name) for key, (name, cpu) in self.used(readings).items()), reverse=True)[:5]
-        return {"top_foreign": [{"pid": key[0], "name": name, "cores": round(cpu / dt, 3)}
+        return {"top_foreign": [{"pid": key[0], "name": name, "cores": round(cpu / dt, 3),
+                                 "command": self._command(key[0])}
                                 for cpu, key, name in top if cpu / dt >= 0.01]}
 
 
@@ -520,7 +532,8 @@ def judge(window: Window, thresholds: Thresholds) -> list[Crossing]:
             msg += f" ({window.figures.get('foreign_cpu', 0):.2f} of {window.cores} cores"
             top = window.details.get("top_foreign") or []
             if top:
-                msg += "; top: " + ", ".join(f"{p['name']} (pid {p['pid']}) {p['cores']:.2f}" for p in top[:3])
+                msg += "; top: " + ", ".join(f"{p.get('command') or p['name']} (pid {p['pid']}) {p['cores']:.2f}"
+                                             for p in top[:3])
             msg += ")"
         elif name == "gpu_foreign_processes":
             pids = [str(p["pid"]) for p in window.details.get("gpu_foreign", [])[:5]]

@@ -111,7 +111,7 @@ def test_foreign_cpu_counts_only_processes_outside_our_tree():
          c.ProcCpu(400, "ld", t + 1, 0.5),       # started during the window: counted from zero
          c.ProcCpu(500, "late", t - 300, 99.0)],  # existed before but first seen now: no base, left out
     ]
-    src = c.ForeignCpuSource(iterate=lambda: iter(lists.pop(0)))
+    src = c.ForeignCpuSource(iterate=lambda: iter(lists.pop(0)), command={200: "make -j8"}.get)
     clock = iter([t, t + 2.0])
     import bisect_harness.contention as mod
     real_time = mod.time.time
@@ -126,6 +126,7 @@ def test_foreign_cpu_counts_only_processes_outside_our_tree():
     assert fig["foreign_cpu_share"] == pytest.approx(fig["foreign_cpu"] / 2)
     top = src.details(readings, CTX)["top_foreign"]
     assert [p["name"] for p in top] == ["make", "ld"]  # harness is ours; init below 1% of a core
+    assert [p["command"] for p in top] == ["make -j8", None]  # ld is gone: its name stays
 
 
 class FakeNvml:
