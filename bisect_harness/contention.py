@@ -298,7 +298,7 @@ class ForeignCpuSource(Source):
     def _psutil_command(pid: int) -> str | None:
         """The command line of a (top) foreign process, shortened, or None once it is gone."""
         try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
+            cmd = " ".join(" ".join(psutil.Process(pid).cmdline()).split())  # one line, even for `-c` code
         except psutil.Error:
             return None
         return cmd if len(cmd) <= 80 else cmd[:77] + "..."

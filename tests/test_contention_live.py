@@ -172,7 +172,8 @@ def test_preflight_names_the_busy_processes_before_any_boot_and_wait_quiet_waits
     assert proc.returncode == 0, proc.stderr
     busy_at = err.find("host busy before the first boot")
     assert busy_at >= 0, err
-    assert "python (pid" in err[busy_at:] and "--wait-quiet" in err[busy_at:]
+    assert "-c import time end = time.time()" in err[busy_at:] and "(pid " in err[busy_at:]  # our burner
+    assert "--wait-quiet" in err[busy_at:]
     assert "host busy, waiting:" in err and err.find("host busy, waiting:") < busy_at
     (result, created), = query(db, "select result, created_at from calibrations where phase = 'preflight'")
     pre = json.loads(result)
