@@ -2,8 +2,13 @@
 
 One boot at a time. Boots of the configs still in question are interleaved
 (A B A B ...), round after round, so slow drift of the host lands on both sides;
-after each round every undecided hypothesis is looked at again by the sequential
-test in ``stats`` and stops asking for boots once decided or out of budget.
+the order inside each round is shuffled by a seeded generator (``order_seed``,
+stored with every verdict; the order itself is the boots' ids in the ledger), so
+no config always boots first. A round is a block: with ``defaults.analysis:
+paired`` a hypothesis is judged on the per-round ratios of its two configs (the
+i-th good boot of each config is round i). After each round every undecided
+hypothesis is looked at again by the sequential test in ``stats`` and stops
+asking for boots once decided or out of budget.
 
 Everything measured goes to the ledger the moment it exists. A config that
 cannot be built or booted is recorded with its log tail and its hypotheses end
@@ -18,6 +23,8 @@ import enum
 import hashlib
 import json
 import math
+import random
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +93,8 @@ class Executor:
         self.host_fp: str | None = None
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
+        self.order_seed = secrets.randbits(32)  # the order inside each round; stored with verdicts
+        self._order = random.Random(self.order_seed)
 
     # ------------------------------------------------------------------ run
 
@@ -181,7 +190,7 @@ class Executor:
         the noise, and refuse to claim effects smaller than the run can resolve."""
         d = self.spec.defaults
         design = self.design()
-        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        alpha_each = self.alpha_each()
         groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
         for h in self.plan.hypotheses:
             if not h.is_aa:
@@ -213,19 +222,25 @@ class Executor:
 
     def design(self) -> stats.Design:
         d = self.spec.defaults
-        return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm)
+        return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                            analysis=d.analysis)
+
+    def alpha_each(self) -> float:
+        """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
+        return stats.adjust_alpha(self.spec.defaults.alpha, self.spec.multiplicity)
 
     def _sequential(self, rows: Mapping[str, HypothesisRow]) -> None:
         d = self.spec.defaults
         design = self.design()
-        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        alpha_each = self.alpha_each()
         pending = []
         for h in self.plan.hypotheses:
             if h.id in self.underpowered:  # the power check refused it up front: no boots spent
                 v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
                                                final=True, test="A/A power check", alpha=alpha_each,
                                                reason=self.underpowered[h.id],
-                                               stats={"noise": self.noise.get(h.baseline.key)}))
+                                               stats={"noise": self.noise.get(h.baseline.key),
+                                                      "family_size": self.spec.multiplicity}))
                 self.obs.verdict(h, v)
             else:
                 pending.append(h)
@@ -254,6 +269,7 @@ class Executor:
             todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
             if not todo:
                 return
+            self._order.shuffle(todo)  # a random order inside each round (seeded: order_seed)
             for st in todo:
                 if st.failed is None and len(st.good_boots) < target:
                     self.boot(st)
@@ -280,7 +296,8 @@ class Executor:
 
         def undecided(reason: str, **ids) -> VerdictRow:
             return VerdictRow(hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                              alpha=alpha, reason=reason, warnings=warnings, **ids)
+                              alpha=alpha, reason=reason, warnings=warnings,
+                              stats={"family_size": self.spec.multiplicity}, **ids)
 
         failed = [s for s in (b, t) if s.failed]
         if failed:
@@ -292,9 +309,13 @@ class Executor:
             return undecided(f"metric {h.metric.name} has no values in {'baseline' if not bv.values else 'treatment'} "
                              "boots (see the boots' source problems)")
         ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+        # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
+        rounds = tuple([i for i, x in enumerate(s.good_boots) if x.id in set(v.boot_ids)]
+                       for s, v in ((b, bv), (t, tv)))
         try:
             res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values],
-                                 expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha)
+                                 expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha,
+                                 rounds=rounds)
         except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
             return undecided(f"metric {h.metric.name} cannot be compared: {exc}. Pick a metric with positive, "
                              "varying values (a rate, a latency, a count per sample)", **ids)
@@ -302,7 +323,9 @@ class Executor:
             hypothesis_id=row.id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
             ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
             p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
-            stats=jsonable(dataclasses.asdict(res)), **ids)
+            stats=jsonable({**dataclasses.asdict(res), "family_size": self.spec.multiplicity,
+                            "family_alpha": self.spec.defaults.alpha, "rounds": rounds,
+                            "order_seed": self.order_seed}), **ids)
 
     def _warnings(self, b: ConfigState, t: ConfigState) -> list[str]:
         """Marked boots on either side, and every way the two sides' hosts differed."""

@@ -4,10 +4,15 @@ Each night measures the engine's newest commit (the hypotheses file's engine, ba
 env and flags) for ``boots_per_arm`` boots and stores it as a ``nightly`` run. The
 series is the config without its commit (same env, flags, launch, benchmark), so
 nights at different commits line up. The newest night is tested against the last
-``window`` nights since the last alert (``stats.detect_shift``); a regression is
-bisected at once between the last good night's commit and tonight's, reusing every
-boot the ledger already holds, and the run ends with status ``alert`` so the CI job
-can fail loudly. A commit that no longer builds or boots is an alert too.
+``window`` nights since the last alert (``stats.detect_shift``), each night one
+value: nights differ by more than their boots do (a 2% night-to-night CV is
+common), so boots of different nights are not independent replicates. The test
+needs two earlier nights at least (until then the status is ``first-night``) and
+makes one look per night: more boots tonight would not narrow the spread between
+nights, which is what bounds it. A regression is bisected at once between the
+last good night's commit and tonight's, reusing every boot the ledger already
+holds, and the run ends with status ``alert`` so the CI job can fail loudly. A
+commit that no longer builds or boots is an alert too.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bisect_runner import BisectOutcome, engine_workspace, search_commits
+from .errors import UserError
 from .executor import Executor, Observer, host_drift
 from .ledger import Ledger
 from .model import Arm, Expect
@@ -50,6 +56,8 @@ class NightlyOutcome:
                 "alert": self.alert, "nights_compared": self.nights_compared,
                 "reference_commit": self.reference_commit,
                 "ratio": s.ratio if s else None, "ci": list(s.ci) if s else None, "p_value": s.p_value if s else None,
+                "test": "one-sided prediction t-test, each night one value" if s else None,
+                "df": s.df if s else None,
                 "drift": list(self.drift), "reason": self.reason,
                 "bisection": self.bisection.to_json() if self.bisection else None}
 
@@ -58,6 +66,9 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
                 alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
                 confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
                 observer: Observer | None = None, calibrate: bool = True) -> tuple[NightlyOutcome, Executor]:
+    if window < 2:
+        raise UserError(f"--window {window}: the nightly test compares tonight with at least 2 earlier nights "
+                        "(their spread is its noise); pass --window 2 or more (7 is the default)")
     m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "a nightly run")
     sha = ws.resolve(rev, where="--rev")
     plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
@@ -88,21 +99,12 @@ def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, wo
     nights = [(r, c, [list(v) for v in ledger.boot_values(boots, metric).values]) for r, c, boots in history]
     nights = [n for n in nights if n[2]][-window:]
     newest = [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
-    if sum(len(n[2]) for n in nights) < 2 or len(newest) < 2:
+    if len(nights) < 2 or not newest:
         return NightlyOutcome(run.id, sha, metric, "first-night", len(nights), None, None, (), None,
-                              "not enough earlier nights of this series to compare with yet; tonight is recorded "
-                              "as a reference")
-    # Sequential: boot tonight's commit again while the answer is open, up to the
-    # budget; each look gets alpha / looks (Bonferroni), so the false-alert rate holds.
-    d = ex.spec.defaults
-    looks = d.max_boots_per_arm - d.boots_per_arm + 1
-    while True:
-        shift = detect_shift([n[2] for n in nights], newest, worse=worse, min_effect=min_effect,
-                             alpha=alpha / looks, window=window)
-        if shift.regressed or shift.p_value > 0.5 or len(st.boots) >= d.max_boots_per_arm or st.failed:
-            break
-        ex.boot(st)
-        newest = [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
+                              f"{len(nights)} earlier night(s) of this series to compare with; the test needs 2 "
+                              "(the spread between nights is its noise); tonight is recorded as a reference")
+    shift = detect_shift([n[2] for n in nights], newest, worse=worse, min_effect=min_effect, alpha=alpha,
+                         window=window)
     reference = nights[-1][1]
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
     drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))

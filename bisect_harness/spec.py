@@ -23,6 +23,7 @@ from .model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
+ANALYSES = ("paired", "unpaired")  # stats.ANALYSES; spec does not import stats
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,6 +57,7 @@ class Defaults:
     flag_check: str = "mark"
     aa_check: bool = False
     boot_retries: int = 1
+    analysis: str = "unpaired"  # unpaired (Welch) | paired (rounds as blocks); chosen by bench/bench_stats.py
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,16 @@ class Spec:
     benchmark: BenchmarkSpec
     defaults: Defaults
     hypotheses: tuple[HypothesisSpec, ...]
+    family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
 
     @property
     def spec_dir(self) -> Path:
         return self.path.parent
+
+    @property
+    def multiplicity(self) -> int:
+        """The multiplicity family's size: every hypothesis of the file, whatever ``--only`` kept."""
+        return max(self.family_size, len(self.hypotheses), 1)
 
     def metrics(self) -> dict[str, Metric]:
         """Every metric a hypothesis may name: the client's and the declared sources'."""
@@ -344,7 +352,7 @@ def parse_spec(text: str, path: Path) -> Spec:
         metrics[s.metric.name] = s.metric
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=engine.repo is not None or engine.preset == "demo")
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
-                hypotheses=hyps)
+                hypotheses=hyps, family_size=len(hyps))
 
 
 def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
@@ -452,6 +460,10 @@ def _defaults(r: _Reader, value) -> Defaults:
             kwargs[name] = d[name]
     if "aa_check" in d:
         kwargs["aa_check"] = r.typed(d["aa_check"], "defaults.aa_check", (bool,), "true or false")
+    if "analysis" in d:
+        if d["analysis"] not in ANALYSES:
+            raise r.doc.error("defaults.analysis", f"must be one of {', '.join(ANALYSES)}, got {d['analysis']!r}")
+        kwargs["analysis"] = d["analysis"]
     out = Defaults(**kwargs)
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",
