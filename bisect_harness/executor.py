@@ -78,7 +78,7 @@ class Executor:
     """Runs a plan on this machine against a ledger."""
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
-                 calibrate: bool = True, aa_check: bool = False):
+                 calibrate: bool = True, aa_check: bool = False, order_seed: int | None = None):
         self.plan = plan
         self.spec = plan.spec
         self.ledger = ledger
@@ -93,7 +93,8 @@ class Executor:
         self.host_fp: str | None = None
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
-        self.order_seed = secrets.randbits(32)  # the order inside each round; stored with verdicts
+        # The order inside each round; stored with verdicts, so a run's order can be replayed.
+        self.order_seed = secrets.randbits(32) if order_seed is None else int(order_seed)
         self._order = random.Random(self.order_seed)
 
     # ------------------------------------------------------------------ run
