@@ -114,7 +114,8 @@ def run(
     file: Path = typer.Argument(..., help="hypotheses.yaml"),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this hypothesis id (repeatable)."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this hypothesis id (repeatable); "
+                                         "alpha is still divided over every hypothesis of the file."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),

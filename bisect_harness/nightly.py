@@ -5,11 +5,14 @@ env and flags) for ``boots_per_arm`` boots and stores it as a ``nightly`` run. T
 series is the config without its commit (same env, flags, launch, benchmark), so
 nights at different commits line up. The newest night is tested against the last
 ``window`` nights since the last alert (``stats.detect_shift``), each night one
-value: nights differ by more than their boots do (a 2% night-to-night CV is
-common), so boots of different nights are not independent replicates. The test
-needs two earlier nights at least (until then the status is ``first-night``) and
-makes one look per night: more boots tonight would not narrow the spread between
-nights, which is what bounds it. A regression is bisected at once between the
+value (the median of its log boot means): nights differ by more than their boots
+do (a 2% night-to-night CV is common), so boots of different nights are not
+independent replicates. The test
+needs two earlier nights at least (until then the status is ``first-night``).
+More boots tonight would not narrow the spread between nights, which is what
+bounds it, so there is no sequential sampling; but an alert must survive fresh
+boots of tonight's commit up to the budget (``judge_night``), so a night whose
+few boots stalled together does not alert. A regression is bisected at once between the
 last good night's commit and tonight's, reusing every boot the ledger already
 holds, and the run ends with status ``alert`` so the CI job can fail loudly. A
 commit that no longer builds or boots is an alert too.
@@ -17,8 +20,10 @@ commit that no longer builds or boots is an alert too.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 from .bisect_runner import BisectOutcome, engine_workspace, search_commits
 from .errors import UserError
@@ -86,6 +91,33 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
     return outcome, ex
 
 
+def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
+                more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
+                window: int) -> Shift:
+    """Nightly's rule (pure but for ``more``): an alert must survive fresh boots.
+
+    ``detect_shift`` judges tonight's boots; when it alerts, ``more()`` boots tonight
+    again (up to the budget) and returns all of tonight's boots, and the test runs
+    again on them. Only an alert at both looks stands. Requiring both can only
+    lower the false-alert rate (the first look alone holds alpha), and it removes
+    the false alerts of a night whose few boots stalled together (a heavy-tailed
+    host), which a regression cannot survive: its new boots are slow too.
+    """
+    kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+    first = detect_shift(history, tonight, **kw)
+    if not first.regressed:
+        return first
+    again = more()
+    if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
+        return first
+    second = detect_shift(history, again, **kw)
+    if second.regressed:
+        return second
+    return dataclasses.replace(second, reason=(
+        f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
+        f"survive {len(again) - len(tonight)} fresh boots"))
+
+
 def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, worse: Expect, *, min_effect: float,
            alpha: float, window: int, bisect: bool, max_boots: int, confidence: float) -> NightlyOutcome:
     run = ex.run
@@ -103,8 +135,15 @@ def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, wo
         return NightlyOutcome(run.id, sha, metric, "first-night", len(nights), None, None, (), None,
                               f"{len(nights)} earlier night(s) of this series to compare with; the test needs 2 "
                               "(the spread between nights is its noise); tonight is recorded as a reference")
-    shift = detect_shift([n[2] for n in nights], newest, worse=worse, min_effect=min_effect, alpha=alpha,
-                         window=window)
+    budget = ex.spec.defaults.max_boots_per_arm
+
+    def more() -> list[list[float]]:
+        while len(st.boots) < budget and st.failed is None:
+            ex.boot(st)
+        return [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
+
+    shift = judge_night([n[2] for n in nights], newest, more, worse=worse, min_effect=min_effect, alpha=alpha,
+                        window=window)
     reference = nights[-1][1]
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
     drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))

@@ -956,7 +956,7 @@ def simulate(effect: float, *, between_cv: float, within_cv: float, min_effect: 
 class Shift:
     """Did the newest night move against the nights before it?
 
-    Each night is one value, the mean of its log boot means; the reference is
+    Each night is one value, the median of its log boot means; the reference is
     the last ``window`` nights' values. ``regressed`` is True when a one-sided
     prediction t-test in the *worse* direction rejects "tonight is another night
     like those" at ``alpha`` and the estimated change is at least ``min_effect``;
@@ -982,16 +982,20 @@ def detect_shift(history: Sequence[Sequence[Sequence[float]]], newest: Sequence[
     ``history`` is oldest first; each night is a sequence of boots, each a sequence
     of samples. ``worse`` is the direction a regression moves the metric's value
     (tok/s: ``Expect.DECREASE``). Model: a night's value ``y_j = mu + nu_j + e_j``,
-    the mean of its log boot means, with a night-to-night term ``nu_j`` (a host,
+    the median of its log boot means (the mean for one or two boots: a single
+    stalled boot, 3x slow on a busy host, must not move a night of three boots),
+    with a night-to-night term ``nu_j`` (a host,
     a driver, a dataset cache that changes between nights) as well as the boots'
     own noise ``e_j``; boots of one night share ``nu_j``, so pooling boots across
     nights as if independent (as this function once did) understates the noise
     and alerts falsely whenever nights differ (8.7-11.2% at alpha 0.01 with a
     night-to-night CV of 2%). The test is the prediction t-test of the new value
     against ``n`` earlier nights: ``t = (y_new - mean(y)) / (s_y sqrt(1 + 1/n))``
-    with ``n - 1`` degrees of freedom, exact under normality whatever the night
-    and boot variances, when tonight has as many boots as the earlier nights
-    (more boots tonight only make it conservative). It needs at least two earlier
+    with ``n - 1`` degrees of freedom. When tonight has as many boots as the
+    earlier nights the values are exchangeable under "no change", whatever the
+    night and boot variances; with normal values the test is then exact (medians
+    of normal boot means are nearly normal; ``bench/bench_stats.py`` measures the
+    false-alert rate, ``nightly``). It needs at least two earlier
     nights, and with few nights it is weak (df 1 or 2): that is the price of not
     knowing how much nights differ. A step change is the model: the window should
     hold only nights after the last accepted change, which the caller ensures by
@@ -1009,8 +1013,8 @@ def detect_shift(history: Sequence[Sequence[Sequence[float]]], newest: Sequence[
     if len(nights) < 2:
         raise ValueError(f"detect_shift needs at least 2 earlier nights with boots (the spread between "
                          f"nights is the noise), got {len(nights)}")
-    values = np.array([np.mean(np.log([b.mean() for b in night])) for night in nights])
-    y_new = float(np.mean(np.log([b.mean() for b in new])))
+    values = np.array([np.median(np.log([b.mean() for b in night])) for night in nights])
+    y_new = float(np.median(np.log([b.mean() for b in new])))
     n = values.size
     df = float(n - 1)
     diff = y_new - float(values.mean())
