@@ -925,7 +925,9 @@ def simulate(effect: float, *, between_cv: float, within_cv: float, min_effect: 
     ``design.samples_per_boot`` samples multiplies that by a lognormal factor with
     CV ``within_cv``. The treatment mean is ``1 + effect`` times the baseline's.
     Every experiment is decided exactly as :func:`evaluate` decides (same
-    boundaries, same rule) at each look until it stops.
+    boundaries, same rule, the design's analysis; paired: boot i of each arm is
+    round i) at each look until it stops. Noise off this model (tails, two modes,
+    drift, bursts, rounds as blocks) is simulated by ``bench/bench_stats.py``.
     """
     if int(n_sim) != n_sim or n_sim < 1:
         raise ValueError(f"n_sim must be a positive integer, got {n_sim!r}")
