@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from . import stats
+from . import engine_identity, stats
 from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
@@ -76,6 +76,9 @@ def _checks_cell(warnings, drift) -> str:
     """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
     counts: dict[str, int] = {}
     for w in warnings or []:
+        if w.startswith(engine_identity.WARNING_PREFIX):
+            counts["engine versions differ"] = counts.get("engine versions differ", 0) + 1
+            continue
         if w.startswith("host drift"):
             continue
         for mark in w.split(": ", 1)[-1].split(", "):
@@ -183,6 +186,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         configs.append({
             "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
             "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "reported": _md(engine_identity.describe(c.boots)),
             "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
             "log_tail": (c.log_tail or "").strip(), "boots": boots})
     cals = []
