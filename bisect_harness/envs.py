@@ -13,6 +13,9 @@ installed last. So each commit gets its own virtual environment:
   would reach past it to the interpreter it was made from; a ``.pth`` file adds
   the base's own site folders (its ``.pth`` files included, so its editable
   installs resolve too), after the commit's own site folder;
+- an editable install (``pip install -e``) made by setuptools is an import
+  finder placed after the path finder, which a copy of the same package in the
+  base would shadow; the same ``.pth`` file moves the commit's own finders first;
 - ``pip`` is the base's, visible through the site folders; ``{python} -m pip``
   installs into the commit's environment, and a ``bin/pip`` wrapper makes a
   bare ``pip`` in a build argv do the same (the environment's ``bin`` comes
@@ -39,7 +42,18 @@ from .errors import BuildFailed, UserError
 #: ``engine.environment``: a virtual environment per commit, or the base interpreter for all.
 ENV_MODES = ("venv", "shared")
 MARKER = ".harness-env.json"
-PTH_NAME = "_bisect_harness_base.pth"
+# Sorted after the environment's own .pth files (site processes them in name order),
+# so the editable-install finders those registered are there to be moved.
+PTH_NAME = "zz_bisect_harness_base.pth"
+# An editable install made by setuptools (PEP 660) is a finder appended to
+# sys.meta_path, *after* the path finder, so the same package installed in the
+# base would shadow the commit's own code. Move the finders the environment's own
+# .pth files registered ahead of the path finder, before the base's site folders
+# are added: the commit's editable install then wins, as its site folder does.
+_PROMOTE_OWN_FINDERS = (
+    "import sys, importlib.machinery as _m; _i = sys.meta_path.index(_m.PathFinder) "
+    "if _m.PathFinder in sys.meta_path else len(sys.meta_path); _own = sys.meta_path[_i + 1:]; "
+    "del sys.meta_path[_i + 1:]; sys.meta_path[_i:_i] = _own")
 
 _PIP_WRAPPER = """#!{python}
 # Written by bisect-harness: the base environment's pip, run by this environment's
@@ -136,7 +150,7 @@ def create_venv(base_python: str, venv: Path, *, timeout_s: float = 300.0) -> Co
         # The base's own site folders (a venv base: its site-packages, which
         # --system-site-packages would skip), processed after the commit's own.
         extra = [p for p in base["site"] if p != mine["purelib"]]
-        lines = [f"import site; site.addsitedir({p!r})" for p in extra]
+        lines = [_PROMOTE_OWN_FINDERS] + [f"import site; site.addsitedir({p!r})" for p in extra]
         Path(mine["purelib"]).mkdir(parents=True, exist_ok=True)
         (Path(mine["purelib"]) / PTH_NAME).write_text("\n".join(lines) + "\n")
         for name in ("pip", "pip3"):

@@ -99,3 +99,23 @@ def test_the_build_cache_is_keyed_on_the_interpreter(tmp_path):
                      python=sys.executable)
     assert (first.cached, again.cached, other.cached) == (False, True, False)
     assert first.log_path.read_text().strip() == env.python
+
+
+def test_the_commits_editable_install_wins_over_the_same_package_in_the_base(venv_base, tmp_path):
+    """SGLang's case: the base has the engine installed, each commit installs it editable."""
+    make_packaged_engine(tmp_path / "old", ["0.9.0"])
+    make_packaged_engine(tmp_path / "new", ["1.0.0"])
+    base_python = str(venv_base / "bin" / "python")
+    env = create_venv(base_python, tmp_path / "envs" / "c1")
+    pip = ["-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    # the base gets a regular install (through a throwaway environment's pip, aimed at the base)
+    proc = subprocess.run([env.python, *pip, "--prefix", str(venv_base), "./python"], cwd=tmp_path / "old",
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    version = "import tinyengine; print(tinyengine.__version__)"
+    assert _py(base_python, version).stdout.strip() == "0.9.0"
+    proc = subprocess.run([env.python, *pip, "-e", "python"], cwd=tmp_path / "new", env=env.apply(os.environ),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _py(env.python, version).stdout.strip() == "1.0.0"
+    assert _py(base_python, version).stdout.strip() == "0.9.0"
