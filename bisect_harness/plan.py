@@ -65,7 +65,12 @@ class Plan:
     def preset(self) -> presets.Preset:
         return presets.get_preset(self.spec.engine.preset)
 
-    base_python: str = sys.executable
+    base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
+
+    @property
+    def base_python(self) -> str:
+        """The base environment's interpreter (``engine.python``, else the harness's own)."""
+        return self.base_interpreter or resolve_python(self.spec.engine.python)
 
     def argv(self, config: PlannedConfig, *, port: int | str, worktree: Path | None,
              python: str | None = None) -> list[str]:
@@ -181,4 +186,4 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
         hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
     base_python = resolve_python(spec.engine.python) if resolve else (spec.engine.python or sys.executable)
     return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
-                cache_dir=cache_dir, base_python=base_python)
+                cache_dir=cache_dir, base_interpreter=base_python)

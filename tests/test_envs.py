@@ -119,3 +119,30 @@ def test_the_commits_editable_install_wins_over_the_same_package_in_the_base(ven
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _py(env.python, version).stdout.strip() == "1.0.0"
     assert _py(base_python, version).stdout.strip() == "0.9.0"
+
+
+def _engine(tmp_path, engine_yaml: str):
+    from bisect_harness.spec import parse_spec
+
+    text = (f"version: 1\nengine:\n{engine_yaml}\nhypotheses:\n"
+            "  - {id: h, baseline: {}, treatment: {}, metric: tok_s, expect: increase, min_effect: 10%}\n")
+    return parse_spec(text, tmp_path / "hypotheses.yaml").engine
+
+
+def test_environment_keys_default_validate_and_resolve(tmp_path):
+    from bisect_harness.errors import SpecError
+
+    built = _engine(tmp_path, "  repo: engine\n  launch: [x]\n  build: [make]")
+    assert (built.environment, built.environment_mode, built.python) == (None, "venv", None)
+    assert _engine(tmp_path, "  repo: engine\n  launch: [x]").environment_mode == "shared"
+    shared = _engine(tmp_path, "  repo: engine\n  launch: [x]\n  build: [make]\n  environment: shared\n"
+                               "  python: envs/base/bin/python")
+    assert shared.environment_mode == "shared"
+    assert shared.python == str(tmp_path / "envs" / "base" / "bin" / "python"), "relative to the file"
+    assert _engine(tmp_path, "  launch: [x]\n  python: python3").python == "python3", "a name is found on PATH"
+    with pytest.raises(SpecError, match=r"key 'engine.environment': must be one of venv, shared, got 'conda'"):
+        _engine(tmp_path, "  repo: engine\n  launch: [x]\n  environment: conda")
+    with pytest.raises(SpecError, match=r"engine.environment.*no repository"):
+        _engine(tmp_path, "  launch: [x]\n  environment: venv")
+    with pytest.raises(SpecError, match=r"engine.python.*expected the path"):
+        _engine(tmp_path, "  launch: [x]\n  python: [a]")
