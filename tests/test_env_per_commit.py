@@ -12,6 +12,7 @@ commit installed), and the version guard flags the verdict.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -41,7 +42,8 @@ def _spec(tmp_path, engine_extra=None):
 def _run(tmp_path, spec):
     db = tmp_path / "r.db"
     proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
-                   "--journal-dir", tmp_path / "exp", "--cache-dir", tmp_path / "cache", cwd=tmp_path, timeout=400)
+                   "--journal-dir", tmp_path / "exp", "--cache-dir", tmp_path / "cache", cwd=tmp_path, timeout=400,
+                   env={**os.environ, "PIP_NO_INDEX": "1"})  # the builds must work offline
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr
     return db, last_json(proc.stdout)
