@@ -60,12 +60,11 @@ class Plan:
     configs: tuple[PlannedConfig, ...]
     hypotheses: tuple[PlannedHypothesis, ...]
     cache_dir: Path
+    base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
 
     @property
     def preset(self) -> presets.Preset:
         return presets.get_preset(self.spec.engine.preset)
-
-    base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
 
     @property
     def base_python(self) -> str:
