@@ -127,6 +127,8 @@ def is_complete(venv: Path) -> bool:
 def create_venv(base_python: str, venv: Path, *, timeout_s: float = 300.0) -> CommitEnv:
     """Create (or reuse) the virtual environment at ``venv`` over ``base_python``.
 
+    Made in a private folder and renamed into place, so a run killed half-way, or
+    two runs making the same one, never leave a half-made environment in use.
     Raises ``BuildFailed`` with a log when the base cannot make one (a commit's
     environment is part of its build: a failure is that commit's recorded skip)."""
     env = CommitEnv(python=str(venv / "bin" / "python"), venv=venv, base_python=base_python)
@@ -134,19 +136,19 @@ def create_venv(base_python: str, venv: Path, *, timeout_s: float = 300.0) -> Co
         return env
     log_path = venv.with_name(venv.name + ".log")
     venv.parent.mkdir(parents=True, exist_ok=True)
-    if venv.exists():  # a half-made one (killed mid-way): start over
-        shutil.rmtree(venv, ignore_errors=True)
+    tmp = venv.with_name(f"{venv.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     log: list[str] = []
     try:
         base = _query(base_python)
-        argv = [base_python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)]
+        argv = [base_python, "-m", "venv", "--without-pip", "--system-site-packages", str(tmp)]
         log.append("$ " + " ".join(argv))
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
                               start_new_session=True)
         log.append(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise RuntimeError(f"python -m venv exited {proc.returncode}")
-        mine = _query(env.python)
+        mine = _query(str(tmp / "bin" / "python"))
         # The base's own site folders (a venv base: its site-packages, which
         # --system-site-packages would skip), processed after the commit's own.
         extra = [p for p in base["site"] if p != mine["purelib"]]
@@ -154,18 +156,26 @@ def create_venv(base_python: str, venv: Path, *, timeout_s: float = 300.0) -> Co
         Path(mine["purelib"]).mkdir(parents=True, exist_ok=True)
         (Path(mine["purelib"]) / PTH_NAME).write_text("\n".join(lines) + "\n")
         for name in ("pip", "pip3"):
-            target = venv / "bin" / name
-            if not target.exists():
+            target = tmp / "bin" / name
+            if not target.exists():  # the shebang names the final place: the folder is renamed below
                 target.write_text(_PIP_WRAPPER.format(python=env.python))
                 target.chmod(0o755)
-        (venv / MARKER).write_text(json.dumps({
+        (tmp / MARKER).write_text(json.dumps({
             "base_python": base_python, "base_prefix": base["prefix"], "base_site": extra,
             "python_version": mine["version"], "created": time.time()}, indent=1) + "\n")
+        if venv.exists() and not is_complete(venv):  # a leftover of an older harness: start over
+            shutil.rmtree(venv, ignore_errors=True)
+        try:
+            os.rename(tmp, venv)
+        except OSError:
+            if not is_complete(venv):  # not another run's finished one
+                raise
     except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         log.append(f"error: {exc}")
         log_path.write_text("\n".join(log) + "\n")
-        shutil.rmtree(venv, ignore_errors=True)
         raise BuildFailed(f"could not create the environment over {base_python}: {exc}",
                           log_tail="\n".join(log)[-4000:], log_path=str(log_path)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log_path.write_text("\n".join(log) + "\n")
     return env

@@ -146,3 +146,13 @@ def test_environment_keys_default_validate_and_resolve(tmp_path):
         _engine(tmp_path, "  launch: [x]\n  environment: venv")
     with pytest.raises(SpecError, match=r"engine.python.*expected the path"):
         _engine(tmp_path, "  launch: [x]\n  python: [a]")
+
+
+def test_a_half_made_environment_is_made_again(tmp_path):
+    venv = tmp_path / "envs" / "c1"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "junk").write_text("left by a run killed half-way\n")
+    env = create_venv(sys.executable, venv)
+    assert not (venv / "bin" / "junk").exists()
+    assert _importable(env.python, "pip")
+    assert sorted(p.name for p in venv.parent.iterdir()) == ["c1", "c1.log"], "no private folder left behind"
