@@ -91,6 +91,13 @@ def test_each_boot_runs_its_own_commit_with_an_environment_per_commit(tmp_path):
     for commit, argv in query(db, "SELECT c.`commit`, b.argv FROM boots b JOIN configs c ON c.id = b.config_id"):
         assert [json.loads(argv)[0]] == list(envs[commit])
     assert diff_snapshots(before, snapshot_checkout(tmp_path / "engine")) == []
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
+    text = journal.read_text()
+    for commit, (python,) in envs.items():
+        assert f"- python: `{python}` (the commit's own venv over `{sys.executable}`)" in text
+        assert f"- the server reported its code as: {want[commit]} (/version), {want[commit]} (server_info.version)" \
+            in text
+    assert "engine versions differ" not in text
 
 
 def test_shared_environment_reproduces_the_bug_and_the_version_guard_flags_it(tmp_path):
@@ -117,6 +124,7 @@ def test_shared_environment_reproduces_the_bug_and_the_version_guard_flags_it(tm
     (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert "engine versions differ x1" in text
+    assert f"- python: `{base / 'bin' / 'python'}` (shared by every commit)" in text
     assert f"- warning: {flagged[0]}" in text
     assert "- the server reported its code as: 1.0.0 (/version), 1.0.0 (server_info.version): boot 1; " \
            "2.0.0 (/version), 2.0.0 (server_info.version): boot 3" in text
