@@ -74,28 +74,31 @@ def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout
     return ReportedVersion(values=values)
 
 
-def mixed_versions(side: str, boots: Sequence) -> str | None:
-    """A warning when the boots of one config (``boots`` with ``.id`` and
-    ``.provenance``) reported different code; None when they agree or said nothing."""
+def _groups(boots: Sequence) -> dict[str, list[int]]:
+    """Boot ids by what they reported, in boot order; boots that reported nothing are left out."""
     groups: dict[str, list[int]] = {}
     for b in boots:
         rep = ReportedVersion.from_dict((b.provenance or {}).get("engine_version"))
         if rep.values:
             groups.setdefault(rep.label, []).append(b.id)
+    return groups
+
+
+def _boots(ids: Sequence[int]) -> str:
+    return f"boot{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
+def mixed_versions(side: str, boots: Sequence) -> str | None:
+    """A warning when the boots of one config (``boots`` with ``.id`` and
+    ``.provenance``) reported different code; None when they agree or said nothing."""
+    groups = _groups(boots)
     if len(groups) < 2:
         return None
-    parts = "; ".join(f"{label} in boot{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
-                      for label, ids in groups.items())
+    parts = "; ".join(f"{label} in {_boots(ids)}" for label, ids in groups.items())
     return (f"{WARNING_PREFIX}: {side} boots report different code ({parts}): this config did not run one "
             "build; give each commit its own environment (engine.environment: venv) and check the build")
 
 
 def describe(boots: Sequence) -> str:
     """For the journal: what a config's boots reported, grouped, e.g. ``1.0 (server_info.version): boots 1, 3``."""
-    groups: dict[str, list[int]] = {}
-    for b in boots:
-        rep = ReportedVersion.from_dict((b.provenance or {}).get("engine_version"))
-        if rep.values:
-            groups.setdefault(rep.label, []).append(b.id)
-    return "; ".join(f"{label}: boot{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
-                     for label, ids in groups.items())
+    return "; ".join(f"{label}: {_boots(ids)}" for label, ids in _groups(boots).items())
