@@ -32,7 +32,7 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, presets, provenance, stats
+from . import __version__, calibration, client, engine_identity, presets, provenance, stats
 from .checkout import Workspace, read_tail
 from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
@@ -335,6 +335,10 @@ class Executor:
             for bt in st.boots:
                 if bt.marks:
                     out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
+        for side, st in (("baseline", b), ("treatment", t)):
+            mixed = engine_identity.mixed_versions(side, st.boots)
+            if mixed:
+                out.append(mixed)
         for drift in host_drift(b.good_boots, t.good_boots):
             out.append(f"host drift: {drift.message}")
         return out
@@ -351,12 +355,15 @@ class Executor:
         boot = Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                     host_fingerprint=self.host_fp)
         try:
-            worktree = None
+            worktree, cenv = None, self.plan.shared_env()
             if pc.arm.commit is not None:
                 worktree = self.ws.worktree(pc.arm.commit)
-                build = self.plan.build_argv(worktree)
+                if self.plan.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
+                    cenv = self.ws.environment(pc.arm.commit, self.plan.base_python)
+                build = self.plan.build_argv(worktree, cenv.python)
                 if build:
-                    self.ws.build(pc.arm.commit, build, self.plan.boot_env(pc))
+                    self.ws.build(pc.arm.commit, build, self.plan.boot_env(pc, cenv), python=cenv.python)
+            boot.provenance = {**(boot.provenance or {}), "environment": cenv.to_dict()}
         except BuildFailed as exc:
             st.failed = str(exc)
             st.row.status, st.row.failure, st.row.log_tail = "build_failed", str(exc), exc.log_tail
@@ -367,7 +374,7 @@ class Executor:
             self.obs.boot_finished(pc, boot)
             return boot
         port = free_port()
-        argv = self.plan.argv(pc, port=port, worktree=worktree)
+        argv = self.plan.argv(pc, port=port, worktree=worktree, python=cenv.python)
         boot.port, boot.argv = port, argv
         self.ledger.add(boot)
         st.boots.append(boot)
@@ -377,7 +384,8 @@ class Executor:
         preset = self.plan.preset
         try:
             t0 = time.monotonic()
-            with ServerProcess(argv, env=self.plan.boot_env(pc), cwd=self.plan.cwd(worktree), log_path=log_path,
+            with ServerProcess(argv, env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
+                               log_path=log_path,
                                base_url=base_url, health_path=spec.engine.health,
                                ready_timeout_s=spec.engine.ready_timeout_s) as server:
                 boot.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
@@ -434,6 +442,8 @@ class Executor:
         d = self.spec.defaults
         info = fetch_server_info(base_url, self.spec.engine.server_info)
         boot.server_info = info
+        reported = engine_identity.read_reported_version(base_url, info)  # the guard on which code ran
+        boot.provenance = {**(boot.provenance or {}), "engine_version": reported.to_dict()}
         env_rep = provenance.env_report(server.pid, pc.arm.env)
         preset = self.plan.preset
         keys = {f: presets.info_key(f, preset) for f in pc.arm.flags}

@@ -11,6 +11,7 @@ Defaults live here, in the dataclasses' fields, and nowhere else.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .envs import ENV_MODES
 from .errors import SpecError, UserError
 from .model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
@@ -43,6 +45,15 @@ class EngineSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     metrics: tuple[Any, ...] = ()  # sources.MetricSource
+    python: str | None = None  # the base interpreter; None: the harness's own
+    environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
+
+    @property
+    def environment_mode(self) -> str:
+        """Where each commit's build installs: its own venv whenever there is a build."""
+        if self.environment is not None:
+            return self.environment
+        return "venv" if self.build else "shared"
 
 
 @dataclass(frozen=True)
@@ -316,7 +327,7 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 
 _TOP = ("version", "engine", "benchmark", "defaults", "hypotheses")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
-           "env", "flags", "metrics")
+           "env", "flags", "metrics", "python", "environment")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
@@ -408,11 +419,24 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
             raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
         seen.add(source.metric.name)
         metrics.append(source)
+    python = e.get("python")
+    if python is not None:
+        r.typed(python, "engine.python", (str,), "the path (or PATH name) of the base environment's python")
+        if os.sep in python:  # a path, relative to the hypotheses file; a bare name is looked up on PATH
+            python = os.path.abspath(spec_dir / Path(python).expanduser())
+    environment = e.get("environment")
+    if environment is not None and environment not in ENV_MODES:
+        raise r.doc.error("engine.environment", f"must be one of {', '.join(ENV_MODES)}, got {environment!r}: "
+                          "'venv' gives each commit its own environment over engine.python, 'shared' builds "
+                          "every commit into engine.python itself")
+    if environment is not None and repo is None and preset_name != "demo":
+        raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
+                          "repository (engine.repo); remove engine.environment or add engine.repo")
     return EngineSpec(
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
-        metrics=tuple(metrics))
+        metrics=tuple(metrics), python=python, environment=environment)
 
 
 def _benchmark(r: _Reader, value) -> BenchmarkSpec:
