@@ -6,9 +6,11 @@ hard-linked, not copied), and each commit gets its own detached ``git worktree``
 of that mirror. The user's HEAD, index, files and even ``.git/worktrees`` stay
 as they were, on success and on failure.
 
-A build runs once per (commit, build argv, build env); its outcome and log are
-cached beside the worktree, so a commit that failed to build is a recorded skip
-and is not rebuilt on every boot.
+A build runs once per (commit, interpreter, build argv, build env); its outcome
+and log are cached beside the worktree, so a commit that failed to build is a
+recorded skip and is not rebuilt on every boot. Each commit may have its own
+Python environment (``envs``), made over a base interpreter; the build cache is
+keyed on the interpreter, so a commit's build is never taken for another's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from typing import Mapping, Sequence
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reported when used, not at import
 import git  # noqa: E402
 
+from .envs import CommitEnv, create_venv
 from .errors import BuildFailed, CommitError, InfrastructureError
 
 
@@ -73,6 +77,7 @@ class Workspace:
         self.root = (cache_dir or default_cache_dir()) / "repos" / f"{self.repo_path.name}-{ident}"
         self.mirror_path = self.root / "mirror.git"
         self.trees = self.root / "worktrees"
+        self.envs = self.root / "envs"
         self._mirror: git.Repo | None = None
 
     # ------------------------------------------------------------------ revisions (read-only on the user's repo)
@@ -147,6 +152,7 @@ class Workspace:
         """A clean detached checkout of ``sha`` in the cache (created on first use)."""
         path = self.trees / sha
         if (path / ".git").exists():
+            _touch(path)
             return path
         self._ensure_object(sha)
         self.trees.mkdir(parents=True, exist_ok=True)
@@ -158,15 +164,29 @@ class Workspace:
             raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
         return path
 
+    # ------------------------------------------------------------------ environments (cache only)
+
+    def environment(self, sha: str, base_python: str) -> CommitEnv:
+        """The commit's own virtual environment over ``base_python`` (created on first use);
+        one per (commit, base interpreter). Raises ``BuildFailed`` when it cannot be made."""
+        ident = hashlib.sha256(base_python.encode()).hexdigest()[:8]
+        venv = self.envs / f"{sha}-{ident}"
+        env = create_venv(base_python, venv)
+        _touch(venv)
+        return env
+
     # ------------------------------------------------------------------ build
 
     def build(self, sha: str, argv: Sequence[str] | None, env: Mapping[str, str], *,
-              timeout_s: float = 3600.0) -> BuildResult:
-        """Run the build argv in the commit's worktree once; raise ``BuildFailed`` with the log tail."""
+              timeout_s: float = 3600.0, python: str | None = None) -> BuildResult:
+        """Run the build argv in the commit's worktree once per interpreter (``python``,
+        the one ``{python}`` named and the build installs into); raise ``BuildFailed``
+        with the log tail."""
         tree = self.worktree(sha)
         if not argv:
             return BuildResult(True, tree / ".harness-build.log", 0.0, True)
-        ident = hashlib.sha256(json.dumps([list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
+        python = python or sys.executable
+        ident = hashlib.sha256(json.dumps([python, list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
         marker = self.root / "builds" / f"{sha}-{ident}.json"
         log_path = marker.with_suffix(".log")
         if marker.exists():
@@ -189,11 +209,20 @@ class Workspace:
                 log.write(f"build timed out after {timeout_s:.0f}s\n".encode())
                 code = -1
         seconds = time.monotonic() - start
-        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": list(argv)}))
+        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": list(argv),
+                                      "python": python, "worktree": str(tree)}))
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
                               log_tail=read_tail(log_path), log_path=str(log_path))
         return BuildResult(True, log_path, seconds, False)
+
+
+def _touch(path: Path) -> None:
+    """Mark ``path`` as used now (``harness cache prune --older-than`` reads this)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _rmtree(path: Path) -> None:

@@ -27,6 +27,8 @@ demo_app = typer.Typer(no_args_is_help=True, help="The built-in demo engine (no 
 ledger_app = typer.Typer(no_args_is_help=True, help="Read the ledger (results.db).")
 app.add_typer(demo_app, name="demo")
 app.add_typer(ledger_app, name="ledger")
+cache_app = typer.Typer(no_args_is_help=True, help="The cache's worktrees and per-commit environments.")
+app.add_typer(cache_app, name="cache")
 
 LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy URL of the ledger.")
 JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
@@ -121,7 +123,8 @@ def run(
     file: Path = typer.Argument(..., help="hypotheses.yaml"),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this hypothesis id (repeatable)."),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this hypothesis id (repeatable); "
+                                         "alpha is still divided over every hypothesis of the file."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),
@@ -328,6 +331,77 @@ def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help
     with Ledger(ledger) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
         Console().print(f"journal: {journal.write(led, r, journal_dir)}")
+
+
+CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (default: BISECT_HARNESS_CACHE or "
+                             "the user cache folder).")
+
+
+def _cache_lines(entries) -> list[str]:
+    """One plain line per entry (commit, kind, size, last use, repository): never wrapped or cut."""
+    from .cache import human_age, human_size
+
+    lines = [f"  {'commit':<12}  {'kind':<11}  {'size':>10}  {'last used':>10}  repository"]
+    for e in entries:
+        lines.append(f"  {e.commit[:12]:<12}  {e.kind:<11}  {human_size(e.size_bytes):>10}  "
+                     f"{human_age(e.age_s()) + ' ago':>10}  {e.repo}")
+    return lines
+
+
+@cache_app.command("list")
+def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
+               json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")) -> None:
+    """Every worktree and environment in the cache, least recently used first."""
+    from .cache import human_size, list_cache
+    from .checkout import default_cache_dir
+
+    root = cache_dir or default_cache_dir()
+    entries = list_cache(root)
+    total = sum(e.size_bytes for e in entries)
+    if json_out:
+        print(json.dumps({"cache_dir": str(root), "total_bytes": total, "entries": [e.to_dict() for e in entries]}))
+        return
+    if not entries:
+        typer.echo(f"{root}: no worktrees or environments")
+        return
+    typer.echo(f"{root}, least recently used first:")
+    typer.echo("\n".join(_cache_lines(entries)))
+    typer.echo(f"{len(entries)} entries, {human_size(total)} in all (`harness cache prune` reclaims them)")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Remove what was not used for this long "
+                                             "(30m, 12h, 7d, 2w)."),
+    max_size: Optional[str] = typer.Option(None, "--max-size", help="Then remove the least recently used until "
+                                           "the rest fits (500M, 20G)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; remove nothing."),
+    cache_dir: Optional[Path] = CACHE_DIR_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Reclaim worktrees and environments by age and/or total size (the user's repository is never touched;
+    a removed commit is checked out and built again when next used)."""
+    from .cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
+    from .checkout import default_cache_dir
+
+    age = parse_age(older_than) if older_than is not None else None
+    size = parse_size(max_size) if max_size is not None else None
+    root = cache_dir or default_cache_dir()
+    entries = list_cache(root)
+    chosen = select_for_prune(entries, older_than_s=age, max_bytes=size)
+    removed = chosen if dry_run else prune(chosen)
+    freed = sum(e.size_bytes for e in removed)
+    kept = sum(e.size_bytes for e in entries) - freed
+    if json_out:
+        print(json.dumps({"cache_dir": str(root), "dry_run": dry_run, "removed": [e.to_dict() for e in removed],
+                          "freed_bytes": freed, "kept_bytes": kept, "kept_entries": len(entries) - len(removed)}))
+        return
+    if removed:
+        typer.echo("would remove:" if dry_run else "removed:")
+        typer.echo("\n".join(_cache_lines(removed)))
+    verb = "would free" if dry_run else "freed"
+    typer.echo(f"{len(removed)} of {len(entries)} entries, {verb} {human_size(freed)}; "
+               f"{human_size(kept)} kept in {root}")
 
 
 @app.command()

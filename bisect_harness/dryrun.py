@@ -24,6 +24,11 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None) -> tuple[str, di
              f"{d.samples_per_boot} samples per boot, alpha {d.alpha}"]
     if repo is not None and not resolvable:
         lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")
+    if plan.per_commit_env:
+        lines.append(f"python: each commit's own environment ({{python}} in argv), a venv over {plan.base_python}")
+    else:
+        lines.append(f"python: {plan.base_python}" + (" (shared by every commit's build)"
+                                                      if spec.engine.build and plan.repo is not None else ""))
     configs = []
     for i, c in enumerate(plan.configs, 1):
         argv = plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None)
@@ -47,6 +52,7 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None) -> tuple[str, di
         lines.append(f"hypothesis {h.id}: config {b} vs config {t}, {h.metric.name} {h.spec.expect.value} "
                      f">= {h.spec.min_effect:.1%}" + (", bisect if confirmed" if h.spec.bisect else ""))
     obj = {"spec": str(spec.path), "configs": configs, "hypotheses": hyps,
+           "environment": {"mode": "venv" if plan.per_commit_env else "shared", "base_python": plan.base_python},
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
                         "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
     return "\n".join(lines), obj

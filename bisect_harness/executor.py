@@ -2,8 +2,13 @@
 
 One boot at a time. Boots of the configs still in question are interleaved
 (A B A B ...), round after round, so slow drift of the host lands on both sides;
-after each round every undecided hypothesis is looked at again by the sequential
-test in ``stats`` and stops asking for boots once decided or out of budget.
+the order inside each round is shuffled by a seeded generator (``order_seed``,
+stored with every verdict; the order itself is the boots' ids in the ledger), so
+no config always boots first. A round is a block: with ``defaults.analysis:
+paired`` a hypothesis is judged on the per-round ratios of its two configs (the
+i-th good boot of each config is round i). After each round every undecided
+hypothesis is looked at again by the sequential test in ``stats`` and stops
+asking for boots once decided or out of budget.
 
 Everything measured goes to the ledger the moment it exists. A config that
 cannot be built or booted is recorded with its log tail and its hypotheses end
@@ -18,6 +23,8 @@ import enum
 import hashlib
 import json
 import math
+import random
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +32,7 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, contention, host_state, presets, provenance, stats
+from . import __version__, calibration, client, contention, engine_identity, host_state, presets, provenance, stats
 from .checkout import Workspace, read_tail
 from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
@@ -71,7 +78,8 @@ class Executor:
     """Runs a plan on this machine against a ledger."""
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
-                 calibrate: bool = True, aa_check: bool = False, wait_quiet_s: float | None = None):
+                 calibrate: bool = True, aa_check: bool = False, order_seed: int | None = None,
+                 wait_quiet_s: float | None = None):
         self.plan = plan
         self.spec = plan.spec
         self.ledger = ledger
@@ -86,6 +94,9 @@ class Executor:
         self.host_fp: str | None = None
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
+        # The order inside each round; stored with verdicts, so a run's order can be replayed.
+        self.order_seed = secrets.randbits(32) if order_seed is None else int(order_seed)
+        self._order = random.Random(self.order_seed)
         self.wait_quiet_s = wait_quiet_s  # --wait-quiet: wait up to this long for a quiet host first
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
 
@@ -220,7 +231,7 @@ class Executor:
         the noise, and refuse to claim effects smaller than the run can resolve."""
         d = self.spec.defaults
         design = self.design()
-        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        alpha_each = self.alpha_each()
         groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
         for h in self.plan.hypotheses:
             if not h.is_aa:
@@ -252,19 +263,25 @@ class Executor:
 
     def design(self) -> stats.Design:
         d = self.spec.defaults
-        return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm)
+        return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                            analysis=d.analysis)
+
+    def alpha_each(self) -> float:
+        """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
+        return stats.adjust_alpha(self.spec.defaults.alpha, self.spec.multiplicity)
 
     def _sequential(self, rows: Mapping[str, HypothesisRow]) -> None:
         d = self.spec.defaults
         design = self.design()
-        alpha_each = stats.adjust_alpha(d.alpha, max(1, len(self.plan.hypotheses)))
+        alpha_each = self.alpha_each()
         pending = []
         for h in self.plan.hypotheses:
             if h.id in self.underpowered:  # the power check refused it up front: no boots spent
                 v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
                                                final=True, test="A/A power check", alpha=alpha_each,
                                                reason=self.underpowered[h.id],
-                                               stats={"noise": self.noise.get(h.baseline.key)}))
+                                               stats={"noise": self.noise.get(h.baseline.key),
+                                                      "family_size": self.spec.multiplicity}))
                 self.obs.verdict(h, v)
             else:
                 pending.append(h)
@@ -293,6 +310,7 @@ class Executor:
             todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
             if not todo:
                 return
+            self._order.shuffle(todo)  # a random order inside each round (seeded: order_seed)
             for st in todo:
                 if st.failed is None and len(st.good_boots) < target:
                     self.boot(st)
@@ -319,7 +337,8 @@ class Executor:
 
         def undecided(reason: str, **ids) -> VerdictRow:
             return VerdictRow(hypothesis_id=row.id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                              alpha=alpha, reason=reason, warnings=warnings, **ids)
+                              alpha=alpha, reason=reason, warnings=warnings,
+                              stats={"family_size": self.spec.multiplicity}, **ids)
 
         failed = [s for s in (b, t) if s.failed]
         if failed:
@@ -331,9 +350,13 @@ class Executor:
             return undecided(f"metric {h.metric.name} has no values in {'baseline' if not bv.values else 'treatment'} "
                              "boots (see the boots' source problems)")
         ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+        # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
+        rounds = tuple([i for i, x in enumerate(s.good_boots) if x.id in set(v.boot_ids)]
+                       for s, v in ((b, bv), (t, tv)))
         try:
             res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values],
-                                 expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha)
+                                 expect=h.spec.expect, min_effect=h.spec.min_effect, design=design, alpha=alpha,
+                                 rounds=rounds)
         except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
             return undecided(f"metric {h.metric.name} cannot be compared: {exc}. Pick a metric with positive, "
                              "varying values (a rate, a latency, a count per sample)", **ids)
@@ -341,7 +364,9 @@ class Executor:
             hypothesis_id=row.id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
             ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
             p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
-            stats=jsonable(dataclasses.asdict(res)), **ids)
+            stats=jsonable({**dataclasses.asdict(res), "family_size": self.spec.multiplicity,
+                            "family_alpha": self.spec.defaults.alpha, "rounds": rounds,
+                            "order_seed": self.order_seed}), **ids)
 
     def _warnings(self, b: ConfigState, t: ConfigState) -> list[str]:
         """Marked boots on either side, and every way the two sides' hosts differed."""
@@ -350,6 +375,10 @@ class Executor:
             for bt in st.boots:
                 if bt.marks:
                     out.append(f"{side} boot {bt.id}: {', '.join(bt.marks)}")
+        for side, st in (("baseline", b), ("treatment", t)):
+            mixed = engine_identity.mixed_versions(side, st.boots)
+            if mixed:
+                out.append(mixed)
         for drift in host_drift(b.good_boots, t.good_boots):
             out.append(f"host drift: {drift.message}")
         thresholds = self.spec.defaults.host_thresholds
@@ -370,12 +399,15 @@ class Executor:
         boot = Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                     host_fingerprint=self.host_fp)
         try:
-            worktree = None
+            worktree, cenv = None, self.plan.shared_env()
             if pc.arm.commit is not None:
                 worktree = self.ws.worktree(pc.arm.commit)
-                build = self.plan.build_argv(worktree)
+                if self.plan.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
+                    cenv = self.ws.environment(pc.arm.commit, self.plan.base_python)
+                build = self.plan.build_argv(worktree, cenv.python)
                 if build:
-                    self.ws.build(pc.arm.commit, build, self.plan.boot_env(pc))
+                    self.ws.build(pc.arm.commit, build, self.plan.boot_env(pc, cenv), python=cenv.python)
+            boot.provenance = {**(boot.provenance or {}), "environment": cenv.to_dict()}
         except BuildFailed as exc:
             st.failed = str(exc)
             st.row.status, st.row.failure, st.row.log_tail = "build_failed", str(exc), exc.log_tail
@@ -386,7 +418,7 @@ class Executor:
             self.obs.boot_finished(pc, boot)
             return boot
         port = free_port()
-        argv = self.plan.argv(pc, port=port, worktree=worktree)
+        argv = self.plan.argv(pc, port=port, worktree=worktree, python=cenv.python)
         boot.port, boot.argv = port, argv
         self.ledger.add(boot)
         st.boots.append(boot)
@@ -396,7 +428,8 @@ class Executor:
         preset = self.plan.preset
         try:
             t0 = time.monotonic()
-            with ServerProcess(argv, env=self.plan.boot_env(pc), cwd=self.plan.cwd(worktree), log_path=log_path,
+            with ServerProcess(argv, env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
+                               log_path=log_path,
                                base_url=base_url, health_path=spec.engine.health,
                                ready_timeout_s=spec.engine.ready_timeout_s) as server:
                 boot.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
@@ -499,6 +532,8 @@ class Executor:
         d = self.spec.defaults
         info = fetch_server_info(base_url, self.spec.engine.server_info)
         boot.server_info = info
+        reported = engine_identity.read_reported_version(base_url, info)  # the guard on which code ran
+        boot.provenance = {**(boot.provenance or {}), "engine_version": reported.to_dict()}
         env_rep = provenance.env_report(server.pid, pc.arm.env)
         preset = self.plan.preset
         keys = {f: presets.info_key(f, preset) for f in pc.arm.flags}

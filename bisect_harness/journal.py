@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from . import host_state, stats
+from . import engine_identity, host_state, stats
 from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
@@ -76,6 +76,9 @@ def _checks_cell(warnings, drift) -> str:
     """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
     counts: dict[str, int] = {}
     for w in warnings or []:
+        if w.startswith(engine_identity.WARNING_PREFIX):
+            counts["engine versions differ"] = counts.get("engine versions differ", 0) + 1
+            continue
         if not w.startswith(("baseline boot ", "treatment boot ")):
             continue
         for mark in w.split(": ", 1)[-1].split(", "):
@@ -193,6 +196,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         configs.append({
             "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
             "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "reported": _md(engine_identity.describe(c.boots)),
+            "python": _md(_environment_text(c.boots)),
             "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
             "log_tail": (c.log_tail or "").strip(), "boots": boots})
     cals = []
@@ -205,6 +210,19 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _environment_text(boots) -> str:
+    """The interpreter(s) a config's boots ran with, and whether each was the commit's own."""
+    seen = []
+    for b in boots:
+        env = (b.provenance or {}).get("environment")
+        if env:
+            text = (f"`{env['python']}` (the commit's own venv over `{env['base_python']}`)" if env["mode"] == "venv"
+                    else f"`{env['python']}` (shared by every commit)")
+            if text not in seen:
+                seen.append(text)
+    return "; ".join(seen)
 
 
 def _calibration_text(result: dict) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from . import presets
 from .checkout import Workspace, default_cache_dir
+from .envs import CommitEnv, resolve_python
 from .errors import CommitError
 from .model import Arm, Metric
 from .spec import HypothesisSpec, Spec
@@ -59,48 +60,77 @@ class Plan:
     configs: tuple[PlannedConfig, ...]
     hypotheses: tuple[PlannedHypothesis, ...]
     cache_dir: Path
+    base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
 
     @property
     def preset(self) -> presets.Preset:
         return presets.get_preset(self.spec.engine.preset)
 
-    def argv(self, config: PlannedConfig, *, port: int | str, worktree: Path | None) -> list[str]:
-        """The launch argv for one boot: template plus flags, placeholders filled, no shell."""
+    @property
+    def base_python(self) -> str:
+        """The base environment's interpreter (``engine.python``, else the harness's own)."""
+        return self.base_interpreter or resolve_python(self.spec.engine.python)
+
+    def argv(self, config: PlannedConfig, *, port: int | str, worktree: Path | None,
+             python: str | None = None) -> list[str]:
+        """The launch argv for one boot: template plus flags, placeholders filled, no shell.
+        ``python`` is the commit's interpreter (``CommitEnv.python``); by default the base's,
+        or the literal ``{python}`` for a config whose commits each get their own."""
         engine = self.spec.engine
         template = list(engine.launch) + presets.flags_to_argv(config.arm.flags, self.preset)
-        return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree))
+        return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree,
+                                                                 python=python or self.python_for(config)))
 
-    def build_argv(self, worktree: Path | None) -> list[str] | None:
+    def build_argv(self, worktree: Path | None, python: str | None = None) -> list[str] | None:
         if not self.spec.engine.build:
             return None
-        return presets.render_argv(list(self.spec.engine.build), **self.placeholders(port="", worktree=worktree))
+        return presets.render_argv(list(self.spec.engine.build),
+                                   **self.placeholders(port="", worktree=worktree, python=python))
 
-    def cwd(self, worktree: Path | None) -> Path:
+    def cwd(self, worktree: Path | None, python: str | None = None) -> Path:
         engine = self.spec.engine
         if engine.cwd:
-            return Path(presets.render_argv([engine.cwd], **self.placeholders(port="", worktree=worktree))[0])
+            return Path(presets.render_argv([engine.cwd], **self.placeholders(port="", worktree=worktree,
+                                                                              python=python))[0])
         return worktree if worktree is not None else self.spec.spec_dir
 
-    def placeholders(self, *, port, worktree: Path | None) -> dict[str, str]:
-        return {"port": str(port), "host": LOOPBACK, "python": sys.executable,
+    def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
+        return {"port": str(port), "host": LOOPBACK, "python": python or self.base_python,
                 "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
                 "spec_dir": str(self.spec.spec_dir)}
 
-    def boot_env(self, config: PlannedConfig) -> dict[str, str]:
-        """The process env of a boot: ours, then the config's (engine base env merged into the arm)."""
+    @property
+    def per_commit_env(self) -> bool:
+        """Does each commit get its own environment (``engine.environment: venv``)?"""
+        return self.repo is not None and self.spec.engine.environment_mode == "venv"
+
+    def python_for(self, config: PlannedConfig) -> str:
+        """``{python}`` as known before a boot: the base interpreter, or the literal
+        ``{python}`` where each commit's own environment supplies it at boot time."""
+        return "{python}" if (self.per_commit_env and config.arm.commit is not None) else self.base_python
+
+    def shared_env(self) -> CommitEnv:
+        return CommitEnv(python=self.base_python, venv=None, base_python=self.base_python)
+
+    def boot_env(self, config: PlannedConfig, commit_env: CommitEnv | None = None) -> dict[str, str]:
+        """The process env of a boot: ours, then the config's (engine base env merged into the
+        arm), with the commit's environment first on PATH."""
         env = dict(os.environ)
         env.update(self.preset.env)  # what the engine needs to be observable (e.g. vLLM's dev-mode info)
         env.update(config.arm.env)
-        return env
+        return commit_env.apply(env) if commit_env is not None else env
 
 
 def engine_fingerprint(spec: Spec) -> str:
     """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
     e = spec.engine
-    payload = json.dumps({"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
-                          "cwd": e.cwd, "bench": spec.benchmark.__dict__,
-                          "samples_per_boot": spec.defaults.samples_per_boot,
-                          "metrics": [repr(m) for m in e.metrics]}, sort_keys=True, default=str)
+    fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
+              "cwd": e.cwd, "bench": spec.benchmark.__dict__,
+              "samples_per_boot": spec.defaults.samples_per_boot,
+              "metrics": [repr(m) for m in e.metrics]}
+    # Only when written: files that leave them out keep the keys their ledgers already hold.
+    fields.update({k: v for k, v in (("python", e.python), ("environment", e.environment)) if v is not None})
+    payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -153,5 +183,6 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
         b = configs.setdefault(b.key, b)
         t = configs.setdefault(t.key, t)
         hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
+    base_python = resolve_python(spec.engine.python) if resolve else (spec.engine.python or sys.executable)
     return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
-                cache_dir=cache_dir)
+                cache_dir=cache_dir, base_interpreter=base_python)

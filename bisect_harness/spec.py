@@ -11,6 +11,7 @@ Defaults live here, in the dataclasses' fields, and nowhere else.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,12 +20,14 @@ from typing import Any, Mapping
 import yaml
 
 from .contention import Thresholds
+from .envs import ENV_MODES
 from .errors import SpecError, UserError
 from .model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
 HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
+ANALYSES = ("paired", "unpaired")  # stats.ANALYSES; spec does not import stats
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -44,6 +47,15 @@ class EngineSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     metrics: tuple[Any, ...] = ()  # sources.MetricSource
+    python: str | None = None  # the base interpreter; None: the harness's own
+    environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
+
+    @property
+    def environment_mode(self) -> str:
+        """Where each commit's build installs: its own venv whenever there is a build."""
+        if self.environment is not None:
+            return self.environment
+        return "venv" if self.build else "shared"
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class Defaults:
     host_thresholds: Thresholds = field(default_factory=Thresholds)
     host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
     host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
+    analysis: str = "unpaired"  # unpaired (Welch) | paired (rounds as blocks); chosen by bench/bench_stats.py
 
 
 @dataclass(frozen=True)
@@ -95,10 +108,16 @@ class Spec:
     benchmark: BenchmarkSpec
     defaults: Defaults
     hypotheses: tuple[HypothesisSpec, ...]
+    family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
 
     @property
     def spec_dir(self) -> Path:
         return self.path.parent
+
+    @property
+    def multiplicity(self) -> int:
+        """The multiplicity family's size: every hypothesis of the file, whatever ``--only`` kept."""
+        return max(self.family_size, len(self.hypotheses), 1)
 
     def metrics(self) -> dict[str, Metric]:
         """Every metric a hypothesis may name: the client's and the declared sources'."""
@@ -314,7 +333,7 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 
 _TOP = ("version", "engine", "benchmark", "defaults", "hypotheses")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
-           "env", "flags", "metrics")
+           "env", "flags", "metrics", "python", "environment")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
@@ -350,7 +369,7 @@ def parse_spec(text: str, path: Path) -> Spec:
         metrics[s.metric.name] = s.metric
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=engine.repo is not None or engine.preset == "demo")
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
-                hypotheses=hyps)
+                hypotheses=hyps, family_size=len(hyps))
 
 
 def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
@@ -406,11 +425,24 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
             raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
         seen.add(source.metric.name)
         metrics.append(source)
+    python = e.get("python")
+    if python is not None:
+        r.typed(python, "engine.python", (str,), "the path (or PATH name) of the base environment's python")
+        if os.sep in python:  # a path, relative to the hypotheses file; a bare name is looked up on PATH
+            python = os.path.abspath(spec_dir / Path(python).expanduser())
+    environment = e.get("environment")
+    if environment is not None and environment not in ENV_MODES:
+        raise r.doc.error("engine.environment", f"must be one of {', '.join(ENV_MODES)}, got {environment!r}: "
+                          "'venv' gives each commit its own environment over engine.python, 'shared' builds "
+                          "every commit into engine.python itself")
+    if environment is not None and repo is None and preset_name != "demo":
+        raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
+                          "repository (engine.repo); remove engine.environment or add engine.repo")
     return EngineSpec(
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
-        metrics=tuple(metrics))
+        metrics=tuple(metrics), python=python, environment=environment)
 
 
 def _benchmark(r: _Reader, value) -> BenchmarkSpec:
@@ -478,6 +510,10 @@ def _defaults(r: _Reader, value) -> Defaults:
                 raise r.doc.error(f"defaults.host_thresholds.{name}", f"must not be negative, got {v}")
             limits[name] = float(v)
         kwargs["host_thresholds"] = Thresholds(**limits)
+    if "analysis" in d:
+        if d["analysis"] not in ANALYSES:
+            raise r.doc.error("defaults.analysis", f"must be one of {', '.join(ANALYSES)}, got {d['analysis']!r}")
+        kwargs["analysis"] = d["analysis"]
     out = Defaults(**kwargs)
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",

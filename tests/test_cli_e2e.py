@@ -135,6 +135,23 @@ def test_ledger_holds_runs_configs_boots_and_samples(demo_run):
 
 
 @pytest.mark.slow
+def test_verdicts_record_analysis_family_and_round_order(demo_run):
+    assert demo_run["proc"].returncode == 0, demo_run["proc"].stderr[-4000:]
+    run_id = last_json(demo_run["proc"].stdout)["run_id"]
+    rows = query(demo_run["db"], "SELECT v.test, v.alpha, v.stats FROM verdicts v JOIN hypotheses h "
+                                 "ON h.id = v.hypothesis_id WHERE h.run_id = ?", (run_id,))
+    seeds = set()
+    for test, alpha, raw in rows:
+        st = json.loads(raw)
+        assert st["analysis"] == "unpaired" and "Welch" in test  # the shipped default, named in the test
+        assert st["family_size"] == 2 and alpha == pytest.approx(0.05 / 2) and st["family_alpha"] == 0.05
+        baseline_rounds, treatment_rounds = st["rounds"]
+        assert baseline_rounds == list(range(len(baseline_rounds)))
+        seeds.add(st["order_seed"])
+    assert len(seeds) == 1  # one order seed per run
+
+
+@pytest.mark.slow
 def test_journal_has_verdicts_configs_and_the_hypotheses_as_written(demo_run):
     assert demo_run["proc"].returncode == 0, demo_run["proc"].stderr[-4000:]
     run_id = last_json(demo_run["proc"].stdout)["run_id"]

@@ -42,7 +42,7 @@ SPEC = textwrap.dedent("""\
 
 #: Two busy loops (one per core of a 2-core CI runner), each with its own deadline.
 BURN = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"
-BUSY_BOOT = 2  # the treatment's first boot (rounds interleave: b1 t1 b2 t2)
+BUSY_BOOT = 2  # the second boot of the run: either side's, as the order inside a round is random
 
 
 def burner(n: int = 2) -> list[subprocess.Popen]:
@@ -104,10 +104,18 @@ def recorded(db):
     return rows, seen
 
 
+def side_of(db, boot_id: int) -> tuple[str, str]:
+    """(this side, the other side) of a boot: the treatment is the config with the flag."""
+    (flags,), = query(db, "select c.flags from boots b join configs c on c.id = b.config_id where b.id = ?",
+                      (boot_id,))
+    return ("treatment", "baseline") if "attention-mode" in flags else ("baseline", "treatment")
+
+
 def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
     returncode, stdout, stderr, db = run_with_burner(tmp_path, SPEC)
     assert returncode == 0, stderr
     rows, seen = recorded(db)
+    side, other = side_of(db, BUSY_BOOT)
     figures = {bid: rec for bid, _, _, rec in rows}
     busy = [bid for bid, _, marks, _ in rows if "host_busy" in marks]
     assert busy == [BUSY_BOOT], seen
@@ -119,16 +127,16 @@ def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
 
     verdict = last_json(stdout)["hypotheses"][0]
     warnings = verdict["warnings"]
-    assert f"treatment boot {BUSY_BOOT}: host_busy" in warnings
-    busy_line = next(w for w in warnings if w.startswith(f"host busy during treatment boot {BUSY_BOOT}: "))
+    assert f"{side} boot {BUSY_BOOT}: host_busy" in warnings
+    busy_line = next(w for w in warnings if w.startswith(f"host busy during {side} boot {BUSY_BOOT}: "))
     assert "CPU used by other processes" in busy_line and "python" in busy_line
-    assert any(w.startswith("contention differed between the sides: baseline 0 of 2 boots busy") and
-               "treatment 1 of 2 boots busy" in w for w in warnings), warnings
+    assert any(w.startswith("contention differed between the sides: ") and f"{side} 1 of 2 boots busy" in w
+               and f"{other} 0 of 2 boots busy" in w for w in warnings), warnings
     assert not any(f"boot {b}" in w for w in warnings for b in (1, 3, 4)), warnings
 
     journal = next((tmp_path / "exp").glob("*.md")).read_text()
     assert "The two sides ran on the same host state" not in journal
-    assert "but not in the same host state: 1 of 2 treatment boots ran on a busy host" in journal
+    assert f"but not in the same host state: 1 of 2 {side} boots ran on a busy host" in journal
     assert "host_busy x1" in journal and "contention differs" in journal
     assert journal.count("**above thresholds**") == 1
     assert "host_busy" in stderr  # the CLI's verdict table and progress say it too
@@ -140,12 +148,13 @@ def test_retry_leaves_the_busy_boot_out_and_boots_the_config_again(tmp_path):
     assert returncode == 0, stderr
     rows, seen = recorded(db)
     status = {bid: (st, "host_busy" in marks) for bid, st, marks, _ in rows}
+    side, _ = side_of(db, BUSY_BOOT)
     assert status[BUSY_BOOT] == ("excluded", True), seen
     assert [bid for bid, (st, busy) in status.items() if busy] == [BUSY_BOOT], seen
     assert len(rows) == 5 and all(st == "ok" for bid, (st, _) in status.items() if bid != BUSY_BOOT), seen
     verdict = last_json(stdout)["hypotheses"][0]
     assert verdict["boots"] == {"baseline": 2, "treatment": 2}  # the re-boot took the busy boot's place
-    assert any(w.startswith(f"host busy during treatment boot {BUSY_BOOT}: ") for w in verdict["warnings"])
+    assert any(w.startswith(f"host busy during {side} boot {BUSY_BOOT}: ") for w in verdict["warnings"])
 
 
 FAILING_ENGINE = textwrap.dedent("""\

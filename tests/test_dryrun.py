@@ -75,9 +75,11 @@ def test_example_plan_as_json(example, tmp_path):
     assert len(plan["configs"]) == len(configs) == 9
     assert plan["defaults"] == {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 3, "alpha": 0.05}
 
+    # a build is declared: each commit gets its own environment, so {python} is known only at boot
+    assert plan["environment"] == {"mode": "venv", "base_python": sys.executable}
     for c in plan["configs"]:
         argv = c["argv"]
-        assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"], argv
+        assert argv[:3] == ["{python}", "-m", "sglang.launch_server"], argv
         assert flag_value(argv, "--port") == "{port}", "the port is chosen per boot, so it stays a placeholder"
         assert flag_value(argv, "--host") == "127.0.0.1"
         assert flag_value(argv, "--tp-size") == "8"
@@ -129,11 +131,12 @@ def test_example_plan_as_text(example, tmp_path):
     assert "boots per config: 3 to 6 (sequential), 3 samples per boot" in out
     assert f"engine.repo {tmp_path / 'sglang'} does not exist here; revisions are shown as written" in out
     assert "commit: HEAD~200" in out
+    assert f"python: each commit's own environment ({{python}} in argv), a venv over {sys.executable}" in out
     argv_lines = [line.split("argv:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("argv:")]
     assert len(argv_lines) == 9
     for line in argv_lines:  # one line each, and it parses back as the argv it shows
         argv = shlex.split(line)
-        assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert argv[:3] == ["{python}", "-m", "sglang.launch_server"]
         assert flag_value(argv, "--port") == "{port}"
     env_lines = [line for line in out.splitlines() if line.strip().startswith("env:")]
     assert len(env_lines) == 9 and all("NCCL_NVLS_ENABLE=0" in line for line in env_lines)
@@ -188,7 +191,7 @@ def test_demo_plan_resolves_revisions_to_full_shas(demo, tmp_path):
     assert configs[hyps["head-regression"]["treatment"]]["commit"] == demo.head
     assert configs[hyps["attention"]["treatment"]]["commit"] == demo.head
     for c in plan["configs"]:
-        assert c["argv"] == [sys.executable, "serve.py", "--host", "127.0.0.1", "--port", "{port}",
+        assert c["argv"] == ["{python}", "serve.py", "--host", "127.0.0.1", "--port", "{port}",
                              *(["--attention-mode", "decode"] if c["flags"] else [])]
 
     text = harness(["run", str(spec), "--dry-run"], work)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats as st
 
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.model import Expect
+from bisect_harness.nightly import judge_night
 from bisect_harness.stats import detect_shift
 
 from helpers import harness, last_json, query, write_spec
@@ -31,18 +33,69 @@ def test_detect_shift_flags_a_drop_and_not_noise():
     assert latency.regressed
 
 
-def test_detect_shift_false_alarm_rate_holds():
+def test_detect_shift_is_the_prediction_t_test_on_night_values():
+    rng = np.random.default_rng(3)
+    history, newest = _nights(rng, 100.0, 6), _nights(rng, 96.0, 1)[0]
+    s = detect_shift(history, newest, worse=Expect.DECREASE, min_effect=0.0, alpha=0.05)
+    y = np.array([np.median(np.log([np.mean(b) for b in night])) for night in history])
+    y_new = np.median(np.log([np.mean(b) for b in newest]))
+    se = y.std(ddof=1) * np.sqrt(1 + 1 / y.size)
+    assert s.p_value == pytest.approx(st.t.cdf((y_new - y.mean()) / se, y.size - 1), rel=1e-10)
+    assert s.ratio == pytest.approx(np.exp(y_new - y.mean()), rel=1e-12)
+    assert s.df == 5 and s.n_reference_nights == 6 and s.n_reference_boots == 18 and s.n_new_boots == 3
+    window = detect_shift(history, newest, worse=Expect.DECREASE, window=3)
+    assert window.n_reference_nights == 3
+
+
+@pytest.mark.parametrize("min_effect", [0.0, 0.05])
+def test_detect_shift_false_alarm_rate_holds_with_nights_that_differ(min_effect):
+    # Night-to-night CV 2% on top of the boots' noise: the former test, which pooled
+    # boots across nights as independent, alerted 8.7-11.2% of the time at alpha 0.01.
     rng = np.random.default_rng(7)
-    alarms = sum(detect_shift(_nights(rng, 100.0, 5), _nights(rng, 100.0, 1)[0], worse=Expect.DECREASE,
-                              min_effect=0.0, alpha=0.05).regressed for _ in range(400))
-    assert alarms / 400 <= 0.05 + 0.03
+    n = 3000
+    alarms, pooled = 0, 0
+    for _ in range(n):
+        history = [_nights(rng, 100.0 * (1 + 0.02 * rng.standard_normal()), 1, between=0.01)[0] for _ in range(7)]
+        newest = _nights(rng, 100.0 * (1 + 0.02 * rng.standard_normal()), 1, between=0.01)[0]
+        alarms += detect_shift(history, newest, worse=Expect.DECREASE, min_effect=min_effect, alpha=0.01).regressed
+        la = np.log([np.mean(b) for night in history for b in night])
+        lb = np.log([np.mean(b) for b in newest])
+        pooled += st.ttest_ind(lb, la, equal_var=False, alternative="less").pvalue <= 0.01
+    assert alarms / n <= 0.01 + 0.006  # 3.3 standard errors
+    assert pooled / n > 0.05  # the contrast: pooling boots across nights alerts falsely
+
+
+def test_an_alert_must_survive_fresh_boots():
+    rng = np.random.default_rng(11)
+    history = _nights(rng, 100.0, 7, between=0.005, within=0.005)
+    stalled = [list(b) for b in _nights(rng, 100.0, 1, between=0.005, within=0.005)[0]]
+    stalled[0] = [x * 0.7 for x in stalled[0]]
+    stalled[1] = [x * 0.7 for x in stalled[1]]  # two of three boots stalled together
+    fresh = stalled + _nights(rng, 100.0, 1, between=0.005, within=0.005)[0]
+    kw = dict(worse=Expect.DECREASE, min_effect=0.05, alpha=0.01, window=7)
+    assert detect_shift(history, stalled, **kw).regressed  # the first look alone would alert
+    calls = []
+    s = judge_night(history, stalled, lambda: calls.append(1) or fresh, **kw)
+    assert calls == [1] and not s.regressed and "did not survive 3 fresh boots" in s.reason
+    assert s.n_new_boots == 6
+    drop = _nights(rng, 80.0, 2, between=0.005, within=0.005)
+    s = judge_night(history, drop[0], lambda: drop[0] + drop[1], **kw)
+    assert s.regressed and s.n_new_boots == 6 and s.ratio == pytest.approx(0.8, abs=0.02)
+    s = judge_night(history, stalled, lambda: stalled, **kw)  # no fresh boots to be had (budget spent)
+    assert s.regressed and s.n_new_boots == 3
+    quiet = judge_night(history, fresh[3:], lambda: pytest.fail("no alert, no more boots"), **kw)
+    assert not quiet.regressed
 
 
 def test_detect_shift_bad_input():
-    with pytest.raises(ValueError, match="at least 2 boots"):
-        detect_shift([], [[1.0], [1.0]], worse=Expect.DECREASE)
+    with pytest.raises(ValueError, match="at least 2 earlier nights"):
+        detect_shift([[[1.0], [1.1]]], [[1.0], [1.0]], worse=Expect.DECREASE)
     with pytest.raises(ValueError, match="alpha"):
-        detect_shift([[[1.0], [2.0]]], [[1.0], [2.0]], worse=Expect.DECREASE, alpha=0.7)
+        detect_shift([[[1.0], [2.0]], [[1.0], [2.0]]], [[1.0], [2.0]], worse=Expect.DECREASE, alpha=0.7)
+    with pytest.raises(ValueError, match="window"):
+        detect_shift([[[1.0], [2.0]], [[1.0], [2.0]]], [[1.0], [2.0]], worse=Expect.DECREASE, window=1)
+    with pytest.raises(ValueError, match="same value"):
+        detect_shift([[[1.0], [2.0]], [[1.0], [2.0]]], [[1.0], [2.0]], worse=Expect.DECREASE)
 
 
 @pytest.mark.slow
@@ -61,21 +114,35 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path):
                      "min_effect": "10%"}])
     common = ["--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", tmp_path / "exp", "--json",
               "--no-calibration", "--metric", "decode_ms", "--min-effect", "0.05"]
-    first = harness("nightly", spec, "--rev", history.shas[i - 2], *common)
-    assert first.returncode == 0, first.stderr
-    assert last_json(first.stdout)["status"] == "first-night"
-    second = harness("nightly", spec, "--rev", history.shas[i - 1], *common)
-    assert second.returncode == 0, second.stderr
-    assert last_json(second.stdout)["status"] == "ok"
-    third = harness("nightly", spec, "--rev", history.shas[i + 2], *common, timeout=600)
-    assert third.returncode == 4, third.stderr
-    out = last_json(third.stdout)
+    # Each night is one value and the spread between nights is the noise: the test
+    # needs two earlier nights, and with few it is weak (a busy host's nights differ
+    # by 10-20% here), so five quiet nights first.
+    for back, status in ((5, "first-night"), (4, "first-night"), (3, "ok"), (2, "ok"), (1, "ok")):
+        night = harness("nightly", spec, "--rev", history.shas[i - back], *common)
+        assert night.returncode == 0, night.stderr
+        assert last_json(night.stdout)["status"] == status, night.stdout[-2000:]
+    tonight = harness("nightly", spec, "--rev", history.shas[i + 2], *common, timeout=600)
+    assert tonight.returncode in (0, 4), tonight.stdout[-3000:] + tonight.stderr[-3000:]
+    out = last_json(tonight.stdout)
+    low, high = out["ci"]
+    if out["status"] == "ok":
+        # Each night is one value: on a host whose load swings between nights (two
+        # CPU cores shared with other test runs can make nights differ by 20% and
+        # more), the regression is within the nights' own spread, and an honest
+        # test must not alert. It may stay silent only when the nights really were
+        # that far apart: with quiet nights the interval is narrow and the
+        # regression (decode about 1.8x slower) must alert.
+        assert high / low > 2.0, f"quiet nights, yet no alert: {out}"
+        assert tonight.returncode == 0 and out["bisection"] is None
+        pytest.skip(f"the host's nights differed too much to show the regression: {out['reason']}")
+    assert tonight.returncode == 4
     assert out["status"] == "regression" and out["alert"]
     assert out["reference_commit"] == history.shas[i - 1]
     assert out["ratio"] > 1.05
     assert out["bisection"]["culprit"] == regression
-    assert out["bisection"]["boots"] > out["bisection"]["new_boots"]  # the two nights' boots were reused
+    assert out["bisection"]["boots"] > out["bisection"]["new_boots"]  # the earlier nights' boots were reused
     statuses = [s for (s,) in query(tmp_path / "r.db", "select status from runs where kind = 'nightly' order by id")]
-    assert statuses == ["done", "done", "alert"]
-    journal = sorted((tmp_path / "exp").glob("*-run3.md"))[0].read_text()
+    assert statuses == ["done"] * 5 + ["alert"]
+    assert out["df"] == 4 and out["test"].startswith("one-sided prediction t-test")
+    journal = sorted((tmp_path / "exp").glob("*-run6.md"))[0].read_text()
     assert "## Nightly check: regression" in journal and "## Bisection" in journal

@@ -60,6 +60,58 @@ def test_evaluate_p_value_is_one_sided_welch_on_log_boot_means():
     assert down.p_value == pytest.approx(1 - ref.pvalue, rel=1e-10)
 
 
+def test_paired_p_value_is_scipy_ttest_rel_on_per_round_log_ratios():
+    rng = np.random.default_rng(40)
+    base, treat = boots_from(rng, 100, 5), boots_from(rng, 103, 5)
+    d = Design(analysis="paired")
+    v = evaluate(base, treat, expect=INC, min_effect=0.01, design=d)
+    lb = np.log([np.mean(b) for b in base])
+    lt = np.log([np.mean(b) for b in treat])
+    ref = st.ttest_rel(lt, lb, alternative="greater")
+    assert v.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    assert v.ratio == pytest.approx(math.exp(np.mean(lt - lb)), rel=1e-12)
+    assert v.analysis == "paired" and v.n_pairs == 5 and "paired" in v.test and "Welch" not in v.test
+    half = v.ci[1] / v.ratio
+    crit = st.t.isf(v.p_threshold, 4) * np.std(lt - lb, ddof=1) / math.sqrt(5)
+    assert math.log(half) == pytest.approx(crit, rel=1e-10)
+    assert evaluate(base, treat, expect=INC, min_effect=0.01).analysis == "unpaired"  # the default
+
+
+def test_paired_rounds_match_boots_by_label_and_drop_unmatched_rounds():
+    rng = np.random.default_rng(41)
+    base, treat = boots_from(rng, 100, 5), boots_from(rng, 102, 4)
+    d = Design(analysis="paired", min_boots=3, max_boots=6)
+    # Treatment's round 2 failed: its four boots are rounds 0, 1, 3, 4.
+    v = evaluate(base, treat, expect=INC, min_effect=0.01, design=d, rounds=([0, 1, 2, 3, 4], [0, 1, 3, 4]))
+    lb = np.log([np.mean(b) for b in base])[[0, 1, 3, 4]]
+    lt = np.log([np.mean(b) for b in treat])
+    assert v.n_pairs == 4 and v.n_boots == (5, 4)
+    assert v.p_value == pytest.approx(st.ttest_rel(lt, lb, alternative="greater").pvalue, rel=1e-10)
+    assert not v.final and "Round incomplete" in v.reason
+    with pytest.raises(ValueError, match="round holds two boots"):
+        evaluate(base, treat, expect=INC, min_effect=0.01, design=d, rounds=([0, 0, 1, 2, 3], [0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="one label per boot"):
+        evaluate(base, treat, expect=INC, min_effect=0.01, design=d, rounds=([0, 1, 2], [0, 1, 2, 3]))
+    few = evaluate(base[:1], treat[:1], expect=INC, min_effect=0.01, design=d)
+    assert few.outcome is Outcome.INCONCLUSIVE and few.ci is None and "round(s) with both arms" in few.reason
+
+
+def test_paired_analysis_cancels_what_moves_whole_rounds():
+    # Each round's host level moves by +-10% (a neighbour comes and goes), the
+    # treatment is 3% faster within every round: blocks see it, Welch cannot.
+    rng = np.random.default_rng(42)
+    base, treat = [], []
+    for _ in range(6):
+        host = 1 + 0.10 * rng.standard_normal()
+        base.append(list(100 * host * (1 + 0.005 * rng.standard_normal(3))))
+        treat.append(list(103 * host * (1 + 0.005 * rng.standard_normal(3))))
+    kw = dict(expect=INC, min_effect=0.015)
+    paired = evaluate(base, treat, design=Design(analysis="paired"), **kw)
+    unpaired = evaluate(base, treat, design=Design(analysis="unpaired"), **kw)
+    assert paired.outcome is Outcome.CONFIRMED and paired.ratio == pytest.approx(1.03, abs=0.01)
+    assert unpaired.outcome is not Outcome.CONFIRMED
+
+
 # ------------------------------------------------------- variance components
 
 
@@ -203,7 +255,10 @@ def test_single_look_design_is_the_plain_test():
 
 
 def test_crossing_probability_by_look_follows_spending():
-    d = Design()
+    # The paired test's null law is exact, so its crossings follow the spending
+    # function; the unpaired test's boundaries hold at the least favourable
+    # variance ratio and cross less often at equal variances (tested below).
+    d = Design(analysis="paired")
     r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000, seed=13)
     confirmed_by = [np.mean((r.outcomes == 1) & (r.boots <= k)) for k in d.looks]
     np.testing.assert_allclose(confirmed_by, S.spent_alpha(d), atol=0.006)
@@ -215,16 +270,55 @@ def test_crossing_probability_by_look_follows_spending():
 @pytest.mark.parametrize("spending,between,within", [
     ("pocock", 0.01, 0.02), ("pocock", 0.03, 0.05), ("pocock", 0.0, 0.02),
     ("obrien-fleming", 0.01, 0.02)])
-def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within):
+@pytest.mark.parametrize("analysis", S.ANALYSES)
+def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within, analysis):
     r = S.simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
-                   design=Design(spending=spending), n_sim=12000, seed=14)
+                   design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
     assert r.confirmed <= 0.05 + 0.007  # 3.5 standard errors
-    assert r.confirmed >= 0.05 - 0.012  # and not needlessly conservative
+    # Not needlessly conservative: the paired test is exact; the unpaired one pays
+    # for holding alpha at every variance ratio with about a third of alpha at equal
+    # variances (measured 0.033-0.036).
+    assert r.confirmed >= (0.05 - 0.012 if analysis == "paired" else 0.025)
+
+
+@pytest.mark.parametrize("between_b", [0.04, 0.06, 0.08, 0.20])
+@pytest.mark.parametrize("analysis", S.ANALYSES)
+def test_aa_false_confirmed_rate_holds_with_unequal_variances(between_b, analysis):
+    # The measurement: 1% vs 4-8% between-boot CV took the A/A rate to
+    # 0.0625-0.066 with boundaries calibrated at equal variances only.
+    d = Design(min_boots=3, max_boots=6, analysis=analysis)
+    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000,
+                   seed=30, between_cv_b=between_b)
+    assert r.confirmed <= 0.05 + 0.0055  # 3.5 standard errors
+
+
+def test_unpaired_levels_hold_at_the_least_favourable_variance_ratio():
+    d = Design(min_boots=3, max_boots=6, analysis="unpaired")
+    levels = np.array(S.nominal_levels(d))
+    rng = np.random.default_rng(31)
+    rates = {}
+    for ratio in (1.0, 4.0, 16.0, 1e6):  # fresh paths, not the calibration's
+        p = S._null_p_paths(rng, 200_000, d.looks, 0.2, "unpaired", ratio)
+        rates[ratio] = (p <= levels).any(axis=1).mean()
+    assert max(rates.values()) <= 0.05 + 0.0015, rates
+    # the bound binds at an unequal ratio, and equal variances pay for it
+    assert max(rates[16.0], rates[1e6]) >= 0.043 and rates[1.0] < 0.04, rates
 
 
 def test_false_refuted_rate_at_most_alpha_when_effect_equals_hypothesis():
     r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, n_sim=20000, seed=15)
     assert r.refuted <= 0.05 + 0.006
+
+
+@pytest.mark.parametrize("analysis", S.ANALYSES)
+def test_effect_equal_to_min_effect_is_confirmed_well_short_of_one_minus_alpha(analysis):
+    # What CONFIRMED promises: no error against zero, and an estimate of at least E;
+    # not that the effect is at least E. At effect = E it is little better than a coin.
+    d = Design(min_boots=3, max_boots=6, analysis=analysis)
+    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=33)
+    assert 0.5 <= r.confirmed <= 0.66 and r.refuted <= 0.05 + 0.005
+    below = S.simulate(0.025, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=34)
+    assert below.confirmed >= 0.3  # a true effect under E is confirmed often
 
 
 def test_naive_pooled_test_overstates_confidence():
@@ -241,8 +335,9 @@ def test_family_of_twelve_aa_checks_with_bonferroni():
     assert any_false <= 0.05 + 0.012
 
 
-def test_simulate_decides_exactly_like_evaluate():
-    d = Design()
+@pytest.mark.parametrize("analysis", S.ANALYSES)
+def test_simulate_decides_exactly_like_evaluate(analysis):
+    d = Design(analysis=analysis)
     rng = np.random.default_rng(18)
     samples = S._draw(rng, 60, 0.02, 0.01, 0.02, d.max_boots, d.samples_per_boot)
     outcomes, boots, _ = S._run_paths(samples, 1, math.log1p(0.01), d, 0.05)
@@ -295,6 +390,13 @@ def test_smallest_detectable_effect_has_the_promised_power():
     assert smaller.confirmed < 0.6
     bigger_budget = S.smallest_detectable_effect(*aa, design=Design(max_boots=4, min_boots=4))
     assert bigger_budget > sde
+    # Paired: n - 1 degrees of freedom instead of 2n - 2, so a larger floor, and the
+    # promised power holds for the paired test too.
+    dp = Design(analysis="paired")
+    sde_p = S.smallest_detectable_effect(*aa, design=dp)
+    assert sde_p > sde
+    rp = S.simulate(sde_p, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=dp, n_sim=10000, seed=22)
+    assert rp.confirmed >= 0.8 - 0.02
 
 
 # ------------------------------------------------------------ bad inputs

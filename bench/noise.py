@@ -1,0 +1,99 @@
+"""Noise that real hosts make, for the benches: one model per way a host misleads.
+
+A bench that draws its noise from the distribution its method assumes proves little.
+Each model here draws one *boot* (its per-sample values) of a config whose true level
+is ``mu`` (a higher-is-better rate such as tok/s), at a point in time. Time is the
+host's boot counter: every boot of every config advances it, so drift and bursts
+act across configs the way they do on a real host (whole rounds move together).
+
+Models (keys are stable; benches report under them):
+
+* ``stationary``: Gaussian, equal variance, independent, stationary (the textbook).
+  A boot draws its level ``mu (1 + between_cv z)``; each sample adds
+  ``mu within_cv z'``.
+* ``unequal_variance``: as stationary, but boots of the arm named ``"b"`` (or, for a
+  commit range, commits at or after the culprit) have ``UNEQUAL_FACTOR`` times the
+  between-boot CV (1% vs 6% by default: the ratio measured in the A/A report).
+* ``heavy_tail``: 5% of boots run 20% slow (a stalled boot: thread placement, a
+  page-cache miss, a neighbour's burst that lasts one boot).
+* ``bimodal``: 20% of boots land in a second mode 8% slow (llama.cpp's two-mode
+  boots in ``boots.csv``: about 46 and 60 tok/s).
+* ``drift``: a linear drift of -0.1% per boot of host time (a host that warms, or
+  gets quieter, during the search).
+* ``bursts``: an on/off neighbour (a two-state Markov chain over host time, mean
+  burst 6 boots, on a quarter of the time); boots inside a burst run 25% slow with
+  a CV of 8%, as the busy-host trace in ``boots.csv`` does (400-950 tok/s).
+
+``no culprit`` and the culprit's position are scenarios of the benches, not noise.
+
+Usage::
+
+    host = Host("bimodal", np.random.default_rng(0))
+    samples = host.boot(100.0, arm="a")      # ndarray of SAMPLES_PER_BOOT values
+    host.boot_means(100.0, 5, arm="b")       # five boot means
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MODELS = ("stationary", "unequal_variance", "heavy_tail", "bimodal", "drift", "bursts")
+
+WITHIN_CV = 0.02
+BETWEEN_CV = 0.01
+SAMPLES_PER_BOOT = 3
+UNEQUAL_FACTOR = 6.0
+TAIL_P, TAIL_SLOW = 0.05, 0.20
+BIMODAL_P, BIMODAL_SLOW = 0.20, 0.08
+DRIFT_PER_BOOT = -0.001
+BURST_MEAN_LEN, BURST_ON_FRACTION, BURST_SLOW, BURST_CV = 6.0, 0.25, 0.25, 0.08
+
+
+class Host:
+    """One simulated host for one trial: a noise model, a random stream, a clock."""
+
+    def __init__(self, model: str, rng: np.random.Generator, *, within_cv: float = WITHIN_CV,
+                 between_cv: float = BETWEEN_CV, samples_per_boot: int = SAMPLES_PER_BOOT):
+        if model not in MODELS:
+            raise ValueError(f"unknown noise model {model!r}; one of {', '.join(MODELS)}")
+        self.model, self.rng = model, rng
+        self.within_cv, self.between_cv, self.samples_per_boot = within_cv, between_cv, samples_per_boot
+        self.t = 0  # boots so far, all configs together
+        self._burst = False
+
+    def _advance_burst(self) -> bool:
+        # Two-state chain with mean on-length BURST_MEAN_LEN and stationary on-fraction.
+        p_off = 1.0 / BURST_MEAN_LEN
+        p_on = p_off * BURST_ON_FRACTION / (1.0 - BURST_ON_FRACTION)
+        if self.t == 0:
+            self._burst = bool(self.rng.random() < BURST_ON_FRACTION)
+        elif self._burst:
+            self._burst = not (self.rng.random() < p_off)
+        else:
+            self._burst = bool(self.rng.random() < p_on)
+        return self._burst
+
+    def factor(self, *, noisy_arm: bool) -> float:
+        """The multiplicative host effect on one boot's level (1.0 is a quiet boot)."""
+        m, rng = self.model, self.rng
+        between = self.between_cv * (UNEQUAL_FACTOR if (m == "unequal_variance" and noisy_arm) else 1.0)
+        f = 1.0 + between * rng.standard_normal()
+        if m == "heavy_tail" and rng.random() < TAIL_P:
+            f *= 1.0 - TAIL_SLOW
+        elif m == "bimodal" and rng.random() < BIMODAL_P:
+            f *= 1.0 - BIMODAL_SLOW
+        elif m == "drift":
+            f *= 1.0 + DRIFT_PER_BOOT * self.t
+        elif m == "bursts" and self._advance_burst():
+            f *= 1.0 - BURST_SLOW + BURST_CV * rng.standard_normal()
+        return f
+
+    def boot(self, mu: float, *, arm: str = "a", noisy: bool | None = None) -> np.ndarray:
+        """One boot of a config at true level ``mu``: its samples. ``noisy`` overrides
+        which side gets the larger variance under ``unequal_variance`` (default: arm "b")."""
+        level = mu * self.factor(noisy_arm=(arm == "b") if noisy is None else noisy)
+        self.t += 1
+        return level + mu * self.within_cv * self.rng.standard_normal(self.samples_per_boot)
+
+    def boot_means(self, mu: float, n: int, *, arm: str = "a", noisy: bool | None = None) -> np.ndarray:
+        return np.array([self.boot(mu, arm=arm, noisy=noisy).mean() for _ in range(n)])
