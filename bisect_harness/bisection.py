@@ -419,6 +419,8 @@ class BisectionSearch:
                 good, bad = (i, j) if i < j else (j, i)
                 diff = (y - x) if i < j else (x - y)
                 self._pairs.setdefault((good, bad), []).append(self._expect.sign * diff)
+                if probes[0].purpose == "verify" and self._verify_target is None:
+                    self._verify_target = (good, bad)
         elif probes:
             self._probe_rounds += 1
             self._anchors += sum(1 for p in probes if p.purpose == "anchor")
@@ -768,9 +770,12 @@ class BisectionSearch:
                 if k - 1 in self._skipped or k in self._skipped:
                     return done(StopReason.UNVERIFIED)
                 self._verify_target = (k - 1, k)
-                if left < 2:
-                    return done(StopReason.BUDGET)
-                return go(self._pair_round(k - 1, k, "verify"))
+                vt = self._paired(k - 1, k, self._verify_alpha, 3, self._max_verify_pairs)
+                state["verify_test"] = vt
+                if vt.decision == "open":
+                    if left < 2:
+                        return done(StopReason.BUDGET)
+                    return go(self._pair_round(k - 1, k, "verify"))
             if vt.decision == "passed" and self._verify_target[1] == k:
                 return done(StopReason.CONFIDENT)
             return done(StopReason.UNVERIFIED)
@@ -832,9 +837,12 @@ class BisectionSearch:
         return self._decide()[0]
 
     def next_probe(self) -> Probe | None:
-        """The first probe of the next round (see ``next_round``); None when done."""
+        """The main probe of the next round (not its anchor; see ``next_round``);
+        None when done."""
         rnd = self.next_round()
-        return rnd[0] if rnd else None
+        if not rnd:
+            return None
+        return next((p for p in rnd if p.purpose != "anchor"), rnd[0])
 
     def result(self) -> BisectResult:
         """Where the search stands now (``stopped`` is ``RUNNING`` while it goes on)."""
