@@ -76,10 +76,10 @@ from bisect_harness.model import Expect  # noqa: E402
 N_COMMITS = 256
 BASE = 100.0
 #: the CLI's default ``harness bisect --max-boots``
-BUDGET = 100
+BUDGET = 150
 CONFIDENCE = 0.95
 SCENARIOS = {"minus5": -0.05, "minus2": -0.02, "first": -0.05, "last": -0.05, "none": 0.0}
-THRESHOLD_SIMULATIONS = 2000
+THRESHOLD_SIMULATIONS = 10000
 # Distances (IQR) and the sample sizes simulated for them, as in thresholds_performance.py.
 _SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0: 35, 1.1: 25, 1.2: 25,
           1.3: 20, 1.4: 20}

@@ -177,7 +177,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
 
 
 def bisect_hypothesis(executor: Executor, h: PlannedHypothesis, row: HypothesisRow,
-                      *, confidence: float = 0.95, max_boots: int = 100) -> BisectOutcome:
+                      *, confidence: float = 0.95, max_boots: int = 150) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits."""
     b, t = h.baseline.arm, h.treatment.arm
     if b.commit is None or t.commit is None or b.commit == t.commit:

@@ -104,6 +104,8 @@ __all__ = [
 #: degrees of freedom of the Student-t boot noise
 NU = 4.0
 LIKELIHOODS = ("slow-mode", "student-t", "gaussian")
+#: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
+GATE_SHARES = (0.8, 0.1, 0.1)
 
 
 class StopReason(str, enum.Enum):
@@ -275,10 +277,10 @@ class BisectionSearch:
 
     def __init__(self, commits: Sequence[str], *, expect: Expect, confidence: float = 0.95,
                  max_boots: int = 200, seed: int = 0, initial_boots: int = 3,
-                 max_endpoint_boots: int = 16, max_probe_boots: int = 8,
+                 max_endpoint_boots: int = 24, max_probe_boots: int = 8,
                  likelihood: str = "slow-mode", drift: bool | None = None,
                  no_step_prior: float = 0.2, step_scale: float = 0.1, verify: bool = True,
-                 verify_alpha: float | None = None, max_verify_pairs: int = 16,
+                 verify_alpha: float | None = None, max_verify_pairs: int = 24,
                  anchor_every: int = 2):
         commits = tuple(commits)
         if len(commits) < 2:
@@ -342,7 +344,7 @@ class BisectionSearch:
         self._pair_rounds = 0
         self._probe_rounds = 0
         self._anchors = 0
-        self._verify_target: tuple[int, int] | None = None
+        self._gates: list[tuple[int, int]] = []  # (parent, candidate) per head-to-head test
         # Fixed tie-break order: a function of the seed only, so resuming is exact.
         self._tie_rank = np.random.default_rng(seed).permutation(len(commits))
         self._cache: tuple | None = None
@@ -419,8 +421,8 @@ class BisectionSearch:
                 good, bad = (i, j) if i < j else (j, i)
                 diff = (y - x) if i < j else (x - y)
                 self._pairs.setdefault((good, bad), []).append(self._expect.sign * diff)
-                if probes[0].purpose == "verify" and self._verify_target is None:
-                    self._verify_target = (good, bad)
+                if probes[0].purpose == "verify" and (good, bad) not in self._gates:
+                    self._gates.append((good, bad))
         elif probes:
             self._probe_rounds += 1
             self._anchors += sum(1 for p in probes if p.purpose == "anchor")
@@ -690,6 +692,10 @@ class BisectionSearch:
         return paired_sequential_test(self._pairs.get((good, bad), []), alpha=alpha,
                                       min_pairs=min_pairs, max_pairs=max_pairs)
 
+    def _gate_test(self, g: int) -> PairedTest:
+        parent, k = self._gates[g]
+        return self._paired(parent, k, self._verify_alpha * GATE_SHARES[g], 3, self._max_verify_pairs)
+
     def _endpoint_test(self) -> PairedTest:
         return self._paired(0, len(self._commits) - 1, 1.0 - self._confidence,
                             self._initial_boots, self._max_endpoint_boots)
@@ -734,9 +740,8 @@ class BisectionSearch:
         for e in ends:
             if e in self._skipped and not self._values[e]:
                 return done(StopReason.ENDPOINT_UNMEASURABLE)
-        if self._verify_target is not None:
-            vt = self._paired(*self._verify_target, self._verify_alpha, 3, self._max_verify_pairs)
-            state["verify_test"] = vt
+        tests = [self._gate_test(g) for g in range(len(self._gates))]
+        state["verify_test"] = tests[-1] if tests else None
         et = self._endpoint_test()
         state["endpoint_test"] = et
         if any(e in self._skipped for e in ends) and et.decision != "passed":
@@ -751,12 +756,12 @@ class BisectionSearch:
         if p_none >= self._confidence:
             return done(StopReason.NOT_REPRODUCED)
         # 2. Confident in one commit (checked against its parent), or in a block?
-        #    One head-to-head test per search: once started it runs to its decision
-        #    (its boots feed the posterior too), so a wrong commit is reported at most
-        #    verify_alpha of the time.
-        vt = state["verify_test"]
-        if vt is not None and vt.decision == "open":
-            parent, k = self._verify_target
+        #    A head-to-head test, once started, runs to its decision (its boots feed
+        #    the posterior too). At most len(GATE_SHARES) of them per search, the g-th
+        #    at level verify_alpha * GATE_SHARES[g]: a wrong commit is reported at
+        #    most verify_alpha of the time in all.
+        if tests and tests[-1].decision == "open":
+            parent, k = self._gates[-1]
             if left < 2:
                 return done(StopReason.BUDGET)
             return go(self._pair_round(parent, k, "verify"))
@@ -766,21 +771,22 @@ class BisectionSearch:
             k = blocks[best][0]
             if not self._verify:
                 return done(StopReason.CONFIDENT)
-            if vt is None:
-                if k - 1 in self._skipped or k in self._skipped:
-                    return done(StopReason.UNVERIFIED)
-                self._verify_target = (k - 1, k)
-                vt = self._paired(k - 1, k, self._verify_alpha, 3, self._max_verify_pairs)
-                state["verify_test"] = vt
-                if vt.decision == "open":
-                    if left < 2:
-                        return done(StopReason.BUDGET)
-                    return go(self._pair_round(k - 1, k, "verify"))
-            if vt.decision == "passed" and self._verify_target[1] == k:
+            target = (k - 1, k)
+            if target in self._gates:
+                decision = tests[self._gates.index(target)].decision
+                return done(StopReason.CONFIDENT if decision == "passed" else StopReason.UNVERIFIED)
+            if len(self._gates) >= len(GATE_SHARES) or k - 1 in self._skipped or k in self._skipped:
+                return done(StopReason.UNVERIFIED)
+            self._gates.append(target)
+            vt = self._gate_test(len(self._gates) - 1)
+            state["verify_test"] = vt
+            if vt.decision == "passed":
                 return done(StopReason.CONFIDENT)
-            return done(StopReason.UNVERIFIED)
-        if vt is not None and vt.decision == "failed":
-            return done(StopReason.UNVERIFIED)
+            if vt.decision == "failed":
+                return done(StopReason.UNVERIFIED)
+            if left < 2:
+                return done(StopReason.BUDGET)
+            return go(self._pair_round(k - 1, k, "verify"))
         if left <= 0:
             return done(StopReason.BUDGET)
         # 3. Probabilistic bisection: the probe-able commit nearest the posterior median.

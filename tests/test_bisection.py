@@ -483,11 +483,13 @@ def test_wrong_candidate_is_not_reported_when_its_parent_is_the_same():
     for i, v in {1: 100.1, 2: 99.9, 3: 100.2, 4: 99.9, 5: 95.1, 6: 94.9}.items():
         search.observe(f"c{i:03d}", [v, v + 0.2])
     rng = np.random.default_rng(3)
-    while (rnd := search.next_round()) is not None:
-        assert rnd[0].purpose == "verify" and {p.commit for p in rnd} == {"c004", "c005"}
+    tested = []
+    while (rnd := search.next_round()) is not None and rnd[0].purpose == "verify":
+        tested.append(tuple(sorted(p.commit for p in rnd)))
         search.observe_round(rnd, [[100.0 + 1.0 * rng.standard_normal()] for _ in rnd])
+    assert tested[0] == ("c004", "c005")
     result = search.result()
-    assert result.stopped is StopReason.UNVERIFIED and result.culprit is None
+    assert result.culprit is None and result.stopped is not StopReason.CONFIDENT
     assert result.verify_test.decision == "failed"
 
 
