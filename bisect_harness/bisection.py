@@ -104,6 +104,8 @@ __all__ = [
 #: degrees of freedom of the Student-t boot noise
 NU = 4.0
 LIKELIHOODS = ("slow-mode", "student-t", "gaussian")
+#: the slow mode's rate has a Beta(1, EPS_PRIOR_B) prior (mean 5%)
+EPS_PRIOR_B = 19.0
 #: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
 GATE_SHARES = (0.8, 0.1, 0.1)
 
@@ -281,7 +283,7 @@ class BisectionSearch:
                  likelihood: str = "slow-mode", drift: bool | None = None,
                  no_step_prior: float = 0.2, step_scale: float = 0.1, verify: bool = True,
                  verify_alpha: float | None = None, max_verify_pairs: int = 24,
-                 anchor_every: int = 2):
+                 anchor_every: int = 4):
         commits = tuple(commits)
         if len(commits) < 2:
             raise ValueError(f"bisection needs at least 2 commits (a good and a bad endpoint), "
@@ -621,12 +623,14 @@ class BisectionSearch:
             o = sign * np.maximum(sign * o_hat, 3.0 * np.sqrt(s2))
             s2k = np.maximum((r_new * (e - o[:, None]) ** 2).sum(1) / np.maximum(rs, 1e-9), s2)
             s2k = np.where(rs > 1e-6, s2k, np.maximum(s2k, s2))
-            eps = np.clip(rs / N, 0.01, 0.35)
+            # MAP under a Beta(1, EPS_PRIOR_B) prior: with few boots, calling many of
+            # them "slow" is not free.
+            eps = np.clip(rs / (N + EPS_PRIOR_B - 1.0), 0.005, 0.35)
             done = np.max(np.abs(r_new - r)) < 1e-5
             r = r_new
             if done and it > 2:
                 break
-        ll = lse.sum(1)
+        ll = lse.sum(1) + (EPS_PRIOR_B - 1.0) * np.log1p(-eps)
         om = (1.0 - r) / s2[:, None] + r / s2k[:, None]
         wg, wb = (om * G).sum(1), (om * Bm).sum(1)
         log_det = np.log(wg) + np.log(np.maximum(wb, 1e-12))
