@@ -58,7 +58,10 @@ The search runs in *rounds*: the caller boots a round's probes in the order give
    way is reported as the culprit. A wrong commit and its parent are the same
    code, so a wrong answer is reported at most ``verify_alpha`` of the time,
    whatever the noise, as long as the noise does not depend on which commit is
-   booted. A commit that fails the test ends the search as ``unverified``.
+   booted. A search makes at most three such tests, the first at 80% of
+   ``verify_alpha``, the others at 10% each; a test, once started, runs to its
+   decision. A commit that fails its test is never reported; when the posterior
+   settles on it again, or no test is left, the search ends as ``unverified``.
 
 A commit that was skipped (failed to build or boot) and never measured cannot be
 told apart from the next commit: such a run of skipped commits and the commit after
