@@ -8,14 +8,21 @@ it on the good side, it and every commit after it on the bad side), or no commit
 did (``k = none``: the endpoints' difference was noise). A boot's value (one float
 per boot; the boot is the unit of replication) at host time ``t`` is modelled as
 
-    x = mu_side + beta * t + s * e,      e ~ Student-t(nu)   (likelihood="student-t")
-    x = mu_side + s * e,                 e ~ N(0, 1)         (likelihood="gaussian")
+    x = mu_side + beta * t + s_side * e               e ~ N(0, 1), probability 1 - eps
+    x = mu_side + beta * t + o + s_slow * e           the slow mode, probability eps
+                                                      (likelihood="slow-mode", the default)
+    x = mu_side + beta * t + s * e,   e ~ Student-t(4)     (likelihood="student-t")
+    x = mu_side + s * e,              e ~ N(0, 1)          (likelihood="gaussian")
 
 Host time is the order in which boots were observed (every boot of every commit
 advances it), so ``beta`` is a linear drift of the host, learnt from commits that
-are measured again later (the anchors below). The Student-t error (``nu = 4``) is
-what real hosts need: a boot that stalled 20% slow, or landed in a slow mode, is
-one unlikely draw, not a reason to move the step.
+are measured again later (the anchors below). The *slow mode* is what real hosts
+make: a boot that stalled 20% slow, a second mode of thread placement, a
+neighbour's burst; it is shifted by ``o`` in the regression's own direction (at
+least three noise sds), with its rate ``eps`` under a Beta(1, 19) prior, so one
+slow boot is one unlikely draw of either side, not a reason to move the step.
+Each side has its own noise sd ``s_side`` (shrunk towards the pooled one by three
+pseudo-boots), since a regression often makes a config noisier as well as slower.
 
 The posterior over ``k`` (and ``none``) uses the marginal likelihood of each split of
 the observed boots into a good and a bad group. For ``gaussian`` without drift it is
@@ -24,24 +31,25 @@ to the expected direction):
 
     p(data | k)  ∝  (n_g n_b)^(-1/2) * SSE^(-(N-2)/2) * T_{N-2}(t_k)
 
-For ``student-t`` the fit of each split is iteratively reweighted least squares
-(the EM algorithm for the t distribution; Lange, Little & Taylor, JASA 1989) and
-the marginal is its Laplace approximation. Comparing "a step at k" with "no step"
+Otherwise each split is fitted by EM (for ``student-t``, iteratively reweighted
+least squares; Lange, Little & Taylor, JASA 1989), all splits at once, and the
+marginal is its Laplace approximation. Comparing "a step at k" with "no step"
 needs a proper prior on the step: half-normal on the expected side with scale
 ``step_scale`` times the metric's level (10%); both models share flat priors on
-the level and the drift, which cancel. The prior puts ``no_step_prior`` on
-``none`` and spreads the rest evenly over the commits.
+the level and the drift, which cancel (the second noise sd costs the step model
+``log(N) / 2``, as in BIC). The prior puts ``no_step_prior`` on ``none`` and
+spreads the rest evenly over the commits.
 
 The search runs in *rounds*: the caller boots a round's probes in the order given
 (interleaved), then hands the values back with ``observe_round``:
 
 1. **The endpoint check, on fresh boots.** Rounds of one boot of the good and one of
-   the bad endpoint, in a random order per round, until a one-sided paired t-test
-   on the per-round differences shows the expected change. The order is random, so
-   under "no change" each difference is symmetric about zero whatever the host
-   does (drift, bursts, two-mode boots); the test looks after every pair and each
-   look gets ``(1 - confidence) / looks`` (Bonferroni), so the repeated looks keep
-   its error rate. Boots observed outside these rounds (reused from a ledger, or
+   the bad endpoint, in a random order per round, until a one-sided sequential
+   paired test on the per-round differences (``paired_sequential_test``) shows the
+   expected change. The order is random, so under "no change" each difference is
+   symmetric about zero whatever the host does (drift, bursts, two-mode boots);
+   each of the test's looks gets ``(1 - confidence) / looks`` (Bonferroni), so the
+   repeated looks keep its error rate. Boots observed outside these rounds (reused from a ledger, or
    the hypothesis that selected the regression) feed the posterior but never this
    check: the evidence that opens a bisection is not the evidence that chose it.
 2. **Probabilistic bisection.** The next probe is the commit where the posterior
@@ -109,6 +117,8 @@ NU = 4.0
 LIKELIHOODS = ("slow-mode", "student-t", "gaussian")
 #: the slow mode's rate has a Beta(1, EPS_PRIOR_B) prior (mean 5%)
 EPS_PRIOR_B = 19.0
+#: pseudo-boots of the pooled variance that each side's own variance is shrunk with
+UNEQUAL_SHRINK = 3.0
 #: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
 GATE_SHARES = (0.8, 0.1, 0.1)
 
@@ -286,7 +296,7 @@ class BisectionSearch:
                  likelihood: str = "slow-mode", drift: bool | None = None,
                  no_step_prior: float = 0.2, step_scale: float = 0.1, verify: bool = True,
                  verify_alpha: float | None = None, max_verify_pairs: int = 24,
-                 anchor_every: int = 4):
+                 anchor_every: int = 4, unequal_variances: bool = True):
         commits = tuple(commits)
         if len(commits) < 2:
             raise ValueError(f"bisection needs at least 2 commits (a good and a bad endpoint), "
@@ -338,6 +348,7 @@ class BisectionSearch:
         self._verify_alpha = float(verify_alpha)
         self._max_verify_pairs = max_verify_pairs
         self._anchor_every = anchor_every
+        self._unequal = bool(unequal_variances)
         self._seed = seed
         # Observations: commit index, value, host time (boots observed before it).
         self._obs_i: list[int] = []
@@ -592,6 +603,8 @@ class BisectionSearch:
         drift = self._drift
         r = np.zeros((S, N))
         s2 = np.full(S, 0.25)
+        s2g, s2b = s2.copy(), s2.copy()
+        S2 = np.full((S, N), 0.25)
         s2k = np.full(S, 1.0)
         o = np.full(S, 4.0 * sign * 0.5)
         eps = np.full(S, 0.05)
@@ -599,7 +612,7 @@ class BisectionSearch:
         for it in range(40):
             # M-step for the levels and the drift: weighted least squares on y minus the
             # slow offset, with weights from both components.
-            om = (1.0 - r) / s2[:, None] + r / s2k[:, None]
+            om = (1.0 - r) / S2 + r / s2k[:, None]
             z = y[None, :] - (r / s2k[:, None]) * o[:, None] / om
             wg, wb = (om * G).sum(1), (om * Bm).sum(1)
             wb_safe = np.where(wb > 0, wb, 1.0)
@@ -613,13 +626,22 @@ class BisectionSearch:
             level = np.where(G, (zg - beta * tg)[:, None], (zb - beta * tb)[:, None])
             e = y[None, :] - level - beta[:, None] * tt[None, :]
             # E-step: responsibility of the slow mode.
-            l1 = np.log1p(-eps)[:, None] + stats.norm.logpdf(e, 0.0, np.sqrt(s2)[:, None])
+            l1 = np.log1p(-eps)[:, None] + stats.norm.logpdf(e, 0.0, np.sqrt(S2))
             l2 = np.log(eps)[:, None] + stats.norm.logpdf(e, o[:, None], np.sqrt(s2k)[:, None])
             lse = np.logaddexp(l1, l2)
             r_new = np.exp(l2 - lse)
             # M-step for the noise: main and slow variances, the slow shift and rate.
             w1 = 1.0 - r_new
             s2 = np.maximum((w1 * e * e).sum(1) / np.maximum(w1.sum(1), 1e-9), 1e-6)
+            if self._unequal:
+                # Each side its own variance, shrunk towards the pooled one by
+                # UNEQUAL_SHRINK pseudo-boots so that a side with two boots stays sane.
+                k0 = UNEQUAL_SHRINK
+                s2g = ((w1 * G * e * e).sum(1) + k0 * s2) / ((w1 * G).sum(1) + k0)
+                s2b = ((w1 * Bm * e * e).sum(1) + k0 * s2) / ((w1 * Bm).sum(1) + k0)
+                S2 = np.maximum(np.where(G, s2g[:, None], s2b[:, None]), 1e-6)
+            else:
+                S2 = np.broadcast_to(s2[:, None], (S, N))
             rs = r_new.sum(1)
             o_hat = np.where(rs > 1e-6, (r_new * e).sum(1) / np.maximum(rs, 1e-9), o)
             # The slow mode lies clearly on the slow side: at least 3 main sds away.
@@ -634,7 +656,7 @@ class BisectionSearch:
             if done and it > 2:
                 break
         ll = lse.sum(1) + (EPS_PRIOR_B - 1.0) * np.log1p(-eps)
-        om = (1.0 - r) / s2[:, None] + r / s2k[:, None]
+        om = (1.0 - r) / S2 + r / s2k[:, None]
         wg, wb = (om * G).sum(1), (om * Bm).sum(1)
         log_det = np.log(wg) + np.log(np.maximum(wb, 1e-12))
         if drift:
@@ -649,6 +671,8 @@ class BisectionSearch:
         log_step = (ll[:-1] - 0.5 * log_det[:-1] + 0.5 * math.log(2 * math.pi)
                     + math.log(2.0) + stats.norm.logpdf(delta[:-1], 0.0, tau)
                     + stats.norm.logcdf(sign * delta[:-1] / se[:-1]))
+        if self._unequal:
+            log_step = log_step - 0.5 * math.log(N)  # the second variance, against "no step" (BIC)
         log_det0 = math.log(wg[-1]) + (math.log(max(stt[-1], 1e-9)) if drift else 0.0)
         log_none = float(ll[-1] - 0.5 * log_det0)
         loglik = np.full(m + 1, -np.inf)
