@@ -34,8 +34,9 @@ to the expected direction):
 Otherwise each split is fitted by EM (for ``student-t``, iteratively reweighted
 least squares; Lange, Little & Taylor, JASA 1989), all splits at once, and the
 marginal is its Laplace approximation. Comparing "a step at k" with "no step"
-needs a proper prior on the step: half-normal on the expected side with scale
-``step_scale`` times the metric's level (10%); both models share flat priors on
+needs a proper prior on the step: half-Cauchy on the expected side with scale
+``step_scale`` times the metric's level (10%; heavy-tailed, so a 40% regression is
+not held against the step model); both models share flat priors on
 the level and the drift, which cancel (the second noise sd costs the step model
 ``log(N) / 2``, as in BIC). The prior puts ``no_step_prior`` on ``none`` and
 spreads the rest evenly over the commits.
@@ -565,7 +566,7 @@ class BisectionSearch:
         tau = self._step_scale * (abs(center) if center != 0.0 else scale) / scale
         sign = self._expect.sign
         log_step = (ll[:-1] - 0.5 * log_det[:-1] + 0.5 * math.log(2 * math.pi)
-                    + math.log(2.0) + stats.norm.logpdf(delta[:-1], 0.0, tau)
+                    + math.log(2.0) + stats.cauchy.logpdf(delta[:-1], 0.0, tau)
                     + stats.norm.logcdf(sign * delta[:-1] / se[:-1]))
         # No step: one level (and the drift); its determinant has one mean, not two.
         log_det0 = np.log(wg[-1]) - np.log(s2[-1]) + (np.log(max(stt[-1], 1e-9)) - np.log(s2[-1])
@@ -669,7 +670,7 @@ class BisectionSearch:
         se = np.sqrt(var_d)
         tau = self._step_scale * (abs(center) if center != 0.0 else scale) / scale
         log_step = (ll[:-1] - 0.5 * log_det[:-1] + 0.5 * math.log(2 * math.pi)
-                    + math.log(2.0) + stats.norm.logpdf(delta[:-1], 0.0, tau)
+                    + math.log(2.0) + stats.cauchy.logpdf(delta[:-1], 0.0, tau)
                     + stats.norm.logcdf(sign * delta[:-1] / se[:-1]))
         if self._unequal:
             log_step = log_step - 0.5 * math.log(N)  # the second variance, against "no step" (BIC)
