@@ -48,6 +48,10 @@ any commit blamed), and for ours ``stopped`` (counts per stop reason) and
 scenario. ``goals`` holds the issue's goals (``wrong_confident_at_most_0.01``
 per model over every scenario; ``stationary_top1_0.95_boots_0.4x``;
 ``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``).
+Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``,
+``seed``, ``budget``, ``confidence``, ``threshold_simulations``,
+``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
+``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
 [--workers N]``. The last line printed is one JSON object with every figure.
