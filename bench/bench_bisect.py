@@ -1,32 +1,60 @@
-"""Benchmark: find one -5% tok/s commit among 256 under boot-to-boot noise.
+"""Benchmark: find one culprit commit among 256, on hosts that misbehave.
 
-Each trial draws a culprit position uniformly in 1..255 of a 256-commit range whose
-good side runs at 100 tok/s and bad side at 95 tok/s. A boot's value is the mean of
-3 samples: the boot draws its own level ``mu * (1 + 0.01 z)`` (between-boot CV 1%),
-and each sample is ``level + mu * 0.02 z'`` (within-boot CV 2%), all z standard
-normal. So one boot's value has a CV of sqrt(0.01^2 + 0.02^2 / 3) = 1.53%, and the
-effect is 3.3 boot standard deviations.
+Every noise model of ``bench/noise.py`` (stationary, unequal_variance, heavy_tail,
+bimodal, drift, bursts) runs these scenarios, each on the same trials for both
+searches (the same culprit, each search with its own seeded host):
 
-Three searches run on the same trials (the same culprit, each with its own noise):
+* ``minus5``: a -5% culprit at a uniform position in 1..255;
+* ``minus2``: a -2% culprit at a uniform position;
+* ``first``: a -5% culprit at commit 1; ``last``: a -5% culprit at commit 255;
+* ``none``: no culprit at all (the endpoints are the same code).
 
-* ours: ``BisectionSearch`` with its defaults (confidence 0.95).
-* pinpoint: after Chromium Pinpoint's exploration. Every probed commit gets 10
-  attempts (boots); two commits compare DIFFERENT when min(Mann-Whitney U, KS)
-  p <= 0.01, SAME when p > 0.1, else UNKNOWN, which adds 50% attempts to both
-  sides (up to 100 each; still UNKNOWN at 100 counts as SAME). The endpoints must
-  compare DIFFERENT; then the midpoint of the differing range is probed and
-  compared with both neighbours, the search following the DIFFERENT side (both or
-  neither: the side with the smaller p). Pinpoint's real SAME threshold is a table
-  over effect size and attempt count; a fixed 0.1 is this benchmark's simplification.
-* naive: one boot per commit, a commit is bad when its boot lies past the midpoint
-  of the two endpoints' single boots, plain binary search.
+A boot of commit ``i`` is one ``Host.boot`` at level 100 (good side) or
+``100 (1 + change)`` (bad side); the host's clock runs across all commits, so drift
+and bursts act across rounds as on a real host. Under ``unequal_variance`` the bad
+side has the larger between-boot CV.
 
-A fourth case runs ours with the commit just before the culprit unbuildable (the
-culprit then cannot be told from it) and reports whether the answer set holds the
-culprit.
+The two searches:
 
-Run: ``python bench/bench_bisect.py [--trials 500] [--seed 0]``. The last line
-printed is one JSON object with every figure.
+* ``ours``: ``BisectionSearch`` as ``harness bisect`` runs it (confidence 0.95,
+  ``--max-boots`` at the CLI's default, ``BUDGET`` below).
+* ``pinpoint``: after Chromium Pinpoint. Two commits compare DIFFERENT when
+  min(Mann-Whitney U, Kolmogorov-Smirnov) p <= 0.01 (``LowThreshold``), SAME when
+  p exceeds the high threshold for the comparison's magnitude and attempt count,
+  else UNKNOWN, which adds 10 attempts (boots) to the commit with fewer
+  (``_REPEAT_COUNT_INCREASE``); every commit starts with 10. The magnitude is
+  the expected change over the larger of the two samples' interquartile ranges,
+  and the attempt count the two samples' mean size, as in catapult's
+  ``dashboard/dashboard/pinpoint/models/job_state.py`` (``_Compare``). The high
+  threshold is Chromium's SAME threshold, ``HighThreshold('performance',
+  magnitude, attempt_count)`` of ``dashboard/dashboard/pinpoint/models/compare/
+  thresholds.py``, including its lookup (row ``int(10 m) - 5`` of rows 0.3..4.0
+  IQR). The table is regenerated here the way ``thresholds_performance.py``
+  generates it (the 99th percentile of the running two-sided Mann-Whitney p, with
+  continuity correction, between two normal samples ``d`` IQRs apart, per sample
+  size, up to its sample-size limits), with ``THRESHOLD_SIMULATIONS`` draws instead
+  of a million: e.g. at 1.0 IQR and 10 values Chromium's table reads .5708; the
+  figure regenerated here is printed as ``pinpoint_threshold_check``. The search
+  is a plain bisection (endpoints, then midpoints compared with both neighbours);
+  Pinpoint's speculation (several midpoints at once) would cost it more boots, so
+  the ratios below favour it. It reports a culprit whenever it ends on one.
+
+Figures per ``model`` and ``scenario`` (keys ``results[model][scenario][search]``):
+``top1_accuracy`` (the culprit named, confidently for ours; for ``none``: no
+commit named), ``mean_boots``, ``wrong_confident_rate`` (a wrong commit reported
+with P >= 0.95 for ours; any wrong commit reported for pinpoint; for ``none``:
+any commit blamed), and for ours ``stopped`` (counts per stop reason) and
+``mean_reported_probability``. ``boots_ratio_ours_to_pinpoint`` per model and
+scenario. ``goals`` holds the issue's goals (``wrong_confident_at_most_0.01``
+per model over every scenario; ``stationary_top1_0.95_boots_0.4x``;
+``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``).
+Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``,
+``seed``, ``budget``, ``confidence``, ``threshold_simulations``,
+``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
+``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
+
+Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
+[--workers N]``. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -34,87 +62,132 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from scipy import stats
 
-from bisect_harness.bisection import BisectionSearch, StopReason, run_search
-from bisect_harness.model import Expect
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from noise import MODELS, Host  # noqa: E402
+
+from bisect_harness.bisection import BisectionSearch, run_search  # noqa: E402
+from bisect_harness.model import Expect  # noqa: E402
 
 N_COMMITS = 256
 BASE = 100.0
-CHANGE = -0.05
-WITHIN_CV = 0.02
-BETWEEN_CV = 0.01
-SAMPLES_PER_BOOT = 3
+#: the CLI's default ``harness bisect --max-boots``
+BUDGET = 150
+CONFIDENCE = 0.95
+SCENARIOS = {"minus5": -0.05, "minus2": -0.02, "first": -0.05, "last": -0.05, "none": 0.0}
+THRESHOLD_SIMULATIONS = 10000
+# Distances (IQR) and the sample sizes simulated for them, as in thresholds_performance.py.
+_SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0: 35, 1.1: 25, 1.2: 25,
+          1.3: 20, 1.4: 20}
+_ROWS = [round(0.3 + 0.1 * i, 1) for i in range(38)]
+
+
+def _size(d: float) -> int:
+    if d in _SIZES:
+        return _SIZES[d]
+    return 15 if d < 1.85 else 10
+
+
+def pinpoint_thresholds(sims: int, seed: int) -> list[np.ndarray]:
+    """Chromium's SAME thresholds, regenerated: per row d (IQR), per sample size n,
+    the 99th percentile of the two-sided Mann-Whitney p of N(0,1) and N(d * 1.349, 1)
+    samples of n each (normal approximation with continuity correction)."""
+    rng = np.random.default_rng(seed)
+    per_iqr = stats.norm.ppf(0.75) - stats.norm.ppf(0.25)
+    rows = []
+    for d in _ROWS:
+        nmax = _size(d)
+        a = rng.standard_normal((sims, nmax))
+        b = rng.standard_normal((sims, nmax)) + d * per_iqr
+        u = np.zeros(sims)
+        out = np.empty(nmax)
+        for k in range(nmax):
+            # pairs added by a[k], b[k]: a[k] > b[:k], a[:k] > b[k], a[k] > b[k]
+            u += (a[:, k:k + 1] > b[:, :k]).sum(1) + (a[:, :k] > b[:, k:k + 1]).sum(1) + (a[:, k] > b[:, k])
+            n = k + 1
+            mu, sd = n * n / 2.0, math.sqrt(n * n * (2 * n + 1) / 12.0)
+            z = (np.abs(u - mu) - 0.5) / sd
+            p = np.minimum(1.0, 2 * stats.norm.sf(np.maximum(z, 0.0)))
+            out[k] = math.ceil(np.percentile(p, 99) * 10000) / 10000
+        rows.append(out)
+    return rows
+
+
+def high_threshold(rows, magnitude: float, sample_size: int) -> float:
+    """``thresholds.HighThreshold('performance', ...)``'s lookup over regenerated rows."""
+    i = min(max(int(magnitude * 10) - 5, 0), len(rows) - 1)
+    row = rows[i]
+    return float(row[min(sample_size, len(row)) - 1])
 
 
 class Range:
-    """One trial's commit range: boots drawn from ``rng``; counts boots spent."""
+    """One trial's commit range on one host; counts boots."""
 
-    def __init__(self, culprit: int, rng: np.random.Generator, unbuildable=()):
-        self.culprit, self.rng = culprit, rng
-        self.unbuildable = set(unbuildable)
+    def __init__(self, model: str, culprit: int | None, change: float, seed):
+        self.host = Host(model, np.random.default_rng(seed))
+        self.culprit, self.change = culprit, change
         self.boots = 0
 
-    def measure_index(self, i: int, boots: int) -> np.ndarray:
-        mu = BASE * (1 + CHANGE) if i >= self.culprit else BASE
-        level = mu * (1 + BETWEEN_CV * self.rng.standard_normal(boots))
-        samples = level[:, None] + mu * WITHIN_CV * self.rng.standard_normal((boots, SAMPLES_PER_BOOT))
-        self.boots += boots
-        return samples.mean(axis=1)
+    def bad(self, i: int) -> bool:
+        return self.culprit is not None and i >= self.culprit
+
+    def boot_values(self, i: int, k: int) -> list[float]:
+        mu = BASE * (1 + self.change) if self.bad(i) else BASE
+        self.boots += k
+        return [float(self.host.boot(mu, noisy=self.bad(i)).mean()) for _ in range(k)]
 
     def measure(self, sha: str, boots: int):
-        i = int(sha)
-        if i in self.unbuildable:
-            return None
-        return self.measure_index(i, boots).tolist()
+        return self.boot_values(int(sha), boots)
 
 
-def ours(rng_range: Range) -> tuple[int | None, tuple[int, ...], float, str]:
-    search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE)
-    result = run_search(search, rng_range.measure)
+def ours(rr: Range) -> tuple[int | None, float, str]:
+    search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE,
+                             confidence=CONFIDENCE, max_boots=BUDGET)
+    result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
-    return culprit, tuple(int(s) for s in result.candidate_set), result.probability, result.stopped.value
+    return culprit, result.probability, result.stopped.value
 
 
-def pinpoint(rng_range: Range, *, attempts=10, max_attempts=100, low=0.01, high=0.1) -> int | None:
-    values: dict[int, np.ndarray] = {}
+def pinpoint(rr: Range, rows, magnitude_abs: float) -> int | None:
+    values: dict[int, list[float]] = {}
 
     def ensure(i: int, k: int) -> None:
-        have = values.get(i, np.empty(0))
-        if have.size < k:
-            values[i] = np.concatenate([have, rng_range.measure_index(i, k - have.size)])
-
-    def p_value(i: int, j: int) -> float:
-        a, b = values[i], values[j]
-        mwu = stats.mannwhitneyu(a, b, alternative="two-sided").pvalue
-        ks = stats.ks_2samp(a, b).pvalue
-        return float(min(mwu, ks))
+        have = values.setdefault(i, [])
+        if len(have) < k:
+            have += rr.boot_values(i, k - len(have))
 
     def compare(i: int, j: int) -> tuple[str, float]:
         while True:
-            p = p_value(i, j)
-            if p <= low:
+            a, b = np.asarray(values[i]), np.asarray(values[j])
+            p = float(min(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue,
+                          stats.ks_2samp(a, b).pvalue))
+            iqr = max(float(np.subtract(*np.percentile(a, [75, 25]))),
+                      float(np.subtract(*np.percentile(b, [75, 25]))))
+            magnitude = abs(magnitude_abs / iqr) if iqr else 1000.0
+            attempts = (a.size + b.size) // 2
+            if p <= 0.01:
                 return "different", p
-            if p > high:
+            if p > high_threshold(rows, magnitude, attempts):
                 return "same", p
-            n = min(values[i].size, values[j].size)
-            if n >= max_attempts:
-                return "same", p
-            grow = min(max_attempts, math.ceil(n * 1.5))
-            ensure(i, grow)
-            ensure(j, grow)
+            fewer = i if a.size <= b.size else j
+            ensure(fewer, len(values[fewer]) + 10)
 
     lo, hi = 0, N_COMMITS - 1
-    ensure(lo, attempts)
-    ensure(hi, attempts)
+    ensure(lo, 10)
+    ensure(hi, 10)
     if compare(lo, hi)[0] != "different":
         return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ensure(mid, attempts)
+        ensure(mid, 10)
         left, p_left = compare(lo, mid)
         right, p_right = compare(mid, hi)
         if left == "different" and right != "different":
@@ -128,99 +201,100 @@ def pinpoint(rng_range: Range, *, attempts=10, max_attempts=100, low=0.01, high=
     return hi
 
 
-def naive(rng_range: Range) -> int:
-    good = rng_range.measure_index(0, 1)[0]
-    bad = rng_range.measure_index(N_COMMITS - 1, 1)[0]
-    threshold = (good + bad) / 2
-    lo, hi = 0, N_COMMITS - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        value = rng_range.measure_index(mid, 1)[0]
-        is_bad = value < threshold if bad < good else value > threshold
-        if is_bad:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
+    if scenario == "none":
+        return None
+    if scenario == "first":
+        return 1
+    if scenario == "last":
+        return N_COMMITS - 1
+    return int(rng.integers(1, N_COMMITS))
 
 
-def summarise(found, truth, boots) -> dict:
-    found = np.array([-1 if f is None else f for f in found])
-    boots = np.asarray(boots, dtype=float)
-    return {
-        "top1_accuracy": float(np.mean(found == np.asarray(truth))),
-        "mean_boots": float(boots.mean()),
-        "p90_boots": float(np.percentile(boots, 90)),
-        "max_boots": int(boots.max()),
-    }
+def run_cell(args) -> dict:
+    model, scenario, trials, seed, rows = args
+    change = SCENARIOS[scenario]
+    master = np.random.default_rng([seed, MODELS.index(model), list(SCENARIOS).index(scenario)])
+    culprits = [_culprit(scenario, master) for _ in range(trials)]
+    seeds = master.integers(0, 2**63 - 1, size=(trials, 2))
+    out = {}
+    for s, name in enumerate(("ours", "pinpoint")):
+        t0 = time.perf_counter()
+        right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
+        for t, culprit in enumerate(culprits):
+            rr = Range(model, culprit, change, int(seeds[t, s]))
+            if name == "ours":
+                found, prob, why = ours(rr)
+                stopped[why] = stopped.get(why, 0) + 1
+                probs.append(prob)
+                confident = found is not None and prob >= CONFIDENCE
+            else:
+                found = pinpoint(rr, rows, abs(change or -0.05) * BASE)
+                confident = found is not None
+            right.append(found == culprit)
+            wrong_conf.append(confident and found != culprit)
+            boots.append(rr.boots)
+        cell = {"top1_accuracy": float(np.mean(right)), "mean_boots": float(np.mean(boots)),
+                "wrong_confident_rate": float(np.mean(wrong_conf)),
+                "seconds": round(time.perf_counter() - t0, 1)}
+        if name == "ours":
+            cell["stopped"] = dict(sorted(stopped.items()))
+            cell["mean_reported_probability"] = float(np.mean(probs))
+        out[name] = cell
+    out["boots_ratio_ours_to_pinpoint"] = out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
+    return {"model": model, "scenario": scenario, "cell": out}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=500)
-    parser.add_argument("--skip-trials", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
+    for s in scenarios:
+        if s not in SCENARIOS:
+            parser.error(f"--scenarios: unknown scenario {s!r}; one of {', '.join(SCENARIOS)}")
 
-    master = np.random.default_rng(args.seed)
-    culprits = master.integers(1, N_COMMITS, size=args.trials)
-    seeds = master.integers(0, 2**63 - 1, size=(args.trials, 3))
-    out: dict = {"commits": N_COMMITS, "trials": args.trials, "change": CHANGE,
-                 "within_boot_cv": WITHIN_CV, "between_boot_cv": BETWEEN_CV,
-                 "samples_per_boot": SAMPLES_PER_BOOT, "seed": args.seed}
-    timings = {}
-
-    for name in ("ours", "pinpoint", "naive"):
-        t0 = time.perf_counter()
-        found, boots, extra = [], [], []
-        for trial, culprit in enumerate(culprits):
-            rr = Range(int(culprit), np.random.default_rng(seeds[trial, ("ours", "pinpoint", "naive").index(name)]))
-            if name == "ours":
-                c, _, prob, stopped = ours(rr)
-                extra.append((prob, stopped))
-            elif name == "pinpoint":
-                c = pinpoint(rr)
-            else:
-                c = naive(rr)
-            found.append(c)
-            boots.append(rr.boots)
-        out[name] = summarise(found, culprits, boots)
-        if name == "ours":
-            probs = np.array([p for p, _ in extra])
-            out[name]["mean_reported_probability"] = float(probs.mean())
-            out[name]["stopped"] = {s: sum(1 for _, x in extra if x == s) for s in sorted({x for _, x in extra})}
-        timings[name] = round(time.perf_counter() - t0, 1)
-        print(f"{name:9s} {json.dumps(out[name])}  ({timings[name]} s)", flush=True)
-
-    # The commit right before the culprit does not build: the answer is a set.
-    skip_rng = np.random.default_rng([args.seed, 1])
-    contains, sizes, boots, exact = [], [], [], []
-    for _ in range(args.skip_trials):
-        culprit = int(skip_rng.integers(2, N_COMMITS))
-        rr = Range(culprit, np.random.default_rng(skip_rng.integers(0, 2**63 - 1)), unbuildable={culprit - 1})
-        c, candidate_set, _, stopped = ours(rr)
-        contains.append(culprit in candidate_set)
-        sizes.append(len(candidate_set))
-        exact.append(stopped == StopReason.AMBIGUOUS_SKIPS.value and set(candidate_set) == {culprit - 1, culprit})
-        boots.append(rr.boots)
-    out["ours_unbuildable_before_culprit"] = {
-        "trials": args.skip_trials,
-        "set_contains_culprit": float(np.mean(contains)),
-        "set_is_exactly_skipped_and_culprit": float(np.mean(exact)),
-        "mean_set_size": float(np.mean(sizes)),
-        "mean_boots": float(np.mean(boots)),
-    }
-    print(f"unbuildable-before-culprit {json.dumps(out['ours_unbuildable_before_culprit'])}", flush=True)
-
-    ratio = out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
-    out["boots_ratio_ours_to_pinpoint"] = ratio
-    out["goal"] = {
-        "ours_accuracy_at_least_0.95": out["ours"]["top1_accuracy"] >= 0.95,
-        "ours_boots_at_most_0.4x_pinpoint": ratio <= 0.4,
-        "pinpoint_accuracy_at_least_0.95": out["pinpoint"]["top1_accuracy"] >= 0.95,
-        "pinpoint_at_least_as_accurate_as_ours": out["pinpoint"]["top1_accuracy"] >= out["ours"]["top1_accuracy"],
-    }
-    out["seconds"] = timings
+    t0 = time.perf_counter()
+    rows = pinpoint_thresholds(THRESHOLD_SIMULATIONS, args.seed)
+    out: dict = {"commits": N_COMMITS, "trials": args.trials, "seed": args.seed, "budget": BUDGET,
+                 "confidence": CONFIDENCE, "threshold_simulations": THRESHOLD_SIMULATIONS,
+                 "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
+                                              "chromium_iqr_1.0_n_10": 0.5708},
+                 "results": {m: {} for m in models}}
+    jobs = [(m, s, args.trials, args.seed, rows) for m in models for s in scenarios]
+    if args.workers > 1:
+        with ProcessPoolExecutor(args.workers) as pool:
+            done = list(pool.map(run_cell, jobs))
+    else:
+        done = map(run_cell, jobs)
+    for r in done:
+        out["results"][r["model"]][r["scenario"]] = r["cell"]
+        o, p = r["cell"]["ours"], r["cell"]["pinpoint"]
+        print(f"{r['model']:17s} {r['scenario']:7s} ours top1 {o['top1_accuracy']:.3f} boots "
+              f"{o['mean_boots']:6.1f} wrong+conf {o['wrong_confident_rate']:.3f} | pinpoint top1 "
+              f"{p['top1_accuracy']:.3f} boots {p['mean_boots']:6.1f} wrong {p['wrong_confident_rate']:.3f} | "
+              f"ratio {r['cell']['boots_ratio_ours_to_pinpoint']:.2f}  {o['stopped']}", flush=True)
+    res = out["results"]
+    goals = {}
+    for m in models:
+        goals[f"{m}_wrong_confident_at_most_0.01"] = all(
+            c["ours"]["wrong_confident_rate"] <= 0.01 for c in res[m].values())
+    for m, acc, ratio in (("stationary", 0.95, 0.4), ("heavy_tail", 0.90, 0.5), ("bimodal", 0.90, 0.5),
+                          ("drift", 0.90, 0.5)):
+        c = res.get(m, {}).get("minus5")
+        if c is not None:
+            goals[f"{m}_top1_{acc:.2f}_boots_{ratio}x"] = (c["ours"]["top1_accuracy"] >= acc
+                                                          and c["boots_ratio_ours_to_pinpoint"] <= ratio)
+    out["goals"] = goals
+    out["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out, sort_keys=True))
 
 

@@ -5,17 +5,22 @@ boots; here each ask becomes boots of that commit's config through the executor,
 every one of them committed to the ledger as it is measured. Boots already in the
 ledger for the same config on the same host (an earlier run, the hypothesis that
 found the regression, or a bisection that was killed) are fed to the search
-first, so a bisection resumes where it stopped and never pays twice.
+first, so a bisection resumes where it stopped and never boots again what the
+posterior already has. They feed the posterior only: the endpoint check that opens the search, and the head-to-head
+test that closes it, are made on fresh boots of this search, booted in paired
+rounds (see ``bisection``), so the boots that selected a regression never also
+confirm it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from . import host_state
-from .bisection import BisectionSearch, BisectResult, StopReason
+from .bisection import BisectionSearch, BisectResult, PairedTest, StopReason
 from .checkout import Workspace, default_cache_dir
 from .errors import UserError
 from .executor import Executor, Observer
@@ -39,13 +44,24 @@ class BisectOutcome:
     stopped: str
     bisection_id: int
     warnings: tuple[str, ...] = ()
+    no_step_probability: float = 0.0
+    endpoint_test: dict | None = None
+    verify_test: dict | None = None
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
                 "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
                 "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
-                "warnings": list(self.warnings)}
+                "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
+                "verify_test": self.verify_test, "warnings": list(self.warnings)}
+
+
+def _test_json(test: PairedTest | None) -> dict | None:
+    if test is None:
+        return None
+    return {"pairs": test.pairs, "mean": test.mean if math.isfinite(test.mean) else None,
+            "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
 
 
 def _boot_means(ledger: Ledger, boots, metric: str) -> list[float]:
@@ -88,48 +104,61 @@ def search_commits(executor: Executor, commits: Sequence[str], *, env, flags, me
         ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
                          note=executor.ws.subject(sha) if executor.ws else ""))
     new_boots = 0
-    while True:
-        probe = search.next_probe()
-        if probe is None:
-            break
-        st = executor.state_for(configs[probe.commit])
-        before = len(st.boots)
-        got: list[float] = []
-        left, rebooted = probe.boots, 0
-        while left > 0:
-            left -= 1
-            if st.failed:
+    stalled = False
+    while not stalled and (rnd := search.next_round()) is not None:
+        # A round's probes are booted in the order the search gives (interleaved in
+        # time: a probe beside an anchor, the two sides of a paired round).
+        results: list[list[float] | None] = []
+        for probe in rnd:
+            st = executor.state_for(configs[probe.commit])
+            before = len(st.boots)
+            got: list[float] = []
+            left, rebooted = probe.boots, 0
+            while left > 0:
+                left -= 1
+                if st.failed:
+                    break
+                boot = executor.boot(st)
+                new_boots += 1
+                if boot.status == "ok":
+                    got += _boot_means(ledger, [boot], metric)
+                elif executor.retries(boot) and rebooted < probe.boots and new_boots < max_boots:
+                    rebooted += 1  # host_check retry: a busy boot is booted again, within the budget
+                    left += 1
+                elif st.consecutive_failures > spec.defaults.boot_retries:
+                    st.failed = st.failed or boot.failure or "boot failed"
+            note = executor.ws.subject(probe.commit) if executor.ws else ""
+            if probe.purpose != "probe":
+                note = f"{note} | {probe.purpose}"
+            if st.failed and not got:
+                results.append(None)
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=[], skipped=True, note=f"{note} | {st.failed}"))
+            elif got:
+                results.append(got)
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=got, note=note))
+            elif len(st.boots) == before:
+                stalled = True  # nothing could be measured and nothing changed: stop rather than spin
                 break
-            boot = executor.boot(st)
-            new_boots += 1
-            if boot.status == "ok":
-                got += _boot_means(ledger, [boot], metric)
-            elif executor.retries(boot) and rebooted < probe.boots and new_boots < max_boots:
-                rebooted += 1  # host_check retry: a busy boot is booted again, within the budget
-                left += 1
-            elif st.consecutive_failures > spec.defaults.boot_retries:
-                st.failed = st.failed or boot.failure or "boot failed"
-        note = executor.ws.subject(probe.commit) if executor.ws else ""
-        if st.failed and not got:
-            search.skip(probe.commit, st.failed)
-            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=[],
-                             skipped=True, note=f"{note} | {st.failed}"))
-        elif got:
-            search.observe(probe.commit, got)
-            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=got,
-                             note=note))
-        elif len(st.boots) == before:
-            break  # nothing could be measured and nothing changed: stop rather than spin
+            else:
+                results.append(None)
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=[], skipped=True, note=f"{note} | no usable boots"))
+        if not stalled:
+            search.observe_round(rnd, results)
         else:
-            search.skip(probe.commit, "no usable boots (excluded by boot checks)")
-            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots, values=[],
-                             skipped=True, note=f"{note} | no usable boots"))
+            for probe, values in zip(rnd, results):
+                if values is not None:
+                    search.observe(probe.commit, values)
     res: BisectResult = search.result()
     outcome = BisectOutcome(
         culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
         skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id,
-        warnings=tuple(_host_warnings(executor, configs.values())))
+        warnings=tuple(_host_warnings(executor, configs.values())),
+        no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
+        verify_test=_test_json(res.verify_test))
     bis.status = "done" if res.stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
@@ -169,7 +198,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
 
 
 def bisect_hypothesis(executor: Executor, h: PlannedHypothesis, row: HypothesisRow,
-                      *, confidence: float = 0.95, max_boots: int = 60) -> BisectOutcome:
+                      *, confidence: float = 0.95, max_boots: int = 150) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits."""
     b, t = h.baseline.arm, h.treatment.arm
     if b.commit is None or t.commit is None or b.commit == t.commit:

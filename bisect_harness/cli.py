@@ -189,7 +189,7 @@ def bisect(
     bad: str = typer.Option(..., "--bad", help="A revision after it."),
     metric: str = typer.Option("tok_s", "--metric", help="Metric to bisect on."),
     confidence: float = typer.Option(0.95, "--confidence", help="Posterior mass the culprit must hold."),
-    max_boots: int = typer.Option(60, "--max-boots", help="Budget of boots for the search."),
+    max_boots: int = typer.Option(150, "--max-boots", help="Budget of boots for the search."),
     first_parent: bool = typer.Option(False, "--first-parent", help="Follow only the first parent of merges."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,

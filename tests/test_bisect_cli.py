@@ -4,7 +4,8 @@ The demo repository is made in a temp folder; ``events`` (known only to tests)
 names the commit that slowed decoding and the one that breaks the build. Every
 boot is a real server on 127.0.0.1. The ranges are small and the effect (~25%
 on tok/s) is several times the boot-to-boot noise, so a probe needs about one
-boot; each search here takes 6 to 12 boots (under a minute and a half). The
+boot; each search here takes 15 to 40 boots, since the endpoint check and the
+culprit against its parent are paired rounds of fresh boots (3 pairs at least). The
 metric is the engine's own decode time per cycle (a declared log source, median
 per sample): on a shared machine it is steadier than the client's tok/s.
 """
@@ -90,7 +91,7 @@ def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
-    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "30")
+    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "60")
     print(f"bisection: {out['boots']} boots in {seconds:.0f}s")
 
     assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
@@ -100,7 +101,10 @@ def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
     assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
     assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
     assert out["skipped"] == [hist.events["build_failure"]]
-    assert 6 <= out["boots"] <= 30 and out["new_boots"] >= out["boots"]
+    assert 12 <= out["boots"] <= 60 and out["new_boots"] >= out["boots"]
+    assert out["endpoint_test"]["decision"] == "passed" and out["endpoint_test"]["pairs"] >= 3
+    assert out["verify_test"]["decision"] == "passed" and out["verify_test"]["pairs"] >= 3
+    assert out["no_step_probability"] < 0.05
 
     with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
         run = led.latest_run()
@@ -127,7 +131,7 @@ def test_resumes_from_the_ledger(hist, tmp_path):
     assert first["stopped"] == "budget" and first["culprit"] is None
     assert first["boots"] == first["new_boots"] == 4
 
-    second, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "30")
+    second, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "60")
     print(f"resumed bisection: {second['new_boots']} new of {second['boots']} boots in {seconds:.0f}s")
     assert second["culprit"] == hist.events["regression"] and second["probability"] >= 0.95
     assert 0 < second["new_boots"] < second["boots"]

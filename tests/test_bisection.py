@@ -13,6 +13,8 @@ from bisect_harness.bisection import (
     Candidate,
     Probe,
     StopReason,
+    look_schedule,
+    paired_sequential_test,
     run_search,
 )
 from bisect_harness.model import Expect
@@ -72,9 +74,13 @@ def test_clean_data_finds_culprit_with_one_boot_per_probe():
     assert result.culprit == "c037"
     assert result.candidate_set == ("c037",)
     assert result.probability >= 0.95
-    # 3 boots per endpoint, then one boot per bisection step (log2 64 = 6).
-    assert all(boots == 1 for sha, boots in engine.calls[2:])
-    assert result.boots_used == 6 + 6
+    # 3 paired rounds of the endpoints (6 boots), one boot per bisection step
+    # (log2 64 = 6), an anchor every fourth step (1), then 3 paired rounds of the
+    # culprit against its parent (6).
+    assert all(boots == 1 for sha, boots in engine.calls)
+    assert result.boots_used == 6 + 6 + 1 + 6
+    assert result.endpoint_test.decision == "passed" and result.endpoint_test.pairs == 3
+    assert result.verify_test.decision == "passed" and result.verify_test.pairs == 3
     assert result.good_mean == pytest.approx(100.0)
     assert result.bad_mean == pytest.approx(95.0)
 
@@ -101,8 +107,9 @@ def test_culprit_at_first_or_last_position(culprit):
 def test_two_commits_blames_the_bad_one_after_checking_the_change():
     engine = FakeEngine(2, 1, seed=3)
     result = run_search(search_for(engine), engine)
-    assert result.culprit == "c001" and result.probability == 1.0
-    assert result.boots_used == 6
+    # The endpoints' paired rounds are also the culprit-against-parent test.
+    assert result.culprit == "c001" and result.probability >= 0.999
+    assert result.boots_used == 2 * max(result.endpoint_test.pairs, result.verify_test.pairs)
 
 
 @pytest.mark.parametrize("expect,change", [(Expect.INCREASE, 0.05), (Expect.DECREASE, -0.05)])
@@ -119,7 +126,9 @@ def test_change_against_the_expected_direction_is_not_reproduced():
     assert result.stopped is StopReason.NOT_REPRODUCED
     assert result.culprit is None
     assert {sha for sha, _ in engine.calls} == {"c000", "c099"}
-    assert result.boots_used == 20  # max_endpoint_boots at each end
+    # Paired rounds, stopped for futility once 8 pairs point the wrong way.
+    assert result.endpoint_test.decision == "failed" and result.endpoint_test.mean < 0
+    assert result.boots_used == 16
 
 
 def test_no_change_is_not_reproduced():
@@ -139,10 +148,16 @@ def test_small_effect_asks_for_more_boots_per_probe():
     assert result.culprit == "c040"
 
 
+def pass_endpoints(search: BisectionSearch, good: list[float], bad: list[float]) -> None:
+    """Feed the endpoint check's paired rounds from two lists of boot values."""
+    g, b = iter(good), iter(bad)
+    while (rnd := search.next_round()) and rnd[0].purpose == "endpoints":
+        search.observe_round(rnd, [[next(g)] if p.commit == search.commits[0] else [next(b)] for p in rnd])
+
+
 def test_ambiguous_probe_gets_more_boots_at_the_same_commit():
-    search = BisectionSearch(shas(9), expect=Expect.DECREASE)
-    search.observe("c000", [100.0, 101.0, 99.0])
-    search.observe("c008", [95.0, 96.0, 94.0])
+    search = BisectionSearch(shas(9), expect=Expect.DECREASE, anchor_every=0, likelihood="gaussian")
+    pass_endpoints(search, [100.0, 101.0, 99.0], [95.0, 96.0, 94.0])
     probe = search.next_probe()
     assert probe == Probe("c004", 1)
     search.observe("c004", [97.5])  # exactly midway: says nothing about its side
@@ -202,7 +217,7 @@ def test_unmeasurable_good_endpoint_stops():
     engine = FakeEngine(16, 8, unbuildable=[0])
     result = run_search(search_for(engine), engine)
     assert result.stopped is StopReason.ENDPOINT_UNMEASURABLE
-    assert engine.calls == [("c000", 3)]
+    assert ("c000", 1) in engine.calls and len(engine.calls) <= 2  # one paired round
 
 
 # -- resuming from a ledger -------------------------------------------------------------
@@ -217,64 +232,92 @@ def replay(engine_commits, log, **kw) -> BisectionSearch:
     return search
 
 
+def replay_rounds(engine_commits, rounds, **kw) -> BisectionSearch:
+    search = BisectionSearch(engine_commits, expect=Expect.DECREASE, **kw)
+    for rnd, results in rounds:
+        search.observe_round(rnd, results)
+    return search
+
+
 def test_resumed_search_continues_identically_and_reuses_boots():
     engine_a = FakeEngine(128, 77, seed=21, unbuildable=[50])
     a = search_for(engine_a)
-    log = []
-    for _ in range(7):  # interrupted after 7 probes
-        probe = a.next_probe()
-        values = engine_a(probe.commit, probe.boots)
-        log.append((probe.commit, values))
-        if values is None:
-            a.skip(probe.commit, "build failed")
-        else:
-            a.observe(probe.commit, values)
-    b = replay(engine_a.commits, log)
+    rounds = []
+    for _ in range(9):  # interrupted after 9 rounds
+        rnd = a.next_round()
+        results = [engine_a(p.commit, p.boots) for p in rnd]
+        rounds.append((rnd, results))
+        a.observe_round(rnd, results)
+    b = replay_rounds(engine_a.commits, rounds)
     assert b.boots_used == a.boots_used
-    assert b.next_probe() == a.next_probe()
+    assert b.next_round() == a.next_round()
     assert b.result() == a.result()
     # Both continue against the same engine state: identical probes and answers.
     engine_b = FakeEngine(128, 77, seed=21, unbuildable=[50])
     engine_b.boots_done = dict(engine_a.boots_done)
+    calls_before = len(engine_a.calls)
     ra, rb = run_search(a, engine_a), run_search(b, engine_b)
     assert ra == rb
-    assert engine_a.calls[len(log):] == engine_b.calls
+    assert engine_a.calls[calls_before:] == engine_b.calls
 
 
-def test_endpoints_measured_before_are_not_measured_again():
+def test_endpoint_check_uses_fresh_boots_only():
+    """Boots that selected the regression (fed with observe) never open the search."""
     engine = FakeEngine(32, 10, seed=3)
     search = search_for(engine)
-    search.observe("c000", [engine.boot("c000", b) for b in range(3)])
-    search.observe("c031", [engine.boot("c031", b) for b in range(2)])
-    assert search.next_probe() == Probe("c031", 1)  # tops up to initial_boots only
-    search.observe("c031", [engine.boot("c031", 2)])
-    assert search.next_probe().commit not in {"c000", "c031"}
+    search.observe("c000", [engine.boot("c000", b) for b in range(6)])
+    search.observe("c031", [engine.boot("c031", b) for b in range(6)])
+    rnd = search.next_round()
+    assert {p.commit for p in rnd} == {"c000", "c031"}
+    assert all(p.purpose == "endpoints" and p.boots == 1 for p in rnd)
+    assert search.result().endpoint_test.pairs == 0
+
+
+def test_endpoint_rounds_are_randomly_ordered_and_reproducible():
+    engine = FakeEngine(32, 10, seed=3)
+    search = search_for(engine, seed=5)
+    firsts = []
+    for _ in range(3):
+        rnd = search.next_round()
+        firsts.append(rnd[0].commit)
+        search.observe_round(rnd, [engine(p.commit, p.boots) for p in rnd])
+    again = search_for(FakeEngine(32, 10, seed=3), seed=5)
+    assert again.next_round()[0].commit == firsts[0]
+    many = BisectionSearch(shas(4), expect=Expect.DECREASE, max_endpoint_boots=40, seed=1)
+    order = []
+    for _ in range(30):
+        rnd = many.next_round()
+        order.append(rnd[0].commit)
+        many.observe_round(rnd, [[100.0 + len(order) % 3], [100.0 - len(order) % 2]])
+        if many.next_round() is None:
+            break
+    assert {"c000", "c003"} <= set(order), "both orders occur"
 
 
 def test_finished_search_replayed_asks_for_nothing():
     engine = FakeEngine(64, 12, seed=9)
     search = search_for(engine)
-    log = []
-
-    def recording(sha, boots):
-        values = engine(sha, boots)
-        log.append((sha, values))
-        return values
-
-    result = run_search(search, recording)
-    again = replay(engine.commits, log)
-    assert again.next_probe() is None
+    rounds = []
+    while (rnd := search.next_round()) is not None:
+        results = [engine(p.commit, p.boots) for p in rnd]
+        rounds.append((rnd, results))
+        search.observe_round(rnd, results)
+    result = search.result()
+    again = replay_rounds(engine.commits, rounds)
+    assert again.next_round() is None
     assert again.result() == result
 
 
-def test_observations_in_any_order_give_the_same_posterior():
+def test_observations_in_any_order_give_the_same_posterior_without_drift():
+    # With the drift term the order is host time and matters; without it, it does not.
     engine = FakeEngine(32, 10, seed=3)
     log = [(sha, [engine.boot(sha, b) for b in range(2)]) for sha in ("c000", "c031", "c016", "c008", "c012")]
-    forward = replay(engine.commits, log).result()
-    backward = replay(engine.commits, list(reversed(log))).result()
-    assert [c.commit for c in forward.candidates] == [c.commit for c in backward.candidates]
-    np.testing.assert_allclose([c.probability for c in forward.candidates],
-                               [c.probability for c in backward.candidates], rtol=1e-9)
+    for lk in ("gaussian", "slow-mode"):
+        forward = replay(engine.commits, log, likelihood=lk, drift=False).result()
+        backward = replay(engine.commits, list(reversed(log)), likelihood=lk, drift=False).result()
+        assert [c.commit for c in forward.candidates] == [c.commit for c in backward.candidates]
+        np.testing.assert_allclose([c.probability for c in forward.candidates],
+                                   [c.probability for c in backward.candidates], rtol=1e-6)
 
 
 # -- the posterior against a direct computation -------------------------------------------
@@ -282,7 +325,7 @@ def test_observations_in_any_order_give_the_same_posterior():
 def test_posterior_matches_numerical_integration():
     """p(data | k) integrated on a grid over mu_g, mu_b (with mu_b < mu_g) and log s."""
     data = {0: [10.0, 10.4, 9.8], 1: [10.1], 2: [9.7], 3: [9.3], 4: [9.1, 9.5]}
-    search = BisectionSearch(shas(5), expect=Expect.DECREASE)
+    search = BisectionSearch(shas(5), expect=Expect.DECREASE, likelihood="gaussian")
     for i, v in data.items():
         search.observe(f"c{i:03d}", v)
     got = {c.commit: c.probability for c in search.result().candidates}
@@ -350,3 +393,114 @@ def test_value_types_are_frozen():
         result.culprit = "x"
     with pytest.raises(dataclasses.FrozenInstanceError):
         Probe("a", 1).boots = 2
+
+
+# -- honest under noise off the textbook ---------------------------------------------------
+
+OUTLIER_DATA = {0: [100, 100.5, 99.5, 100.2, 99.8], 15: [95, 95.3, 94.7, 95.1, 94.9], 5: [100.1, 99.9],
+                9: [100.1, 99.9, 80.0], 10: [95.2, 94.8], 12: [95.0]}
+
+
+@pytest.mark.parametrize("likelihood", ["slow-mode", "student-t"])
+def test_a_stalled_boot_does_not_flip_the_answer(likelihood):
+    """c009 is good but one of its boots stalled 20% slow; the Gaussian posterior is
+    pulled off c010 by it, the heavy-tailed ones are not."""
+    def top(lk):
+        search = BisectionSearch(shas(16), expect=Expect.DECREASE, likelihood=lk)
+        for i, values in OUTLIER_DATA.items():
+            search.observe(f"c{i:03d}", values)
+        return search.result().candidates[0]
+
+    assert top("gaussian").commit != "c010"
+    best = top(likelihood)
+    assert best.commit == "c010" and best.probability >= 0.95
+
+
+def test_no_step_component_does_not_blame_a_commit_on_a_flat_range():
+    rng = np.random.default_rng(0)
+    search = BisectionSearch(shas(16), expect=Expect.DECREASE)
+    for i in (0, 15, 4, 8, 12, 10, 6):
+        search.observe(f"c{i:03d}", list(100 + 1.5 * rng.standard_normal(3)))
+    result = search.result()
+    assert result.no_step_probability > 0.15
+    assert result.candidates[0].probability < 0.5
+    without = BisectionSearch(shas(16), expect=Expect.DECREASE, no_step_prior=0.0)
+    for i in (0, 15, 4, 8, 12, 10, 6):
+        without.observe(f"c{i:03d}", list(100 + 1.5 * np.random.default_rng(i).standard_normal(3)))
+    assert without.result().no_step_probability == 0.0
+
+
+def test_a_real_step_leaves_no_mass_on_no_step():
+    engine = FakeEngine(64, 30, seed=2)
+    result = run_search(search_for(engine), engine)
+    assert result.culprit == "c030" and result.no_step_probability < 1e-3
+
+
+def test_anchors_are_re_measured_in_the_same_round_as_probes():
+    engine = FakeEngine(128, 70, seed=6)
+    search = search_for(engine, anchor_every=1)
+    probe_rounds = []
+    while (rnd := search.next_round()) is not None:
+        measured_before = {i for i, v in enumerate(search._values) if v}
+        if rnd[0].purpose in ("probe", "anchor"):
+            probe_rounds.append((rnd, measured_before))
+        search.observe_round(rnd, [engine(p.commit, p.boots) for p in rnd])
+    assert search.result().culprit == "c070"
+    with_anchor = [r for r, _ in probe_rounds if any(p.purpose == "anchor" for p in r)]
+    assert len(with_anchor) >= len(probe_rounds) - 1
+    for rnd, measured in probe_rounds:
+        for p in rnd:
+            if p.purpose == "anchor":
+                assert engine.commits.index(p.commit) in measured, "an anchor is a commit measured before"
+                assert p.boots == 1
+    assert {r[0].purpose for r in with_anchor} == {"probe", "anchor"}, "anchor first in some rounds"
+
+
+def test_drift_is_learnt_from_anchors():
+    """The host speeds up 0.4% per boot: the measured step would drift into the good side."""
+    n, culprit = 64, 21
+    clock = {"t": 0}
+
+    def drifting(sha, boots):
+        out = []
+        for _ in range(boots):
+            i = int(sha[1:])
+            rng = np.random.default_rng([4, clock["t"]])
+            mu = 95.0 if i >= culprit else 100.0
+            out.append(mu * (1 + 0.004 * clock["t"]) + 0.8 * rng.standard_normal())
+            clock["t"] += 1
+        return out
+
+    result = run_search(BisectionSearch(shas(n), expect=Expect.DECREASE), drifting)
+    assert result.culprit == f"c{culprit:03d}" and result.stopped is StopReason.CONFIDENT
+
+
+def test_wrong_candidate_is_not_reported_when_its_parent_is_the_same():
+    """Feed a posterior that names c005 although nothing changes between c004 and c005:
+    the head-to-head test refuses it."""
+    search = BisectionSearch(shas(8), expect=Expect.DECREASE, max_boots=400)
+    pass_endpoints(search, [100.0, 100.4, 99.6], [95.0, 95.4, 94.6])
+    for i, v in {1: 100.1, 2: 99.9, 3: 100.2, 4: 99.9, 5: 95.1, 6: 94.9}.items():
+        search.observe(f"c{i:03d}", [v, v + 0.2])
+    rng = np.random.default_rng(3)
+    tested = []
+    while (rnd := search.next_round()) is not None and rnd[0].purpose == "verify":
+        tested.append(tuple(sorted(p.commit for p in rnd)))
+        search.observe_round(rnd, [[100.0 + 1.0 * rng.standard_normal()] for _ in rnd])
+    assert tested[0] == ("c004", "c005")
+    result = search.result()
+    assert result.culprit is None and result.stopped is not StopReason.CONFIDENT
+    assert result.verify_test.decision == "failed"
+
+
+def test_paired_sequential_test_keeps_alpha_under_heavy_tailed_null():
+    rng = np.random.default_rng(11)
+    passes = 0
+    trials = 3000
+    for _ in range(trials):
+        d = rng.standard_t(2, size=16) * rng.choice([-1.0, 1.0], size=16)
+        passes += paired_sequential_test(d, alpha=0.05, min_pairs=3, max_pairs=16).decision == "passed"
+    assert passes / trials <= 0.05
+    assert look_schedule(3, 16) == (3, 5, 8, 12, 16)
+    shown = paired_sequential_test([5.0, 4.0, 6.0, 5.5, 4.5], alpha=0.05, min_pairs=3, max_pairs=16)
+    assert shown.decision == "passed" and shown.pairs == 3
