@@ -48,7 +48,16 @@ __all__ = [
     "render_argv",
     "server_info_candidates",
     "info_key",
+    "compare_mode",
+    "flag_note",
+    "COMPARE_MODES",
 ]
+
+#: How a requested flag value is compared with the value the server reports:
+#: ``equal`` (type-tolerant equality), ``dtype`` (``torch.bfloat16`` == ``bfloat16``
+#: == ``bf16``), ``subset`` (a requested mapping's keys must be reported with equal
+#: values; the server may report more keys, as vLLM's speculative config does).
+COMPARE_MODES = ("equal", "dtype", "subset")
 
 #: How a YAML ``false`` becomes argv: ``"omit"`` (store_true engines) or
 #: ``"no-prefix"`` (``--no-KEY``, argparse.BooleanOptionalAction engines).
@@ -69,6 +78,12 @@ class Preset:
     ``info_keys`` maps a canonical flag to its dotted path in the server-info
     JSON; flags not listed map by ``info_key_rule``: ``"underscore"`` (dashes
     become underscores, the argparse dest) or ``None`` (not checkable).
+    ``info_compare`` maps a canonical flag to how its value is compared with the
+    reported one (:data:`COMPARE_MODES`; default ``equal``).
+    ``help_args`` are appended to the launch argv to make the engine print every
+    option it accepts (``harness run --dry-run --check-flags``).
+    ``flag_notes`` maps a canonical flag to what changed about it across versions
+    (shown when a commit refuses it).
     ``env`` is a base environment the preset needs (under the file's own env).
     ``health_request_timeout_s`` bounds one readiness probe (SGLang's probe runs a
     generation); ``settle_s`` is a pause after the probe first passes and before
@@ -91,6 +106,9 @@ class Preset:
     positional_flags: tuple[str, ...] = ()
     info_keys: Mapping[str, str] = field(default_factory=dict)
     info_key_rule: str | None = "underscore"
+    info_compare: Mapping[str, str] = field(default_factory=dict)
+    help_args: tuple[str, ...] = ("--help",)
+    flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
@@ -99,6 +117,9 @@ class Preset:
             raise ValueError(f"false_style must be one of {FALSE_STYLES}, got {self.false_style!r}")
         if self.api not in ("completions", "generate"):
             raise ValueError(f"api must be 'completions' or 'generate', got {self.api!r}")
+        bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
+        if bad:
+            raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
 
 
 _SGLANG = Preset(
@@ -127,7 +148,25 @@ _SGLANG = Preset(
         "model": "model-path",
         "speculative-draft-model": "speculative-draft-model-path",
     },
+    # /server_info is ServerArgs.resolved_dict(): a flat dict of argparse dests, with
+    # records expanded (0.5.23: sglang/srt/server_args.py, resolved_dict; the decode
+    # and prefill CUDA-graph settings resolve into cuda_graph_config.{decode,prefill},
+    # sglang/srt/arg_groups/cuda_graph_hook.py). The resolved value is what ran.
+    info_keys={
+        "cuda-graph-max-bs-decode": "cuda_graph_config.decode.max_bs",
+        "cuda-graph-max-bs-prefill": "cuda_graph_config.prefill.max_bs",
+        "cuda-graph-bs-decode": "cuda_graph_config.decode.bs",
+        "cuda-graph-bs-prefill": "cuda_graph_config.prefill.bs",
+    },
     info_key_rule="underscore",
+    info_compare={"dtype": "dtype", "cuda-graph-config": "subset"},
+    flag_notes={
+        "cuda-graph-max-bs": "SGLang 0.5.22 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and "
+                             "--cuda-graph-max-bs-prefill (argparse then refuses the old name as ambiguous); "
+                             "server info reports it as cuda_graph_config.decode.max_bs",
+        "cuda-graph-bs": "SGLang 0.5.22 split --cuda-graph-bs into --cuda-graph-bs-decode and "
+                         "--cuda-graph-bs-prefill; server info reports cuda_graph_config.decode.bs",
+    },
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 )
 
@@ -164,6 +203,13 @@ _VLLM = Preset(
         "max-num-batched-tokens": "vllm_config.scheduler_config.max_num_batched_tokens",
         "speculative-config": "vllm_config.speculative_config",
     },
+    # /server_info?config_format=json dumps VllmConfig with fallback=str
+    # (vllm/entrypoints/serve/dev/server_info/api_router.py in 0.33.0): a torch dtype
+    # comes back as "torch.bfloat16", and the speculative config with every field it
+    # resolved, not only the ones requested.
+    info_compare={"dtype": "dtype", "speculative-config": "subset"},
+    # `vllm serve --help` lists config groups only; --help=all lists every flag.
+    help_args=("--help=all",),
     # Other flags live somewhere in the nested config; guessing would report
     # false mismatches, so they are not checked.
     info_key_rule=None,
@@ -346,3 +392,17 @@ def info_key(flag: str, preset: Preset) -> str | None:
     if preset.info_key_rule == "underscore":
         return key.replace("-", "_")
     return None
+
+
+def compare_mode(flag: str, preset: Preset) -> str:
+    """How ``flag``'s requested value is compared with the reported one (:data:`COMPARE_MODES`).
+
+    >>> compare_mode("dtype", get_preset("vllm")), compare_mode("tp", get_preset("vllm"))
+    ('dtype', 'equal')
+    """
+    return preset.info_compare.get(canonical_flag(flag, preset), "equal")
+
+
+def flag_note(option: str, preset: Preset) -> str:
+    """What the preset knows about ``option`` (``--name`` or ``name``) changing across versions, or ""."""
+    return preset.flag_notes.get(canonical_flag(option, preset), "")
