@@ -321,3 +321,25 @@ def test_when_must_map_flags_to_values(when):
     with pytest.raises(SpecError) as e:
         parse_source({"name": "a", "from": "response", "field": "x", "better": "higher", "when": when}, "m[0]")
     assert e.value.key == "m[0].when"
+
+
+def test_hypothesis_on_a_metric_its_arm_cannot_have_is_refused_up_front(tmp_path):
+    from bisect_harness.errors import SpecError
+    from bisect_harness.spec import load_spec
+    from helpers import write_spec
+
+    accept = {"name": "accept_len", "from": "response", "field": "accept_length", "better": "higher",
+              "when": {"speculative-algorithm": True}}
+    eagle = {"speculative-algorithm": "EAGLE3", "speculative-num-steps": 1}
+
+    def spec(baseline_flags):
+        return write_spec(tmp_path / "h.yaml", engine={"preset": "sglang", "flags": {"model-path": "/m"},
+                                                       "metrics": [accept]},
+                          hypotheses=[{"id": "steps", "baseline": {"flags": baseline_flags},
+                                       "treatment": {"flags": {**eagle, "speculative-num-steps": 2}},
+                                       "metric": "accept_len", "expect": "increase", "min_effect": "5%"}])
+
+    assert load_spec(spec(eagle)).hypotheses[0].metric == "accept_len"
+    with pytest.raises(SpecError) as e:
+        load_spec(spec({}))
+    assert "baseline arm does not match" in str(e.value) and "accept_len" in str(e.value)
