@@ -20,14 +20,23 @@ What each engine really serves (checked against their sources):
   dests (``tp_size``, ``speculative_algorithm``...). ``/generate`` returns
   ``meta_info`` with ``completion_tokens`` and, with speculative decoding,
   ``spec_verify_ct``. ``/metrics`` exists only with ``--enable-metrics``.
-  Boolean flags are ``store_true``: ``false`` is omitted.
+  Boolean flags are ``store_true``: ``false`` is omitted. Per version: 0.5.22
+  split ``--cuda-graph-max-bs`` into ``--cuda-graph-max-bs-decode`` and
+  ``--cuda-graph-max-bs-prefill`` (the old name is then an ambiguous prefix, and
+  argparse exits 2), and server info reports the resolved value at
+  ``cuda_graph_config.decode.max_bs`` (``Preset.flag_notes`` carries this, so a
+  refused boot says it). ``internal_states[0].avg_spec_accept_length`` is the
+  scheduler's running accept length (0.5.23).
 * vLLM (``vllm serve MODEL``): the model is positional (``--model`` is
   deprecated for ``vllm serve``); ``/health``, ``/version``, ``/v1/models``,
   ``/metrics`` always exist; ``/server_info`` exists only with
   ``VLLM_SERVER_DEV_MODE=1`` and with ``?config_format=json`` returns
   ``{"vllm_config": {...nested config...}}``. Booleans use
   ``BooleanOptionalAction``: ``false`` becomes ``--no-KEY``. ``--speculative-config``
-  takes one JSON argument.
+  takes one JSON argument. ``dtype`` comes back as ``torch.bfloat16`` and the
+  speculative config with every field it resolved (0.33.0), hence the preset's
+  compare modes. ``vllm serve --help`` lists config groups only; ``--help=all``
+  lists every flag.
 """
 
 from __future__ import annotations
