@@ -80,7 +80,8 @@ class MetricSource:
     """Base of the four kinds; ``metric`` is what hypotheses name."""
 
     metric: Metric
-    when: Mapping[str, Any] = field(default_factory=dict, kw_only=True)
+    # not in repr: engine_fingerprint hashes the sources' repr, and `when` does not change a value
+    when: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
 
     @property
     def name(self) -> str:

@@ -117,7 +117,11 @@ def spec_file(tmp_path):
         tmp_path / "hypotheses.yaml",
         engine={"preset": "openai", "repo": "engine", "launch": ["{python}", "server.py", "--host", "{host}",
                                                                  "--port", "{port}"],
-                "health": "/health", "server_info": "/server_info", "ready_timeout_s": 60},
+                "health": "/health", "server_info": "/server_info", "ready_timeout_s": 60,
+                "metrics": [{"name": "batch_seen", "from": "server_info", "field": "batch", "better": "higher",
+                             "when": {"batch": True}},
+                            {"name": "big_batch_only", "from": "server_info", "field": "batch", "better": "higher",
+                             "when": {"batch": 64}}]},
         benchmark={"model": "tiny", "prompt_tokens": 8, "output_tokens": 8, "requests_per_sample": 2,
                    "warmup_requests": 1, "ignore_eos": False},
         defaults={"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 2, "boot_retries": 1},
@@ -195,7 +199,13 @@ def test_refused_flag_is_recorded_as_not_accepted_not_a_crash(engine, tmp_path):
     assert failure.startswith("flag not accepted at this commit: server.py: error: " + AMBIGUOUS)
     assert json.loads(prov)["flag_not_accepted"]["engine_message"] == f"server.py: error: {AMBIGUOUS}"
     assert config_status == "boot_failed"
-    assert [r[1] for r in rows if r[0] != new_sha] == ["ok", "ok"]
+    kept = [r for r in rows if r[0] != new_sha]
+    assert [r[1] for r in kept] == ["ok", "ok"]
+    # a source whose `when` excludes the config is not collected and marks nothing
+    assert all(json.loads(r[2]) == [] for r in kept)
+    assert all(json.loads(r[4])["sources_not_applicable"] == ["big_batch_only"] for r in kept)
+    samples = query(db, "SELECT s.metrics FROM samples s JOIN boots b ON b.id = s.boot_id")
+    assert [json.loads(m)["batch_seen"] for (m,) in samples] == [4.0, 4.0]
 
     (journal,) = (tmp_path / "exp").glob("*.md")
     text = journal.read_text()
