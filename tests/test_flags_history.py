@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -188,7 +187,7 @@ def test_refused_flag_is_recorded_as_not_accepted_not_a_crash(engine, tmp_path):
     assert verdict["verdict"] == "inconclusive"
     assert f"flag not accepted at commit {new_sha[:12]}: server.py: error: {AMBIGUOUS}" in verdict["reason"]
     assert any("flag_not_accepted" in w for w in verdict["warnings"])
-    assert "flag_not_accepted" in proc.stderr  # the progress line of the boot
+    assert "flag not accepted at commit" in " ".join(proc.stderr.split())  # the verdict line, unwrapped
 
     rows = query(db, "SELECT c.`commit`, b.status, b.marks, b.failure, b.provenance, c.status "
                      "FROM boots b JOIN configs c ON c.id = b.config_id ORDER BY b.id")
@@ -202,7 +201,7 @@ def test_refused_flag_is_recorded_as_not_accepted_not_a_crash(engine, tmp_path):
     kept = [r for r in rows if r[0] != new_sha]
     assert [r[1] for r in kept] == ["ok", "ok"]
     # a source whose `when` excludes the config is not collected and marks nothing
-    assert all(json.loads(r[2]) == [] for r in kept)
+    assert all("source_unmatched" not in json.loads(r[2]) for r in kept)
     assert all(json.loads(r[4])["sources_not_applicable"] == ["big_batch_only"] for r in kept)
     samples = query(db, "SELECT s.metrics FROM samples s JOIN boots b ON b.id = s.boot_id")
     assert [json.loads(m)["batch_seen"] for (m,) in samples] == [4.0, 4.0]
@@ -246,14 +245,14 @@ def test_exit_2_without_argparse_refusal_is_a_plain_boot_failure(tmp_path):
 
 
 def test_readiness_probe_uses_the_request_timeout(tmp_path):
-    # /health answers after 1.5 s, as SGLang's /health_generate runs a generation first
-    slow = server_source(OLD_FLAGS, delay=1.5)
-    t0 = time.monotonic()
-    with _launch(tmp_path, slow, health_request_timeout_s=5.0, ready_timeout_s=30) as srv:
-        assert srv.ready_after_s is not None and srv.ready_after_s >= 1.5
-    assert time.monotonic() - t0 < 30
+    # /health answers after 5.5 s, as SGLang's /health_generate runs a generation first;
+    # each probe used to be cut at 5 s, so such a server never became ready
+    slow = server_source(OLD_FLAGS, delay=5.5)
+    with _launch(tmp_path, slow, health_request_timeout_s=8.0, ready_timeout_s=30) as srv:
+        assert srv.ready_after_s is not None and srv.ready_after_s >= 5.5
     with pytest.raises(BootTimeout):
-        _launch(tmp_path, slow, health_request_timeout_s=0.5, ready_timeout_s=4).start()
+        _launch(tmp_path, server_source(OLD_FLAGS, delay=1.0), health_request_timeout_s=0.5,
+                ready_timeout_s=3).start()
 
 
 # --------------------------------------------------------------------------- pure parts
