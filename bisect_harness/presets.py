@@ -59,6 +59,7 @@ __all__ = [
     "info_key",
     "compare_mode",
     "flag_note",
+    "launch_argv",
     "COMPARE_MODES",
 ]
 
@@ -81,8 +82,10 @@ class Preset:
     ``{port}``, ``{host}``, ``{worktree}``, ``{spec_dir}``); an empty ``launch``
     means the hypotheses file must give ``engine.launch``.
     ``positional_flags`` name flags whose value is passed as a bare argument, first
-    among the flags (vLLM's model); the launch template must end with an option
-    that takes exactly one value (``--port {port}``) for that to parse.
+    among the flags (vLLM's model); with ``positional_after``, right after that
+    element of the launch template instead (vLLM 0.33 refuses ``--served-model-name``
+    unless the model comes right after ``serve``); otherwise the launch template must
+    end with an option that takes exactly one value (``--port {port}``).
     ``aliases`` maps alternative YAML spellings to the canonical flag name.
     ``info_keys`` maps a canonical flag to its dotted path in the server-info
     JSON; flags not listed map by ``info_key_rule``: ``"underscore"`` (dashes
@@ -113,6 +116,7 @@ class Preset:
     underscores_to_dashes: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)
     positional_flags: tuple[str, ...] = ()
+    positional_after: str | None = None
     info_keys: Mapping[str, str] = field(default_factory=dict)
     info_key_rule: str | None = "underscore"
     info_compare: Mapping[str, str] = field(default_factory=dict)
@@ -197,6 +201,9 @@ _VLLM = Preset(
         "model-path": "model",
     },
     positional_flags=("model",),
+    # vllm/utils/argparse_utils.py (0.33.0): with --served-model-name anywhere, argv[1]
+    # after `serve` must be the model, or parse_args raises ValueError.
+    positional_after="serve",
     info_keys={
         "model": "vllm_config.model_config.model",
         "tensor-parallel-size": "vllm_config.parallel_config.tensor_parallel_size",
@@ -288,6 +295,28 @@ def _scalar(flag: str, value: Any) -> str:
         return str(value)
     raise UserError(f"flag '{flag}': a list item must be a string or a number, got {type(value).__name__} "
                     f"{value!r}")
+
+
+def launch_argv(template: Sequence[Any], flags: Mapping[str, Any], preset: Preset) -> list[Any]:
+    """The launch template with the flags' argv: after the template, except that
+    positional flags go right after the template element ``preset.positional_after``
+    where the template has it.
+
+    >>> launch_argv(["vllm", "serve", "--port", "{port}"], {"model": "/m", "served-model-name": "k"},
+    ...             get_preset("vllm"))
+    ['vllm', 'serve', '/m', '--port', '{port}', '--served-model-name', 'k']
+    """
+    argv = flags_to_argv(flags, preset)
+    template = list(template)
+    if preset.positional_after is None or preset.positional_after not in template:
+        return template + argv
+    positional = [] if not preset.positional_flags else argv[:_n_positional(flags, preset)]
+    at = template.index(preset.positional_after) + 1
+    return template[:at] + positional + template[at:] + argv[len(positional):]
+
+
+def _n_positional(flags: Mapping[str, Any], preset: Preset) -> int:
+    return sum(1 for raw, v in flags.items() if v is not None and canonical_flag(raw, preset) in preset.positional_flags)
 
 
 def flags_to_argv(flags: Mapping[str, Any], preset: Preset) -> list[str]:

@@ -204,4 +204,15 @@ def test_compare_modes_and_help_args():
 def test_module_exports():
     assert set(presets.__all__) == {"Preset", "PRESETS", "get_preset", "canonical_flag", "flags_to_argv",
                                     "render_argv", "server_info_candidates", "info_key", "compare_mode",
-                                    "flag_note", "COMPARE_MODES"}
+                                    "flag_note", "COMPARE_MODES", "launch_argv"}
+
+
+def test_vllm_model_comes_right_after_serve():
+    v = get_preset("vllm")
+    argv = presets.launch_argv(v.launch, {"tp": 2, "model": "/m", "served-model-name": "k2"}, v)
+    assert argv == ["vllm", "serve", "/m", "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2",
+                    "--served-model-name", "k2"]
+    # a template without `serve` keeps the flags after it; other presets are unchanged
+    assert presets.launch_argv(["x", "--port", "1"], {"model": "/m"}, v) == ["x", "--port", "1", "/m"]
+    s = get_preset("sglang")
+    assert presets.launch_argv(s.launch, {"tp": 2}, s) == list(s.launch) + ["--tp-size", "2"]
