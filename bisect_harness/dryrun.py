@@ -16,8 +16,9 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     With ``check_flags``, every commit's launch argv is run with the preset's help
     arguments (after its worktree, environment and build, as a boot would) and each
     planned option is checked against the options that commit names; the JSON gets
-    ``flag_check`` (one entry per commit) and ``flags_refused`` (true when any
-    config's argv would be refused)."""
+    ``flag_check`` (one entry per commit), ``flags_refused`` (true when any
+    config's argv would be refused) and ``flags_unchecked`` (commits whose help
+    could not be read, each entry's ``error`` says why)."""
     from .plan import engine_repo
     from .checkout import default_cache_dir
 
@@ -68,6 +69,7 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     if flag_check is not None:
         obj["flag_check"] = [c.to_dict() for c in flag_check]
         obj["flags_refused"] = any(c.refused for c in flag_check)
+        obj["flags_unchecked"] = [c.commit for c in flag_check if c.error]
     return "\n".join(lines), obj
 
 

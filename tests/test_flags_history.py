@@ -83,7 +83,7 @@ FLAGS
     ThreadingHTTPServer((ARGS.host, ARGS.port), Handler).serve_forever()
 
 
-HEALTH_DELAY_S = DELAY
+HEALTH_DELAY_S = @DELAY@
 
 if __name__ == "__main__":
     main()
@@ -95,7 +95,7 @@ NEW_FLAGS = ('    p.add_argument("--batch-decode", type=int, default=1)\n'
 
 
 def server_source(flags: str, delay: float = 0.0) -> str:
-    return SERVER.replace("FLAGS\n", flags).replace("DELAY", repr(delay))
+    return SERVER.replace("FLAGS\n", flags).replace("@DELAY@", repr(delay))
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_dry_run_check_flags_reports_the_refused_flag_per_commit(engine, tmp_pat
     assert proc.returncode == 2, proc.stderr
     assert "not accepted at some commit" in proc.stderr and "Traceback" not in proc.stderr
     plan = last_json(proc.stdout)
-    assert plan["flags_refused"] is True
+    assert plan["flags_refused"] is True and plan["flags_unchecked"] == []
     old_sha = git(engine, "rev-parse", "HEAD~1").strip()
     new_sha = git(engine, "rev-parse", "HEAD").strip()
     by_commit = {c["commit"]: c for c in plan["flag_check"]}
