@@ -285,7 +285,7 @@ class ToolRunner:
         argv = self.tool.argv(self.bench, self.endpoint, self.python, result, self._warmups)
         self._warmups = 0  # later samples of the boot are warm
         rc, wall = run_owned(argv, env=self.env, cwd=self.cwd, log_path=self.log_path, timeout_s=self.deadline_s())
-        tail = client_tail(self.log_path)
+        tail = _log_tail(self.log_path)
         if rc is None:
             raise SampleToolError(f"benchmark.tool {self.tool.name} ran past its deadline of "
                                   f"{self.deadline_s():.0f} s and was stopped; log: {self.log_path}", log_tail=tail,
@@ -321,17 +321,23 @@ class ToolRunner:
         return {"bench_tool": {"tool": self.tool.name, "log": str(self.log_path), "runs": self.runs}}
 
 
+_FOUND: set[tuple] = set()
+
+
 def sample_runner(bench: BenchmarkSpec, endpoint: Endpoint, *, python: str, env: Mapping[str, str], cwd: Path,
                   log_path: Path):
     """The runner for this benchmark: the tool's (checked to be installed) or our client."""
     if bench.tool is None:
         return ClientRunner(bench, endpoint)
     tool = get_tool(bench.tool)
-    tool.find(python, env)
+    found = (tool.name, python, env.get("PATH"), env.get("PYTHONPATH"))
+    if found not in _FOUND:  # once per interpreter and PATH, not per boot
+        tool.find(python, env)
+        _FOUND.add(found)
     return ToolRunner(tool, bench, endpoint, python=python, env=env, cwd=cwd, log_path=log_path)
 
 
-def client_tail(path: Path, lines: int = 30) -> str:
+def _log_tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -382,7 +388,11 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
             except psutil.Error:
                 pass
             _reaper.kill_tree(proc.pid, known, grace_s)  # the leader's exit does not end its group
-            proc.wait()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
             try:
                 reaper.stdin.write(b"q")
                 reaper.stdin.close()

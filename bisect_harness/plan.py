@@ -158,7 +158,10 @@ def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
 
 def series_key(spec: Spec, arm: Arm) -> str:
     """A config's identity without its commit: the same env, flags and engine over time."""
-    payload = json.dumps({"env": dict(arm.env), "flags": dict(arm.flags)}, sort_keys=True, default=str)
+    fields = {"env": dict(arm.env), "flags": dict(arm.flags)}
+    if arm.endpoint is not None:  # attached: each server is its own series
+        fields["endpoint"] = arm.endpoint
+    payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(f"{payload}:{engine_fingerprint(spec)}".encode()).hexdigest()[:20]
 
 
