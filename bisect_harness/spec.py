@@ -476,7 +476,8 @@ def _attach_keys(r: _Reader, e: dict) -> str | None:
         name = e["api_key_env"]
         r.typed(name, "engine.api_key_env", (str,), "the NAME of an environment variable (not the key itself)")
         if not _ENV_NAME_RE.match(name):
-            raise r.doc.error("engine.api_key_env", f"{name!r} is not an environment variable name; write the "
+            # The value is not repeated: someone may have pasted the key itself here.
+            raise r.doc.error("engine.api_key_env", "this is not an environment variable name; write the "
                               "variable's name (e.g. MY_KEY), never the key itself")
     if "base_url" not in e:
         return None

@@ -111,6 +111,7 @@ def test_other_bad_combinations(tmp_path):
             hypotheses: [{id: h, baseline: {}, treatment: {}, metric: tok_s, expect: increase, min_effect: 10%}]
             """, tmp_path)
     assert e.value.key == "engine.api_key_env" and "never the key itself" in str(e.value)
+    assert "sk-live-123" not in str(e.value)
     with pytest.raises(SpecError) as e:
         parse("""\
             engine: {base_url: 'http://x:1'}
