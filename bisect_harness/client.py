@@ -29,9 +29,9 @@ sample, by linear interpolation between order statistics (numpy's default, as
   for requests with two tokens or more);
 - ITL: over every output token after each request's first, pooled over the
   sample's requests: a chunk carrying k tokens gives k values of its gap / k (a
-  chunk that carries no token adds its gap to the next one that does); where the
-  split is unknown, each gap counts (tokens - 1) / (chunks - 1) tokens. The mean of
-  these values is ``itl_ms``.
+  chunk that carries no token adds its gap to the next one that does), so their
+  mean is ``itl_ms``; where the server does not say how many tokens a chunk
+  carries, each gap gives one value, gap / ((tokens - 1) / (chunks - 1)).
 
 Output tokens are the server's own count (final ``usage.completion_tokens`` or
 ``meta_info.completion_tokens``) where it sends one, else the count of chunks.
