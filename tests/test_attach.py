@@ -149,7 +149,8 @@ class AuthServer:
 
     def _up(self):
         try:
-            return httpx.get(self.url + "/health", trust_env=False, timeout=1).status_code == 401
+            return httpx.get(self.url + "/health", headers={"Authorization": f"Bearer {KEY}"}, trust_env=False,
+                             timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -221,6 +222,7 @@ def test_two_attached_servers_with_a_key_that_is_never_written(tmp_path, servers
     # Every request carried the key: none refused.
     assert fast.counts()["auth_engine_refused_total"] == 0 and slow.counts()["auth_engine_refused_total"] == 0
     assert fast.counts()["auth_engine_requests_total"] > 8
+    assert httpx.get(fast.url + "/health", trust_env=False).status_code == 401  # and it does check
 
     # The key's value is nowhere: ledger bytes, journal, logs, stdout, stderr.
     needle = KEY.encode()
