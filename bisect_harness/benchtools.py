@@ -109,7 +109,8 @@ class BenchTool:
                             f"`{exe}` is not on the boot's PATH. {self.install_hint}")
 
     def argv(self, bench: BenchmarkSpec, endpoint: Endpoint, python: str, result: Path, warmups: int) -> list[str]:
-        return [*self.command(python), *self.options(bench, endpoint, result, warmups)]
+        # benchmark.tool_args go last: for an option that takes one value, argparse keeps the last.
+        return [*self.command(python), *self.options(bench, endpoint, result, warmups), *bench.tool_args]
 
     def metrics(self, result: Mapping) -> dict[str, float]:
         """Our metric names from the tool's result keys; a missing key is an error."""

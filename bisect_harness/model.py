@@ -142,3 +142,4 @@ class BenchmarkSpec:
     request_timeout_s: float = 300.0
     seed: int = 0
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
+    tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)

@@ -131,7 +131,8 @@ class Plan:
 def engine_fingerprint(spec: Spec) -> str:
     """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
     e = spec.engine
-    bench = {k: v for k, v in spec.benchmark.__dict__.items() if not (k == "tool" and v is None)}
+    # Keys added later count only when set, so older files keep the config keys their ledgers hold.
+    bench = {k: v for k, v in spec.benchmark.__dict__.items() if not (k in ("tool", "tool_args") and not v)}
     fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
               "cwd": e.cwd, "bench": bench,
               "samples_per_boot": spec.defaults.samples_per_boot,

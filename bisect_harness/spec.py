@@ -493,6 +493,9 @@ def _attach_keys(r: _Reader, e: dict) -> str | None:
 def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
     """benchmark.tool: a known tool, an api it speaks, no per-request sources."""
     if bench.tool is None:
+        if bench.tool_args:
+            raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
+                              "add it (vllm-bench-serve or sglang-bench-serving) or remove tool_args")
         return
     from . import benchtools, sources
 
@@ -516,6 +519,9 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         if name not in b:
             continue
         v, path = b[name], f"benchmark.{name}"
+        if name == "tool_args":  # an argv list, never run by a shell
+            kwargs[name] = r.argv(v, path)
+            continue
         default = f.default
         if isinstance(default, bool):
             r.typed(v, path, (bool,), "true or false")

@@ -50,6 +50,13 @@ def test_argv_uses_the_tools_own_options():
     assert (s.output_file, s.disable_ignore_eos, s.model, s.warmup_requests) == (str(result), True, "m", 0)
     assert get_tool("sglang-bench-serving").command("/env/bin/python") == ["/env/bin/python", "-m",
                                                                           "sglang.bench_serving"]
+    # benchmark.tool_args come last, so they win over ours for one-value options
+    bench = BenchmarkSpec(tool="vllm-bench-serve", tool_args=("--tokenizer", "/models/tok", "--dataset-name",
+                                                              "sharegpt"))
+    argv = get_tool("vllm-bench-serve").argv(bench, where, "python", result, 0)
+    v = _vllm_parser().parse_args(argv[3:])
+    assert argv[-4:] == ["--tokenizer", "/models/tok", "--dataset-name", "sharegpt"]
+    assert (v.tokenizer, v.dataset_name) == ("/models/tok", "sharegpt")
 
 
 def test_result_keys_become_our_metrics():
@@ -74,8 +81,11 @@ def test_spec_checks_the_tool(tmp_path):
             """), tmp_path / "h.yaml")
 
     assert parse("{tool: vllm-bench-serve}").benchmark.tool == "vllm-bench-serve"
+    assert parse("{tool: vllm-bench-serve, tool_args: '--tokenizer /m/t'}").benchmark.tool_args == (
+        "--tokenizer", "/m/t")
     for bench, key, words in (("{tool: vllm-bench}", "benchmark.tool", "known: sglang-bench-serving"),
-                              ("{tool: vllm-bench-serve, api: generate}", "benchmark.tool", "api: completions")):
+                              ("{tool: vllm-bench-serve, api: generate}", "benchmark.tool", "api: completions"),
+                              ("{tool_args: [--x]}", "benchmark.tool_args", "no benchmark.tool")):
         with pytest.raises(SpecError) as e:
             parse(bench)
         assert e.value.key == key and words in str(e.value)
@@ -106,6 +116,36 @@ def test_a_tool_past_its_deadline_is_killed_with_its_children(tmp_path):
     assert rc is None and 2.0 <= wall < 20 and time.monotonic() - t0 < 20
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert not left
+
+
+def test_a_tool_dies_with_a_harness_killed_by_sigkill(tmp_path):
+    import signal
+    import subprocess
+
+    from helpers import wait_for
+
+    marker = f"bench-orphan-{os.getpid()}-{time.time_ns()}"
+    tool = ("import subprocess, sys, time; "
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}']); time.sleep(120)")
+    script = tmp_path / "harness_like.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, sys
+        from pathlib import Path
+        from bisect_harness.benchtools import run_owned
+        run_owned([sys.executable, "-c", {tool!r}, {marker!r}], env=dict(os.environ), cwd=Path({str(tmp_path)!r}),
+                  log_path=Path({str(tmp_path / "t.log")!r}), timeout_s=300)
+        """))
+    parent = subprocess.Popen([sys.executable, str(script)], start_new_session=True, env=dict(os.environ))
+
+    def tools():
+        return [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+    try:
+        wait_for(lambda: len(tools()) == 2, timeout=30, what="the tool and its child")
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    wait_for(lambda: not tools(), timeout=30, what="the watchdog to end the tool's group")
 
 
 @pytest.mark.slow
