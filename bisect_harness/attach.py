@@ -98,7 +98,7 @@ class AttachedSource:
         return Endpoint(config.arm.endpoint.rstrip("/"), headers=headers, api_key=key)
 
     def open(self, argv, *, log_path: Path, base_url: str, health_path: str = "/health",
-             ready_timeout_s: float = 120.0, headers=None, **_launch_only) -> "AttachedServer":
+             ready_timeout_s: float = 120.0, **_launch_only) -> "AttachedServer":
         # env, cwd and the like describe a launch; an attached server has none.
         return AttachedServer(base_url, log_path=log_path, health_path=health_path,
                               ready_timeout_s=ready_timeout_s, api_key_env=self.api_key_env)
