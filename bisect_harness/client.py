@@ -21,6 +21,18 @@ Timing, per request (all from one monotonic clock, stamped at each network read)
 - TPOT: ``(e2e - ttft) / (tokens - 1)``;
 - e2e: request sent -> end of the stream.
 
+Percentiles (``ttft_p50_ms`` ... ``tpot_p99_ms``, :func:`percentile_metrics`), per
+sample, by linear interpolation between order statistics (numpy's default, as
+``vllm bench serve`` and SGLang's ``bench_serving`` compute theirs):
+
+- TTFT and TPOT: over the sample's successful requests, one value each (TPOT only
+  for requests with two tokens or more);
+- ITL: over every output token after each request's first, pooled over the
+  sample's requests: a chunk carrying k tokens gives k values of its gap / k (a
+  chunk that carries no token adds its gap to the next one that does), so their
+  mean is ``itl_ms``; where the server does not say how many tokens a chunk
+  carries, each gap gives one value, gap / ((tokens - 1) / (chunks - 1)).
+
 Output tokens are the server's own count (final ``usage.completion_tokens`` or
 ``meta_info.completion_tokens``) where it sends one, else the count of chunks.
 
@@ -49,7 +61,7 @@ from .model import BenchmarkSpec, SampleResult
 
 __all__ = [
     "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "measure_sample",
-    "measure_sample_detail", "resolve_model", "synthetic_prompt", "warmup",
+    "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
 ]
 
 APIS = ("completions", "generate")
@@ -142,6 +154,7 @@ class RequestRecord:
     decode_tokens: int = 0          # tokens after the first chunk (ITL denominator)
     usage: Mapping[str, Any] | None = None
     meta_info: Mapping[str, Any] | None = None
+    token_gaps_s: tuple[float, ...] = ()  # per-token ITL values (module docstring: percentiles)
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -375,7 +388,42 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
         tpot_s=(e2e - ttft) / (tokens - 1) if tokens > 1 else None,
         output_tokens=tokens, counted_tokens=counted, chunks=len(times),
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
-        usage=st.usage, meta_info=st.meta)
+        usage=st.usage, meta_info=st.meta,
+        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else ())
+
+
+def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:
+    """One ITL value per output token after the first (see the module docstring)."""
+    if all(k is not None for k in ks):
+        out: list[float] = []
+        pending = 0.0
+        for i in range(1, len(times)):
+            pending += times[i] - times[i - 1]
+            k = ks[i]
+            if k > 0:
+                out.extend([pending / k] * k)
+                pending = 0.0
+        return tuple(out)
+    per_gap = after_first / (len(times) - 1)  # tokens per gap, spread evenly
+    return tuple((times[i] - times[i - 1]) / per_gap for i in range(1, len(times)))
+
+
+def percentile_metrics(ok: list[RequestRecord]) -> dict[str, float]:
+    """p50/p90/p99 of TTFT, ITL and TPOT over a sample's successful requests, in ms
+    (``model.PERCENTILES``; NaN where no request has the value)."""
+    import numpy as np
+
+    from .model import PERCENTILES
+
+    pools = {"ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
+             "itl": [g for r in ok for g in r.token_gaps_s],
+             "tpot": [r.tpot_s for r in ok if r.tpot_s is not None]}
+    out = {}
+    for what, values in pools.items():
+        qs = np.percentile(values, PERCENTILES) if values else [math.nan] * len(PERCENTILES)
+        for q, v in zip(PERCENTILES, qs):
+            out[f"{what}_p{q}_ms"] = 1e3 * float(v)
+    return out
 
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
@@ -408,10 +456,10 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
     return [r for r in results if r is not None], wall
 
 
-def _client(bench: BenchmarkSpec) -> httpx.Client:
+def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
     conns = max(1, bench.concurrency)
     return httpx.Client(
-        trust_env=False, timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
+        trust_env=False, headers=dict(headers or {}), timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns))
 
 
@@ -434,7 +482,8 @@ def _all_failed(what: str, base_url: str, records: list[RequestRecord]) -> Sampl
 
 
 def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
-                          client: httpx.Client | None = None) -> SampleDetail:
+                          client: httpx.Client | None = None,
+                          headers: Mapping[str, str] | None = None) -> SampleDetail:
     """Send ``bench.requests_per_sample`` streamed requests, ``bench.concurrency`` in
     flight, and measure them. See the module docstring for what is measured.
 
@@ -445,7 +494,7 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
     object in the stream, no output). Raises :class:`SampleFailed` when all fail.
     """
-    records, wall = _batch(base_url, bench, bench.requests_per_sample, client)
+    records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers)
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
@@ -458,15 +507,18 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         "tpot_ms": 1e3 * _mean([r.tpot_s for r in ok if r.tpot_s is not None]),
         "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
     }
+    metrics.update(percentile_metrics(ok))
     result = SampleResult(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
     return SampleDetail(result=result, requests=tuple(records))
 
 
-def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None):
-    """``n`` requests as a sample sends them, on ``client`` or a client of our own."""
+def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None,
+           headers: Mapping[str, str] | None = None):
+    """``n`` requests as a sample sends them, on ``client`` or a client of our own
+    (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
-    http = client or _client(bench)
+    http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)
         return _run_batch(http, base_url, bench, model, n)
@@ -476,19 +528,20 @@ def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | N
 
 
 def measure_sample(base_url: str, bench: BenchmarkSpec, *,
-                   client: httpx.Client | None = None) -> SampleResult:
+                   client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleResult:
     """:func:`measure_sample_detail` without the per-request records."""
-    return measure_sample_detail(base_url, bench, client=client).result
+    return measure_sample_detail(base_url, bench, client=client, headers=headers).result
 
 
-def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None) -> int:
+def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
+           headers: Mapping[str, str] | None = None) -> int:
     """Send ``bench.warmup_requests`` requests like a sample's and discard them.
 
     Returns how many failed; raises :class:`SampleFailed` when all of them did.
     """
     if bench.warmup_requests <= 0:
         return 0
-    records, _ = _batch(base_url, bench, bench.warmup_requests, client)
+    records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers)
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)

@@ -45,7 +45,7 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
                         "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
                         "hypotheses": users})
         lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
-        lines.append(f"  commit: {c.arm.commit or '(installed server)'}")
+        lines.append(f"  commit: {c.arm.commit or c.arm.endpoint or '(installed server)'}")
         if c.arm.env:
             lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(c.arm.env.items())))
         lines.append("  argv:   " + shlex.join(argv))

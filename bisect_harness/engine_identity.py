@@ -55,7 +55,8 @@ def _text(value) -> str | None:
     return None
 
 
-def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout_s: float = 5.0) -> ReportedVersion:
+def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout_s: float = 5.0,
+                          headers: Mapping[str, str] | None = None) -> ReportedVersion:
     """The identity keys of ``server_info`` and the answer of ``GET /version``."""
     values: dict[str, str] = {}
     for key in IDENTITY_KEYS:
@@ -63,7 +64,8 @@ def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout
         if text:
             values[f"server_info.{key}"] = text
     try:
-        r = httpx.get(base_url.rstrip("/") + VERSION_PATH, timeout=timeout_s, trust_env=False)
+        r = httpx.get(base_url.rstrip("/") + VERSION_PATH, timeout=timeout_s, trust_env=False,
+                      headers=dict(headers or {}))
         if r.status_code == 200:
             data = r.json()
             text = _text(data.get("version")) if isinstance(data, dict) else None

@@ -32,7 +32,8 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, contention, engine_flags, engine_identity, host_state, presets, provenance, sources, stats
+from . import (__version__, attach, benchtools, calibration, client, contention, engine_flags, engine_identity,
+               host_state, presets, provenance, sources, stats)
 from .checkout import Workspace, read_tail
 from .errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
@@ -104,6 +105,7 @@ class Executor:
 
     def start_run(self, kind: str = "run") -> Run:
         spec = self.spec
+        attach.api_key(spec.engine.api_key_env)  # an unset key variable stops the run before any boot
         self.host = provenance.collect_host().to_dict()
         self.host_fp = host_fingerprint(self.host)
         self.run = self.ledger.add(Run(
@@ -379,6 +381,7 @@ class Executor:
             mixed = engine_identity.mixed_versions(side, st.boots)
             if mixed:
                 out.append(mixed)
+        out += attach.verdict_warnings([b.planned, t.planned])  # attached: boots are sessions, not restarts
         for drift in host_drift(b.good_boots, t.good_boots):
             out.append(f"host drift: {drift.message}")
         thresholds = self.spec.defaults.host_thresholds
@@ -417,18 +420,23 @@ class Executor:
             st.boots.append(boot)
             self.obs.boot_finished(pc, boot)
             return boot
-        port = free_port()
+        source = self.plan.source  # launched here, or attached to a running server (attach.py)
+        port = source.port(pc)
         argv = self.plan.argv(pc, port=port, worktree=worktree, python=cenv.python)
         boot.port, boot.argv = port, argv
         self.ledger.add(boot)
         st.boots.append(boot)
         log_path = self.log_dir / f"boot-{boot.id}.log"
         boot.log_path = str(log_path)
-        base_url = f"http://{LOOPBACK}:{port}"
         preset = self.plan.preset
         try:
+            endpoint = source.endpoint(pc, port)  # base_url and auth headers (never stored)
+            base_url = endpoint.base_url
+            bench = benchtools.sample_runner(spec.benchmark, endpoint, python=cenv.python,
+                                             env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
+                                             log_path=log_path)
             t0 = time.monotonic()
-            with ServerProcess(argv, env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
+            with source.open(argv, env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
                                log_path=log_path,
                                base_url=base_url, health_path=spec.engine.health,
                                ready_timeout_s=spec.engine.ready_timeout_s,
@@ -436,11 +444,11 @@ class Executor:
                 boot.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
                 if preset.settle_s:
                     time.sleep(preset.settle_s)  # the engine's own warmup after its health check passes
-                info = self._verify(boot, server, pc, base_url)
+                info = self._verify(boot, server, pc, base_url, headers=endpoint.headers)
                 self.ledger.commit()
                 if boot.status == "fatal":
                     raise UserError(boot.failure or "a boot check failed")
-                client.warmup(base_url, spec.benchmark)
+                bench.warmup()
                 # sources whose `when` excludes this config are not collected (and not problems)
                 wanted, skipped = sources.applicable(spec.engine.metrics, pc.arm.flags,
                                                      lambda f: presets.canonical_flag(f, preset))
@@ -448,14 +456,14 @@ class Executor:
                     boot.provenance = {**boot.provenance, "sources_not_applicable": [s.name for s in skipped]}
                 collector = SourceCollector(wanted, base_url, log_path, server_info=info,
                                             server_info_paths=spec.engine.server_info,
-                                            metrics_path=preset.metrics_path)
+                                            metrics_path=preset.metrics_path, headers=endpoint.headers)
                 with provenance.GpuSampler(interval_s=1.0) as sampler, \
                         contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor:
                     for i in range(samples):
                         if i:
                             monitor.split()  # one contention window per sample, and one for the boot
                         collector.begin_sample()
-                        detail = client.measure_sample_detail(base_url, spec.benchmark)
+                        detail = bench.sample(i)
                         result = detail.result
                         extra = collector.end_sample(detail.responses, result.duration_s)
                         metrics = jsonable({**dict(result.metrics), **extra})
@@ -463,6 +471,7 @@ class Executor:
                                                   requests=result.requests, output_tokens=result.output_tokens,
                                                   duration_s=result.duration_s, errors=result.errors))
                         self.obs.sample_done(pc, i + 1, metrics)
+                boot.provenance = {**boot.provenance, **bench.provenance()}
                 boot.source_problems = list(collector.problems())
                 if boot.source_problems:
                     boot.marks = [*boot.marks, "source_unmatched"]
@@ -544,22 +553,24 @@ class Executor:
             self.obs.message(f"host still busy after {d.host_wait_s:.0f} s; booting anyway "
                              f"({contention.summary_line(window)})")
 
-    def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str) -> dict | None:
+    def _verify(self, boot: Boot, server: ServerProcess, pc: PlannedConfig, base_url: str,
+                headers: Mapping[str, str] | None = None) -> dict | None:
         """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""
         d = self.spec.defaults
-        info = fetch_server_info(base_url, self.spec.engine.server_info)
+        info = fetch_server_info(base_url, self.spec.engine.server_info, headers=headers)
         boot.server_info = info
-        reported = engine_identity.read_reported_version(base_url, info)  # the guard on which code ran
+        reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
         boot.provenance = {**(boot.provenance or {}), "engine_version": reported.to_dict()}
-        env_rep = provenance.env_report(server.pid, pc.arm.env)
+        # An attached server has no process of ours (pid None) and no env of ours to check.
+        env_rep = provenance.env_report(server.pid, pc.arm.env) if server.pid is not None else None
         preset = self.plan.preset
         keys = {f: presets.info_key(f, preset) for f in pc.arm.flags}
         checkable = {f: v for f, v in pc.arm.flags.items() if keys[f] is not None}
         flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, k in keys.items() if k},
                                           compare={f: presets.compare_mode(f, preset) for f in checkable})
-        boot.env_report, boot.flag_report = env_rep.to_dict(), flag_rep.to_dict()
+        boot.env_report, boot.flag_report = env_rep.to_dict() if env_rep else None, flag_rep.to_dict()
         marks = []
-        if not env_rep.ok:
+        if env_rep is not None and not env_rep.ok:
             marks.append("env_missing")
         if not flag_rep.ok:
             marks.append("flag_mismatch")
@@ -626,11 +637,11 @@ def jsonable(obj):
     return obj
 
 
-def fetch_server_info(base_url: str, paths: Sequence[str]) -> dict | None:
+def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None) -> dict | None:
     """The first server-info endpoint that answers with a JSON object, or None."""
     for path in paths:
         try:
-            r = httpx.get(base_url + path, timeout=10.0)
+            r = httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}))
             if r.status_code == 200:
                 data = r.json()
                 if isinstance(data, dict):

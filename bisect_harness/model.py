@@ -68,6 +68,19 @@ CLIENT_METRICS: dict[str, Metric] = {
 }
 
 
+#: Percentiles of the client's per-request timings, one value per sample (see
+#: ``client.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions).
+PERCENTILES = (50, 90, 99)
+CLIENT_METRICS.update({
+    m.name: m
+    for what, label in (("ttft", "time to first token, per request"),
+                        ("itl", "inter-token latency, per output token after the first"),
+                        ("tpot", "time per output token after the first, per request"))
+    for q in PERCENTILES
+    for m in (Metric(f"{what}_p{q}_ms", "ms", Better.LOWER, f"p{q} of the {label}, over a sample's requests"),)
+})
+
+
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -81,14 +94,18 @@ class Arm:
     env: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     label: str = ""
+    endpoint: str | None = None  # an attached server's base URL (engine.base_url); None: launched
 
     def key(self) -> str:
         """Stable identity of the config: equal arms share boots."""
-        payload = _canonical({"commit": self.commit, "env": dict(self.env), "flags": dict(self.flags)})
+        fields = {"commit": self.commit, "env": dict(self.env), "flags": dict(self.flags)}
+        if self.endpoint is not None:  # only when attached: launched configs keep their keys
+            fields["endpoint"] = self.endpoint
+        payload = _canonical(fields)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        parts = [self.commit[:10] if self.commit else "(installed)"]
+        parts = [self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
         parts += [f"{k}={v}" for k, v in sorted(self.env.items())]
         parts += [f"--{k}={v}" for k, v in sorted(self.flags.items())]
         return " ".join(parts)
@@ -124,3 +141,5 @@ class BenchmarkSpec:
     ignore_eos: bool = True
     request_timeout_s: float = 300.0
     seed: int = 0
+    tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
+    tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)

@@ -67,6 +67,13 @@ class Plan:
         return presets.get_preset(self.spec.engine.preset)
 
     @property
+    def source(self):
+        """Where boots' servers come from: launched, or attached (``attach.source_for``)."""
+        from .attach import source_for
+
+        return source_for(self.spec)
+
+    @property
     def base_python(self) -> str:
         """The base environment's interpreter (``engine.python``, else the harness's own)."""
         return self.base_interpreter or resolve_python(self.spec.engine.python)
@@ -124,17 +131,23 @@ class Plan:
 def engine_fingerprint(spec: Spec) -> str:
     """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
     e = spec.engine
+    # Keys added later count only when set, so older files keep the config keys their ledgers hold.
+    bench = {k: v for k, v in spec.benchmark.__dict__.items() if not (k in ("tool", "tool_args") and not v)}
     fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
-              "cwd": e.cwd, "bench": spec.benchmark.__dict__,
+              "cwd": e.cwd, "bench": bench,
               "samples_per_boot": spec.defaults.samples_per_boot,
               "metrics": [repr(m) for m in e.metrics]}
     # Only when written: files that leave them out keep the keys their ledgers already hold.
     fields.update({k: v for k, v in (("python", e.python), ("environment", e.environment)) if v is not None})
+    if e.base_url is not None:  # attached: which server (the key's variable name, never the key)
+        fields.update(base_url=e.base_url, api_key_env=e.api_key_env)
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
+    if spec.engine.base_url is not None:  # attached: a running server has no commits
+        return None
     if spec.engine.repo is not None:
         return spec.engine.repo
     if spec.engine.preset == "demo":
@@ -146,7 +159,10 @@ def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
 
 def series_key(spec: Spec, arm: Arm) -> str:
     """A config's identity without its commit: the same env, flags and engine over time."""
-    payload = json.dumps({"env": dict(arm.env), "flags": dict(arm.flags)}, sort_keys=True, default=str)
+    fields = {"env": dict(arm.env), "flags": dict(arm.flags)}
+    if arm.endpoint is not None:  # attached: each server is its own series
+        fields["endpoint"] = arm.endpoint
+    payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(f"{payload}:{engine_fingerprint(spec)}".encode()).hexdigest()[:20]
 
 
@@ -155,9 +171,11 @@ def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
     return PlannedConfig(key=key, arm=arm, replica=replica)
 
 
-def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags, where: str) -> Arm:
+def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags, where: str,
+                base_url: str | None = None) -> Arm:
     sha = ws.resolve(commit, where=where) if (ws is not None and commit is not None) else commit
-    return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags})
+    endpoint = (base_url or spec.engine.base_url) if spec.engine.base_url is not None else None
+    return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags}, endpoint=endpoint)
 
 
 def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True) -> Plan:
@@ -175,9 +193,10 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
     hyps: list[PlannedHypothesis] = []
     for i, h in enumerate(spec.hypotheses):
         where = f"hypothesis {h.id}"
-        base = resolve_arm(spec, ws, h.baseline.commit, h.baseline.env, h.baseline.flags, f"{where}, baseline.commit")
+        base = resolve_arm(spec, ws, h.baseline.commit, h.baseline.env, h.baseline.flags, f"{where}, baseline.commit",
+                           base_url=h.baseline.base_url)
         treat = resolve_arm(spec, ws, h.treatment.commit, h.treatment.env, h.treatment.flags,
-                            f"{where}, treatment.commit")
+                            f"{where}, treatment.commit", base_url=h.treatment.base_url)
         b = make_config(spec, base)
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)

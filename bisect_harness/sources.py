@@ -321,7 +321,8 @@ class SourceCollector:
 
     def __init__(self, sources: Sequence[MetricSource], base_url: str, log_path: str | Path | None, *,
                  server_info: Mapping | None = None, server_info_paths: Sequence[str] = (),
-                 metrics_path: str = "/metrics", timeout_s: float = 10.0, client=None):
+                 metrics_path: str = "/metrics", timeout_s: float = 10.0, client=None,
+                 headers: Mapping[str, str] | None = None):
         self.sources = tuple(sources)
         self.base_url = base_url.rstrip("/")
         self.log_path = Path(log_path) if log_path is not None else None
@@ -330,6 +331,7 @@ class SourceCollector:
         self._server_info = server_info
         self._server_info_paths = tuple(server_info_paths)
         self._client = client
+        self._headers = dict(headers or {})  # e.g. an attached server's Authorization; never stored
         self._samples = 0
         self._misses: dict[str, list[str]] = {s.name: [] for s in self.sources}
         self._hits: dict[str, int] = {s.name: 0 for s in self.sources}
@@ -345,8 +347,8 @@ class SourceCollector:
         import httpx
 
         if self._client is not None:
-            return self._client.get(self.base_url + path, timeout=self.timeout_s)
-        return httpx.get(self.base_url + path, timeout=self.timeout_s)
+            return self._client.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers)
+        return httpx.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers)
 
     def _scrape(self) -> tuple[list | None, str | None]:
         try:

@@ -49,6 +49,8 @@ class EngineSpec:
     metrics: tuple[Any, ...] = ()  # sources.MetricSource
     python: str | None = None  # the base interpreter; None: the harness's own
     environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
+    base_url: str | None = None  # attach mode: a running server's URL (attach.AttachedSource); nothing launched
+    api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
 
     @property
     def environment_mode(self) -> str:
@@ -84,6 +86,7 @@ class ArmSpec:
     commit: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    base_url: str | None = None  # attach mode: this arm's server, instead of engine.base_url
 
 
 @dataclass(frozen=True)
@@ -333,11 +336,13 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 
 _TOP = ("version", "engine", "benchmark", "defaults", "hypotheses")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
-           "env", "flags", "metrics", "python", "environment")
+           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
-_ARM = ("commit", "env", "flags")
+_ARM = ("commit", "env", "flags", "base_url")
+#: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
+_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags")
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -367,7 +372,9 @@ def parse_spec(text: str, path: Path) -> Spec:
     metrics = dict(CLIENT_METRICS)
     for s in engine.metrics:
         metrics[s.metric.name] = s.metric
-    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=engine.repo is not None or engine.preset == "demo")
+    _tool_fits(r, bench, engine)
+    has_repo = engine.base_url is None and (engine.repo is not None or engine.preset == "demo")
+    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
                 hypotheses=hyps, family_size=len(hyps))
@@ -377,6 +384,7 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     from . import presets, sources
 
     e = r.mapping(value, "engine", _ENGINE)
+    base_url = _attach_keys(r, e)
     preset_name = e.get("preset", "openai")
     r.typed(preset_name, "engine.preset", (str,), "a preset name")
     try:
@@ -390,11 +398,13 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         # a plan written for another machine.
         repo = (spec_dir / Path(e["repo"]).expanduser()).resolve()
     launch = r.argv(e["launch"], "engine.launch") if "launch" in e else tuple(preset.launch)
-    if not launch:
+    if base_url is not None:
+        launch = ()  # attached: the preset's launch and build are not ours to run
+    if not launch and base_url is None:
         raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "
                           "e.g. [my-server, --port, '{port}']")
     build = r.argv(e["build"], "engine.build") if "build" in e else (
-        tuple(preset.build) if preset.build else None)
+        tuple(preset.build) if preset.build and base_url is None else None)
     health = e.get("health", preset.health_path)
     r.typed(health, "engine.health", (str,), "a URL path like /health")
     if not health.startswith("/"):
@@ -443,7 +453,64 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
-        metrics=tuple(metrics), python=python, environment=environment)
+        metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,
+        api_key_env=e.get("api_key_env"))
+
+
+def _url(r: _Reader, value, path: str) -> str:
+    from urllib.parse import urlsplit
+
+    r.typed(value, path, (str,), "a URL like http://10.0.0.5:30000")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise r.doc.error(path, f"expected an http:// or https:// URL with a host, got {value!r}")
+    try:
+        parts.port
+    except ValueError:
+        raise r.doc.error(path, f"the port of {value!r} is not a number") from None
+    return value.rstrip("/")
+
+
+def _attach_keys(r: _Reader, e: dict) -> str | None:
+    """engine.base_url and engine.api_key_env; a launch key beside base_url is an error."""
+    if "api_key_env" in e:
+        name = e["api_key_env"]
+        r.typed(name, "engine.api_key_env", (str,), "the NAME of an environment variable (not the key itself)")
+        if not _ENV_NAME_RE.match(name):
+            # The value is not repeated: someone may have pasted the key itself here.
+            raise r.doc.error("engine.api_key_env", "this is not an environment variable name; write the "
+                              "variable's name (e.g. MY_KEY), never the key itself")
+    if "base_url" not in e:
+        return None
+    url = _url(r, e["base_url"], "engine.base_url")
+    for key in _LAUNCH_ONLY:
+        if key in e:
+            raise r.doc.error(f"engine.{key}", f"an attached server (engine.base_url) is not built or launched "
+                              f"by the harness, so engine.{key} cannot apply; remove engine.{key}, or remove "
+                              "engine.base_url to have the harness launch the server")
+    return url
+
+
+def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
+    """benchmark.tool: a known tool, an api it speaks, no per-request sources."""
+    if bench.tool is None:
+        if bench.tool_args:
+            raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
+                              "add it (vllm-bench-serve or sglang-bench-serving) or remove tool_args")
+        return
+    from . import benchtools, sources
+
+    if bench.tool not in benchtools.TOOLS:
+        raise r.doc.error("benchmark.tool", f"unknown tool {bench.tool!r}; known: "
+                          f"{', '.join(sorted(benchtools.TOOLS))} (or leave it out for the harness's own client)")
+    why = benchtools.get_tool(bench.tool).check_spec(bench)
+    if why:
+        raise r.doc.error("benchmark.tool", why)
+    for i, m in enumerate(engine.metrics):
+        if isinstance(m, sources.ResponseSource):
+            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: response' source reads each response, which "
+                              f"benchmark.tool ({bench.tool}) does not hand back; use the harness's client "
+                              "(remove benchmark.tool) or another kind of source")
 
 
 def _benchmark(r: _Reader, value) -> BenchmarkSpec:
@@ -453,6 +520,9 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         if name not in b:
             continue
         v, path = b[name], f"benchmark.{name}"
+        if name == "tool_args":  # an argv list, never run by a shell
+            kwargs[name] = r.argv(v, path)
+            continue
         default = f.default
         if isinstance(default, bool):
             r.typed(v, path, (bool,), "true or false")
@@ -522,8 +592,20 @@ def _defaults(r: _Reader, value) -> Defaults:
     return out
 
 
-def _arm(r: _Reader, value, path: str, has_repo: bool) -> ArmSpec:
+def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False) -> ArmSpec:
     a = r.mapping(value, path, _ARM)
+    base_url = None
+    if "base_url" in a:
+        if not attached:
+            raise r.doc.error(f"{path}.base_url", "an arm names its own server only in attach mode: add "
+                              "engine.base_url (the default server), or remove this key")
+        base_url = _url(r, a["base_url"], f"{path}.base_url")
+    if attached:
+        for key, what in (("commit", "commits"), ("env", "environment variables"), ("flags", "launch flags")):
+            if a.get(key) is not None:
+                raise r.doc.error(f"{path}.{key}", f"an attached server (engine.base_url) was started by someone "
+                                  f"else, so the harness cannot set its {what}; compare two running servers "
+                                  f"with baseline.base_url and treatment.base_url instead")
     commit = a.get("commit")
     if commit is not None:
         if isinstance(commit, bool) or not isinstance(commit, (str, int)):
@@ -534,7 +616,8 @@ def _arm(r: _Reader, value, path: str, has_repo: bool) -> ArmSpec:
                               "add engine.repo or drop the commit")
     elif has_repo:
         commit = "HEAD"
-    return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"))
+    return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"),
+                   base_url=base_url)
 
 
 def _check_when(engine: EngineSpec, hyps, file: str) -> None:
@@ -555,7 +638,8 @@ def _check_when(engine: EngineSpec, hyps, file: str) -> None:
                                 file=file)
 
 
-def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool) -> tuple[HypothesisSpec, ...]:
+def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,
+                attached: bool = False) -> tuple[HypothesisSpec, ...]:
     r.typed(value, "hypotheses", (list,), "a list of hypotheses")
     if not value:
         raise r.doc.error("hypotheses", "no hypotheses: write at least one")
@@ -582,8 +666,11 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         r.typed(bisect, f"{path}.bisect", (bool,), "true or false")
         if bisect and not has_repo:
             raise r.doc.error(f"{path}.bisect", "bisection needs commits: add engine.repo")
-        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo)
-        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo)
+        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached)
+        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached)
+        if attached and h.get("matrix") is not None:
+            raise r.doc.error(f"{path}.matrix", "a matrix varies flags or env, which an attached server "
+                              "(engine.base_url) does not take from the harness; remove the matrix")
         line = r.doc.line(path)
         points = _matrix(r, h.get("matrix"), f"{path}.matrix")
         for point in points:

@@ -324,3 +324,91 @@ def test_unreachable_server_raises_sample_failed():
 def test_unknown_api_is_rejected():
     with pytest.raises(ValueError, match="unknown benchmark api"):
         measure_sample("http://127.0.0.1:9", spec(api="chat"))
+
+
+# --------------------------------------------------------------------------- percentiles
+
+def _record(ttft, gaps, tokens, e2e=None):
+    from bisect_harness.client import RequestRecord
+
+    decode = sum(gaps)
+    e2e = e2e if e2e is not None else ttft + decode
+    return RequestRecord(ok=True, error=None, start_s=0.0, ttft_s=ttft, e2e_s=e2e,
+                         itl_s=decode / (tokens - 1) if tokens > 1 else None,
+                         tpot_s=(e2e - ttft) / (tokens - 1) if tokens > 1 else None, output_tokens=tokens,
+                         counted_tokens=tokens, chunks=tokens, decode_s=decode, decode_tokens=tokens - 1,
+                         token_gaps_s=tuple(gaps))
+
+
+def test_percentiles_are_linear_interpolation_over_requests_and_tokens():
+    from bisect_harness.client import percentile_metrics
+
+    recs = [_record(0.1, [0.01, 0.02], 3), _record(0.2, [0.03], 2), _record(0.3, [], 1), _record(0.4, [0.05], 2)]
+    m = percentile_metrics(recs)
+    # TTFT over the four requests: order statistics 0.1 0.2 0.3 0.4, linear between them
+    assert m["ttft_p50_ms"] == pytest.approx(250.0)
+    assert m["ttft_p90_ms"] == pytest.approx(370.0)
+    assert m["ttft_p99_ms"] == pytest.approx(397.0)
+    # ITL pooled over tokens: 0.01 0.02 0.03 0.05
+    assert m["itl_p50_ms"] == pytest.approx(25.0)
+    assert m["itl_p90_ms"] == pytest.approx(44.0)
+    # TPOT only for requests of two tokens or more: 0.015, 0.03, 0.05
+    assert m["tpot_p50_ms"] == pytest.approx(30.0)
+    assert m["tpot_p99_ms"] == pytest.approx(1e3 * (0.03 + 0.98 * 0.02))
+    # one-token answers only: no ITL or TPOT, never a zero
+    single = percentile_metrics([_record(0.1, [], 1)])
+    assert math.isnan(single["itl_p50_ms"]) and math.isnan(single["tpot_p99_ms"])
+
+
+def test_token_gaps_split_multi_token_chunks_and_carry_empty_ones():
+    from bisect_harness.client import _token_gaps
+
+    # chunks at 0, 0.1 (2 tokens), 0.15 (0 tokens), 0.3 (1 token)
+    assert _token_gaps([0.0, 0.1, 0.15, 0.3], [1, 2, 0, 1], 3) == pytest.approx((0.05, 0.05, 0.2))
+    # split unknown: 6 tokens after the first over 3 gaps -> 2 tokens per gap
+    assert _token_gaps([0.0, 0.1, 0.3, 0.4], [None, None, None, None], 6) == pytest.approx((0.05, 0.1, 0.05))
+
+
+def test_percentiles_live_match_the_stream_delays():
+    # 11 tokens in 6 chunks (the split is not sent): 5 gaps of 60 ms, 2 tokens each, 30 ms a token
+    with Replay("multi_token_completions.sse", first_delay=0.05, delay=0.06) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=3))
+    m = detail.result.metrics
+    for req in detail.requests:
+        assert len(req.token_gaps_s) == 5
+        assert sum(req.token_gaps_s) / 5 == pytest.approx(req.itl_s)
+    assert 0.030 <= m["itl_p50_ms"] / 1e3 < 0.030 + SLACK_S / 2
+    assert m["itl_p50_ms"] <= m["itl_p90_ms"] <= m["itl_p99_ms"]
+    assert 0.05 <= m["ttft_p50_ms"] / 1e3 <= m["ttft_p99_ms"] / 1e3 < 0.05 + SLACK_S * 3
+    ttfts = sorted(r.ttft_s for r in detail.requests)
+    assert m["ttft_p50_ms"] == pytest.approx(1e3 * ttfts[1])
+
+
+def test_headers_are_sent_with_every_request():
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Authorization"))
+            body = (b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n'
+                    b"data: [DONE]\n\n")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        warmup(url, spec(warmup_requests=1), headers={"Authorization": "Bearer k1"})
+        measure_sample(url, spec(requests_per_sample=2), headers={"Authorization": "Bearer k1"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Bearer k1"] * 3
