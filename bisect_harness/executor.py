@@ -221,7 +221,9 @@ class Executor:
                 treatment_config_id=self.states[h.treatment.key].row.id,
                 spec={"baseline": _arm_dict(h.spec.baseline), "treatment": _arm_dict(h.spec.treatment),
                       "matrix_point": dict(h.spec.matrix_point), "bisect": h.spec.bisect,
-                      "is_aa": h.is_aa, "line": h.spec.line}))
+                      "is_aa": h.is_aa, "line": h.spec.line,
+                      "metric_def": {"unit": h.metric.unit, "better": h.metric.better.value,
+                                     "description": h.metric.description}}))
         return rows
 
     # ------------------------------------------------------------------ A/A power check
@@ -443,12 +445,13 @@ class Executor:
                 collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
                                             metrics_path=preset.metrics_path)
                 with provenance.GpuSampler(interval_s=1.0) as sampler, \
-                        contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor:
+                        contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
+                        client.boot_session(base_url, spec.benchmark) as (http, bench):
                     for i in range(samples):
                         if i:
                             monitor.split()  # one contention window per sample, and one for the boot
                         collector.begin_sample()
-                        detail = client.measure_sample_detail(base_url, spec.benchmark)
+                        detail = client.measure_sample_detail(base_url, bench, client=http)
                         result = detail.result
                         extra = collector.end_sample(detail.responses, result.duration_s)
                         metrics = jsonable({**dict(result.metrics), **extra})
