@@ -190,6 +190,10 @@ class Workers:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"demo-engine/{VERSION}"
+    # Every SSE chunk is a small write of its own. With Nagle's algorithm on, the
+    # first chunk waits for the client to ACK the headers (a delayed ACK, up to
+    # 40 ms): TTFT grew by that much and the tokens after it arrived in a burst.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # keep the log for decode lines
         return
