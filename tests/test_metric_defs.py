@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect_harness import journal
-from bisect_harness.ledger import Config, HypothesisRow, Ledger, Run
+from bisect_harness.ledger import Bisection, Config, HypothesisRow, Ledger, Run
 from bisect_harness.metric_defs import definition_line, lookup_metric
 from bisect_harness.model import CLIENT_METRICS
 from bisect_harness.sources import parse_source
@@ -67,3 +67,15 @@ def test_journal_prints_each_hypothesis_metric_with_its_definition(tmp_path):
     assert "- metric: `decode_tok_s` (tok/s, higher is better): recorded with the hypothesis\n" in text
     line = next(x for x in text.splitlines() if x.startswith("- metric: `gen_tok_rate`"))
     assert "(tok/s, higher is better): demo_generation_tokens_total from /metrics" in line
+
+
+def test_journal_prints_the_bisection_metric_with_its_definition(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        run = led.add(Run(kind="bisect", spec_path="h.yaml", spec_text=SPEC_TEXT, spec_hash="h",
+                          harness_version="x"))
+        led.add(Bisection(run_id=run.id, good="a" * 40, bad="b" * 40, metric="gen_tok_rate", status="done",
+                          result={}))
+        text = journal.render(led, run)
+    section = text.split("## Bisection 1:", 1)[1]
+    assert section.split("\n\n")[1].startswith(
+        "Metric: `gen_tok_rate` (tok/s, higher is better): demo_generation_tokens_total from /metrics")
