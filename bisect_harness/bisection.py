@@ -503,11 +503,11 @@ class BisectionSearch:
         split_stats[1:m] = np.column_stack([center + mg * scale, center + mb * scale, sd])
         return obs, loglik, split_stats, -np.inf
 
-    def _fit_robust(self, obs):
-        """Student-t (or Gaussian) errors with an optional linear drift: IRLS per split,
-        all splits at once, then a Laplace approximation of each marginal."""
+    def _splits(self, obs):
+        """The boots robustly standardised (median, MAD), host time standardised, and the
+        split matrix: row j-1 marks the boots on the good side of split j (rank < j) for
+        j = 1..m-1; the last row puts every boot in one group (no step)."""
         y_raw = np.asarray(self._obs_x)
-        ci = np.asarray(self._obs_i)
         N = y_raw.size
         center = float(np.median(y_raw))
         scale = float(np.median(np.abs(y_raw - center))) * 1.4826 or float(y_raw.std()) \
@@ -516,10 +516,15 @@ class BisectionSearch:
         tt = np.arange(N, dtype=float)
         tt = (tt - tt.mean()) / (tt.std() or 1.0)
         m = obs.size
-        rank = np.searchsorted(obs, ci)  # position of each boot's commit among observed ones
-        # Row 0..m-2: splits j = 1..m-1 (good: rank < j); last row: no step (all one group).
+        rank = np.searchsorted(obs, np.asarray(self._obs_i))  # each boot's commit among the observed
         G = rank[None, :] < np.arange(1, m)[:, None]
         G = np.vstack([G, np.ones((1, N), dtype=bool)])
+        return N, m, center, scale, y, tt, G
+
+    def _fit_robust(self, obs):
+        """Student-t (or Gaussian) errors with an optional linear drift: IRLS per split,
+        all splits at once, then a Laplace approximation of each marginal."""
+        N, m, center, scale, y, tt, G = self._splits(obs)
         S = G.shape[0]
         Bm = ~G
         nu = NU if self._likelihood == "student-t" else math.inf
@@ -585,19 +590,7 @@ class BisectionSearch:
         regression's direction (a stalled boot, a second mode, a neighbour's burst),
         else normal around its side's level; plus the drift. EM per split, all splits
         at once, then a Laplace approximation of each marginal."""
-        y_raw = np.asarray(self._obs_x)
-        ci = np.asarray(self._obs_i)
-        N = y_raw.size
-        center = float(np.median(y_raw))
-        scale = float(np.median(np.abs(y_raw - center))) * 1.4826 or float(y_raw.std()) \
-            or (abs(center) if center != 0.0 else 1.0)
-        y = (y_raw - center) / scale
-        tt = np.arange(N, dtype=float)
-        tt = (tt - tt.mean()) / (tt.std() or 1.0)
-        m = obs.size
-        rank = np.searchsorted(obs, ci)
-        G = rank[None, :] < np.arange(1, m)[:, None]
-        G = np.vstack([G, np.ones((1, N), dtype=bool)])
+        N, m, center, scale, y, tt, G = self._splits(obs)
         S = G.shape[0]
         Bm = ~G
         sign = float(self._expect.sign)

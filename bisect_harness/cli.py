@@ -127,6 +127,8 @@ def run(
                                          "alpha is still divided over every hypothesis of the file."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
+    check_flags: bool = typer.Option(False, "--check-flags", help="With --dry-run: build each commit and check "
+                                     "every planned flag against its --help (exit 2 if one is refused)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
     aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
@@ -145,12 +147,18 @@ def run(
     if dry_run:
         from .dryrun import describe_plan
 
-        text, obj = describe_plan(spec, cache_dir=cache_dir)
+        text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
+                                  say=lambda t: console.print(t, markup=False))
         if json_out:
             print(json.dumps(obj))
         else:
             typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
+        if obj.get("flags_refused"):
+            raise UserError("a planned flag is not accepted at some commit (see the flag check above); rename it "
+                            "for that commit or drop that hypothesis before booting")
         return
+    if check_flags:
+        raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs:
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,

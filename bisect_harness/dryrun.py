@@ -9,8 +9,16 @@ from .plan import make_plan
 from .spec import Spec
 
 
-def describe_plan(spec: Spec, *, cache_dir: Path | None = None) -> tuple[str, dict]:
-    """Text for people and a JSON-ready object: configs, their argv and env, boots planned."""
+def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: bool = False,
+                  say=lambda text: None) -> tuple[str, dict]:
+    """Text for people and a JSON-ready object: configs, their argv and env, boots planned.
+
+    With ``check_flags``, every commit's launch argv is run with the preset's help
+    arguments (after its worktree, environment and build, as a boot would) and each
+    planned option is checked against the options that commit names; the JSON gets
+    ``flag_check`` (one entry per commit), ``flags_refused`` (true when any
+    config's argv would be refused) and ``flags_unchecked`` (commits whose help
+    could not be read, each entry's ``error`` says why)."""
     from .plan import engine_repo
     from .checkout import default_cache_dir
 
@@ -51,8 +59,42 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None) -> tuple[str, di
                      "bisect": h.spec.bisect})
         lines.append(f"hypothesis {h.id}: config {b} vs config {t}, {h.metric.name} {h.spec.expect.value} "
                      f">= {h.spec.min_effect:.1%}" + (", bisect if confirmed" if h.spec.bisect else ""))
+    flag_check = None
+    if check_flags:
+        flag_check = _check_flags(plan, lines, say)
     obj = {"spec": str(spec.path), "configs": configs, "hypotheses": hyps,
            "environment": {"mode": "venv" if plan.per_commit_env else "shared", "base_python": plan.base_python},
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
                         "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
+    if flag_check is not None:
+        obj["flag_check"] = [c.to_dict() for c in flag_check]
+        obj["flags_refused"] = any(c.refused for c in flag_check)
+        obj["flags_unchecked"] = [c.commit for c in flag_check if c.error]
     return "\n".join(lines), obj
+
+
+def _check_flags(plan, lines: list[str], say) -> list:
+    """Run each commit's help, check every planned argv against it, and add the report to ``lines``."""
+    from .engine_flags import check_plan_flags, notes_for
+
+    if plan.repo is not None and not Path(plan.repo).exists():
+        lines.append("\nflags not checked: the engine repository is not on this machine")
+        return []
+    number = {c.key: i for i, c in enumerate(plan.configs, 1)}
+    report = check_plan_flags(plan, say=say)
+    lines.append("\nflags checked against each commit's help:")
+    for c in report:
+        where = c.commit[:12] if c.commit else "installed server"
+        if c.error:
+            lines.append(f"  {where}: not checked: {c.error}")
+            continue
+        bad = {k: ps for k, ps in c.problems.items() if ps}
+        if not bad:
+            lines.append(f"  {where}: every planned flag accepted ({c.options} options in `{shlex.join(c.help_argv)}`)")
+            continue
+        for key, problems in bad.items():
+            for p in problems:
+                verdict = "NOT ACCEPTED" if p.refused else "warning"
+                note = "".join(f" ({n})" for n in notes_for(p.option, plan.preset))
+                lines.append(f"  {where}: config {number[key]}: {verdict}: {p}{note}")
+    return report

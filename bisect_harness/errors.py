@@ -11,7 +11,9 @@
         │                        recorded in the ledger with its log tail, the run goes on
         ├── BuildFailed          the build command failed at a commit (bisection skips it)
         └── BootFailed           the server exited early or never became ready
-            └── BootTimeout      ... within its deadline (may be retried)
+            ├── BootTimeout      ... within its deadline (may be retried)
+            └── FlagNotAccepted  ... because its argument parser refused a flag at this
+                                 commit (argparse exit 2): never retried
 
 Only ``cli`` turns these into exit codes; library code raises, never prints or exits.
 """
@@ -76,3 +78,16 @@ class BootFailed(ConfigFailure):
 
 class BootTimeout(BootFailed):
     """The server did not become ready before its deadline."""
+
+
+class FlagNotAccepted(BootFailed):
+    """The engine's argument parser refused the launch argv at this commit: a flag
+    that does not exist there, is ambiguous there, or a value it does not accept
+    (argparse exits 2 with ``error: unrecognized arguments`` / ``ambiguous option``
+    / ``invalid choice``). Not a crash: the same argv fails the same way every time,
+    so it is recorded once and the config is not retried. ``engine_message`` is the
+    engine's own ``error:`` line."""
+
+    def __init__(self, message: str, *, engine_message: str, log_tail: str = "", log_path: str | None = None):
+        self.engine_message = engine_message
+        super().__init__(message, log_tail=log_tail, log_path=log_path)

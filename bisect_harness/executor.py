@@ -32,9 +32,9 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from . import __version__, calibration, client, contention, engine_identity, host_state, presets, provenance, stats
+from . import __version__, calibration, client, contention, engine_flags, engine_identity, host_state, presets, provenance, sources, stats
 from .checkout import Workspace, read_tail
-from .errors import BootFailed, BuildFailed, ConfigFailure, HarnessError, InfrastructureError, UserError
+from .errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
 from .model import Outcome
 from .plan import LOOPBACK, Plan, PlannedConfig, PlannedHypothesis, make_config, series_key
@@ -433,7 +433,8 @@ class Executor:
             with ServerProcess(argv, env=self.plan.boot_env(pc, cenv), cwd=self.plan.cwd(worktree, cenv.python),
                                log_path=log_path,
                                base_url=base_url, health_path=spec.engine.health,
-                               ready_timeout_s=spec.engine.ready_timeout_s) as server:
+                               ready_timeout_s=spec.engine.ready_timeout_s,
+                               health_request_timeout_s=preset.health_request_timeout_s) as server:
                 boot.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
                 if preset.settle_s:
                     time.sleep(preset.settle_s)  # the engine's own warmup after its health check passes
@@ -442,7 +443,13 @@ class Executor:
                 if boot.status == "fatal":
                     raise UserError(boot.failure or "a boot check failed")
                 client.warmup(base_url, spec.benchmark)
-                collector = SourceCollector(spec.engine.metrics, base_url, log_path, server_info=info,
+                # sources whose `when` excludes this config are not collected (and not problems)
+                wanted, skipped = sources.applicable(spec.engine.metrics, pc.arm.flags,
+                                                     lambda f: presets.canonical_flag(f, preset))
+                if skipped:
+                    boot.provenance = {**boot.provenance, "sources_not_applicable": [s.name for s in skipped]}
+                collector = SourceCollector(wanted, base_url, log_path, server_info=info,
+                                            server_info_paths=spec.engine.server_info,
                                             metrics_path=preset.metrics_path)
                 with provenance.GpuSampler(interval_s=1.0) as sampler, \
                         contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
@@ -471,6 +478,16 @@ class Executor:
             st.consecutive_failures = 0
             if boot.status == "fatal":
                 raise InfrastructureError(boot.failure)
+        except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
+            boot.status, boot.failure = "failed", str(exc)
+            boot.log_tail = exc.log_tail or read_tail(log_path)
+            boot.marks = [*(boot.marks or []), engine_flags.FLAG_NOT_ACCEPTED]
+            notes = engine_flags.notes_for(exc.engine_message, preset)
+            boot.provenance = {**(boot.provenance or {}), "flag_not_accepted": {
+                "commit": pc.arm.commit, "engine_message": exc.engine_message, "notes": notes}}
+            where = f"at commit {pc.arm.commit[:12]}" if pc.arm.commit else "by the installed server"
+            st.failed = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
+            st.consecutive_failures += 1
         except (BootFailed, ConfigFailure) as exc:
             boot.status, boot.failure = "failed", str(exc)
             boot.log_tail = exc.log_tail or read_tail(log_path)
@@ -541,7 +558,8 @@ class Executor:
         preset = self.plan.preset
         keys = {f: presets.info_key(f, preset) for f in pc.arm.flags}
         checkable = {f: v for f, v in pc.arm.flags.items() if keys[f] is not None}
-        flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, k in keys.items() if k})
+        flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, k in keys.items() if k},
+                                          compare={f: presets.compare_mode(f, preset) for f in checkable})
         boot.env_report, boot.flag_report = env_rep.to_dict(), flag_rep.to_dict()
         marks = []
         if not env_rep.ok:

@@ -180,6 +180,14 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 details.append(f"- failure: {b.failure}")
             for p in b.source_problems or []:
                 details.append(f"- metric source: {p}")
+            refused = (b.provenance or {}).get("flag_not_accepted")
+            if refused:  # the commit's parser refused the argv: not a crash
+                details.append(f"- flag not accepted at this commit: `{refused['engine_message']}`"
+                               + "".join(f" ({n})" for n in refused.get("notes") or []))
+            not_applicable = (b.provenance or {}).get("sources_not_applicable")
+            if not_applicable:
+                details.append("- metric sources whose `when` excludes this config (not collected): "
+                               + ", ".join(not_applicable))
             if b.env_report and not b.env_report.get("ok", True):
                 for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]:
                     details.append(f"- env: `{line.strip()}`")

@@ -77,7 +77,7 @@ class Plan:
         ``python`` is the commit's interpreter (``CommitEnv.python``); by default the base's,
         or the literal ``{python}`` for a config whose commits each get their own."""
         engine = self.spec.engine
-        template = list(engine.launch) + presets.flags_to_argv(config.arm.flags, self.preset)
+        template = presets.launch_argv(engine.launch, config.arm.flags, self.preset)
         return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree,
                                                                  python=python or self.python_for(config)))
 

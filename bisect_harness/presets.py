@@ -20,14 +20,23 @@ What each engine really serves (checked against their sources):
   dests (``tp_size``, ``speculative_algorithm``...). ``/generate`` returns
   ``meta_info`` with ``completion_tokens`` and, with speculative decoding,
   ``spec_verify_ct``. ``/metrics`` exists only with ``--enable-metrics``.
-  Boolean flags are ``store_true``: ``false`` is omitted.
+  Boolean flags are ``store_true``: ``false`` is omitted. Per version: 0.5.22
+  split ``--cuda-graph-max-bs`` into ``--cuda-graph-max-bs-decode`` and
+  ``--cuda-graph-max-bs-prefill`` (the old name is then an ambiguous prefix, and
+  argparse exits 2), and server info reports the resolved value at
+  ``cuda_graph_config.decode.max_bs`` (``Preset.flag_notes`` carries this, so a
+  refused boot says it). ``internal_states[0].avg_spec_accept_length`` is the
+  scheduler's running accept length (0.5.23).
 * vLLM (``vllm serve MODEL``): the model is positional (``--model`` is
   deprecated for ``vllm serve``); ``/health``, ``/version``, ``/v1/models``,
   ``/metrics`` always exist; ``/server_info`` exists only with
   ``VLLM_SERVER_DEV_MODE=1`` and with ``?config_format=json`` returns
   ``{"vllm_config": {...nested config...}}``. Booleans use
   ``BooleanOptionalAction``: ``false`` becomes ``--no-KEY``. ``--speculative-config``
-  takes one JSON argument.
+  takes one JSON argument. ``dtype`` comes back as ``torch.bfloat16`` and the
+  speculative config with every field it resolved (0.33.0), hence the preset's
+  compare modes. ``vllm serve --help`` lists config groups only; ``--help=all``
+  lists every flag.
 """
 
 from __future__ import annotations
@@ -48,7 +57,17 @@ __all__ = [
     "render_argv",
     "server_info_candidates",
     "info_key",
+    "compare_mode",
+    "flag_note",
+    "launch_argv",
+    "COMPARE_MODES",
 ]
+
+#: How a requested flag value is compared with the value the server reports:
+#: ``equal`` (type-tolerant equality), ``dtype`` (``torch.bfloat16`` == ``bfloat16``
+#: == ``bf16``), ``subset`` (a requested mapping's keys must be reported with equal
+#: values; the server may report more keys, as vLLM's speculative config does).
+COMPARE_MODES = ("equal", "dtype", "subset")
 
 #: How a YAML ``false`` becomes argv: ``"omit"`` (store_true engines) or
 #: ``"no-prefix"`` (``--no-KEY``, argparse.BooleanOptionalAction engines).
@@ -63,12 +82,20 @@ class Preset:
     ``{port}``, ``{host}``, ``{worktree}``, ``{spec_dir}``); an empty ``launch``
     means the hypotheses file must give ``engine.launch``.
     ``positional_flags`` name flags whose value is passed as a bare argument, first
-    among the flags (vLLM's model); the launch template must end with an option
-    that takes exactly one value (``--port {port}``) for that to parse.
+    among the flags (vLLM's model); with ``positional_after``, right after that
+    element of the launch template instead (vLLM 0.33 refuses ``--served-model-name``
+    unless the model comes right after ``serve``); otherwise the launch template must
+    end with an option that takes exactly one value (``--port {port}``).
     ``aliases`` maps alternative YAML spellings to the canonical flag name.
     ``info_keys`` maps a canonical flag to its dotted path in the server-info
     JSON; flags not listed map by ``info_key_rule``: ``"underscore"`` (dashes
     become underscores, the argparse dest) or ``None`` (not checkable).
+    ``info_compare`` maps a canonical flag to how its value is compared with the
+    reported one (:data:`COMPARE_MODES`; default ``equal``).
+    ``help_args`` are appended to the launch argv to make the engine print every
+    option it accepts (``harness run --dry-run --check-flags``).
+    ``flag_notes`` maps a canonical flag to what changed about it across versions
+    (shown when a commit refuses it).
     ``env`` is a base environment the preset needs (under the file's own env).
     ``health_request_timeout_s`` bounds one readiness probe (SGLang's probe runs a
     generation); ``settle_s`` is a pause after the probe first passes and before
@@ -89,8 +116,12 @@ class Preset:
     underscores_to_dashes: bool = False
     aliases: Mapping[str, str] = field(default_factory=dict)
     positional_flags: tuple[str, ...] = ()
+    positional_after: str | None = None
     info_keys: Mapping[str, str] = field(default_factory=dict)
     info_key_rule: str | None = "underscore"
+    info_compare: Mapping[str, str] = field(default_factory=dict)
+    help_args: tuple[str, ...] = ("--help",)
+    flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
@@ -99,6 +130,9 @@ class Preset:
             raise ValueError(f"false_style must be one of {FALSE_STYLES}, got {self.false_style!r}")
         if self.api not in ("completions", "generate"):
             raise ValueError(f"api must be 'completions' or 'generate', got {self.api!r}")
+        bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
+        if bad:
+            raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
 
 
 _SGLANG = Preset(
@@ -127,7 +161,25 @@ _SGLANG = Preset(
         "model": "model-path",
         "speculative-draft-model": "speculative-draft-model-path",
     },
+    # /server_info is ServerArgs.resolved_dict(): a flat dict of argparse dests, with
+    # records expanded (0.5.23: sglang/srt/server_args.py, resolved_dict; the decode
+    # and prefill CUDA-graph settings resolve into cuda_graph_config.{decode,prefill},
+    # sglang/srt/arg_groups/cuda_graph_hook.py). The resolved value is what ran.
+    info_keys={
+        "cuda-graph-max-bs-decode": "cuda_graph_config.decode.max_bs",
+        "cuda-graph-max-bs-prefill": "cuda_graph_config.prefill.max_bs",
+        "cuda-graph-bs-decode": "cuda_graph_config.decode.bs",
+        "cuda-graph-bs-prefill": "cuda_graph_config.prefill.bs",
+    },
     info_key_rule="underscore",
+    info_compare={"dtype": "dtype", "cuda-graph-config": "subset"},
+    flag_notes={
+        "cuda-graph-max-bs": "SGLang 0.5.22 split --cuda-graph-max-bs into --cuda-graph-max-bs-decode and "
+                             "--cuda-graph-max-bs-prefill (argparse then refuses the old name as ambiguous); "
+                             "server info reports it as cuda_graph_config.decode.max_bs",
+        "cuda-graph-bs": "SGLang 0.5.22 split --cuda-graph-bs into --cuda-graph-bs-decode and "
+                         "--cuda-graph-bs-prefill; server info reports cuda_graph_config.decode.bs",
+    },
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 )
 
@@ -149,6 +201,9 @@ _VLLM = Preset(
         "model-path": "model",
     },
     positional_flags=("model",),
+    # vllm/utils/argparse_utils.py (0.33.0): with --served-model-name anywhere, argv[1]
+    # after `serve` must be the model, or parse_args raises ValueError.
+    positional_after="serve",
     info_keys={
         "model": "vllm_config.model_config.model",
         "tensor-parallel-size": "vllm_config.parallel_config.tensor_parallel_size",
@@ -164,6 +219,13 @@ _VLLM = Preset(
         "max-num-batched-tokens": "vllm_config.scheduler_config.max_num_batched_tokens",
         "speculative-config": "vllm_config.speculative_config",
     },
+    # /server_info?config_format=json dumps VllmConfig with fallback=str
+    # (vllm/entrypoints/serve/dev/server_info/api_router.py in 0.33.0): a torch dtype
+    # comes back as "torch.bfloat16", and the speculative config with every field it
+    # resolved, not only the ones requested.
+    info_compare={"dtype": "dtype", "speculative-config": "subset"},
+    # `vllm serve --help` lists config groups only; --help=all lists every flag.
+    help_args=("--help=all",),
     # Other flags live somewhere in the nested config; guessing would report
     # false mismatches, so they are not checked.
     info_key_rule=None,
@@ -233,6 +295,28 @@ def _scalar(flag: str, value: Any) -> str:
         return str(value)
     raise UserError(f"flag '{flag}': a list item must be a string or a number, got {type(value).__name__} "
                     f"{value!r}")
+
+
+def launch_argv(template: Sequence[Any], flags: Mapping[str, Any], preset: Preset) -> list[Any]:
+    """The launch template with the flags' argv: after the template, except that
+    positional flags go right after the template element ``preset.positional_after``
+    where the template has it.
+
+    >>> launch_argv(["vllm", "serve", "--port", "{port}"], {"model": "/m", "served-model-name": "k"},
+    ...             get_preset("vllm"))
+    ['vllm', 'serve', '/m', '--port', '{port}', '--served-model-name', 'k']
+    """
+    argv = flags_to_argv(flags, preset)
+    template = list(template)
+    if preset.positional_after is None or preset.positional_after not in template:
+        return template + argv
+    positional = [] if not preset.positional_flags else argv[:_n_positional(flags, preset)]
+    at = template.index(preset.positional_after) + 1
+    return template[:at] + positional + template[at:] + argv[len(positional):]
+
+
+def _n_positional(flags: Mapping[str, Any], preset: Preset) -> int:
+    return sum(1 for raw, v in flags.items() if v is not None and canonical_flag(raw, preset) in preset.positional_flags)
 
 
 def flags_to_argv(flags: Mapping[str, Any], preset: Preset) -> list[str]:
@@ -346,3 +430,17 @@ def info_key(flag: str, preset: Preset) -> str | None:
     if preset.info_key_rule == "underscore":
         return key.replace("-", "_")
     return None
+
+
+def compare_mode(flag: str, preset: Preset) -> str:
+    """How ``flag``'s requested value is compared with the reported one (:data:`COMPARE_MODES`).
+
+    >>> compare_mode("dtype", get_preset("vllm")), compare_mode("tp", get_preset("vllm"))
+    ('dtype', 'equal')
+    """
+    return preset.info_compare.get(canonical_flag(flag, preset), "equal")
+
+
+def flag_note(option: str, preset: Preset) -> str:
+    """What the preset knows about ``option`` (``--name`` or ``name``) changing across versions, or ""."""
+    return preset.flag_notes.get(canonical_flag(option, preset), "")

@@ -460,32 +460,93 @@ def _jsonable(v: Any) -> Any:
         return json.loads(json.dumps(v, default=str))
 
 
+_DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
+                   "fp32": "float32", "double": "float64", "fp8": "float8_e4m3fn"}
+
+
+def _dtype_name(v: Any) -> str | None:
+    """``torch.bfloat16``, ``bfloat16`` and ``bf16`` -> ``bfloat16``; None for a non-string."""
+    if not isinstance(v, str):
+        return None
+    s = v.strip().lower()
+    s = s[len("torch."):] if s.startswith("torch.") else s
+    return _DTYPE_SPELLINGS.get(s, s)
+
+
+def _subset(requested: Any, effective: Any) -> bool:
+    rm, em = _as_mapping(requested), _as_mapping(effective)
+    if rm is None or em is None:
+        return values_equal(requested, effective)
+    em_s = {str(k): v for k, v in em.items()}
+    return all(str(k) in em_s and _subset(v, em_s[str(k)]) for k, v in rm.items())
+
+
+def values_match(requested: Any, effective: Any, mode: str = "equal") -> bool:
+    """Compare a requested flag value with a reported one by ``mode``: ``equal``
+    (:func:`values_equal`), ``dtype`` (torch spellings: ``torch.bfloat16`` ==
+    ``bfloat16`` == ``bf16``) or ``subset`` (every requested key of a mapping is
+    reported with an equal value, recursively; the server may report more)."""
+    if mode == "dtype":
+        a, b = _dtype_name(requested), _dtype_name(effective)
+        return values_equal(requested, effective) if a is None or b is None else a == b
+    if mode == "subset":
+        return _subset(requested, effective)
+    if mode != "equal":
+        raise ValueError(f"unknown compare mode {mode!r}")
+    return values_equal(requested, effective)
+
+
+def _reported(server_info: Mapping[str, Any], flat: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """(found, value) of ``key`` in server info: a top-level key (normalised), else a dotted path."""
+    if key in flat:
+        return True, flat[key]
+    if "." in key:
+        from .sources import lookup
+
+        try:
+            return True, lookup(server_info, key)
+        except KeyError:
+            return False, None
+    return False, None
+
+
 def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | None, *,
-                aliases: Mapping[str, str] | None = None) -> FlagReport:
+                aliases: Mapping[str, str] | None = None,
+                compare: Mapping[str, str] | None = None) -> FlagReport:
     """Compare requested flags (YAML keys such as ``speculative-num-steps``) with a
-    server's effective arguments (a flat dict such as SGLang's ``/get_server_info``).
+    server's effective arguments (SGLang's flat ``/server_info``, or vLLM's nested
+    ``{"vllm_config": {...}}``).
 
     A flag is looked up under, in order: its entry in ``aliases`` (keyed by the
-    flag as written or normalised), its normalised name (``-`` -> ``_``), then
-    :data:`DEFAULT_FLAG_ALIASES`. Values compare with :func:`values_equal`.
-    ``server_info`` None (the server has no info endpoint) reports every flag as
-    not reported, with a note.
+    flag as written or normalised; a dotted path such as
+    ``vllm_config.parallel_config.tensor_parallel_size`` is followed into nested
+    objects), its normalised name (``-`` -> ``_``), then
+    :data:`DEFAULT_FLAG_ALIASES`. Values compare with :func:`values_match` by the
+    flag's mode in ``compare`` (default ``equal``). ``server_info`` None (the server
+    has no info endpoint) reports every flag as not reported, with a note.
     """
     aliases = dict(aliases or {})
+    compare = dict(compare or {})
     checks: list[FlagCheck] = []
     info = {normalise_flag(k): v for k, v in server_info.items()} if server_info is not None else None
     for flag, want in requested.items():
         norm = normalise_flag(flag)
+        mode = compare.get(flag) or compare.get(norm) or "equal"
         candidates: list[str] = []
         for a in (aliases.get(flag), aliases.get(norm), aliases.get("--" + str(flag))):
             if a:
-                candidates.append(normalise_flag(a))
+                candidates.append(a if "." in a else normalise_flag(a))
         candidates.append(norm)
         candidates.extend(DEFAULT_FLAG_ALIASES.get(norm, ()))
         if info is None:
             checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
             continue
-        key = next((c for c in candidates if c in info), None)
+        key, got = None, None
+        for c in candidates:
+            found, value = _reported(server_info, info, c)
+            if found:
+                key, got = c, value
+                break
         if key is None and norm.startswith(("disable_", "no_")) and _as_bool(want) is not None:
             # `--disable-cuda-graph` is reported by its positive twin: cuda_graph = not want
             positive = norm.split("_", 1)[1]
@@ -497,8 +558,7 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
         if key is None:
             checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
             continue
-        got = info[key]
-        status = MATCHED if values_equal(want, got) else MISMATCHED
+        status = MATCHED if values_match(want, got, mode) else MISMATCHED
         checks.append(FlagCheck(flag, key, want, got, status))
     note = "" if server_info is not None else \
         "the server reported no effective arguments (no server-info endpoint answered)"
@@ -1121,5 +1181,5 @@ __all__ = [
     "GpuInfo", "GpuSampler", "GpuSummary", "HostInfo", "ProcessEnv", "SamplerSummary", "Stat",
     "THROTTLE_REASONS", "VarReport", "collect_host", "cpu_governor", "decode_throttle_reasons",
     "engine_state", "env_report", "flag_report", "normalise_flag", "packages_fingerprint",
-    "read_gpu", "read_gpus", "sample_gpu", "values_equal",
+    "read_gpu", "read_gpus", "sample_gpu", "values_equal", "values_match",
 ]

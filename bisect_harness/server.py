@@ -44,7 +44,8 @@ import httpx
 import psutil
 
 from . import _reaper
-from .errors import BootFailed, BootTimeout
+from .engine_flags import ARGPARSE_EXIT, argparse_rejection
+from .errors import BootFailed, BootTimeout, FlagNotAccepted
 
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 
@@ -155,14 +156,18 @@ class ServerProcess:
     caller builds the whole environment) in ``cwd``; stdout and stderr go to
     ``log_path`` (appended). :meth:`start` returns once ``base_url + health_path``
     answers HTTP 200; it raises :class:`BootFailed` when the process exits first
-    (with its exit code and the log tail) and :class:`BootTimeout` when
+    (with its exit code and the log tail; :class:`FlagNotAccepted` when it exited 2
+    with argparse's refusal of an option, the engine's message attached) and :class:`BootTimeout` when
     ``ready_timeout_s`` passes, and in both cases the process group is already
     gone. Used as a context manager it starts on entry and always stops on exit.
+    Each readiness probe may take up to ``health_request_timeout_s`` (SGLang's
+    ``/health_generate`` runs a generation), never past the deadline.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
                  log_path: Path, base_url: str, health_path: str = "/health",
-                 ready_timeout_s: float = 120, poll_interval_s: float = 0.25):
+                 ready_timeout_s: float = 120, poll_interval_s: float = 0.25,
+                 health_request_timeout_s: float = 5.0):
         if not argv:
             raise ValueError("argv is empty: nothing to launch")
         self.argv = [str(a) for a in argv]
@@ -173,6 +178,9 @@ class ServerProcess:
         self.health_path = health_path if health_path.startswith("/") else "/" + health_path
         self.ready_timeout_s = float(ready_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
+        if not health_request_timeout_s > 0:
+            raise ValueError(f"health_request_timeout_s must be positive, got {health_request_timeout_s!r}")
+        self.health_request_timeout_s = float(health_request_timeout_s)
         self._proc: subprocess.Popen | None = None
         self._pgid: int | None = None
         self._log: IO[bytes] | None = None
@@ -282,6 +290,15 @@ class ServerProcess:
             while True:
                 self._remember_descendants()
                 rc = self._proc.poll()
+                if rc == ARGPARSE_EXIT:
+                    self._log.flush()
+                    refused = argparse_rejection(self.log_tail(200))
+                    if refused:
+                        raise FlagNotAccepted(
+                            f"flag not accepted at this commit: {refused} (exit {rc} from the engine's "
+                            f"argument parser; command: {' '.join(self.argv)}). Rename the flag for this "
+                            f"commit (see `harness run --dry-run --check-flags`); log: {self.log_path}",
+                            engine_message=refused, log_tail=self.log_tail(), log_path=str(self.log_path))
                 if rc is not None:
                     raise BootFailed(
                         f"server exited with code {rc} before it was ready at {url} "
@@ -297,7 +314,7 @@ class ServerProcess:
                         f"--- last lines of the log ---\n{self.log_tail()}",
                         log_tail=self.log_tail(), log_path=str(self.log_path))
                 try:
-                    r = http.get(url, timeout=max(0.05, min(5.0, remaining)))
+                    r = http.get(url, timeout=max(0.05, min(self.health_request_timeout_s, remaining)))
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
                         self._remember_descendants()

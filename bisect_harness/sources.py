@@ -16,8 +16,11 @@ Kinds (``from:``):
   the window, summed over the label sets that match ``labels``; ``kind: delta``
   (after minus before), ``rate`` (delta per second between the two scrapes) or
   ``gauge`` (the value after).
-* ``server_info``: a field (dotted path) of the server-info JSON, e.g.
-  ``cuda_graph_max_bs``; the same every sample of a boot.
+* ``server_info``: a field (dotted path into nested objects and lists) of the
+  server-info JSON, e.g. ``cuda_graph_config.decode.max_bs`` or
+  ``internal_states.0.avg_spec_accept_length``; read again at the end of every
+  sample window (when the collector knows the server-info paths), so a field the
+  server updates as it serves describes the traffic so far, not the warmup.
 * ``response``: a field (dotted path) of each request's response JSON, looked up
   as written and then under ``meta_info`` (SGLang's per-request info), averaged
   over the window's requests. ``field: accept_length`` is derived: the sum of
@@ -29,10 +32,19 @@ Kinds (``from:``):
 A source that yields nothing (no log line matched, a field missing, a metric
 absent, a scrape failed) gives no value for that sample and is reported by
 ``problems()``: never a silent zero.
+
+A source may apply only to some configs: ``when: {speculative-algorithm: true}``
+(the flag is set) or ``when: {speculative-algorithm: EAGLE3}`` (set to that
+value; ``false`` means not set). :func:`applicable` splits a config's sources
+into those that apply and those that do not; the latter are not collected and
+not problems (a baseline without speculative decoding has no accept length).
+A condition is on flags, not on "baseline" or "treatment": one config is often
+the baseline of one hypothesis and the treatment of another.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -53,6 +65,7 @@ __all__ = [
     "SourceCollector",
     "parse_source",
     "lookup",
+    "applicable",
     "ACCEPT_LENGTH",
 ]
 
@@ -67,6 +80,8 @@ class MetricSource:
     """Base of the four kinds; ``metric`` is what hypotheses name."""
 
     metric: Metric
+    # not in repr: engine_fingerprint hashes the sources' repr, and `when` does not change a value
+    when: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
 
     @property
     def name(self) -> str:
@@ -76,6 +91,23 @@ class MetricSource:
 
     def describe(self) -> str:
         return f"{self.kind_name} source '{self.name}'"
+
+    def applies(self, flags: Mapping[str, Any], canonical=lambda name: name.lstrip("-")) -> bool:
+        """Does this source apply to a config with ``flags``? ``canonical`` maps a
+        flag name to the engine's spelling (``presets.canonical_flag``), so ``tp``
+        and ``tp-size`` are one flag."""
+        from .provenance import values_equal
+
+        have = {canonical(str(k)): v for k, v in flags.items()}
+        for name, want in self.when.items():
+            got = have.get(canonical(str(name)))
+            is_set = got is not None and got is not False
+            if want is True or want is False:
+                if is_set != want:
+                    return False
+            elif not is_set or not values_equal(want, got):
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -111,7 +143,7 @@ class LogSource(MetricSource):
 
 # --------------------------------------------------------------------------- parsing
 
-_COMMON = ("name", "from", "unit", "better", "description")
+_COMMON = ("name", "from", "unit", "better", "description", "when")
 _KEYS = {
     "prometheus": _COMMON + ("metric", "kind", "labels"),
     "server_info": _COMMON + ("field",),
@@ -164,7 +196,25 @@ def parse_source(d: Mapping, key: str) -> MetricSource:
         raise SpecError(f"'better' must be 'higher' or 'lower' (the direction is never guessed from a name), "
                         f"got {better_raw!r}", key=f"{key}.better") from None
     description = _str(d, "description", key, required=False, default="")
+    source = _parse_kind(d, key, kind, name, better, description)
+    when = d.get("when")
+    if when is None:
+        return source
+    if not isinstance(when, Mapping) or not when or not all(
+            isinstance(v, (str, int, float, bool)) for v in when.values()):
+        raise SpecError(f"'when' must map flag names to a value (or true: the flag is set, false: it is not), "
+                        f"e.g. when: {{speculative-algorithm: true}}; got {when!r}", key=f"{key}.when")
+    return dataclasses.replace(source, when={str(k): v for k, v in when.items()})
 
+
+def applicable(sources: Sequence["MetricSource"], flags: Mapping[str, Any],
+               canonical=lambda name: name.lstrip("-")) -> tuple[tuple["MetricSource", ...], tuple["MetricSource", ...]]:
+    """(sources that apply to a config with ``flags``, sources whose ``when`` excludes it)."""
+    yes = tuple(s for s in sources if s.applies(flags, canonical))
+    return yes, tuple(s for s in sources if s not in yes)
+
+
+def _parse_kind(d: Mapping, key: str, kind: str, name: str, better: Better, description: str) -> MetricSource:
     if kind == "prometheus":
         series = _str(d, "metric", key)
         pkind = d.get("kind", "delta")
@@ -271,8 +321,9 @@ class SourceCollector:
 
     ``base_url`` is the server's root (``http://127.0.0.1:30000``); ``log_path``
     the boot's log file (stdout and stderr of the server). ``server_info`` is the
-    server-info JSON when the caller already fetched it; otherwise it is fetched
-    from ``server_info_paths`` (first that answers 200 with JSON) when a
+    server-info JSON when the caller already fetched it, used as is when no
+    ``server_info_paths`` are given; with paths, server info is read again from
+    them (first that answers 200 with JSON) at the end of every window in which a
     server_info source needs it. Network and file errors never raise: they become
     problems, reported by ``problems()`` and recorded with the boot.
     """
@@ -319,8 +370,8 @@ class SourceCollector:
         except Exception as exc:
             return None, f"could not parse {self.metrics_path}: {exc}"
 
-    def _fetch_server_info(self) -> tuple[Mapping | None, str]:
-        if self._server_info is not None:
+    def _fetch_server_info(self, fresh: bool = False) -> tuple[Mapping | None, str]:
+        if self._server_info is not None and not (fresh and self._server_info_paths):
             return self._server_info, ""
         if not self._server_info_paths:
             return None, "no server-info path is configured (engine.server_info)"
@@ -394,11 +445,16 @@ class SourceCollector:
         lines, log_error = (None, None)
         if any(isinstance(s, LogSource) for s in self.sources):
             lines, log_error = self._new_log_lines()
+        info = info_error = None
+        if any(isinstance(s, ServerInfoSource) for s in self.sources):
+            # read at the end of this window: a field the server updates while serving
+            # (SGLang's internal_states[].avg_spec_accept_length) then describes it
+            info, info_error = self._fetch_server_info(fresh=True)
         for s in self.sources:
             if isinstance(s, PrometheusSource):
                 value = self._prometheus(s, after, after_error, elapsed if elapsed > 0 else duration_s)
             elif isinstance(s, ServerInfoSource):
-                value = self._server_info_value(s)
+                value = self._server_info_value(s, info, info_error)
             elif isinstance(s, ResponseSource):
                 value = self._response_value(s, responses)
             else:
@@ -435,8 +491,7 @@ class SourceCollector:
             return None
         return delta / elapsed
 
-    def _server_info_value(self, s: ServerInfoSource) -> float | None:
-        info, why = self._fetch_server_info()
+    def _server_info_value(self, s: ServerInfoSource, info, why) -> float | None:
         if info is None:
             self._miss(s, why)
             return None

@@ -368,6 +368,7 @@ def parse_spec(text: str, path: Path) -> Spec:
     for s in engine.metrics:
         metrics[s.metric.name] = s.metric
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=engine.repo is not None or engine.preset == "demo")
+    _check_when(engine, hyps, str(path))
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
                 hypotheses=hyps, family_size=len(hyps))
 
@@ -534,6 +535,24 @@ def _arm(r: _Reader, value, path: str, has_repo: bool) -> ArmSpec:
     elif has_repo:
         commit = "HEAD"
     return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"))
+
+
+def _check_when(engine: EngineSpec, hyps, file: str) -> None:
+    """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be judged."""
+    from . import presets
+
+    preset = presets.get_preset(engine.preset)
+    by_name = {s.name: s for s in engine.metrics}
+    for h in hyps:
+        source = by_name.get(h.metric)
+        if source is None or not source.when:
+            continue
+        for side, arm in (("baseline", h.baseline), ("treatment", h.treatment)):
+            if not source.applies({**engine.flags, **arm.flags}, lambda f: presets.canonical_flag(f, preset)):
+                raise SpecError(f"hypothesis {h.id}: metric {h.metric!r} is collected only where "
+                                f"when: {dict(source.when)} holds, and the {side} arm does not match it; compare "
+                                "two arms that both match, or pick another metric", key="metric", line=h.line,
+                                file=file)
 
 
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool) -> tuple[HypothesisSpec, ...]:

@@ -2,7 +2,7 @@
 
 An engine installed as a package (``pip install -e python``, as SGLang's example
 builds it), two commits whose servers report different versions, boots
-interleaved A B A B over two rounds. With an environment per commit (the
+interleaved over two rounds (each round both commits, in a shuffled order). With an environment per commit (the
 default whenever a build is declared) every boot of each arm reports its own
 commit's version. With one shared environment the harness reproduces the bug
 the per-commit environment fixes (from round two, both arms import the last
@@ -69,8 +69,8 @@ def test_each_boot_runs_its_own_commit_with_an_environment_per_commit(tmp_path):
 
     boots = _boots(db)
     assert [b[2] for b in boots] == ["ok"] * 4, boots
-    # interleaved: A B A B, two rounds
-    assert [b[0] for b in boots] == [shas[0], shas[1], shas[0], shas[1]]
+    # interleaved: two rounds, each boots both commits (in a shuffled order)
+    assert sorted(b[0] for b in boots[:2]) == sorted(b[0] for b in boots[2:]) == sorted(shas)
     envs = {}
     for commit, boot_id, _, version, prov in boots:
         assert version == want[commit], f"boot {boot_id} of {commit[:8]} ran {version}"
@@ -109,22 +109,28 @@ def test_shared_environment_reproduces_the_bug_and_the_version_guard_flags_it(tm
     db, out = _run(tmp_path, spec)
 
     boots = _boots(db)
-    assert [b[0] for b in boots] == [shas[0], shas[1], shas[0], shas[1]]
-    # round one: each commit freshly installed; round two: the old commit's build is cached,
-    # so its boot imports the last commit installed
-    assert [b[3] for b in boots] == ["1.0.0", "2.0.0", "2.0.0", "2.0.0"]
+    # two rounds, each boots both commits; the order inside a round is shuffled
+    first, second = boots[0][0], boots[1][0]
+    assert sorted((first, second)) == sorted(b[0] for b in boots[2:]) == sorted(shas)
+    version = dict(zip(shas, VERSIONS))
+    # round one: each commit freshly installed; round two: the builds are cached, so
+    # both commits' boots import the last commit installed
+    assert [b[3] for b in boots] == [version[first], version[second], version[second], version[second]]
     assert all(b[4]["environment"] == {"mode": "shared", "python": str(base / "bin" / "python"), "venv": None,
                                        "base_python": str(base / "bin" / "python")} for b in boots)
     (h,) = out["hypotheses"]
     flagged = [w for w in h["warnings"] if w.startswith("engine version")]
     assert len(flagged) == 1, h["warnings"]
-    assert flagged[0].startswith("engine version: baseline boots report different code")
-    assert f"1.0.0 (/version), 1.0.0 (server_info.version) in boot {boots[0][1]}" in flagged[0]
-    assert f"2.0.0 (/version), 2.0.0 (server_info.version) in boot {boots[2][1]}" in flagged[0]
+    side = "baseline" if first == shas[0] else "treatment"  # the commit installed first is the mixed one
+    assert flagged[0].startswith(f"engine version: {side} boots report different code")
+    mixed = [b[1] for b in boots if b[0] == first]
+    old, new = version[first], version[second]
+    assert f"{old} (/version), {old} (server_info.version) in boot {mixed[0]}" in flagged[0]
+    assert f"{new} (/version), {new} (server_info.version) in boot {mixed[1]}" in flagged[0]
     (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert "engine versions differ x1" in text
     assert f"- python: `{base / 'bin' / 'python'}` (shared by every commit)" in text
     assert f"- warning: {flagged[0]}" in text
-    assert "- the server reported its code as: 1.0.0 (/version), 1.0.0 (server_info.version): boot 1; " \
-           "2.0.0 (/version), 2.0.0 (server_info.version): boot 3" in text
+    assert f"- the server reported its code as: {old} (/version), {old} (server_info.version): boot {mixed[0]}; " \
+           f"{new} (/version), {new} (server_info.version): boot {mixed[1]}" in text

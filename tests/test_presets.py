@@ -4,18 +4,18 @@ import pytest
 import yaml
 
 from bisect_harness import presets
+from bisect_harness.engine_flags import check_argv
 from bisect_harness.errors import UserError
 from bisect_harness.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv,
                                     server_info_candidates)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
 
-# Every flag the example uses, as SGLang's launch_server spells it (server_args.py).
-SGLANG_KNOWN_FLAGS = {
-    "model-path", "tp-size", "trust-remote-code", "enable-metrics", "cuda-graph-max-bs", "mem-fraction-static",
-    "speculative-algorithm", "speculative-draft-model-path", "speculative-num-steps", "speculative-eagle-topk",
-    "speculative-num-draft-tokens", "speculative-attention-mode", "disable-cuda-graph",
-}
+#: The options SGLang 0.5.23 accepts, read from its source (the fixture's header says where).
+SGLANG_OPTIONS = frozenset(
+    line.strip() for line in (Path(__file__).parent / "fixtures" / "engines" / "sglang-0.5.23-options.txt")
+    .read_text().splitlines() if line.strip() and not line.startswith("#"))
+SGLANG_KNOWN_FLAGS = {o[2:] for o in SGLANG_OPTIONS}
 
 
 def test_get_preset_known_and_unknown():
@@ -161,7 +161,8 @@ def test_example_yaml_parses_and_uses_known_preset_and_flags():
             assert canon in SGLANG_KNOWN_FLAGS, f"{where}: flag {name!r} is not a known SGLang flag"
             used.add(canon)
         template = list(preset.launch) + flags_to_argv({k: v for k, v in flags.items() if v is not None}, preset)
-        render_argv(template, python="python3", port=30000, host="127.0.0.1")
+        argv = render_argv(template, python="python3", port=30000, host="127.0.0.1")
+        assert check_argv(argv, SGLANG_OPTIONS) == [], f"{where}: SGLang 0.5.23 would not take {argv}"
     assert {"speculative-attention-mode", "speculative-num-steps", "speculative-algorithm"} <= used
     ids = [h["id"] for h in doc["hypotheses"]]
     assert len(ids) == len(set(ids))
@@ -180,6 +181,38 @@ def test_example_yaml_metric_sources_parse():
     assert metrics_used <= names | {"tok_s"}
 
 
+def test_old_sglang_flag_is_ambiguous_in_0_5_23_and_the_preset_says_why():
+    argv = render_argv(list(get_preset("sglang").launch) + ["--cuda-graph-max-bs", "8"], python="python3",
+                       port=30000, host="127.0.0.1")
+    (problem,) = check_argv(argv, SGLANG_OPTIONS)
+    assert problem.status == "ambiguous" and problem.refused
+    assert problem.candidates == ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill")
+    note = presets.flag_note("--cuda-graph-max-bs", get_preset("sglang"))
+    assert "0.5.22" in note and "cuda_graph_config.decode.max_bs" in note
+
+
+def test_compare_modes_and_help_args():
+    s, v = get_preset("sglang"), get_preset("vllm")
+    assert presets.compare_mode("dtype", v) == "dtype" and presets.compare_mode("speculative-config", v) == "subset"
+    assert presets.compare_mode("tp", v) == "equal"
+    assert v.help_args == ("--help=all",) and s.help_args == ("--help",)
+    assert info_key("cuda-graph-max-bs-decode", s) == "cuda_graph_config.decode.max_bs"
+    with pytest.raises(ValueError):
+        presets.Preset(name="x", info_compare={"dtype": "fuzzy"})
+
+
 def test_module_exports():
     assert set(presets.__all__) == {"Preset", "PRESETS", "get_preset", "canonical_flag", "flags_to_argv",
-                                    "render_argv", "server_info_candidates", "info_key"}
+                                    "render_argv", "server_info_candidates", "info_key", "compare_mode",
+                                    "flag_note", "COMPARE_MODES", "launch_argv"}
+
+
+def test_vllm_model_comes_right_after_serve():
+    v = get_preset("vllm")
+    argv = presets.launch_argv(v.launch, {"tp": 2, "model": "/m", "served-model-name": "k2"}, v)
+    assert argv == ["vllm", "serve", "/m", "--host", "{host}", "--port", "{port}", "--tensor-parallel-size", "2",
+                    "--served-model-name", "k2"]
+    # a template without `serve` keeps the flags after it; other presets are unchanged
+    assert presets.launch_argv(["x", "--port", "1"], {"model": "/m"}, v) == ["x", "--port", "1", "/m"]
+    s = get_preset("sglang")
+    assert presets.launch_argv(s.launch, {"tp": 2}, s) == list(s.launch) + ["--tp-size", "2"]

@@ -404,3 +404,22 @@ def test_disable_flag_is_checked_against_its_positive_twin():
     assert ok.ok and ok.checks[0].status == "matched"
     bad = flag_report({"disable-cuda-graph": True}, {"cuda_graph": True})
     assert not bad.ok and bad.checks[0].status == "mismatched"
+
+
+def test_flag_report_follows_dotted_paths_and_compare_modes():
+    info = {"vllm_config": {"parallel_config": {"tensor_parallel_size": 4},
+                            "model_config": {"dtype": "torch.bfloat16"},
+                            "speculative_config": {"method": "eagle3", "num_speculative_tokens": 2, "model": "d"}}}
+    aliases = {"tp": "vllm_config.parallel_config.tensor_parallel_size", "dtype": "vllm_config.model_config.dtype",
+               "speculative-config": "vllm_config.speculative_config",
+               "max-model-len": "vllm_config.model_config.max_model_len"}
+    compare = {"dtype": "dtype", "speculative-config": "subset"}
+    rep = flag_report({"tp": 8, "dtype": "bfloat16", "speculative-config": {"method": "eagle3"},
+                       "max-model-len": 4096}, info, aliases=aliases, compare=compare)
+    assert [(c.flag, c.status) for c in rep.checks] == [
+        ("tp", "mismatched"), ("dtype", "matched"), ("speculative-config", "matched"),
+        ("max-model-len", "not_reported")]
+    assert rep.check("tp").key == "vllm_config.parallel_config.tensor_parallel_size"
+    # without the modes, the same values would be mismatches
+    plain = flag_report({"dtype": "bfloat16", "speculative-config": {"method": "eagle3"}}, info, aliases=aliases)
+    assert [c.status for c in plain.checks] == ["mismatched", "mismatched"]

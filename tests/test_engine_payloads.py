@@ -1,0 +1,345 @@
+"""Flag checks and metric sources against payloads shaped as SGLang 0.5.23 and
+vLLM 0.33.0 produce them (``fixtures/engines``; each file's header names the
+source files it was read from).
+
+Server info and ``/metrics`` are served over real HTTP on loopback; the streams
+are replayed to the real client, whose responses feed the real collector.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from bisect_harness import presets
+from bisect_harness.client import measure_sample_detail
+from bisect_harness.model import BenchmarkSpec
+from bisect_harness.provenance import MATCHED, MISMATCHED, NOT_REPORTED, flag_report, values_match
+from bisect_harness.sources import SourceCollector, applicable, parse_source
+
+ENGINES = Path(__file__).parent / "fixtures" / "engines"
+
+
+def load_json(name: str) -> dict:
+    """A JSON fixture without its '#' header lines."""
+    text = (ENGINES / name).read_text()
+    return json.loads("\n".join(ln for ln in text.splitlines() if not ln.startswith("#")))
+
+
+SGLANG_INFO = "sglang-0.5.23-server_info.json"
+VLLM_INFO = "vllm-0.33.0-server_info.json"
+
+
+def check(preset_name: str, flags: dict, info: dict):
+    """The flag report exactly as the executor builds it for a boot."""
+    preset = presets.get_preset(preset_name)
+    keys = {f: presets.info_key(f, preset) for f in flags}
+    checkable = {f: v for f, v in flags.items() if keys[f] is not None}
+    return flag_report(checkable, info, aliases={f: k for f, k in keys.items() if k},
+                       compare={f: presets.compare_mode(f, preset) for f in checkable})
+
+
+# --------------------------------------------------------------------------- flag checks
+
+
+def test_vllm_tp_mismatch_is_found_in_the_nested_config():
+    rep = check("vllm", {"tp": 8}, load_json(VLLM_INFO))
+    c = rep.check("tp")
+    assert c.status == MISMATCHED and c.effective == 4
+    assert c.key == "vllm_config.parallel_config.tensor_parallel_size"
+    assert not rep.ok
+
+
+def test_vllm_flags_match_with_dtype_spelling_and_speculative_subset():
+    flags = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor-parallel-size": 4, "dtype": "bfloat16",
+             "max-model-len": 8192, "enable-prefix-caching": True,
+             "speculative-config": {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                    "num_speculative_tokens": 2}}
+    rep = check("vllm", flags, load_json(VLLM_INFO))
+    assert [c.status for c in rep.checks] == [MATCHED] * len(flags), rep.describe()
+    assert rep.check("dtype").effective == "torch.bfloat16"
+
+
+def test_vllm_speculative_config_value_that_differs_is_a_mismatch():
+    flags = {"dtype": "float16", "speculative-config": {"method": "eagle3", "num_speculative_tokens": 3}}
+    rep = check("vllm", flags, load_json(VLLM_INFO))
+    assert rep.check("dtype").status == MISMATCHED
+    assert rep.check("speculative-config").status == MISMATCHED
+    # a key the server does not report at all is not silently accepted either
+    rep = check("vllm", {"speculative-config": {"method": "eagle3", "no_such_key": 1}}, load_json(VLLM_INFO))
+    assert rep.check("speculative-config").status == MISMATCHED
+
+
+def test_vllm_flag_outside_the_map_is_not_checked():
+    rep = check("vllm", {"tp": 4, "swap-space": 4}, load_json(VLLM_INFO))
+    assert [c.flag for c in rep.checks] == ["tp"]
+
+
+def test_sglang_flags_against_0_5_23_server_info():
+    flags = {"tp-size": 4, "dtype": "bf16", "cuda-graph-max-bs-decode": 8, "speculative-algorithm": "EAGLE3",
+             "speculative-num-steps": 2, "enable-metrics": True, "mem-fraction-static": 0.85}
+    rep = check("sglang", flags, load_json(SGLANG_INFO))
+    assert [c.status for c in rep.checks] == [MATCHED] * len(flags), rep.describe()
+    assert rep.check("cuda-graph-max-bs-decode").key == "cuda_graph_config.decode.max_bs"
+    rep = check("sglang", {"tp": 8, "cuda-graph-max-bs-decode": 16}, load_json(SGLANG_INFO))
+    assert [c.status for c in rep.checks] == [MISMATCHED, MISMATCHED]
+
+
+def test_sglang_old_flag_name_is_not_reported_by_0_5_23():
+    rep = check("sglang", {"cuda-graph-max-bs": 8}, load_json(SGLANG_INFO))
+    assert rep.check("cuda-graph-max-bs").status == NOT_REPORTED
+    assert "0.5.22" in presets.flag_note("--cuda-graph-max-bs", presets.get_preset("sglang"))
+
+
+@pytest.mark.parametrize("a, b, mode, eq", [
+    ("bfloat16", "torch.bfloat16", "dtype", True),
+    ("bf16", "torch.bfloat16", "dtype", True),
+    ("half", "torch.float16", "dtype", True),
+    ("float16", "torch.bfloat16", "dtype", False),
+    ({"a": 1}, {"a": 1, "b": 2}, "subset", True),
+    ({"a": 1, "b": 3}, {"a": 1, "b": 2}, "subset", False),
+    ({"a": {"x": 1}}, {"a": {"x": 1, "y": 2}}, "subset", True),
+    ('{"a": 1}', {"a": 1, "b": 2}, "subset", True),
+    ({"a": 1}, {"a": 1, "b": 2}, "equal", False),
+])
+def test_values_match_modes(a, b, mode, eq):
+    assert values_match(a, b, mode) is eq
+
+
+# --------------------------------------------------------------------------- served payloads
+
+
+class EngineServer:
+    """Loopback HTTP: /server_info and /metrics from fixtures; each /server_info read
+    can be changed by the test (``info_for(n)`` gets the read's number)."""
+
+    def __init__(self, info_for, metrics_for):
+        self.reads = 0
+        self.scrapes = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.startswith("/server_info"):
+                    outer.reads += 1
+                    body, ctype = json.dumps(info_for(outer.reads)).encode(), "application/json"
+                elif self.path == "/metrics":
+                    outer.scrapes += 1
+                    body, ctype = metrics_for(outer.scrapes).encode(), "text/plain; version=0.0.4"
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_server_info_source_is_read_at_the_end_of_each_window():
+    base = load_json(SGLANG_INFO)
+
+    def info(n):  # the server's running accept length moves as it serves
+        doc = json.loads(json.dumps(base))
+        doc["internal_states"][0]["avg_spec_accept_length"] = 2.0 + 0.1 * n
+        return doc
+
+    srv = EngineServer(info, lambda n: "")
+    try:
+        sources = [parse_source({"name": "accept_avg", "from": "server_info", "better": "higher",
+                                 "field": "internal_states.0.avg_spec_accept_length"}, "m[0]"),
+                   parse_source({"name": "graph_bs", "from": "server_info", "better": "higher",
+                                 "field": "cuda_graph_config.decode.max_bs"}, "m[1]")]
+        # as the executor does: server info fetched once before warmup (read 1) and the paths
+        first = info(0)
+        col = SourceCollector(sources, srv.url, None, server_info=first, server_info_paths=["/server_info"])
+        values = []
+        for _ in range(3):
+            col.begin_sample()
+            values.append(col.end_sample([], 1.0))
+        assert [v["accept_avg"] for v in values] == pytest.approx([2.1, 2.2, 2.3])
+        assert {v["graph_bs"] for v in values} == {8.0}
+        assert col.problems() == []
+    finally:
+        srv.close()
+
+
+def test_server_info_that_stops_answering_is_a_problem_not_a_stale_value():
+    srv = EngineServer(lambda n: load_json(SGLANG_INFO), lambda n: "")
+    try:
+        src = parse_source({"name": "accept_avg", "from": "server_info", "better": "higher",
+                            "field": "internal_states.0.avg_spec_accept_length"}, "m[0]")
+        col = SourceCollector([src], srv.url, None, server_info=load_json(SGLANG_INFO),
+                              server_info_paths=["/no_such_info"])
+        col.begin_sample()
+        assert col.end_sample([], 1.0) == {}
+        assert "no server-info path answered" in col.problems()[0]
+    finally:
+        srv.close()
+
+
+def _metrics_text(name: str, scale: float) -> str:
+    """The fixture's exposition with every counter sample scaled (a later scrape)."""
+    out = []
+    for line in (ENGINES / name).read_text().splitlines():
+        if line.startswith("#") or "_total{" not in line:
+            out.append(line)
+            continue
+        series, value = line.rsplit(" ", 1)
+        out.append(f"{series} {float(value) * scale}")
+    return "\n".join(out) + "\n"
+
+
+def test_sglang_metrics_counters_and_gauges():
+    srv = EngineServer(lambda n: {}, lambda n: _metrics_text("sglang-0.5.23-metrics.txt", 1.0 + (n - 1)))
+    try:
+        sources = [parse_source(d, f"m[{i}]") for i, d in enumerate([
+            {"name": "gen", "from": "prometheus", "metric": "sglang:generation_tokens_total", "kind": "delta",
+             "better": "higher"},
+            {"name": "gen_streamed", "from": "prometheus", "metric": "sglang:generation_tokens", "kind": "delta",
+             "labels": {"is_streaming": "true"}, "better": "higher"},
+            {"name": "verifies", "from": "prometheus", "metric": "sglang:spec_verify_calls", "kind": "delta",
+             "better": "lower"},
+            {"name": "accept_gauge", "from": "prometheus", "metric": "sglang:spec_accept_length", "kind": "gauge",
+             "labels": {"tp_rank": "0"}, "better": "higher"},
+        ])]
+        col = SourceCollector(sources, srv.url, None)
+        col.begin_sample()
+        v = col.end_sample([], 1.0)
+        # second scrape doubles every counter: delta = the first scrape's value
+        assert v == {"gen": 3584.0, "gen_streamed": 3072.0, "verifies": 1487.0, "accept_gauge": 2.41}
+        assert col.problems() == []
+    finally:
+        srv.close()
+
+
+def test_vllm_metrics_counters_with_engine_label():
+    srv = EngineServer(lambda n: {}, lambda n: _metrics_text("vllm-0.33.0-metrics.txt", float(n)))
+    try:
+        sources = [parse_source(d, f"m[{i}]") for i, d in enumerate([
+            {"name": "gen", "from": "prometheus", "metric": "vllm:generation_tokens", "kind": "delta",
+             "labels": {"engine": "0"}, "better": "higher"},
+            {"name": "accepted", "from": "prometheus", "metric": "vllm:spec_decode_num_accepted_tokens",
+             "kind": "delta", "better": "higher"},
+            {"name": "drafts", "from": "prometheus", "metric": "vllm:spec_decode_num_drafts", "kind": "delta",
+             "better": "higher"},
+        ])]
+        col = SourceCollector(sources, srv.url, None)
+        col.begin_sample()
+        assert col.end_sample([], 1.0) == {"gen": 4096.0, "accepted": 2496.0, "drafts": 1600.0}
+        assert col.problems() == []
+    finally:
+        srv.close()
+
+
+# --------------------------------------------------------------------------- streams, through the real client
+
+
+@pytest.fixture
+def engines_streams(monkeypatch):
+    import test_client
+
+    monkeypatch.setattr(test_client, "FIXTURES", ENGINES)
+    return test_client
+
+
+def test_sglang_generate_stream_gives_accept_length(engines_streams):
+    with engines_streams.Replay("sglang-0.5.23-generate-eagle3.sse") as replay:
+        bench = BenchmarkSpec(api="generate", model="m", prompt_tokens=8, output_tokens=6, requests_per_sample=2,
+                              concurrency=1, warmup_requests=0)
+        detail = measure_sample_detail(replay.base_url, bench)
+        assert detail.result.output_tokens == 12
+        sources = [parse_source({"name": "accept_len", "from": "response", "field": "accept_length",
+                                 "better": "higher"}, "m[0]"),
+                   parse_source({"name": "accept_rate", "from": "response", "field": "spec_accept_rate",
+                                 "better": "higher"}, "m[1]")]
+        col = SourceCollector(sources, replay.base_url, None)
+        col.begin_sample()
+        v = col.end_sample(detail.responses, detail.result.duration_s)
+        assert v == {"accept_len": pytest.approx(2.0), "accept_rate": pytest.approx(0.5)}
+        assert col.problems() == []
+
+
+def test_vllm_completions_stream_counts_the_servers_tokens(engines_streams):
+    with engines_streams.Replay("vllm-0.33.0-completions-spec.sse") as replay:
+        bench = BenchmarkSpec(api="completions", model="m", prompt_tokens=8, output_tokens=6, requests_per_sample=2,
+                              concurrency=1, warmup_requests=0)
+        detail = measure_sample_detail(replay.base_url, bench)
+        assert detail.result.output_tokens == 12  # from usage.completion_tokens of the final chunk
+        # vLLM reports no spec_verify_ct per request: accept_length is a problem, never a guess
+        src = parse_source({"name": "accept_len", "from": "response", "field": "accept_length",
+                            "better": "higher"}, "m[0]")
+        col = SourceCollector([src], replay.base_url, None)
+        col.begin_sample()
+        assert col.end_sample(detail.responses, detail.result.duration_s) == {}
+        assert "spec_verify_ct" in col.problems()[0]
+
+
+# --------------------------------------------------------------------------- sources that apply to some configs
+
+
+def test_when_selects_the_configs_a_source_applies_to():
+    preset = presets.get_preset("sglang")
+    canon = lambda f: presets.canonical_flag(f, preset)  # noqa: E731
+    accept = parse_source({"name": "accept_len", "from": "response", "field": "accept_length", "better": "higher",
+                           "when": {"speculative-algorithm": True}}, "m[0]")
+    eagle_only = parse_source({"name": "eagle_steps", "from": "server_info", "field": "speculative_num_steps",
+                               "better": "higher", "when": {"speculative_algorithm": "EAGLE3", "tp": 4}}, "m[1]")
+    plain = parse_source({"name": "gen", "from": "prometheus", "metric": "sglang:generation_tokens_total",
+                          "better": "higher"}, "m[2]")
+    baseline = {"model-path": "/m", "tp-size": 4}
+    treatment = {**baseline, "speculative-algorithm": "EAGLE3"}
+    ngram = {**baseline, "speculative-algorithm": "NGRAM", "tp-size": 4}
+    assert applicable([accept, eagle_only, plain], baseline, canon) == ((plain,), (accept, eagle_only))
+    assert applicable([accept, eagle_only, plain], treatment, canon) == ((accept, eagle_only, plain), ())
+    assert applicable([accept, eagle_only, plain], ngram, canon) == ((accept, plain), (eagle_only,))
+    off = parse_source({"name": "plain_only", "from": "response", "field": "x", "better": "higher",
+                        "when": {"speculative-algorithm": False}}, "m[3]")
+    assert off.applies(baseline, canon) and not off.applies(treatment, canon)
+
+
+@pytest.mark.parametrize("when", [[], {}, "speculative-algorithm", {"x": [1, 2]}])
+def test_when_must_map_flags_to_values(when):
+    from bisect_harness.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        parse_source({"name": "a", "from": "response", "field": "x", "better": "higher", "when": when}, "m[0]")
+    assert e.value.key == "m[0].when"
+
+
+def test_hypothesis_on_a_metric_its_arm_cannot_have_is_refused_up_front(tmp_path):
+    from bisect_harness.errors import SpecError
+    from bisect_harness.spec import load_spec
+    from helpers import write_spec
+
+    accept = {"name": "accept_len", "from": "response", "field": "accept_length", "better": "higher",
+              "when": {"speculative-algorithm": True}}
+    eagle = {"speculative-algorithm": "EAGLE3", "speculative-num-steps": 1}
+
+    def spec(baseline_flags):
+        return write_spec(tmp_path / "h.yaml", engine={"preset": "sglang", "flags": {"model-path": "/m"},
+                                                       "metrics": [accept]},
+                          hypotheses=[{"id": "steps", "baseline": {"flags": baseline_flags},
+                                       "treatment": {"flags": {**eagle, "speculative-num-steps": 2}},
+                                       "metric": "accept_len", "expect": "increase", "min_effect": "5%"}])
+
+    assert load_spec(spec(eagle)).hypotheses[0].metric == "accept_len"
+    with pytest.raises(SpecError) as e:
+        load_spec(spec({}))
+    assert "baseline arm does not match" in str(e.value) and "accept_len" in str(e.value)
