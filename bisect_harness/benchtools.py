@@ -28,6 +28,8 @@ passed in its environment as ``OPENAI_API_KEY``, never on its command line.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import os
@@ -242,12 +244,25 @@ class ClientRunner:
 
     def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint):
         self.bench, self.endpoint = bench, endpoint
+        self._http = None
 
     def warmup(self) -> None:
         client.warmup(self.endpoint.base_url, self.bench, headers=self.endpoint.headers)
 
+    @contextlib.contextmanager
+    def session(self):
+        """One HTTP client and the resolved model for the boot's samples (``client.boot_session``),
+        so no sample window holds the client's setup."""
+        with client.boot_session(self.endpoint.base_url, self.bench, headers=self.endpoint.headers) as (http, bench):
+            self._http, self.bench = http, bench
+            try:
+                yield self
+            finally:
+                self._http = None
+
     def sample(self, index: int) -> client.SampleDetail:
-        return client.measure_sample_detail(self.endpoint.base_url, self.bench, headers=self.endpoint.headers)
+        return client.measure_sample_detail(self.endpoint.base_url, self.bench, client=self._http,
+                                            headers=self.endpoint.headers)
 
     def provenance(self) -> dict:
         return {}
@@ -273,6 +288,11 @@ class ToolRunner:
 
     def warmup(self) -> None:
         """The tool warms up inside its first run (vLLM --num-warmups, SGLang --warmup-requests)."""
+
+    @contextlib.contextmanager
+    def session(self):
+        """Each sample is a run of the tool, which makes its own client."""
+        yield self
 
     def deadline_s(self) -> float:
         waves = math.ceil((self.bench.requests_per_sample + self._warmups) / max(1, self.bench.concurrency))

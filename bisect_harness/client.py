@@ -21,6 +21,12 @@ Timing, per request (all from one monotonic clock, stamped at each network read)
 - TPOT: ``(e2e - ttft) / (tokens - 1)``;
 - e2e: request sent -> end of the stream.
 
+Per sample: ``tok_s`` is end-to-end (the output tokens over the sample's wall
+time, prefill and TTFT included); ``decode_tok_s`` is decode alone (the tokens
+after each first chunk over the first-to-last-chunk times, 1000 / ``itl_ms``).
+docs/hypotheses-format.md ("What each number means") sets them beside the
+server's counter rate and the engine's in-process timing.
+
 Percentiles (``ttft_p50_ms`` ... ``tpot_p99_ms``, :func:`percentile_metrics`), per
 sample, by linear interpolation between order statistics (numpy's default, as
 ``vllm bench serve`` and SGLang's ``bench_serving`` compute theirs):
@@ -46,6 +52,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -60,7 +68,7 @@ from .errors import ConfigFailure
 from .model import BenchmarkSpec, SampleResult
 
 __all__ = [
-    "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "measure_sample",
+    "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "boot_session", "measure_sample",
     "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
 ]
 
@@ -488,7 +496,8 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     flight, and measure them. See the module docstring for what is measured.
 
     ``result.metrics`` has the keys of ``model.CLIENT_METRICS``: ``tok_s`` (output
-    tokens of the successful requests / the sample's wall time), and the means of
+    tokens of the successful requests / the sample's wall time), ``decode_tok_s``
+    (their tokens after the first chunk / their first-to-last-chunk times), and the means of
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
     where no request had two tokens). ``result.requests`` counts the successful
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
@@ -500,8 +509,10 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         raise _all_failed("benchmark", base_url, records)
     tokens = sum(r.output_tokens for r in ok)
     decode_tokens = sum(r.decode_tokens for r in ok)
+    decode_s = math.fsum(r.decode_s for r in ok)
     metrics = {
         "tok_s": tokens / wall,
+        "decode_tok_s": decode_tokens / decode_s if decode_tokens and decode_s > 0 else math.nan,
         "ttft_ms": 1e3 * _mean([r.ttft_s for r in ok]),
         "itl_ms": 1e3 * sum(r.decode_s for r in ok) / decode_tokens if decode_tokens else math.nan,
         "tpot_ms": 1e3 * _mean([r.tpot_s for r in ok if r.tpot_s is not None]),
@@ -531,6 +542,26 @@ def measure_sample(base_url: str, bench: BenchmarkSpec, *,
                    client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleResult:
     """:func:`measure_sample_detail` without the per-request records."""
     return measure_sample_detail(base_url, bench, client=client, headers=headers).result
+
+
+@contextlib.contextmanager
+def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, str] | None = None
+                 ) -> Iterator[tuple[httpx.Client, BenchmarkSpec]]:
+    """One HTTP client and the resolved model name for every sample of a boot.
+
+    Made once, before the first sample window opens, so no window holds the
+    client's setup or a ``GET /v1/models``: a counter scraped around the window
+    (``from: prometheus``, ``kind: rate``) then spans the same requests as
+    ``tok_s``, not those plus the setup::
+
+        with boot_session(base_url, bench) as (http, bench):
+            measure_sample_detail(base_url, bench, client=http)
+    """
+    http = _client(bench, headers)
+    try:
+        yield http, dataclasses.replace(bench, model=_model_for(base_url, bench, http))
+    finally:
+        http.close()
 
 
 def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,

@@ -223,7 +223,9 @@ class Executor:
                 treatment_config_id=self.states[h.treatment.key].row.id,
                 spec={"baseline": _arm_dict(h.spec.baseline), "treatment": _arm_dict(h.spec.treatment),
                       "matrix_point": dict(h.spec.matrix_point), "bisect": h.spec.bisect,
-                      "is_aa": h.is_aa, "line": h.spec.line}))
+                      "is_aa": h.is_aa, "line": h.spec.line,
+                      "metric_def": {"unit": h.metric.unit, "better": h.metric.better.value,
+                                     "description": h.metric.description}}))
         return rows
 
     # ------------------------------------------------------------------ A/A power check
@@ -458,7 +460,8 @@ class Executor:
                                             server_info_paths=spec.engine.server_info,
                                             metrics_path=preset.metrics_path, headers=endpoint.headers)
                 with provenance.GpuSampler(interval_s=1.0) as sampler, \
-                        contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor:
+                        contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
+                        bench.session():  # one HTTP client per boot, opened outside every sample window
                     for i in range(samples):
                         if i:
                             monitor.split()  # one contention window per sample, and one for the boot

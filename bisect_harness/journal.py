@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from . import engine_identity, host_state, stats
+from . import engine_identity, host_state, metric_defs, stats
 from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
@@ -158,6 +158,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
         hyps.append({
             "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
+            "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
             "outcome": v.outcome if v else "not decided",
             "ratio": _fmt(v.ratio, 4) if v else "n/a",
             "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
@@ -213,7 +214,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
     bisections = []
     for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
-        bisections.append(_bisection_view(bis, plots_dir))
+        bisections.append({**_bisection_view(bis, plots_dir),
+                           "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
     return template.render(
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,

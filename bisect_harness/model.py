@@ -59,7 +59,12 @@ class Metric:
 CLIENT_METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("tok_s", "tok/s", Better.HIGHER, "output tokens per second over the sample window"),
+        Metric("tok_s", "tok/s", Better.HIGHER,
+               "end-to-end output tokens per second: the sample's output tokens over its wall time, from "
+               "the first request sent to the last stream's end (prefill, TTFT and HTTP included)"),
+        Metric("decode_tok_s", "tok/s", Better.HIGHER,
+               "decode tokens per second: tokens after each stream's first chunk over the time from its first "
+               "to its last output chunk, summed over the sample's requests (1000 / itl_ms)"),
         Metric("ttft_ms", "ms", Better.LOWER, "mean time to first token"),
         Metric("itl_ms", "ms", Better.LOWER, "mean inter-token latency (per token, not per chunk)"),
         Metric("tpot_ms", "ms", Better.LOWER, "mean time per output token after the first"),

@@ -153,6 +153,15 @@ _KEYS = {
 
 _DEFAULT_UNITS = {ACCEPT_LENGTH: "tok/verify"}
 
+# What a prometheus source's number is, by kind (the metric's default description).
+_PROMETHEUS_DEFINITIONS = {
+    "delta": "{series} from /metrics: its increase between the scrapes just before and just after each "
+             "sample window",
+    "rate": "{series} from /metrics: its increase between the scrapes just before and just after each sample "
+            "window, per second between them (the server's count over the client's window)",
+    "gauge": "{series} from /metrics: its value scraped just after each sample window",
+}
+
 
 def _str(d: Mapping, k: str, key: str, *, required: bool = True, default: str | None = None) -> str | None:
     if k not in d:
@@ -217,7 +226,7 @@ def _parse_kind(d: Mapping, key: str, kind: str, name: str, better: Better, desc
             raise SpecError(f"'labels' must map label names to values, got {labels!r}", key=f"{key}.labels")
         default_unit = "1/s" if pkind == "rate" else ""
         unit = _str(d, "unit", key, required=False, default=default_unit)
-        metric = Metric(name, unit, better, description or f"{series} ({pkind}) from /metrics")
+        metric = Metric(name, unit, better, description or _PROMETHEUS_DEFINITIONS[pkind].format(series=series))
         return PrometheusSource(metric=metric, series=series, kind=pkind,
                                 labels={str(k): str(v) for k, v in labels.items()})
     if kind == "log":

@@ -121,6 +121,7 @@ def test_ledger_holds_runs_configs_boots_and_samples(demo_run):
     for boot_id, metrics, requests, output_tokens in samples:
         m = json.loads(metrics)
         assert m["tok_s"] > 0 and m["ttft_ms"] > 0
+        assert m["decode_tok_s"] > m["tok_s"]  # decode alone, without the TTFT that tok_s holds
         assert requests == 2 and output_tokens == 2 * 32
     hyps = query(db, "SELECT hid, metric, expect, min_effect FROM hypotheses WHERE run_id = ? ORDER BY id",
                  (run_id,))
@@ -167,6 +168,12 @@ def test_journal_has_verdicts_configs_and_the_hypotheses_as_written(demo_run):
     configs = text.split("## Configs and boots", 1)[1].split("## Host and calibration", 1)[0]
     assert len(re.findall(r"^### config \d+: ", configs, re.M)) == 3
     assert "--attention-mode" in configs
+    # Each hypothesis says what its number is, from the definition stored with it.
+    defs = re.findall(r"^- metric: `tok_s` \(tok/s, higher is better\): end-to-end output tokens per second",
+                      text, re.M)
+    assert len(defs) == len(out)
+    stored = query(demo_run["db"], "SELECT spec FROM hypotheses WHERE run_id = ?", (run_id,))
+    assert all(json.loads(raw)["metric_def"]["description"].startswith("end-to-end") for (raw,) in stored)
     written = text.split("## Hypotheses as written", 1)[1]
     assert "```yaml\n" + demo_run["spec"].read_text().rstrip() + "\n```" in written
 

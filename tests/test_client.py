@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from bisect_harness.client import (
-    SampleFailed, SSEDecoder, measure_sample, measure_sample_detail, synthetic_prompt, warmup,
+    SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, synthetic_prompt, warmup,
 )
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
 
@@ -65,6 +65,7 @@ class Replay:
         self.payloads: list[dict] = []
         self.paths: list[str] = []
         self.count = 0
+        self.gets = 0
         self.lock = threading.Lock()
         replay = self
 
@@ -79,6 +80,8 @@ class Replay:
                 pass
 
             def do_GET(self):
+                with replay.lock:
+                    replay.gets += 1
                 body = json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -412,3 +415,27 @@ def test_headers_are_sent_with_every_request():
         server.shutdown()
         server.server_close()
     assert seen == ["Bearer k1"] * 3
+
+
+def test_decode_tok_s_is_first_to_last_chunk_and_tok_s_is_end_to_end():
+    with Replay("vllm_completions.sse", first_delay=0.20, delay=0.05) as srv:
+        r = measure_sample_detail(srv.base_url, spec()).result
+    assert math.isclose(r.metrics["decode_tok_s"], 1e3 / r.metrics["itl_ms"])
+    assert 1 / (0.05 + SLACK_S) < r.metrics["decode_tok_s"] <= 1 / 0.05
+    assert r.metrics["tok_s"] <= 8 / (0.20 + 7 * 0.05)  # the 0.2 s TTFT is inside tok_s only
+
+
+def test_boot_session_resolves_the_model_once_outside_every_sample():
+    with Replay("vllm_completions.sse") as srv:
+        with boot_session(srv.base_url, spec(model=None)) as (http, bench):
+            assert bench.model == "served-model" and srv.gets == 1
+            for _ in range(3):
+                measure_sample_detail(srv.base_url, bench, client=http)
+            assert (srv.gets, srv.count) == (1, 3)
+            assert {p["model"] for p in srv.payloads} == {"served-model"}
+        assert http.is_closed
+        measure_sample_detail(srv.base_url, spec(model=None))  # a sample on its own asks inside its window
+        assert srv.gets == 2
+    with Replay("sglang_generate_spec.sse") as srv:
+        with boot_session(srv.base_url, spec(api="generate", model=None)) as (_, bench):
+            assert bench.model is None and srv.gets == 0

@@ -225,13 +225,15 @@ def test_health_and_streaming_completion(head_server):
         events = sse_events(r)
     assert events[-1] == "[DONE]"
     usage = events[-2]["usage"]
+    timing = usage.pop("engine_timing")
     assert usage == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    assert timing["decode_tokens"] == 11
     text = "".join(e["choices"][0]["text"] for e in events[:-1] if e.get("choices"))
     assert len(text.split()) == 12
     # Greedy decoding is deterministic, and the non-streaming answer agrees.
     plain = head_server.client.post("/v1/completions", json={**body, "stream": False}).json()
     assert plain["choices"][0]["text"] == text
-    assert plain["usage"] == usage
+    assert {k: v for k, v in plain["usage"].items() if k != "engine_timing"} == usage
 
 
 def test_generate_streams_cumulative_text(head_server):
@@ -286,6 +288,30 @@ def test_metrics_parse_and_count(head_server):
     assert after["demo_prompt_tokens"] - before["demo_prompt_tokens"] == 2
     assert after["demo_decode_cycles"] - before["demo_decode_cycles"] == 4  # the first token is prefill
     assert after["demo_spec_verify"] == 0
+
+
+def test_every_response_carries_the_engines_own_timing(head_server):
+    before = _counters(head_server)
+    body = {"model": "demo", "prompt": "w1 w2 w3", "max_tokens": 9, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with head_server.client.stream("POST", "/v1/completions", json=body) as r:
+        timing = sse_events(r)[-2]["usage"]["engine_timing"]
+    after = _counters(head_server)
+    assert (timing["decode_tokens"], timing["decode_cycles"]) == (8, 8)  # the first token comes from prefill
+    assert timing["prefill_s"] > 0 and 0 < timing["decode_cycles_s"] <= timing["decode_s"]
+    assert timing["server_s"] >= timing["prefill_s"] + timing["decode_s"]  # one clock, measured around both
+    assert timing["decode_tok_s"] == pytest.approx(8 / timing["decode_s"])
+    assert after["demo_request_decode_tokens"] - before["demo_request_decode_tokens"] == 8
+    assert after["demo_request_decode_seconds"] - before["demo_request_decode_seconds"] == pytest.approx(
+        timing["decode_s"])
+    assert after["demo_request_prefill_seconds"] - before["demo_request_prefill_seconds"] == pytest.approx(
+        timing["prefill_s"])
+    gen = {"text": "w5 w6", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+           "stream": True}
+    with head_server.client.stream("POST", "/generate", json=gen) as r:
+        chunks = sse_events(r)[:-1]
+    assert chunks[-1]["meta_info"]["engine_timing"]["decode_tokens"] == 4
+    assert all("engine_timing" not in c["meta_info"] for c in chunks[:-1])
 
 
 def _counters(server) -> dict[str, float]:

@@ -56,6 +56,9 @@ class Stats:
         "demo_decode_cycles_total": "Decode cycles run (a verify counts as one cycle).",
         "demo_spec_verify_total": "Speculative verify passes.",
         "demo_spec_accepted_tokens_total": "Draft tokens accepted by verify.",
+        "demo_request_prefill_seconds_total": "In-process seconds, request at the worker -> first token.",
+        "demo_request_decode_seconds_total": "In-process seconds, first token -> last token of a request.",
+        "demo_request_decode_tokens_total": "Tokens generated after each request's first token.",
     }
 
     def __init__(self):
@@ -187,6 +190,10 @@ class Workers:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"demo-engine/{VERSION}"
+    # Every SSE chunk is a small write of its own. With Nagle's algorithm on, the
+    # first chunk waits for the client to ACK the headers (a delayed ACK, up to
+    # 40 ms): TTFT grew by that much and the tokens after it arrived in a burst.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # keep the log for decode lines
         return
@@ -313,7 +320,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None,
                                                 "finish_reason": None}]})
         usage = {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
-                 "total_tokens": done["prompt_tokens"] + done["completion_tokens"]}
+                 "total_tokens": done["prompt_tokens"] + done["completion_tokens"],
+                 "engine_timing": done["timing"]}
         if not stream:
             self._send_json(200, {**base, "choices": [{"index": 0, "text": "".join(text_parts),
                                                        "logprobs": None,
@@ -341,11 +349,13 @@ class Handler(BaseHTTPRequestHandler):
         out_ids: list[int] = []
         started = False
 
-        def payload(finish, verify_ct):
+        def payload(finish, verify_ct, timing=None):
             meta = {"id": rid, "prompt_tokens": len(request["prompt_ids"]),
                     "completion_tokens": len(out_ids), "finish_reason": finish}
             if spec:
                 meta["spec_verify_ct"] = verify_ct
+            if timing is not None:
+                meta["engine_timing"] = timing
             return {"text": tokenizer.decode(out_ids), "meta_info": meta}
 
         verify_ct = 0
@@ -362,10 +372,10 @@ class Handler(BaseHTTPRequestHandler):
                 if stream:
                     if not started:
                         self._start_sse()
-                    self._sse(payload(finish, event["spec_verify_ct"]))
+                    self._sse(payload(finish, event["spec_verify_ct"], event["timing"]))
                     self._end_sse()
                 else:
-                    self._send_json(200, payload(finish, event["spec_verify_ct"]))
+                    self._send_json(200, payload(finish, event["spec_verify_ct"], event["timing"]))
                 return
             out_ids.extend(event["ids"])
             if event.get("kind") == "verify":
@@ -402,8 +412,17 @@ class App:
         }
 
     def generate(self, request: dict):
-        """Run one request, keeping the metrics; drains the worker even if the client left."""
+        """Run one request, keeping the metrics; drains the worker even if the client left.
+
+        The done event's ``timing`` holds the request's in-process figures (seconds):
+        ``prefill_s`` (arrival at the worker -> first token ready), ``decode_s`` (first ->
+        last token ready, over ``decode_tokens`` tokens), ``decode_cycles_s`` (the sum of
+        the ``decode_cycles`` cycles' compute alone), ``server_s`` (the request handed to
+        the workers -> its done event back here), and ``decode_tok_s`` = decode_tokens /
+        decode_s where both are positive.
+        """
         st = self.stats
+        t_server = time.perf_counter()
         st.add("demo_requests_total")
         with st.lock:
             st.running += 1
@@ -419,6 +438,13 @@ class App:
                         st.add("demo_spec_accepted_tokens_total", event["accepted"])
                 elif event["event"] == "done":
                     st.add("demo_prompt_tokens_total", event["prompt_tokens"])
+                    timing = event["timing"]
+                    timing["server_s"] = time.perf_counter() - t_server
+                    if timing["decode_s"] > 0 and timing["decode_tokens"] > 0:
+                        timing["decode_tok_s"] = timing["decode_tokens"] / timing["decode_s"]
+                    st.add("demo_request_prefill_seconds_total", timing["prefill_s"])
+                    st.add("demo_request_decode_seconds_total", timing["decode_s"])
+                    st.add("demo_request_decode_tokens_total", timing["decode_tokens"])
                 yield event
         finally:
             with st.lock:

@@ -105,8 +105,13 @@ class Engine:
                            torch.arange(len(prompt), device=self.device))
         out = [pick(logits[-1])]
         self.sync()
-        emit({"event": "tokens", "ids": out[:], "cycle_ms": (time.perf_counter() - t0) * 1e3,
+        # In-process timing of this request, stamped when each batch of tokens is
+        # ready to send: prefill = arrival -> first token; decode = first -> last.
+        t_first = t_last = time.perf_counter()
+        cycles, cycles_s = 0, 0.0
+        emit({"event": "tokens", "ids": out[:], "cycle_ms": (t_first - t0) * 1e3,
               "kind": "prefill"})
+        prefill_s = t_first - t0
         pos = len(prompt)  # position of the newest token, not yet in the cache
         verify_ct = 0
         finish = "length"
@@ -133,13 +138,18 @@ class Engine:
             if not ignore_eos and EOS in new:
                 new = new[: new.index(EOS) + 1]
             new = new[: max_new - len(out)]
+            cycles += 1
+            cycles_s += ms / 1e3
+            t_last = time.perf_counter()
             emit({**event, "ids": new})
             out.extend(new)
             pos += len(new)
         if not ignore_eos and out and out[-1] == EOS:
             finish = "stop"
+        timing = {"prefill_s": prefill_s, "decode_s": t_last - t_first, "decode_tokens": len(out) - 1,
+                  "decode_cycles": cycles, "decode_cycles_s": cycles_s}
         emit({"event": "done", "prompt_tokens": len(prompt), "completion_tokens": len(out),
-              "spec_verify_ct": verify_ct, "finish_reason": finish})
+              "spec_verify_ct": verify_ct, "finish_reason": finish, "timing": timing})
 
     def _spec_cycle(self, last: int, pos: int, pick) -> tuple[list[int], int, float]:
         """Draft ``spec_steps`` tokens with the first layers, verify them in one pass."""
