@@ -377,7 +377,7 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
     import time
 
     from . import _reaper
-    from .server import _make_preexec, _PRCTL, _reaper_env
+    from .server import _make_preexec, _PRCTL, _reaper_env, disarm_reaper
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     use_pdeathsig = _PRCTL is not None and threading.current_thread() is threading.main_thread()
@@ -414,12 +414,6 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            try:
-                reaper.stdin.write(b"q")
-                reaper.stdin.close()
-                reaper.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                reaper.kill()
-                reaper.wait()
+            disarm_reaper(reaper)
     return rc, time.monotonic() - t0
 

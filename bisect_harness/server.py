@@ -378,15 +378,19 @@ class ServerProcess:
 
     def _disarm_reaper(self) -> None:
         reaper, self._reaper = self._reaper, None
-        if reaper is None:
-            return
-        try:
-            reaper.stdin.write(b"q")
-            reaper.stdin.close()
-            reaper.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            reaper.kill()
-            reaper.wait()
+        if reaper is not None:
+            disarm_reaper(reaper)
+
+
+def disarm_reaper(reaper: subprocess.Popen) -> None:
+    """Tell a watchdog (``_reaper``) that its group was stopped by us: it exits without killing."""
+    try:
+        reaper.stdin.write(b"q")
+        reaper.stdin.close()
+        reaper.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
+        reaper.wait()
 
 
 def _reaper_env() -> dict[str, str]:
