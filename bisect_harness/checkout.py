@@ -15,6 +15,7 @@ keyed on the interpreter, so a commit's build is never taken for another's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,10 +25,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reported when used, not at import
 import git  # noqa: E402
+from filelock import FileLock, Timeout  # noqa: E402
 
 from .envs import CommitEnv, create_venv
 from .errors import BuildFailed, CommitError, InfrastructureError
@@ -113,21 +115,30 @@ class Workspace:
 
     # ------------------------------------------------------------------ mirror and worktrees (cache only)
 
+    def _lock(self) -> FileLock:
+        """The cache's lock for this repository: the mirror, its fetches and its worktrees
+        are changed by one process at a time (several runs may share one cache)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
+
     def mirror(self) -> git.Repo:
         if self._mirror is None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if not (self.mirror_path / "HEAD").exists():
-                tmp = self.root / f"mirror.tmp-{os.getpid()}"
-                try:
-                    git.Repo.clone_from(str(self.repo_path), str(tmp), bare=True)
-                    os.replace(tmp, self.mirror_path)
-                except (git.GitCommandError, OSError) as exc:
-                    raise InfrastructureError(f"cannot mirror {self.repo_path} into the cache: {exc}") from None
-                finally:
-                    if tmp.exists():
-                        _rmtree(tmp)
+            with _locked(self._lock()):
+                self._make_mirror()
             self._mirror = git.Repo(self.mirror_path)
         return self._mirror
+
+    def _make_mirror(self) -> None:
+        if not (self.mirror_path / "HEAD").exists():
+            tmp = self.root / f"mirror.tmp-{os.getpid()}"
+            try:
+                git.Repo.clone_from(str(self.repo_path), str(tmp), bare=True)
+                os.replace(tmp, self.mirror_path)
+            except (git.GitCommandError, OSError) as exc:
+                raise InfrastructureError(f"cannot mirror {self.repo_path} into the cache: {exc}") from None
+            finally:
+                if tmp.exists():
+                    _rmtree(tmp)
 
     def _ensure_object(self, sha: str) -> None:
         mirror = self.mirror()
@@ -154,14 +165,18 @@ class Workspace:
         if (path / ".git").exists():
             _touch(path)
             return path
-        self._ensure_object(sha)
-        self.trees.mkdir(parents=True, exist_ok=True)
         mirror = self.mirror()
-        try:
-            mirror.git.worktree("prune")
-            mirror.git.worktree("add", "--detach", "--force", str(path), sha)
-        except git.GitCommandError as exc:
-            raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
+        with _locked(self._lock()):
+            if (path / ".git").exists():  # another run made it while we waited
+                _touch(path)
+                return path
+            self._ensure_object(sha)
+            self.trees.mkdir(parents=True, exist_ok=True)
+            try:
+                mirror.git.worktree("prune")
+                mirror.git.worktree("add", "--detach", "--force", str(path), sha)
+            except git.GitCommandError as exc:
+                raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
         return path
 
     # ------------------------------------------------------------------ environments (cache only)
@@ -171,7 +186,9 @@ class Workspace:
         one per (commit, base interpreter). Raises ``BuildFailed`` when it cannot be made."""
         ident = hashlib.sha256(base_python.encode()).hexdigest()[:8]
         venv = self.envs / f"{sha}-{ident}"
-        env = create_venv(base_python, venv)
+        self.envs.mkdir(parents=True, exist_ok=True)
+        with _locked(FileLock(str(venv.with_name(venv.name + ".lock")), timeout=LOCK_TIMEOUT_S)):
+            env = create_venv(base_python, venv)
         _touch(venv)
         return env
 
@@ -215,6 +232,21 @@ class Workspace:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
                               log_tail=read_tail(log_path), log_path=str(log_path))
         return BuildResult(True, log_path, seconds, False)
+
+
+#: Seconds a run waits for another run's mirror, worktree or environment creation.
+LOCK_TIMEOUT_S = 1800.0
+
+
+@contextlib.contextmanager
+def _locked(lock: FileLock) -> Iterator[None]:
+    try:
+        with lock:
+            yield
+    except Timeout:
+        raise InfrastructureError(f"another harness has held the cache lock {lock.lock_file} for "
+                                  f"{LOCK_TIMEOUT_S:.0f}s; wait for it to finish, or give this run its own "
+                                  "--cache-dir") from None
 
 
 def _touch(path: Path) -> None:

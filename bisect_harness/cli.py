@@ -288,9 +288,9 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
 @ledger_app.command("list")
 def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "--json")) -> None:
     """The runs in the ledger, newest first."""
-    from .ledger import Ledger
+    from .ledger import Ledger, require_existing
 
-    with Ledger(ledger) as led:
+    with Ledger(require_existing(ledger)) as led:
         runs = led.runs()
         if json_out:
             print(json.dumps([{"run_id": r.id, "kind": r.kind, "status": r.status, "created_at": str(r.created_at),
@@ -310,9 +310,9 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
 def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
                 json_out: bool = typer.Option(False, "--json")) -> None:
     """One run: its verdicts, configs and boots."""
-    from .ledger import Ledger
+    from .ledger import Ledger, require_existing
 
-    with Ledger(ledger) as led:
+    with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id)
         if json_out:
             print(json.dumps(run_summary(r)))
@@ -334,9 +334,9 @@ def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help
                 ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
     """Render a run's journal again from the ledger."""
     from . import journal
-    from .ledger import Ledger
+    from .ledger import Ledger, require_existing
 
-    with Ledger(ledger) as led:
+    with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
         Console().print(f"journal: {journal.write(led, r, journal_dir)}")
 

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping, Sequence
 import httpx
 
 from . import (__version__, attach, benchtools, calibration, client, contention, engine_flags, engine_identity,
-               host_state, presets, provenance, sources, stats)
+               host_state, liveness, presets, provenance, sources, stats)
 from .checkout import Workspace, read_tail
 from .errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, HarnessError, InfrastructureError, UserError
 from .ledger import Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow, utcnow
@@ -111,7 +111,7 @@ class Executor:
         self.run = self.ledger.add(Run(
             kind=kind, spec_path=str(spec.path), spec_text=spec.text,
             spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
-            host=self.host))
+            host={**self.host, liveness.OWNER_KEY: liveness.owner_record()}))  # stale-row detection
         self.log_dir = self.log_dir / f"run-{self.run.id}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for pc in self.plan.configs:
@@ -644,7 +644,7 @@ def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str,
     """The first server-info endpoint that answers with a JSON object, or None."""
     for path in paths:
         try:
-            r = httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}))
+            r = httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}), trust_env=False)
             if r.status_code == 200:
                 data = r.json()
                 if isinstance(data, dict):

@@ -11,11 +11,13 @@ harness is refused rather than misread.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
-                        event, select)
+                        event, insert, inspect, select, update)
+from sqlalchemy.engine import make_url
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
@@ -23,6 +25,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 from .errors import InfrastructureError, UserError
 
 SCHEMA_VERSION = 2
+#: Seconds a SQLite connection waits for another process's write before giving up.
+BUSY_TIMEOUT_S = 60.0
 
 #: Forward migrations, applied in order to an older ledger on open. Each only adds;
 #: nothing recorded is ever rewritten or dropped.
@@ -236,40 +240,58 @@ class Ledger:
     def __init__(self, url: str = "sqlite:///results.db"):
         self.url = url
         try:
-            self.engine: Engine = create_engine(url, future=True)
+            sqlite = make_url(url).get_backend_name() == "sqlite"
+            # An explicit busy timeout: a second harness waits for the first one's write
+            # instead of failing with "database is locked".
+            self.engine: Engine = create_engine(url, future=True,
+                                                connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
-            Base.metadata.create_all(self.engine)
+            self._init_schema()
         except SQLAlchemyError as exc:
             raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
-        self._check_version()
-
-    def _check_version(self) -> None:
-        row = self.session.get(Meta, "schema_version")
-        if row is None:
-            self.session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            self.session.commit()
-        elif int(row.value) > SCHEMA_VERSION:
-            raise UserError(f"the ledger {self.url} has schema version {row.value}, newer than this harness "
-                            f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
-        elif int(row.value) < SCHEMA_VERSION:
-            self._migrate(int(row.value), row)
-
-    def _migrate(self, version: int, row: Meta) -> None:
-        from sqlalchemy import text
+        from .liveness import mark_stale
 
         try:
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS.get(target, ()):
-                    self.session.execute(text(statement))
-                row.value = str(target)
-                self.session.commit()
+            mark_stale(self.session)
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise InfrastructureError(f"could not upgrade the ledger {self.url} from schema version {version} to "
-                                      f"{SCHEMA_VERSION}: {exc}; back it up and retry, or use another --ledger") from None
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+
+    def _init_schema(self) -> None:
+        """Create or upgrade the schema in one transaction, the version read before
+        anything is written. On SQLite the transaction takes the write lock first
+        (``BEGIN IMMEDIATE``), so processes opening one new ledger at once create it
+        once, and a migration killed half-way leaves the ledger as it was."""
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            version = None
+            if inspect(conn).has_table("meta"):
+                row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).first()
+                version = int(row[0]) if row is not None else None
+            if version is not None and version > SCHEMA_VERSION:
+                conn.rollback()
+                raise UserError(f"the ledger {self.url} has schema version {version}, newer than this harness "
+                                f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
+            Base.metadata.create_all(conn)
+            if version is None:
+                conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif version < SCHEMA_VERSION:
+                try:
+                    for target in range(version + 1, SCHEMA_VERSION + 1):
+                        for statement in MIGRATIONS.get(target, ()):
+                            conn.exec_driver_sql(statement)
+                    conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+                except SQLAlchemyError as exc:
+                    conn.rollback()
+                    raise InfrastructureError(
+                        f"could not upgrade the ledger {self.url} from schema version {version} to "
+                        f"{SCHEMA_VERSION}: {exc}; the ledger was left as it was; back it up and retry, "
+                        "or use another --ledger") from None
+            conn.commit()
 
     def close(self) -> None:
         self.session.close()
@@ -352,7 +374,20 @@ class Ledger:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")  # before WAL: switching takes a lock
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def require_existing(url: str) -> str:
+    """``url`` when it names a ledger that exists; a read-only command must not make an
+    empty one where the user mistyped the path. Raises ``UserError`` naming --ledger."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:") and not os.path.isfile(db):
+            raise UserError(f"no ledger at {url} ({os.path.abspath(db)} does not exist); pass --ledger with the "
+                            "ledger a run wrote, e.g. --ledger sqlite:///results.db in the folder you ran from")
+    return url

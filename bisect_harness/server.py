@@ -101,9 +101,9 @@ def _on_signal(signum, frame) -> None:
 
 
 def install_signal_handlers() -> bool:
-    """Make SIGINT and SIGTERM stop every live server before the harness goes on.
+    """Make SIGINT, SIGTERM and SIGHUP stop every live server before the harness goes on.
 
-    SIGINT then raises ``KeyboardInterrupt``; SIGTERM calls the handler that was
+    SIGINT then raises ``KeyboardInterrupt``; SIGTERM (and SIGHUP, unless ignored) calls the handler that was
     there before, or raises ``SystemExit(143)`` where that was the default.
     Only the main thread can install handlers: returns False elsewhere (the
     watchdog process still covers that case). Idempotent.
@@ -113,7 +113,9 @@ def install_signal_handlers() -> bool:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a closed terminal ends a run as SIGTERM does
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # started under nohup: a closed terminal is meant to change nothing
         _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
         signal.signal(signum, _on_signal)
     _HANDLERS_INSTALLED = True

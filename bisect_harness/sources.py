@@ -357,7 +357,7 @@ class SourceCollector:
 
         if self._client is not None:
             return self._client.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers)
-        return httpx.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers)
+        return httpx.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers, trust_env=False)
 
     def _scrape(self) -> tuple[list | None, str | None]:
         try:
