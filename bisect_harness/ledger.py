@@ -247,7 +247,7 @@ class Ledger:
                                                 connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
-            self._init_schema()
+            _while_locked(self._init_schema, self.engine)
         except SQLAlchemyError as exc:
             raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
@@ -375,7 +375,7 @@ class Ledger:
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")  # before WAL: switching takes a lock
-    cur.execute("PRAGMA journal_mode=WAL")
+    _while_locked(lambda: cur.execute("PRAGMA journal_mode=WAL"))
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
@@ -391,3 +391,27 @@ def require_existing(url: str) -> str:
             raise UserError(f"no ledger at {url} ({os.path.abspath(db)} does not exist); pass --ledger with the "
                             "ledger a run wrote, e.g. --ledger sqlite:///results.db in the folder you ran from")
     return url
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+def _while_locked(fn, engine: Engine | None = None):
+    """``fn()``, tried again while SQLite answers "database is locked" where it does not
+    wait on the busy timeout (switching a new file to WAL, or a lock taken while another
+    process recovers it), up to ``BUSY_TIMEOUT_S``."""
+    import random
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            return fn()
+        except (SQLAlchemyError, sqlite3.OperationalError) as exc:
+            if not _is_locked(exc) or time.monotonic() > deadline:
+                raise
+            if engine is not None:
+                engine.dispose()
+            time.sleep(0.02 + random.random() * 0.08)

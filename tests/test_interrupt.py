@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.demo import create_demo_repo
+from bisect_harness.ledger import Ledger
 from helpers import (HARNESS, SMALL_BENCH, diff_snapshots, git, processes_under, query, reapers_of,
                      snapshot_checkout, wait_for, write_spec)
 
@@ -126,7 +127,7 @@ def test_ctrl_c_stops_every_server_keeps_samples_and_leaves_the_checkout_alone(t
     assert diff_snapshots(before, snapshot_checkout(dirty_checkout)) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP], ids=["SIGKILL", "SIGTERM", "SIGHUP"])
 def test_killed_harness_leaves_no_orphans_and_the_checkout_alone(tmp_path, dirty_checkout, harness_cache, sig):
     before = snapshot_checkout(dirty_checkout)
     worktrees = harness_cache / "repos"
@@ -152,10 +153,16 @@ def test_killed_harness_leaves_no_orphans_and_the_checkout_alone(tmp_path, dirty
             pytest.fail(f"left 15 s after SIGKILL: {processes_under(worktrees)}, "
                         f"watchdogs {reapers_of(proc.pid)}")
         assert time.monotonic() - killed_at < 15
+        # The next open of the ledger sees the run's harness process is gone and says so.
+        Ledger(f"sqlite:///{db}").close()
+        assert _run_status(db) == "interrupted"
+        assert query(db, "SELECT COUNT(*) FROM boots WHERE status = 'running'")[0][0] == 0
     else:
-        assert rc == 128 + signal.SIGTERM, stderr[-3000:]
+        assert rc == 128 + sig, stderr[-3000:]
         assert "Traceback" not in stderr
         assert _run_status(db) == "interrupted"
+        (journal,) = (tmp_path / "exp").glob("*.md")
+        assert "**status**: interrupted" in journal.read_text()
         assert processes_under(worktrees) == []
         assert reapers_of(proc.pid) == []
     assert _sample_count(db) >= samples_before >= 1
