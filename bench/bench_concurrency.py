@@ -1,8 +1,8 @@
 """Concurrent use of one new ledger and one new cache, by real processes.
 
-Each trial starts N fresh Python processes at once (released together by a
-shared start time) that open one new SQLite ledger, or that make the worktree
-and the per-commit environment of one commit in one new cache folder. Counts
+Each trial forks N processes, released together by a barrier, that open one
+new SQLite ledger, or that make the worktree and the per-commit environment of
+one commit in one new cache folder. Counts
 the processes that succeeded. Run it with PYTHONPATH pointing at the tree to
 measure; the last line is one JSON object.
 
@@ -13,33 +13,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-OPEN_LEDGER = """
-import sys, time
-from bisect_harness.ledger import Ledger
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
-Ledger(sys.argv[1]).close()
-"""
+FORK = mp.get_context("fork")
 
-MAKE_TREE = """
-import sys, time
-from pathlib import Path
-from bisect_harness.checkout import Workspace
-start = float(sys.argv[4])
-ws = Workspace(Path(sys.argv[1]), cache_dir=Path(sys.argv[2]))
-time.sleep(max(0.0, start - time.time()))
-tree = ws.worktree(sys.argv[3])
-env = ws.environment(sys.argv[3], sys.executable)
-assert (tree / "f.txt").read_text() == "2\\n", "wrong checkout"
-assert Path(env.python).exists()
-"""
+
+def _open_ledger(url: str) -> None:
+    from bisect_harness.ledger import Ledger
+
+    Ledger(url).close()
+
+
+def _make_tree(repo: str, cache: str, sha: str) -> None:
+    from bisect_harness.checkout import Workspace
+
+    ws = Workspace(Path(repo), cache_dir=Path(cache))
+    tree = ws.worktree(sha)
+    env = ws.environment(sha, sys.executable)
+    assert (tree / "f.txt").read_text() == "2\n", "wrong checkout"
+    assert Path(env.python).exists()
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -65,31 +63,42 @@ def make_repo(repo: Path) -> str:
     return _git(repo, "rev-parse", "HEAD").strip()
 
 
-def _together(argvs: list[list[str]], timeout_s: float = 120.0) -> list[tuple[int, str]]:
-    procs = [subprocess.Popen(a, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL, start_new_session=True) for a in argvs]
-    out = []
+def _child(barrier, errors, fn, args) -> None:
+    barrier.wait()
+    try:
+        fn(*args)
+    except BaseException as exc:  # counted, with its message, by the parent
+        errors.put(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        errors.close()
+        errors.join_thread()
+        os._exit(1)
+    os._exit(0)
+
+
+def _together(fn, args_list: list[tuple], timeout_s: float = 120.0) -> list[tuple[int, str]]:
+    """Fork one process per args; a barrier releases them at once."""
+    barrier, errors = FORK.Barrier(len(args_list)), FORK.Queue()
+    procs = [FORK.Process(target=_child, args=(barrier, errors, fn, a)) for a in args_list]
     for p in procs:
-        try:
-            _, err = p.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+        if p.is_alive():
             p.kill()
-            _, err = p.communicate()
-        out.append((p.returncode, err.strip().splitlines()[-1] if err.strip() else ""))
-    return out
+            p.join()
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    return [(p.exitcode, msgs.pop() if p.exitcode and msgs else "") for p in procs]
 
 
-def ledger_trial(folder: Path, procs: int, lead_s: float) -> list[tuple[int, str]]:
-    url = f"sqlite:///{folder / 'ledger.db'}"
-    start = time.time() + lead_s
-    return _together([[sys.executable, "-c", OPEN_LEDGER, url, str(start)] for _ in range(procs)])
+def ledger_trial(folder: Path, procs: int) -> list[tuple[int, str]]:
+    return _together(_open_ledger, [(f"sqlite:///{folder / 'ledger.db'}",)] * procs)
 
 
-def cache_trial(folder: Path, procs: int, lead_s: float) -> list[tuple[int, str]]:
+def cache_trial(folder: Path, procs: int) -> list[tuple[int, str]]:
     sha = make_repo(folder / "repo")
-    start = time.time() + lead_s
-    return _together([[sys.executable, "-c", MAKE_TREE, str(folder / "repo"), str(folder / "cache"), sha,
-                       str(start)] for _ in range(procs)])
+    return _together(_make_tree, [(str(folder / "repo"), str(folder / "cache"), sha)] * procs)
 
 
 def main() -> None:
@@ -98,7 +107,6 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="processes per ledger trial")
     ap.add_argument("--cache-trials", type=int, default=3)
     ap.add_argument("--cache-procs", type=int, default=3)
-    ap.add_argument("--lead-s", type=float, default=2.0, help="time the processes get to import before the start")
     a = ap.parse_args()
     errors: dict[str, int] = {}
     res = {}
@@ -107,11 +115,12 @@ def main() -> None:
         ok = total = 0
         for _ in range(n):
             with tempfile.TemporaryDirectory() as d:
-                for rc, err in trial(Path(d), k, a.lead_s):
+                for rc, err in trial(Path(d), k):
                     total += 1
                     ok += rc == 0
                     if rc != 0:
-                        errors[err[:120]] = errors.get(err[:120], 0) + 1
+                        key = re.sub(r"(sqlite:///|/)\S*tmp\w*\S*", "<temp>", err)[:140]
+                        errors[key] = errors.get(key, 0) + 1
         res[name] = {"ok": ok, "attempts": total, "success_ratio": ok / total if total else None}
     res["errors"] = errors
     print(json.dumps(res))
