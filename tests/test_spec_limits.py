@@ -319,3 +319,24 @@ def test_cli_real_run_with_rich_markup_values(tmp_path):
     # The values are shown as written: in the verdict table and in the progress lines.
     assert f"markup[TAG={RED}]" in proc.stdout
     assert f"TAG={MISSING}" in proc.stdout
+
+
+def test_progress_line_shows_marks_and_labels_verbatim():
+    """A boot's status and marks (``ok [env_missing]``) and a label with markup survive Rich."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from bisect_harness.cli import _ProgressObserver
+
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=False, color_system=None)
+    config = SimpleNamespace(label=f"HEAD TAG={RED}")
+    with _ProgressObserver(console) as obs:
+        obs.boot_started(config, 1, 1)
+        obs.boot_finished(config, SimpleNamespace(seq=1, status="ok", marks=["env_missing"]))
+        obs.message(f"note {RED} [bold]x")
+    text = out.getvalue()
+    assert f"boot 1 HEAD TAG={RED}: ok [env_missing]" in text
+    assert f"note {RED} [bold]x" in text
