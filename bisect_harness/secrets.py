@@ -61,6 +61,13 @@ def is_secret(name: str, extra: Iterable[str] = ()) -> bool:
     return n in {_norm(e) for e in (*extra, *_names)}
 
 
+_MARKER = re.compile(r"<secret sha256:[0-9a-f]{8}>")
+
+
+def _is_marker(v: Any) -> bool:
+    return isinstance(v, str) and _MARKER.fullmatch(v) is not None
+
+
 def mask(value: Any) -> str:
     """The marker that stands for ``value``: the same value, the same marker."""
     digest = hashlib.sha256(str(value).encode()).hexdigest()[:8]
@@ -70,7 +77,8 @@ def mask(value: Any) -> str:
 def redact_env(mapping: Mapping[str, Any], extra: Iterable[str] = ()) -> dict[str, Any]:
     """A copy of ``mapping`` with every secret-named entry's value masked."""
     extra = tuple(extra)
-    return {k: (mask(v) if is_secret(k, extra) and v is not None else v) for k, v in mapping.items()}
+    return {k: (mask(v) if is_secret(k, extra) and v is not None and not _is_marker(v) else v)
+            for k, v in mapping.items()}
 
 
 def redact_argv(argv: Sequence[str], flag_names: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
@@ -89,12 +97,12 @@ def redact_argv(argv: Sequence[str], flag_names: Iterable[str] = (), extra: Iter
     for a in argv:
         a = str(a)
         if hide_next:
-            out.append(mask(a))
+            out.append(a if _is_marker(a) else mask(a))
             hide_next = False
             continue
         if a.startswith("-") and "=" in a and secret(a.split("=", 1)[0]):
             flag, value = a.split("=", 1)
-            out.append(f"{flag}={mask(value)}")
+            out.append(a if _is_marker(value) else f"{flag}={mask(value)}")
             continue
         out.append(a)
         hide_next = secret(a) and "=" not in a
@@ -175,6 +183,9 @@ def redact_yaml(text: str, extra: Iterable[str] = (), values: Iterable[str] | No
             name = m.group(2).rsplit(".", 1)[-1]
             if is_secret(name, extra) and _norm(name) not in _SPEC_KEYS and m.group(4) not in ("|", ">"):
                 value = m.group(4).strip().strip("\"'")
+                if _is_marker(value):
+                    lines.append(line)
+                    continue
                 line = f"{m.group(1)}{m.group(2)}{m.group(3)}{mask(value)}{m.group(5) or ''}" + line[len(body):]
         lines.append(line)
     return redact_text("".join(lines), values)
