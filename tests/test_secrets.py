@@ -216,6 +216,13 @@ def test_no_secret_in_journal_logs_or_output(secret_run):
     assert any(p.suffix == ".md" for p in files) and any(p.suffix == ".log" for p in files), files
     for p in files:
         _no_secret_in(p.read_bytes(), str(p))
+    # the cache's build logs and build markers (written by the harness, argv included)
+    cached = [p for p in (secret_run["root"] / "cache").rglob("*")
+              if p.is_file() and (p.suffix in (".log", ".json") or p.name.startswith("."))
+              and "site-packages" not in p.parts]
+    assert cached
+    for p in cached:
+        _no_secret_in(p.read_bytes(), str(p))
     proc = secret_run["proc"]
     _no_secret_in((proc.stdout + proc.stderr).encode(), "the run's stdout/stderr")
     assert last_json(proc.stdout)["hypotheses"]
