@@ -77,8 +77,12 @@ def mask(value: Any) -> str:
 def redact_env(mapping: Mapping[str, Any], extra: Iterable[str] = ()) -> dict[str, Any]:
     """A copy of ``mapping`` with every secret-named entry's value masked."""
     extra = tuple(extra)
-    return {k: (mask(v) if is_secret(k, extra) and v is not None and not _is_marker(v) else v)
-            for k, v in mapping.items()}
+    return {k: (mask(v) if is_secret(k, extra) and _maskable(v) else v) for k, v in mapping.items()}
+
+
+def _maskable(v: Any) -> bool:
+    """A value worth hiding: not None, not a switch (``api-key: true`` hides nothing), not a marker."""
+    return v is not None and not isinstance(v, bool) and not _is_marker(v)
 
 
 def redact_argv(argv: Sequence[str], flag_names: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:

@@ -51,6 +51,7 @@ def test_redact_env_copies_and_masks_only_secret_names():
     assert out == {"HF_TOKEN": mask("x"), "NCCL_NVLS_ENABLE": "0"}
     assert env["HF_TOKEN"] == "x"  # the caller's mapping (what the process gets) is untouched
     assert redact_env({"MY_VAR": "v"}, ["MY_VAR"]) == {"MY_VAR": mask("v")}
+    assert redact_env({"use-token": True, "api-key": None}) == {"use-token": True, "api-key": None}
 
 
 def test_redact_argv_both_spellings_and_named_flags():
