@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import HarnessError, UserError
+from .secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -79,7 +80,7 @@ class _ProgressObserver:
             self.console.print(f"  {hypothesis.id}: [bold]{verdict.outcome}[/bold] ({verdict.reason})")
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(redact_text(text))
 
 
 def _verdict_table(run) -> Table:
@@ -148,7 +149,8 @@ def run(
         from .dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
-                                  say=lambda t: console.print(t, markup=False))
+                                  say=lambda t: console.print(redact_text(t), markup=False))
+        text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
         if json_out:
             print(json.dumps(obj))
         else:
@@ -449,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:
-        Console(stderr=True, highlight=False).print(f"Error: {exc}", markup=False)
+        Console(stderr=True, highlight=False).print(redact_text(f"Error: {exc}"), markup=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         Console(stderr=True).print("Interrupted: every server we started was stopped; "
