@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import HarnessError, UserError
+from .secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -80,7 +81,7 @@ class _ProgressObserver:
             self.console.print(f"  {escape(hypothesis.id)}: [bold]{escape(verdict.outcome)}[/bold] ({escape(verdict.reason)})")
 
     def message(self, text: str) -> None:
-        self.console.print(text, markup=False)
+        self.console.print(redact_text(text), markup=False)
 
 
 def _verdict_table(run) -> Table:
@@ -149,7 +150,8 @@ def run(
         from .dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
-                                  say=lambda t: console.print(t, markup=False))
+                                  say=lambda t: console.print(redact_text(t), markup=False))
+        text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
         if json_out:
             print(json.dumps(obj))
         else:
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:
-        Console(stderr=True, highlight=False).print(f"Error: {exc}", markup=False)
+        Console(stderr=True, highlight=False).print(redact_text(f"Error: {exc}"), markup=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         Console(stderr=True).print("Interrupted: every server we started was stopped; "

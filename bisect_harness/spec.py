@@ -93,6 +93,7 @@ class Defaults:
     host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
     host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
     analysis: str = "unpaired"  # unpaired (Welch) | paired (rounds as blocks); chosen by bench/bench_stats.py
+    secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
 
 
 @dataclass(frozen=True)
@@ -494,6 +495,7 @@ def parse_spec(text: str, path: Path) -> Spec:
     has_repo = engine.base_url is None and (engine.repo is not None or engine.preset == "demo")
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
+    _register_secrets(engine, defaults, hyps)
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
                 hypotheses=hyps, family_size=len(hyps))
 
@@ -655,6 +657,16 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
     return BenchmarkSpec(**kwargs)
 
 
+def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
+    """Tell secrets.py this file's secret values, so nothing stored or shown carries them."""
+    from . import secrets
+
+    arms = [a for h in hyps for a in (h.baseline, h.treatment)]
+    secrets.register(secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
+                                                [engine.flags, *(a.flags for a in arms)], defaults.secret_names),
+                     defaults.secret_names)
+
+
 def _defaults(r: _Reader, value) -> Defaults:
     d = r.mapping(value, "defaults", _DEFAULTS)
     kwargs: dict[str, Any] = {}
@@ -695,6 +707,11 @@ def _defaults(r: _Reader, value) -> Defaults:
         if d["analysis"] not in ANALYSES:
             raise r.doc.error("defaults.analysis", f"must be one of {', '.join(ANALYSES)}, got {d['analysis']!r}")
         kwargs["analysis"] = d["analysis"]
+    if "secret_names" in d:
+        names = r.typed(d["secret_names"], "defaults.secret_names", (list,), "a list of env or flag names")
+        for i, n in enumerate(names):
+            r.typed(n, f"defaults.secret_names[{i}]", (str,), "an env or flag name")
+        kwargs["secret_names"] = tuple(names)
     out = Defaults(**kwargs)
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",
