@@ -35,6 +35,7 @@ import httpx
 
 from .benchtools import Endpoint
 from .errors import BootFailed, BootTimeout, UserError
+from .secrets import redact_text
 
 __all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_warnings",
            "ATTACHED_WARNING"]
@@ -123,7 +124,7 @@ class AttachedServer:
     def _log(self, text: str) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as f:
-            f.write(text.rstrip("\n") + "\n")
+            f.write(redact_text(text.rstrip("\n")) + "\n")  # secrets never written (secrets.py)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -383,7 +383,9 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
     use_pdeathsig = _PRCTL is not None and threading.current_thread() is threading.main_thread()
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
-        log.write(f"$ {' '.join(argv)}\n".encode())
+        from .secrets import redact_argv, redact_text  # the log is written by us: no secrets in it
+
+        log.write(redact_text(f"$ {' '.join(redact_argv(argv))}\n").encode())
         log.flush()
         try:
             proc = subprocess.Popen(list(argv), env=dict(env), cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=log,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import UserError
+from .secrets import redact_env
 from .provenance import (SCHEMA_VERSION, GpuSampler, HostInfo, SamplerSummary, _check_schema,
                          collect_host)
 
@@ -333,7 +334,7 @@ def calibrate(device: str = "auto", seconds_budget: float = 3.0, *,
         device=kind, measurements=tuple(measurements), seconds_budget=seconds_budget,
         elapsed_s=time.perf_counter() - t0, torch_version=torch.__version__,
         threads=torch.get_num_threads(),
-        nccl_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        nccl_env=redact_env({k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}),
         note="; ".join(notes))
 
 

@@ -33,6 +33,7 @@ from filelock import FileLock, Timeout  # noqa: E402
 
 from .envs import CommitEnv, create_venv
 from .errors import BuildFailed, CommitError, InfrastructureError
+from .secrets import redact_argv
 
 
 def default_cache_dir() -> Path:
@@ -226,7 +227,7 @@ class Workspace:
                 log.write(f"build timed out after {timeout_s:.0f}s\n".encode())
                 code = -1
         seconds = time.monotonic() - start
-        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": list(argv),
+        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
                                       "python": python, "worktree": str(tree)}))
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",

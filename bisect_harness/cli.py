@@ -16,10 +16,12 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .errors import HarnessError, UserError
+from .secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -59,10 +61,10 @@ class _ProgressObserver:
         self.progress.stop()
 
     def run_started(self, run, plan) -> None:
-        self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs")
+        self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
 
     def boot_started(self, config, attempt, samples) -> None:
-        self.task = self.progress.add_task(f"boot {attempt} {config.label[:60]}", total=samples)
+        self.task = self.progress.add_task(escape(f"boot {attempt} {config.label[:60]}"), total=samples)
 
     def sample_done(self, config, index, metrics) -> None:
         if self.task is not None:
@@ -70,16 +72,16 @@ class _ProgressObserver:
 
     def boot_finished(self, config, boot) -> None:
         if self.task is not None:
-            status = boot.status + (f" \\[{', '.join(boot.marks)}]" if boot.marks else "")
-            self.progress.update(self.task, description=f"boot {boot.seq} {config.label[:48]}: {status}")
+            status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
+            self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {status}"))
             self.task = None
 
     def verdict(self, hypothesis, verdict) -> None:
         if verdict.final:
-            self.console.print(f"  {hypothesis.id}: [bold]{verdict.outcome}[/bold] ({verdict.reason})")
+            self.console.print(f"  {escape(hypothesis.id)}: [bold]{escape(verdict.outcome)}[/bold] ({escape(verdict.reason)})")
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(redact_text(text), markup=False)
 
 
 def _verdict_table(run) -> Table:
@@ -91,13 +93,13 @@ def _verdict_table(run) -> Table:
     for h in run.hypotheses:
         v = h.verdict
         if v is None:
-            t.add_row(h.hid, h.metric, "not decided", "", "", "", "", "")
+            t.add_row(escape(h.hid), escape(h.metric), "not decided", "", "", "", "", "")
             continue
         ci = f"[{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else "n/a"
-        t.add_row(h.hid, h.metric, v.outcome, f"{v.ratio:.4f}" if v.ratio is not None else "n/a", ci,
+        t.add_row(escape(h.hid), escape(h.metric), v.outcome, f"{v.ratio:.4f}" if v.ratio is not None else "n/a", escape(ci),
                   f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
                   f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
-                  _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")]).strip("*"))
+                  escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")]).strip("*")))
     return t
 
 
@@ -148,7 +150,8 @@ def run(
         from .dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
-                                  say=lambda t: console.print(t, markup=False))
+                                  say=lambda t: console.print(redact_text(t), markup=False))
+        text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
         if json_out:
             print(json.dumps(obj))
         else:
@@ -169,9 +172,9 @@ def run(
         finally:
             if executor.run is not None:
                 path = journal.write(led, executor.run, journal_dir)
-                console.print(f"journal: {path}")
+                console.print(f"journal: {path}", markup=False)
         console.print(_verdict_table(the_run))
-        console.print(f"ledger: {ledger} (run {the_run.id})")
+        console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
             print(json.dumps(run_summary(the_run)))
 
@@ -184,10 +187,11 @@ def _bisect_confirmed(executor, console: Console) -> None:
         row = next(r for r in executor.run.hypotheses if r.hid == h.id)
         v = row.verdict
         if h.spec.bisect and v is not None and v.outcome == "confirmed":
-            console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}")
+            console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}",
+                          markup=False)
             result = bisect_hypothesis(executor, h, row)
             console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
-                          f"{result.boots} boots, {result.stopped})")
+                          f"{result.boots} boots, {result.stopped})", markup=False)
 
 
 @app.command()
@@ -218,12 +222,14 @@ def bisect(
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
                                         log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet)
         path = journal.write(led, executor.run, journal_dir)
-        console.print(f"journal: {path}")
+        console.print(f"journal: {path}", markup=False)
         if result.culprit:
-            console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)")
+            console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
+                          markup=False)
         else:
             console.print(f"no single culprit ({result.stopped}); candidates: "
-                          + ", ".join(f"{c.commit[:12]} {c.probability:.2f}" for c in result.candidates[:5]))
+                          + ", ".join(f"{c.commit[:12]} {c.probability:.2f}" for c in result.candidates[:5]),
+                          markup=False)
         for w in result.warnings:
             console.print(f"  warning: {w}", markup=False)
         if json_out:
@@ -262,10 +268,10 @@ def nightly(
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
                                         calibrate=not no_calibration, wait_quiet_s=wait_quiet)
-        console.print(f"journal: {journal.write(led, executor.run, journal_dir)}")
-    console.print(f"{outcome.status}: {outcome.reason}")
+        console.print(f"journal: {journal.write(led, executor.run, journal_dir)}", markup=False)
+    console.print(f"{outcome.status}: {outcome.reason}", markup=False)
     for d in outcome.drift:
-        console.print(f"  host drift: {d}")
+        console.print(f"  host drift: {d}", markup=False)
     for w in outcome.warnings:
         console.print(f"  warning: {w}", markup=False)
     if json_out:
@@ -282,7 +288,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
     if directory.exists() and any(directory.iterdir()):
         raise UserError(f"{directory} exists and is not empty; pick a new folder")
     history = create_demo_repo(directory)
-    Console().print(f"demo engine: {directory} ({len(history.shas)} commits, HEAD {history.shas[-1][:12]})")
+    Console().print(f"demo engine: {directory} ({len(history.shas)} commits, HEAD {history.shas[-1][:12]})", markup=False)
 
 
 @ledger_app.command("list")
@@ -296,13 +302,13 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
             print(json.dumps([{"run_id": r.id, "kind": r.kind, "status": r.status, "created_at": str(r.created_at),
                                "spec": r.spec_path, "hypotheses": len(r.hypotheses)} for r in runs]))
             return
-        t = Table(title=f"runs in {ledger}")
+        t = Table(title=escape(f"runs in {ledger}"))
         for col in ("run", "kind", "date", "status", "spec", "hypotheses", "verdicts"):
             t.add_column(col)
         for r in runs:
             verdicts = ", ".join(f"{h.verdict.outcome}" for h in r.hypotheses if h.verdict)
-            t.add_row(str(r.id), r.kind, r.created_at.strftime("%Y-%m-%d %H:%M"), r.status, Path(r.spec_path).name,
-                      str(len(r.hypotheses)), verdicts)
+            t.add_row(str(r.id), r.kind, r.created_at.strftime("%Y-%m-%d %H:%M"), r.status,
+                      escape(Path(r.spec_path).name), str(len(r.hypotheses)), verdicts)
         Console().print(t)
 
 
@@ -324,8 +330,8 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
             t.add_column(col)
         for c in r.configs:
             marks = sorted({m for b in c.boots for m in (b.marks or [])})
-            t.add_row(str(c.id), c.label, c.status, f"{sum(b.status == 'ok' for b in c.boots)}/{len(c.boots)}",
-                      ", ".join(marks))
+            t.add_row(str(c.id), escape(c.label), c.status, f"{sum(b.status == 'ok' for b in c.boots)}/{len(c.boots)}",
+                      escape(", ".join(marks)))
         console.print(t)
 
 
@@ -338,7 +344,7 @@ def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
-        Console().print(f"journal: {journal.write(led, r, journal_dir)}")
+        Console().print(f"journal: {journal.write(led, r, journal_dir)}", markup=False)
 
 
 CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (default: BISECT_HARNESS_CACHE or "
@@ -449,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:
-        Console(stderr=True, highlight=False).print(f"Error: {exc}", markup=False)
+        Console(stderr=True, highlight=False).print(redact_text(f"Error: {exc}"), markup=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         Console(stderr=True).print("Interrupted: every server we started was stopped; "

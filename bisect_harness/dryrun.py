@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from .plan import make_plan
+from .secrets import redact_argv, redact_env
 from .spec import Spec
 
 
@@ -39,15 +40,16 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
                                                       if spec.engine.build and plan.repo is not None else ""))
     configs = []
     for i, c in enumerate(plan.configs, 1):
-        argv = plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None)
+        argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
+        env, flags = redact_env(c.arm.env), redact_env(c.arm.flags)  # secrets masked (secrets.py)
         users = [h.id for h in plan.hypotheses if c.key in (h.baseline.key, h.treatment.key)]
-        configs.append({"key": c.key, "commit": c.arm.commit, "env": dict(c.arm.env), "flags": dict(c.arm.flags),
+        configs.append({"key": c.key, "commit": c.arm.commit, "env": env, "flags": flags,
                         "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
                         "hypotheses": users})
         lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
         lines.append(f"  commit: {c.arm.commit or c.arm.endpoint or '(installed server)'}")
         if c.arm.env:
-            lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(c.arm.env.items())))
+            lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
         lines.append("  argv:   " + shlex.join(argv))
     hyps = []
     lines.append("")

@@ -18,6 +18,7 @@ from . import engine_identity, host_state, metric_defs, stats
 from .ledger import Bisection, Boot, Ledger, Run
 from .executor import host_drift
 from .provenance import EnvReport, FlagReport
+from .secrets import redact_text
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -323,7 +324,7 @@ def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
     """Render and write ``<journal_dir>/<date>-run<id>.md`` (plots beside it)."""
     journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
-    text = render(ledger, run, plots_dir=journal_dir)
+    text = redact_text(render(ledger, run, plots_dir=journal_dir))  # secrets never written (secrets.py)
     path = journal_dir / f"{run.created_at.strftime('%Y-%m-%d')}-run{run.id}.md"
     path.write_text(text)
     return path

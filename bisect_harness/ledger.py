@@ -252,6 +252,7 @@ class Ledger:
             raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
+        event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
         from .liveness import mark_stale
 
         try:
@@ -370,6 +371,13 @@ class Ledger:
             if ok:
                 out.append((cfg.run, cfg.commit, ok))
         return out
+
+
+def _redact_before_flush(session, _flush_context, _instances) -> None:
+    from .secrets import redact_row
+
+    for obj in (*session.new, *session.dirty):
+        redact_row(obj)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

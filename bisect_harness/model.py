@@ -111,8 +111,10 @@ class Arm:
 
     def describe(self) -> str:
         parts = [self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
-        parts += [f"{k}={v}" for k, v in sorted(self.env.items())]
-        parts += [f"--{k}={v}" for k, v in sorted(self.flags.items())]
+        from .secrets import redact_env  # a label is stored and printed: secret values masked
+
+        parts += [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
+        parts += [f"--{k}={v}" for k, v in sorted(redact_env(self.flags).items())]
         return " ".join(parts)
 
 

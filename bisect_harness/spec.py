@@ -11,6 +11,7 @@ Defaults live here, in the dataclasses' fields, and nowhere else.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,21 @@ HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
 ANALYSES = ("paired", "unpaired")  # stats.ANALYSES; spec does not import stats
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+# Input limits (documented in docs/hypotheses-format.md, "Limits"). A hypotheses file is
+# a few kilobytes; these caps turn hostile or mistyped input into a clean error at once.
+MAX_SPEC_BYTES = 1_000_000      # the file itself
+MAX_NODES = 100_000             # YAML nodes after merge keys are expanded
+MAX_DEPTH = 64                  # nesting of mappings and lists
+MAX_MATRIX_POINTS = 256         # one hypothesis's matrix: the product of its axes' lengths
+MAX_HYPOTHESES = 1_000          # the whole file, after matrix expansion
+#: upper bounds of numbers; a value above is an error that names the key and the cap
+MAX_COUNT = 1_000_000           # requests, tokens, concurrency, seeds-free counts
+MAX_BOOTS = 1_000               # boots_per_arm, max_boots_per_arm, boot_retries
+MAX_SAMPLES_PER_BOOT = 10_000
+MAX_SECONDS = 7 * 24 * 3600.0   # timeouts and waits: one week
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ class Defaults:
     host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
     host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
     analysis: str = "unpaired"  # unpaired (Welch) | paired (rounds as blocks); chosen by bench/bench_stats.py
+    secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
 
 
 @dataclass(frozen=True)
@@ -152,15 +169,27 @@ class _Doc:
     def __init__(self, text: str, file: str):
         self.file = file
         self.lines: dict[str, int] = {}
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(f"the file has {len(text)} characters, above the cap of {MAX_SPEC_BYTES}; "
+                            "a hypotheses file is a few kilobytes (see docs/hypotheses-format.md, Limits)",
+                            file=file)
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise SpecError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
                             line=mark.line + 1 if mark else None, file=file) from None
+        except RecursionError:
+            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", file=file) from None
         if node is None:
             raise SpecError("the file is empty; see docs/hypotheses-format.md", file=file)
-        self.data = self._convert(node, "")
+        _check_aliases(node, file)
+        try:
+            self.data = self._convert(node, "")
+        except SpecError as exc:
+            if exc.file is not None:
+                raise
+            raise SpecError(exc.message, key=exc.key, line=exc.line, file=file) from None
 
     def _convert(self, node, path: str):
         self.lines.setdefault(path, node.start_mark.line + 1)
@@ -195,6 +224,69 @@ class _Doc:
         return SpecError(message, key=path or None, line=self.line(path), file=self.file)
 
 
+def _check_aliases(root, file: str) -> None:
+    """Refuse aliases other than merge keys, alias cycles, deep nesting and expansion bombs.
+
+    PyYAML's composer shares one node object between an anchor and each of its
+    aliases, so an alias is a node met a second time. Only the value of a merge key
+    (``<<: *defaults``) may be one; its expanded size still counts toward ``MAX_NODES``,
+    so a billion-laughs file built from merge keys is refused before anything expands.
+    """
+    sizes: dict[int, int] = {}   # node id -> expanded node count (done)
+    open_: set[int] = set()      # node ids on the current path (a cycle if met again)
+    seen: set[int] = set()
+
+    def where(node) -> int:
+        return node.start_mark.line + 1
+
+    def size(node, depth: int, via_merge: bool, at: int) -> int:
+        """``at``: the line where the node is used (an alias's node carries its anchor's line)."""
+        nid = id(node)
+        if nid in open_:
+            raise SpecError("an alias refers to a node that contains it (a cycle); remove the alias",
+                            line=at, file=file)
+        if nid in sizes:
+            if not via_merge:
+                raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
+                                "('<<: *name'); write the value out, or merge a mapping", line=at,
+                                file=file)
+            return sizes[nid]
+        if nid in seen and not via_merge:
+            raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
+                            "('<<: *name')", line=at, file=file)
+        seen.add(nid)
+        if depth > MAX_DEPTH:
+            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", line=where(node), file=file)
+        open_.add(nid)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                merge = key_node.tag == "tag:yaml.org,2002:merge"
+                total += size(key_node, depth + 1, False, where(key_node))
+                if merge and isinstance(value_node, yaml.SequenceNode):
+                    total += 1
+                    for sub in value_node.value:
+                        total += size(sub, depth + 2, True, where(key_node))
+                else:
+                    total += size(value_node, depth + 1, merge, where(key_node))
+                if total > MAX_NODES:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for sub in node.value:
+                total += size(sub, depth + 1, False, where(node))
+                if total > MAX_NODES:
+                    break
+        open_.discard(nid)
+        if total > MAX_NODES:
+            raise SpecError(f"the file expands to more than {MAX_NODES} YAML nodes (merge keys included); "
+                            "a hypotheses file is far smaller: look for a merge key repeated inside "
+                            "another", line=where(node), file=file)
+        sizes[nid] = total
+        return total
+
+    size(root, 0, False, where(root))
+
+
 def _flatten_merges(node: yaml.MappingNode) -> None:
     """Resolve YAML merge keys (``<<: *defaults``) in place, as PyYAML's loader does."""
     loader = yaml.SafeLoader("")
@@ -211,6 +303,12 @@ def _scalar(node: yaml.ScalarNode):
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:  # an unknown tag (!!python/object) or a malformed !!binary
+        raise SpecError(f"cannot read this value: {getattr(exc, 'problem', None) or exc}",
+                        line=node.start_mark.line + 1) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # an explicit tag that does not fit: !!int abc
+        raise SpecError(f"cannot read this value as {node.tag.rsplit(':', 1)[-1]}: {exc}",
+                        line=node.start_mark.line + 1) from None
     finally:
         loader.dispose()
 
@@ -246,11 +344,25 @@ class _Reader:
             raise self.doc.error(path, f"expected {what}, got {_typename(value)}")
         return value
 
-    def positive_int(self, value, path: str, minimum: int = 1) -> int:
+    def positive_int(self, value, path: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
         self.typed(value, path, (int,), "an integer")
         if value < minimum:
             raise self.doc.error(path, f"must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise self.doc.error(path, f"must be <= {maximum}, got {value} (see docs/hypotheses-format.md, Limits)")
         return value
+
+    def number(self, value, path: str, what: str = "a number", maximum: float = MAX_SECONDS,
+               positive: bool = False) -> float:
+        """A finite number in [0, maximum] (or (0, maximum] when ``positive``)."""
+        self.typed(value, path, (int, float), what)
+        if not math.isfinite(value):
+            raise self.doc.error(path, f"must be a finite number, got {value}")
+        if value < 0 or (positive and value == 0):
+            raise self.doc.error(path, f"must be {'positive' if positive else 'not negative'}, got {value}")
+        if value > maximum:
+            raise self.doc.error(path, f"must be <= {maximum:g}, got {value:g} (see docs/hypotheses-format.md, Limits)")
+        return float(value)
 
     def argv(self, value, path: str) -> tuple[str, ...]:
         """An argv list. A plain string is split like a command line (shlex), never run by a shell."""
@@ -290,11 +402,18 @@ class _Reader:
         self.typed(value, path, (dict,), "a mapping of server flags")
         out = {}
         for name, v in value.items():
-            if name.startswith("-"):
-                raise self.doc.error(f"{path}.{name}", "write flag names without leading dashes "
-                                     f"(e.g. '{name.lstrip('-')}')")
+            _check_flag_name(self.doc, name, f"{path}.{name}")
             out[name] = v
         return out
+
+
+def _check_flag_name(doc: "_Doc", name: str, path: str) -> None:
+    if name.startswith("-"):
+        raise doc.error(path, "write flag names without leading dashes "
+                        f"(e.g. '{name.lstrip('-')}')")
+    if not _FLAG_NAME_RE.match(name):
+        raise doc.error(path, "not a valid flag name: letters, digits, '_', '.' or '-', starting with a "
+                        "letter or digit (e.g. 'max-num-seqs')")
 
 
 def _env_str(v) -> str:
@@ -376,6 +495,7 @@ def parse_spec(text: str, path: Path) -> Spec:
     has_repo = engine.base_url is None and (engine.repo is not None or engine.preset == "demo")
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
+    _register_secrets(engine, defaults, hyps)
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
                 hypotheses=hyps, family_size=len(hyps))
 
@@ -409,10 +529,8 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     r.typed(health, "engine.health", (str,), "a URL path like /health")
     if not health.startswith("/"):
         raise r.doc.error("engine.health", f"must start with '/', got {health!r}")
-    timeout = e.get("ready_timeout_s", preset.ready_timeout_s)
-    r.typed(timeout, "engine.ready_timeout_s", (int, float), "a number of seconds")
-    if timeout <= 0:
-        raise r.doc.error("engine.ready_timeout_s", "must be positive")
+    timeout = r.number(e.get("ready_timeout_s", preset.ready_timeout_s), "engine.ready_timeout_s",
+                       "a number of seconds", positive=True)
     if e.get("server_info") is not None:
         r.typed(e["server_info"], "engine.server_info", (str, list), "a path or a list of paths")
     try:  # the preset's paths, or the file's (one path or a list; [] turns server info off)
@@ -527,12 +645,10 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         if isinstance(default, bool):
             r.typed(v, path, (bool,), "true or false")
         elif isinstance(default, int):
-            v = r.positive_int(v, path, minimum=0 if name in ("warmup_requests", "seed") else 1)
+            v = r.positive_int(v, path, minimum=0 if name in ("warmup_requests", "seed") else 1,
+                               maximum=MAX_SEED if name == "seed" else MAX_COUNT)
         elif isinstance(default, float):
-            r.typed(v, path, (int, float), "a number")
-            if v < 0:
-                raise r.doc.error(path, "must not be negative")
-            v = float(v)
+            v = r.number(v, path, maximum=MAX_SECONDS if name.endswith("_s") else MAX_COUNT)
         else:
             r.typed(v, path, (str,), "a string")
         kwargs[name] = v
@@ -541,14 +657,26 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
     return BenchmarkSpec(**kwargs)
 
 
+def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
+    """Tell secrets.py this file's secret values, so nothing stored or shown carries them."""
+    from . import secrets
+
+    arms = [a for h in hyps for a in (h.baseline, h.treatment)]
+    secrets.register(secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
+                                                [engine.flags, *(a.flags for a in arms)], defaults.secret_names),
+                     defaults.secret_names)
+
+
 def _defaults(r: _Reader, value) -> Defaults:
     d = r.mapping(value, "defaults", _DEFAULTS)
     kwargs: dict[str, Any] = {}
     for name in ("samples_per_boot", "boots_per_arm", "max_boots_per_arm"):
         if name in d:
-            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=2 if name != "samples_per_boot" else 1)
+            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=2 if name != "samples_per_boot" else 1,
+                                          maximum=MAX_SAMPLES_PER_BOOT if name == "samples_per_boot" else MAX_BOOTS)
     if "boot_retries" in d:
-        kwargs["boot_retries"] = r.positive_int(d["boot_retries"], "defaults.boot_retries", minimum=0)
+        kwargs["boot_retries"] = r.positive_int(d["boot_retries"], "defaults.boot_retries", minimum=0,
+                                                maximum=MAX_BOOTS)
     if "alpha" in d:
         a = r.typed(d["alpha"], "defaults.alpha", (int, float), "a number")
         if not 0 < a < 0.5:
@@ -568,23 +696,22 @@ def _defaults(r: _Reader, value) -> Defaults:
         kwargs["host_check"] = d["host_check"]
     for name in ("host_preflight_s", "host_wait_s"):
         if name in d:
-            v = r.typed(d[name], f"defaults.{name}", (int, float), "a number of seconds")
-            if v < 0:
-                raise r.doc.error(f"defaults.{name}", f"must not be negative, got {v}")
-            kwargs[name] = float(v)
+            kwargs[name] = r.number(d[name], f"defaults.{name}", "a number of seconds")
     if "host_thresholds" in d:
         t = r.mapping(d["host_thresholds"], "defaults.host_thresholds", Thresholds.names())
         limits = {}
         for name, v in t.items():
-            r.typed(v, f"defaults.host_thresholds.{name}", (int, float), "a number")
-            if v < 0:
-                raise r.doc.error(f"defaults.host_thresholds.{name}", f"must not be negative, got {v}")
-            limits[name] = float(v)
+            limits[name] = r.number(v, f"defaults.host_thresholds.{name}", maximum=MAX_COUNT)
         kwargs["host_thresholds"] = Thresholds(**limits)
     if "analysis" in d:
         if d["analysis"] not in ANALYSES:
             raise r.doc.error("defaults.analysis", f"must be one of {', '.join(ANALYSES)}, got {d['analysis']!r}")
         kwargs["analysis"] = d["analysis"]
+    if "secret_names" in d:
+        names = r.typed(d["secret_names"], "defaults.secret_names", (list,), "a list of env or flag names")
+        for i, n in enumerate(names):
+            r.typed(n, f"defaults.secret_names[{i}]", (str,), "an env or flag name")
+        kwargs["secret_names"] = tuple(names)
     out = Defaults(**kwargs)
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",
@@ -654,7 +781,7 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         statement = h.get("statement", "")
         r.typed(statement, f"{path}.statement", (str,), "a sentence")
         metric = h["metric"]
-        if metric not in metrics:
+        if not isinstance(metric, str) or metric not in metrics:
             raise r.doc.error(f"{path}.metric", f"unknown metric {metric!r}; known: {', '.join(sorted(metrics))} "
                               "(declare more under engine.metrics)")
         try:
@@ -673,6 +800,10 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
                               "(engine.base_url) does not take from the harness; remove the matrix")
         line = r.doc.line(path)
         points = _matrix(r, h.get("matrix"), f"{path}.matrix")
+        if len(out) + len(points) > MAX_HYPOTHESES:
+            raise r.doc.error(f"{path}.matrix" if h.get("matrix") is not None else path,
+                              f"the file expands to more than {MAX_HYPOTHESES} hypotheses (matrices "
+                              "included); split it into several files (see docs/hypotheses-format.md, Limits)")
         for point in points:
             b, t = base, treat
             for (arm_name, kind, name), v in point:
@@ -710,7 +841,23 @@ def _matrix(r: _Reader, value, path: str) -> list[list]:
         if len(parts) != 3 or parts[1] not in ("flags", "env") or not parts[2]:
             raise r.doc.error(f"{path}.{key}", "matrix keys look like 'flags.NAME', 'env.NAME', "
                               "'baseline.flags.NAME' or 'both.env.NAME'")
+        if parts[1] == "env" and not _ENV_NAME_RE.match(parts[2]):
+            raise r.doc.error(f"{path}.{key}", f"{parts[2]!r} is not a valid environment variable name "
+                              "(letters, digits and '_', not starting with a digit)")
+        if parts[1] == "flags":
+            _check_flag_name(r.doc, parts[2], f"{path}.{key}")
         if not isinstance(values, list) or not values:
             raise r.doc.error(f"{path}.{key}", "expected a non-empty list of values")
+        for i, v in enumerate(values):
+            if isinstance(v, (dict, list)) or v is None:
+                raise r.doc.error(f"{path}.{key}[{i}]", f"a matrix value must be a string, number or "
+                                  f"boolean, got {_typename(v)}")
         axes.append([((parts[0], parts[1], parts[2]), v) for v in values])
+    # The size is computed before anything expands: a 4-axis matrix of 40 values is 2.56 million points.
+    points = math.prod(len(axis) for axis in axes)
+    if points > MAX_MATRIX_POINTS:
+        raise r.doc.error(path, f"this matrix has {points} points ("
+                          + " x ".join(str(len(a)) for a in axes)
+                          + f"), above the cap of {MAX_MATRIX_POINTS} per hypothesis; split it into "
+                          "several hypotheses or fewer values (see docs/hypotheses-format.md, Limits)")
     return [list(p) for p in itertools.product(*axes)]
