@@ -148,3 +148,52 @@ def diff_snapshots(before: dict, after: dict) -> list[str]:
         elif a[name] != b[name]:
             out.append(f"changed {name}")
     return out
+
+
+class FakeServer:
+    """A real HTTP server on loopback whose ``/metrics`` text and JSON routes the test sets.
+
+    ``metrics`` and each value of ``routes`` may be a callable of the read's number
+    (1 for the first read of that path), for payloads that move as the server serves;
+    ``hits`` counts the reads of each path."""
+
+    def __init__(self):
+        import threading
+        from collections import Counter
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.metrics: Any = ""
+        self.routes: dict[str, Any] = {}
+        self.hits: Counter = Counter()
+        outer = self
+
+        def current(value, path):
+            outer.hits[path] += 1
+            return value(outer.hits[path]) if callable(value) else value
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/metrics":
+                    body, ctype, code = current(outer.metrics, self.path).encode(), "text/plain; version=0.0.4", 200
+                elif self.path in outer.routes:
+                    body = json.dumps(current(outer.routes[self.path], self.path)).encode()
+                    ctype, code = "application/json", 200
+                else:
+                    body, ctype, code = b"not found", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

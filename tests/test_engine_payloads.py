@@ -9,8 +9,6 @@ are replayed to the real client, whose responses feed the real collector.
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from bisect_harness.client import measure_sample_detail
 from bisect_harness.model import BenchmarkSpec
 from bisect_harness.provenance import MATCHED, MISMATCHED, NOT_REPORTED, flag_report, values_match
 from bisect_harness.sources import SourceCollector, applicable, parse_source
+from helpers import FakeServer
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
 
@@ -113,43 +112,13 @@ def test_values_match_modes(a, b, mode, eq):
 # --------------------------------------------------------------------------- served payloads
 
 
-class EngineServer:
-    """Loopback HTTP: /server_info and /metrics from fixtures; each /server_info read
-    can be changed by the test (``info_for(n)`` gets the read's number)."""
-
-    def __init__(self, info_for, metrics_for):
-        self.reads = 0
-        self.scrapes = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path.startswith("/server_info"):
-                    outer.reads += 1
-                    body, ctype = json.dumps(info_for(outer.reads)).encode(), "application/json"
-                elif self.path == "/metrics":
-                    outer.scrapes += 1
-                    body, ctype = metrics_for(outer.scrapes).encode(), "text/plain; version=0.0.4"
-                else:
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def engine_server(info_for, metrics_for) -> FakeServer:
+    """Loopback HTTP serving /server_info and /metrics from fixtures; ``info_for(n)`` and
+    ``metrics_for(n)`` get the read's number, so a payload can move as the server serves."""
+    srv = FakeServer()
+    srv.routes["/server_info"] = info_for
+    srv.metrics = metrics_for
+    return srv
 
 
 def test_server_info_source_is_read_at_the_end_of_each_window():
@@ -160,7 +129,7 @@ def test_server_info_source_is_read_at_the_end_of_each_window():
         doc["internal_states"][0]["avg_spec_accept_length"] = 2.0 + 0.1 * n
         return doc
 
-    srv = EngineServer(info, lambda n: "")
+    srv = engine_server(info, lambda n: "")
     try:
         sources = [parse_source({"name": "accept_avg", "from": "server_info", "better": "higher",
                                  "field": "internal_states.0.avg_spec_accept_length"}, "m[0]"),
@@ -181,7 +150,7 @@ def test_server_info_source_is_read_at_the_end_of_each_window():
 
 
 def test_server_info_that_stops_answering_is_a_problem_not_a_stale_value():
-    srv = EngineServer(lambda n: load_json(SGLANG_INFO), lambda n: "")
+    srv = engine_server(lambda n: load_json(SGLANG_INFO), lambda n: "")
     try:
         src = parse_source({"name": "accept_avg", "from": "server_info", "better": "higher",
                             "field": "internal_states.0.avg_spec_accept_length"}, "m[0]")
@@ -207,7 +176,7 @@ def _metrics_text(name: str, scale: float) -> str:
 
 
 def test_sglang_metrics_counters_and_gauges():
-    srv = EngineServer(lambda n: {}, lambda n: _metrics_text("sglang-0.5.23-metrics.txt", 1.0 + (n - 1)))
+    srv = engine_server(lambda n: {}, lambda n: _metrics_text("sglang-0.5.23-metrics.txt", 1.0 + (n - 1)))
     try:
         sources = [parse_source(d, f"m[{i}]") for i, d in enumerate([
             {"name": "gen", "from": "prometheus", "metric": "sglang:generation_tokens_total", "kind": "delta",
@@ -230,7 +199,7 @@ def test_sglang_metrics_counters_and_gauges():
 
 
 def test_vllm_metrics_counters_with_engine_label():
-    srv = EngineServer(lambda n: {}, lambda n: _metrics_text("vllm-0.33.0-metrics.txt", float(n)))
+    srv = engine_server(lambda n: {}, lambda n: _metrics_text("vllm-0.33.0-metrics.txt", float(n)))
     try:
         sources = [parse_source(d, f"m[{i}]") for i, d in enumerate([
             {"name": "gen", "from": "prometheus", "metric": "vllm:generation_tokens", "kind": "delta",

@@ -1,7 +1,4 @@
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -9,41 +6,7 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import Better
 from bisect_harness.sources import (LogSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector,
                                     lookup, parse_source)
-
-
-class FakeServer:
-    """A real HTTP server on loopback whose /metrics text and JSON routes the test sets."""
-
-    def __init__(self):
-        self.metrics = ""
-        self.routes: dict[str, object] = {}
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path == "/metrics":
-                    body, ctype, code = outer.metrics.encode(), "text/plain; version=0.0.4", 200
-                elif self.path in outer.routes:
-                    body, ctype, code = json.dumps(outer.routes[self.path]).encode(), "application/json", 200
-                else:
-                    body, ctype, code = b"not found", "text/plain", 404
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from helpers import FakeServer
 
 
 @pytest.fixture
