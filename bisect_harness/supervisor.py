@@ -490,8 +490,8 @@ class Supervised:
         while b"\n" not in self._buf:
             if self._eof:
                 return None
-            left = deadline - time.monotonic()
-            if left < 0 or not select.select([self._status_fd], [], [], max(0.0, left))[0]:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self._status_fd], [], [], left)[0]:
                 return None
             try:
                 chunk = os.read(self._status_fd, 4096)
