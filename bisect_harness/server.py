@@ -227,16 +227,14 @@ class ServerProcess:
             self._log = open(self.log_path, "ab")
             self._proc = Supervised(self.argv, env=self.env, cwd=self.cwd, stdout=self._log,
                                     grace_s=self.grace_s, record=self._record)
+            with _LIVE_LOCK:  # before the supervisor exists: a signal from here on stops it
+                _LIVE[id(self)] = self
+        try:
             try:
                 self._proc.start()
             except LaunchError as e:
-                self._log.close()
-                self._stopped = True
                 raise BootFailed(f"could not launch {self.argv[0]!r}: {e}. Check the launch command "
                                  f"and that cwd {self.cwd} exists.", log_path=str(self.log_path)) from e
-            with _LIVE_LOCK:
-                _LIVE[id(self)] = self
-        try:
             self._wait_ready()
         except BaseException:
             self.stop()

@@ -292,18 +292,23 @@ def _drain(fd: int) -> None:
         pass
 
 
-def _read_request(fd: int, timeout_s: float) -> dict | None:
+def _read_request(fd: int, timeout_s: float) -> tuple[dict | None, bytes]:
+    """The JSON line the harness sends first, and what came after it (a ``stop`` already)."""
     buf = b""
     deadline = time.monotonic() + timeout_s
     while b"\n" not in buf:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
+            return None, b""
         chunk = os.read(fd, 65536)
         if not chunk:
-            return None
+            return None, b""
         buf += chunk
-    return json.loads(buf.split(b"\n", 1)[0])
+    line, rest = buf.split(b"\n", 1)
+    try:
+        return json.loads(line), rest
+    except ValueError:
+        return None, b""  # "stop" before any request: the harness changed its mind
 
 
 def main(args: Sequence[str]) -> int:
@@ -327,7 +332,7 @@ def main(args: Sequence[str]) -> int:
     signal.signal(signal.SIGCHLD, lambda s, f: None)  # wakes the select below
 
     ctl = sys.stdin.fileno()
-    request = _read_request(ctl, 60.0)
+    request, pending = _read_request(ctl, 60.0)
     if request is None:
         return 0
     argv, grace_s, timeout_s = request["argv"], float(request["grace_s"]), request.get("timeout_s")
@@ -357,6 +362,8 @@ def main(args: Sequence[str]) -> int:
         wait = max(0.0, next_scan - now)
         if deadline is not None:
             wait = max(0.0, min(wait, deadline - now))
+        if pending:
+            wait = 0.0
         fds = [ctl, wake_r] + ([harness_fd] if harness_fd is not None else [])
         ready = select.select(fds, [], [], wait)[0]
         _drain(wake_r)
@@ -365,8 +372,8 @@ def main(args: Sequence[str]) -> int:
             rc = got
             status.send(f"exit {rc}")
             reason = "exited"
-        if ctl in ready:
-            data = os.read(ctl, 256)
+        if ctl in ready or pending:
+            data, pending = pending or os.read(ctl, 256), b""
             if data.startswith(b"stop"):
                 reason = "stop"
                 try:
