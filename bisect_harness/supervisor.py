@@ -69,8 +69,14 @@ class LaunchError(OSError):
 # --------------------------------------------------------------------------- /proc
 
 
-def _stat(pid: int | str) -> tuple[int, int, int, str] | None:
-    """(ppid, session id, start time in clock ticks, state) of ``pid``, or None when it is gone."""
+_PROC = os.path.isdir("/proc/self")
+
+
+def _stat(pid: int | str) -> tuple[int, int, float, str] | None:
+    """(ppid, session id, start time, state) of ``pid``, or None when it is gone. The start
+    time is in clock ticks since boot where /proc exists (exact), else psutil's create time."""
+    if not _PROC:
+        return _stat_psutil(int(pid))
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -80,18 +86,35 @@ def _stat(pid: int | str) -> tuple[int, int, int, str] | None:
     return int(rest[1]), int(rest[3]), int(rest[19]), rest[0].decode()
 
 
-def _table() -> dict[int, tuple[int, int, int, str]]:
-    """Every live process (zombies excluded): pid -> (ppid, sid, start ticks, state)."""
+def _stat_psutil(pid: int) -> tuple[int, int, float, str] | None:  # macOS and other systems without /proc
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            zombie = proc.status() == psutil.STATUS_ZOMBIE
+            return proc.ppid(), os.getsid(pid), proc.create_time(), "Z" if zombie else "R"
+    except (psutil.Error, OSError):
+        return None
+
+
+def _table() -> dict[int, tuple[int, int, float, str]]:
+    """Every live process (zombies excluded): pid -> (ppid, sid, start time, state)."""
+    if _PROC:
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+    else:
+        import psutil
+
+        names = psutil.pids()
     out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(name)
-            if st is not None and st[3] not in ("Z", "X", "x"):
-                out[int(name)] = st
+    for name in names:
+        st = _stat(name)
+        if st is not None and st[3] not in ("Z", "X", "x"):
+            out[int(name)] = st
     return out
 
 
-def _descendants(root: int, table: Mapping[int, tuple[int, int, int, str]]) -> dict[int, tuple[int, int, int, str]]:
+def _descendants(root: int, table: Mapping[int, tuple[int, int, float, str]]) -> dict[int, tuple[int, int, float, str]]:
     children: dict[int, list[int]] = {}
     for pid, st in table.items():
         children.setdefault(st[0], []).append(pid)
@@ -104,17 +127,24 @@ def _descendants(root: int, table: Mapping[int, tuple[int, int, int, str]]) -> d
     return out
 
 
-def _alive(pid: int, ticks: int) -> bool:
+def _alive(pid: int, ticks: float) -> bool:
     st = _stat(pid)
     return st is not None and st[2] == ticks and st[3] not in ("Z", "X", "x")
 
 
-def _signal(pid: int, ticks: int, sig: int) -> None:
+def _signal(pid: int, ticks: float, sig: int) -> None:
     """Signal ``pid`` only if it is still the process that started at ``ticks`` (a pidfd
     pins the process between the check and the signal, so a recycled pid is never hit)."""
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except (OSError, AttributeError) as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ESRCH:
+            return
+        if _alive(pid, ticks):  # no pidfds (an old kernel, not Linux): check, then signal
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
         return
     try:
         if _alive(pid, ticks):
@@ -153,7 +183,7 @@ def reap_leftovers(registry: Path | None = None) -> int:
         try:
             rec = json.loads(path.read_text())
             harness, sup = rec["harness"], rec["supervisor"]
-            procs = {int(p): int(t) for p, t in rec["processes"]}
+            procs = {int(p): t for p, t in rec["processes"]}
             sessions = [int(s) for s in rec["sessions"]]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being written, or not ours: leave it
@@ -189,7 +219,7 @@ class _Record:
         self.head = {"version": 1, "harness": list(harness), "supervisor": list(me)}
         self.last: frozenset | None = None
 
-    def update(self, tree: Mapping[int, tuple[int, int, int, str]]) -> None:
+    def update(self, tree: Mapping[int, tuple[int, int, float, str]]) -> None:
         if self.path is None:
             return
         now = frozenset((pid, st[2], st[1]) for pid, st in tree.items())
@@ -317,8 +347,8 @@ def main(args: Sequence[str]) -> int:
     harness_st = _stat(harness_pid)
     try:
         harness_fd = os.pidfd_open(harness_pid)
-    except OSError:
-        harness_fd = None
+    except (OSError, AttributeError):
+        harness_fd = None  # end-of-file on stdin still says the harness is gone
     if os.getppid() != harness_pid or harness_st is None:
         return 0  # the harness died before we could watch it; nothing was started
     _set_subreaper()

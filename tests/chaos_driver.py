@@ -15,11 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+import faulthandler
+import signal
+
 from bisect_harness.errors import BootTimeout
 from bisect_harness.server import ServerProcess, free_port
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1)  # a hung trial can be asked for its stacks
     folder, marker, seed, mode = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rng = random.Random(seed)
     port = free_port()

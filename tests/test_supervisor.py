@@ -63,8 +63,35 @@ def wait_gone(marker: str, timeout: float) -> list[str]:
         time.sleep(0.05)
 
 
+def wait_dead(pids: list[int], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in pids):
+        assert time.monotonic() < deadline, f"{pids} still run {timeout} s after SIGKILL"
+        time.sleep(0.01)
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def start_driver(folder: Path, marker: str, seed: int, mode: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    # A test run in the background of a script ignores SIGINT, and so would the driver
+    # until it installs its handlers: a handler here (not SIG_IGN) is SIG_DFL after exec.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _popen_driver(folder, marker, seed, mode, env)
+    finally:
+        if previous == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _popen_driver(folder: Path, marker: str, seed: int, mode: str, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(TESTS / "chaos_driver.py"), str(folder), marker, str(seed), mode],
                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(folder / "driver.err", "wb"), start_new_session=True)
@@ -78,6 +105,7 @@ def one_trial(folder: Path, rng: random.Random, ending: str) -> tuple[list[str],
     mode = {"stop": "stop", "timeout": "timeout"}.get(ending, "wait")
     t0 = time.monotonic()
     live = True
+    killed: list[int] = []
     driver = start_driver(folder, marker, rng.randrange(2**31), mode)
     try:
         if ending.startswith("SIG"):
@@ -90,13 +118,21 @@ def one_trial(folder: Path, rng: random.Random, ending: str) -> tuple[list[str],
                 time.sleep(rng.uniform(0.0, 0.4))
             live = len(marked(marker)) > 1  # more than the driver: the engine has started
             if ending == "SIGKILL harness and supervisor":
-                for pid in supervisors_of(driver.pid):
+                killed = supervisors_of(driver.pid)
+                for pid in killed:
                     os.kill(pid, signal.SIGKILL)
                 driver.kill()
             else:
                 driver.send_signal(getattr(signal, ending))
-        driver.wait(timeout=30)
+        try:
+            driver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(driver.pid, signal.SIGUSR1)  # the driver's faulthandler prints every thread's stack
+            time.sleep(1.0)
+            pytest.fail(f"the harness did not exit 30 s after {ending}: {marked(marker)}, supervisors "
+                        f"{supervisors_of(driver.pid)}\n{(folder / 'driver.err').read_text()[-6000:]}")
         if ending == "SIGKILL harness and supervisor":
+            wait_dead(killed)  # a next start comes after the death, not while SIGKILL is delivered
             reap_leftovers(folder / "supervised")  # what the next start of a harness does first
         left = wait_gone(marker, 5.0)
     finally:
@@ -163,7 +199,7 @@ def test_next_start_kills_what_a_dead_harness_and_supervisor_left(tmp_path):
         os.kill(sup, signal.SIGKILL)
         driver.kill()
         driver.wait()
-        time.sleep(0.3)
+        wait_dead([sup])
         orphans = marked(marker)
         assert orphans, "nothing was left to clean: the test would prove nothing"
         assert reap_leftovers(tmp_path / "supervised") >= len(orphans)
@@ -233,3 +269,21 @@ def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
     assert sleeps() == []
     log = next((tmp_path / "cache").rglob("*.log")).read_text()
     assert "timed out after 1s" in log
+
+
+def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
+    """Hosts without /proc (macOS) list the tree through psutil: same parents, sessions, liveness."""
+    from bisect_harness import supervisor
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        with_proc = supervisor._descendants(os.getpid(), supervisor._table())
+        monkeypatch.setattr(supervisor, "_PROC", False)
+        without = supervisor._descendants(os.getpid(), supervisor._table())
+        assert child.pid in with_proc and child.pid in without
+        assert with_proc[child.pid][:2] == without[child.pid][:2] == (os.getpid(), child.pid)
+        assert supervisor._alive(child.pid, without[child.pid][2])
+        assert not supervisor._alive(child.pid, without[child.pid][2] + 1.0)
+    finally:
+        child.kill()
+        child.wait()
