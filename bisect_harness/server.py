@@ -102,7 +102,7 @@ def install_signal_handlers() -> bool:
     SIGINT then raises ``KeyboardInterrupt``; SIGTERM (and SIGHUP, unless ignored) calls the handler that was
     there before, or raises ``SystemExit(143)`` where that was the default.
     Only the main thread can install handlers: returns False elsewhere (the
-    watchdog process still covers that case). Idempotent.
+    supervisor still covers that case: it sees the harness exit). Idempotent.
     """
     global _HANDLERS_INSTALLED
     if _HANDLERS_INSTALLED:
