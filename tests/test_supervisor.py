@@ -142,6 +142,7 @@ def one_trial(folder: Path, rng: random.Random, ending: str) -> tuple[list[str],
     return left, time.monotonic() - t0, live
 
 
+@pytest.mark.slow
 def test_chaos_no_process_of_the_engine_survives(tmp_path):
     rng = random.Random(SEED)
     results = []
