@@ -314,6 +314,9 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
         b.log_tail = read_tail(log_path)
         sink.finished(req, b.outcome())
         raise
+    if cancel is not None and cancel.is_set() and b.status in ("running", "failed"):
+        # its server was stopped under it because the run was interrupted: not a failure of the config
+        b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
     out = b.outcome()
     sink.finished(req, out)
     return out
