@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
-from .errors import UserError
+from ..errors import UserError
 
 #: Version of the dicts written by ``to_dict`` on the top-level results.
 SCHEMA_VERSION = 1
@@ -501,7 +501,7 @@ def _reported(server_info: Mapping[str, Any], flat: Mapping[str, Any], key: str)
     if key in flat:
         return True, flat[key]
     if "." in key:
-        from .sources import lookup
+        from ..sources import lookup
 
         try:
             return True, lookup(server_info, key)
