@@ -38,6 +38,9 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     else:
         lines.append(f"python: {plan.base_python}" + (" (shared by every commit's build)"
                                                       if spec.engine.build and plan.repo is not None else ""))
+    if spec.engine.metrics:  # each declared source says what it reads (sources.MetricSource.describe)
+        lines.append("metric sources:")
+        lines.extend(f"  {m.describe()}" for m in spec.engine.metrics)
     configs = []
     for i, c in enumerate(plan.configs, 1):
         argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
@@ -66,6 +69,7 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
         flag_check = _check_flags(plan, lines, say)
     obj = {"spec": str(spec.path), "configs": configs, "hypotheses": hyps,
            "environment": {"mode": "venv" if plan.per_commit_env else "shared", "base_python": plan.base_python},
+           "metric_sources": [m.describe() for m in spec.engine.metrics],
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
                         "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
     if flag_check is not None:

@@ -616,7 +616,7 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
             raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
                               "add it (vllm-bench-serve or sglang-bench-serving) or remove tool_args")
         return
-    from . import benchtools, sources
+    from . import benchtools
 
     if bench.tool not in benchtools.TOOLS:
         raise r.doc.error("benchmark.tool", f"unknown tool {bench.tool!r}; known: "
@@ -625,8 +625,8 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
     if why:
         raise r.doc.error("benchmark.tool", why)
     for i, m in enumerate(engine.metrics):
-        if isinstance(m, sources.ResponseSource):
-            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: response' source reads each response, which "
+        if m.reads_responses:
+            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: {m.kind_name}' source reads each response, which "
                               f"benchmark.tool ({bench.tool}) does not hand back; use the harness's client "
                               "(remove benchmark.tool) or another kind of source")
 
