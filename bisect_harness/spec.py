@@ -492,7 +492,10 @@ def parse_spec(text: str, path: Path) -> Spec:
     for s in engine.metrics:
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
-    has_repo = engine.base_url is None and (engine.repo is not None or engine.preset == "demo")
+    from . import presets
+
+    has_repo = engine.base_url is None and (
+        engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
@@ -564,7 +567,7 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         raise r.doc.error("engine.environment", f"must be one of {', '.join(ENV_MODES)}, got {environment!r}: "
                           "'venv' gives each commit its own environment over engine.python, 'shared' builds "
                           "every commit into engine.python itself")
-    if environment is not None and repo is None and preset_name != "demo":
+    if environment is not None and repo is None and not preset.has_default_repo:
         raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
                           "repository (engine.repo); remove engine.environment or add engine.repo")
     return EngineSpec(
