@@ -6,6 +6,7 @@ import shlex
 from pathlib import Path
 
 from .plan import make_plan
+from .presets import get_preset
 from .secrets import redact_argv, redact_env
 from .spec import Spec
 
@@ -24,13 +25,14 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     from .checkout import default_cache_dir
 
     cache = cache_dir or default_cache_dir()
-    repo = engine_repo(spec, cache) if spec.engine.preset == "demo" or spec.engine.repo else None
+    repo = engine_repo(spec, cache)  # None for an attached server or a preset without a repository
     resolvable = repo is not None and Path(repo).exists()
     plan = make_plan(spec, cache_dir=cache, resolve=resolvable)
     d = spec.defaults
     lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
              f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
              f"{d.samples_per_boot} samples per boot, alpha {d.alpha}"]
+    lines.append(f"engine: preset {get_preset(spec.engine.preset).describe()}")
     if repo is not None and not resolvable:
         lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")
     if plan.per_commit_env:
@@ -38,6 +40,9 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     else:
         lines.append(f"python: {plan.base_python}" + (" (shared by every commit's build)"
                                                       if spec.engine.build and plan.repo is not None else ""))
+    if spec.engine.metrics:  # each declared source says what it reads (sources.MetricSource.describe)
+        lines.append("metric sources:")
+        lines.extend(f"  {m.describe()}" for m in spec.engine.metrics)
     configs = []
     for i, c in enumerate(plan.configs, 1):
         argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
@@ -66,6 +71,8 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
         flag_check = _check_flags(plan, lines, say)
     obj = {"spec": str(spec.path), "configs": configs, "hypotheses": hyps,
            "environment": {"mode": "venv" if plan.per_commit_env else "shared", "base_python": plan.base_python},
+           "preset": get_preset(spec.engine.preset).describe(),
+           "metric_sources": [m.describe() for m in spec.engine.metrics],
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
                         "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
     if flag_check is not None:

@@ -201,11 +201,7 @@ def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
         return None
     if spec.engine.repo is not None:
         return spec.engine.repo
-    if spec.engine.preset == "demo":
-        from .demo import ensure_demo_repo
-
-        return ensure_demo_repo(cache_dir)
-    return None
+    return presets.get_preset(spec.engine.preset).default_repo(cache_dir)  # the demo's history, or None
 
 
 def series_key(spec: Spec, arm: Arm) -> str:

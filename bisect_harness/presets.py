@@ -1,8 +1,12 @@
 """Engine presets: how to launch, probe and read back a known inference server.
 
 A preset fills the ``engine`` keys a hypotheses file leaves out (launch argv,
-build argv, health path, readiness deadline, server-info paths, benchmark API)
-and says how YAML flags become argv for that engine::
+build argv, health path, readiness deadline, server-info paths) and says how
+YAML flags become argv for that engine. Each preset is registered by name
+(:func:`register_preset`) and describes itself in one line (``describe``); what a
+preset can do beyond data is a method, never a test of its name (the demo
+preset's ``default_repo`` makes the generated demo history when the file names
+no repository)::
 
     >>> p = get_preset("sglang")
     >>> flags_to_argv({"tp": 8, "speculative-algorithm": "EAGLE3", "disable-cuda-graph": True}, p)
@@ -44,14 +48,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from .errors import UserError
 
 __all__ = [
     "Preset",
+    "DemoPreset",
     "PRESETS",
     "get_preset",
+    "register_preset",
     "canonical_flag",
     "flags_to_argv",
     "render_argv",
@@ -100,6 +108,8 @@ class Preset:
     ``health_request_timeout_s`` bounds one readiness probe (SGLang's probe runs a
     generation); ``settle_s`` is a pause after the probe first passes and before
     the first request, for warmup the server does on its own.
+    ``description`` is the one line :meth:`describe` shows (the dry-run, the
+    unknown-preset error).
     """
 
     name: str
@@ -110,7 +120,6 @@ class Preset:
     health_request_timeout_s: float = 5.0
     settle_s: float = 0.0
     server_info_paths: tuple[str, ...] = ()
-    api: str = "completions"
     metrics_path: str = "/metrics"
     false_style: str = "omit"
     underscores_to_dashes: bool = False
@@ -125,17 +134,63 @@ class Preset:
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
+    #: True when :meth:`default_repo` can make the engine's repository, so a file
+    #: may leave ``engine.repo`` out and still name commits.
+    has_default_repo: ClassVar[bool] = False
+
     def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"a preset needs a name, got {self.name!r}")
         if self.false_style not in FALSE_STYLES:
             raise ValueError(f"false_style must be one of {FALSE_STYLES}, got {self.false_style!r}")
-        if self.api not in ("completions", "generate"):
-            raise ValueError(f"api must be 'completions' or 'generate', got {self.api!r}")
         bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
         if bad:
             raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
 
+    def describe(self) -> str:
+        """One line: the preset's name and what it launches and probes."""
+        repo = "; makes its own repository when engine.repo is left out" if self.has_default_repo else ""
+        return f"{self.name} ({self.description or 'no description'}{repo})"
 
-_SGLANG = Preset(
+    def default_repo(self, cache_dir: Path) -> Path | None:
+        """The engine's repository when the file names none (``engine.repo``), made
+        in ``cache_dir`` if needed; None when this preset has no repository of its own."""
+        return None
+
+
+@dataclass(frozen=True)
+class DemoPreset(Preset):
+    """The built-in demo engine: with no ``engine.repo``, its generated git history
+    (with planted regressions) in the cache is the repository."""
+
+    has_default_repo: ClassVar[bool] = True
+
+    def default_repo(self, cache_dir: Path) -> Path | None:
+        from .demo import ensure_demo_repo
+
+        return ensure_demo_repo(cache_dir)
+
+
+#: name -> preset, filled by :func:`register_preset` as each preset is defined.
+_REGISTRY: dict[str, Preset] = {}
+
+#: The known presets, by name (a read-only view of the registry).
+PRESETS: Mapping[str, Preset] = MappingProxyType(_REGISTRY)
+
+
+def register_preset(preset: Preset) -> Preset:
+    """Make ``preset`` known by its name (``engine.preset``); a second preset under
+    one name is an error."""
+    if not isinstance(preset, Preset):
+        raise TypeError(f"register_preset takes a Preset, got {type(preset).__name__}")
+    old = _REGISTRY.get(preset.name)
+    if old is not None and old is not preset:
+        raise ValueError(f"engine preset {preset.name!r} is already registered")
+    _REGISTRY[preset.name] = preset
+    return preset
+
+
+_SGLANG = register_preset(Preset(
     name="sglang",
     launch=("{python}", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}"),
     build=None,
@@ -147,7 +202,6 @@ _SGLANG = Preset(
     # SGLang sends its own warmup request from a thread after the port opens.
     settle_s=5.0,
     server_info_paths=("/server_info", "/get_server_info"),
-    api="generate",
     false_style="omit",
     underscores_to_dashes=True,
     aliases={
@@ -181,16 +235,15 @@ _SGLANG = Preset(
                          "--cuda-graph-bs-prefill; server info reports cuda_graph_config.decode.bs",
     },
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
-)
+))
 
-_VLLM = Preset(
+_VLLM = register_preset(Preset(
     name="vllm",
     launch=("vllm", "serve", "--host", "{host}", "--port", "{port}"),
     health_path="/health",
     ready_timeout_s=1800.0,
     health_request_timeout_s=10.0,
     server_info_paths=("/server_info?config_format=json", "/version"),
-    api="completions",
     false_style="no-prefix",
     underscores_to_dashes=True,
     aliases={
@@ -232,36 +285,31 @@ _VLLM = Preset(
     # /server_info is a development endpoint in vLLM.
     env={"VLLM_SERVER_DEV_MODE": "1"},
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
-)
+))
 
-_OPENAI = Preset(
+_OPENAI = register_preset(Preset(
     name="openai",
     launch=(),
     health_path="/health",
     ready_timeout_s=600.0,
     server_info_paths=(),
-    api="completions",
     false_style="omit",
     info_key_rule=None,
     description="any OpenAI-compatible server: give engine.launch; use health /v1/models where "
                 "the server has no /health",
-)
+))
 
-_DEMO = Preset(
+_DEMO = register_preset(DemoPreset(
     name="demo",
     launch=("{python}", "serve.py", "--host", "{host}", "--port", "{port}"),
     build=("{python}", "build.py"),
     health_path="/health",
     ready_timeout_s=120.0,
     server_info_paths=("/server_info",),
-    api="completions",
     false_style="omit",
     info_key_rule="underscore",
     description="the built-in demo engine (a small torch model over HTTP)",
-)
-
-#: The known presets, by name.
-PRESETS: Mapping[str, Preset] = {p.name: p for p in (_SGLANG, _VLLM, _OPENAI, _DEMO)}
+))
 
 
 def get_preset(name: str) -> Preset:

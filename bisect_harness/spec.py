@@ -508,7 +508,10 @@ def parse_spec(text: str, path: Path) -> Spec:
     for s in engine.metrics:
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
-    has_repo = engine.base_url is None and (engine.repo is not None or engine.preset == "demo")
+    from . import presets
+
+    has_repo = engine.base_url is None and (
+        engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
@@ -598,7 +601,7 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         raise r.doc.error("engine.environment", f"must be one of {', '.join(ENV_MODES)}, got {environment!r}: "
                           "'venv' gives each commit its own environment over engine.python, 'shared' builds "
                           "every commit into engine.python itself")
-    if environment is not None and repo is None and preset_name != "demo":
+    if environment is not None and repo is None and not preset.has_default_repo:
         raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
                           "repository (engine.repo); remove engine.environment or add engine.repo")
     return EngineSpec(
@@ -650,7 +653,7 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
             raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
                               "add it (vllm-bench-serve or sglang-bench-serving) or remove tool_args")
         return
-    from . import benchtools, sources
+    from . import benchtools
 
     if bench.tool not in benchtools.TOOLS:
         raise r.doc.error("benchmark.tool", f"unknown tool {bench.tool!r}; known: "
@@ -659,8 +662,8 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
     if why:
         raise r.doc.error("benchmark.tool", why)
     for i, m in enumerate(engine.metrics):
-        if isinstance(m, sources.ResponseSource):
-            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: response' source reads each response, which "
+        if m.reads_responses:
+            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: {m.kind_name}' source reads each response, which "
                               f"benchmark.tool ({bench.tool}) does not hand back; use the harness's client "
                               "(remove benchmark.tool) or another kind of source")
 
