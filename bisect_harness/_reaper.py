@@ -1,6 +1,6 @@
 """Watchdog that kills a server's process group when the harness dies.
 
-Started by :class:`bisect_harness.server.ServerProcess` in a session of its own::
+Started by :class:`bisect_harness.boot.server.ServerProcess` in a session of its own::
 
     python -m bisect_harness._reaper HARNESS_PID HARNESS_CREATE_TIME PGID LEADER_PID GRACE_S
 

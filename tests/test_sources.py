@@ -5,11 +5,10 @@ from typing import ClassVar
 
 import pytest
 
-from bisect_harness import sources as sources_mod
+from bisect_harness.boot import sources as sources_mod
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Better, Metric
-from bisect_harness.sources import (LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource,
-                                    SourceCollector, lookup, parse_source, register_source, source_kinds)
+from bisect_harness.boot.sources import (LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector, lookup, parse_source, register_source, source_kinds)
 from helpers import FakeServer
 
 
