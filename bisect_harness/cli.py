@@ -9,6 +9,7 @@ progress and tables go to stderr when ``--json`` is given.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import HarnessError, UserError
-from .secrets import redact_obj, redact_text
+from .input.secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -36,6 +37,10 @@ LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy U
 JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
 #: ``--wait-quiet`` without a value waits this long at most (see ``_wait_quiet_value``).
 WAIT_QUIET_DEFAULT_S = 600.0
+BACKEND_OPT = typer.Option(None, "--backend", help="Where boots run: local (this host) or slurm (jobs on a "
+                           "cluster; see docs/slurm.md). Default: the file's backend.kind, else local.")
+SLOTS_OPT = typer.Option(None, "--slots", help="Boots at once: local, disjoint CPU cores and GPUs per boot; "
+                         "slurm, jobs in flight. Default: the file's backend.slots, else 1.")
 WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
                               help="Before the first boot, wait up to SECONDS (600 without a value) for a quiet host.")
 
@@ -86,7 +91,7 @@ class _ProgressObserver:
 
 def _verdict_table(run) -> Table:
     t = Table(title=f"run {run.id}: verdicts")
-    from .journal import _checks_cell
+    from .record.journal import _checks_cell
 
     for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
         t.add_column(col)
@@ -136,18 +141,20 @@ def run(
     aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
                                   "refuse hypotheses whose min_effect is below what the run can resolve."),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
-    from . import journal
-    from .executor import Executor
-    from .ledger import Ledger
-    from .plan import make_plan
-    from .spec import load_spec
+    from .record import journal
+    from .orchestrate.executor import Executor
+    from .record.ledger import Ledger
+    from .planning.plan import make_plan
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
     if dry_run:
-        from .dryrun import describe_plan
+        from .input.dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
                                   say=lambda t: console.print(redact_text(t), markup=False))
@@ -163,9 +170,10 @@ def run(
     if check_flags:
         raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
     plan = make_plan(spec, cache_dir=cache_dir)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check, wait_quiet_s=wait_quiet)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -179,9 +187,22 @@ def run(
             print(json.dumps(run_summary(the_run)))
 
 
+@contextlib.contextmanager
+def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
+    """The run's backend (``--backend``/``--slots`` over the file's ``backend:``), closed
+    on the way out: a Slurm backend cancels jobs still in flight."""
+    from .boot.choose import make_backend
+
+    backend = make_backend(spec, kind=kind, slots=slots, log_dir=journal_dir / "logs")
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
 def _bisect_confirmed(executor, console: Console) -> None:
     """``bisect: true`` hypotheses whose regression was confirmed get bisected in the same run."""
-    from .bisect_runner import bisect_hypothesis
+    from .orchestrate.bisect_runner import bisect_hypothesis
 
     for h in executor.plan.hypotheses:
         row = next(r for r in executor.run.hypotheses if r.hid == h.id)
@@ -189,7 +210,7 @@ def _bisect_confirmed(executor, console: Console) -> None:
         if h.spec.bisect and v is not None and v.outcome == "confirmed":
             console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}",
                           markup=False)
-            result = bisect_hypothesis(executor, h, row)
+            result = bisect_hypothesis(executor.sched, h, row)
             console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
                           f"{result.boots} boots, {result.stopped})", markup=False)
 
@@ -208,19 +229,23 @@ def bisect(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from . import journal
-    from .bisect_runner import bisect_range
-    from .ledger import Ledger
-    from .spec import load_spec
+    from .record import journal
+    from .orchestrate.bisect_runner import bisect_range
+    from .record.ledger import Ledger
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
-                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet)
+                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
+                                        backend=boots)
         path = journal.write(led, executor.run, journal_dir)
         console.print(f"journal: {path}", markup=False)
         if result.culprit:
@@ -252,22 +277,25 @@ def nightly(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from . import journal
-    from .ledger import Ledger
-    from .nightly import run_nightly
-    from .spec import load_spec
+    from .record import journal
+    from .record.ledger import Ledger
+    from .orchestrate.nightly import run_nightly
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
-                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet)
+                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
         console.print(f"journal: {journal.write(led, executor.run, journal_dir)}", markup=False)
     console.print(f"{outcome.status}: {outcome.reason}", markup=False)
     for d in outcome.drift:
@@ -294,7 +322,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
 @ledger_app.command("list")
 def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "--json")) -> None:
     """The runs in the ledger, newest first."""
-    from .ledger import Ledger, require_existing
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         runs = led.runs()
@@ -316,7 +344,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
 def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
                 json_out: bool = typer.Option(False, "--json")) -> None:
     """One run: its verdicts, configs and boots."""
-    from .ledger import Ledger, require_existing
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id)
@@ -339,8 +367,8 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
 def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help="Run id (default: the latest)."),
                 ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
     """Render a run's journal again from the ledger."""
-    from . import journal
-    from .ledger import Ledger, require_existing
+    from .record import journal
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
@@ -353,7 +381,7 @@ CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (defaul
 
 def _cache_lines(entries) -> list[str]:
     """One plain line per entry (commit, kind, size, last use, repository): never wrapped or cut."""
-    from .cache import human_age, human_size
+    from .planning.cache import human_age, human_size
 
     lines = [f"  {'commit':<12}  {'kind':<11}  {'size':>10}  {'last used':>10}  repository"]
     for e in entries:
@@ -366,8 +394,8 @@ def _cache_lines(entries) -> list[str]:
 def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")) -> None:
     """Every worktree and environment in the cache, least recently used first."""
-    from .cache import human_size, list_cache
-    from .checkout import default_cache_dir
+    from .planning.cache import human_size, list_cache
+    from .planning.checkout import default_cache_dir
 
     root = cache_dir or default_cache_dir()
     entries = list_cache(root)
@@ -395,8 +423,8 @@ def cache_prune(
 ) -> None:
     """Reclaim worktrees and environments by age and/or total size (the user's repository is never touched;
     a removed commit is checked out and built again when next used)."""
-    from .cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
-    from .checkout import default_cache_dir
+    from .planning.cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
+    from .planning.checkout import default_cache_dir
 
     age = parse_age(older_than) if older_than is not None else None
     size = parse_size(max_size) if max_size is not None else None
@@ -422,7 +450,7 @@ def cache_prune(
 def doctor(json_out: bool = typer.Option(False, "--json"),
            seconds: float = typer.Option(3.0, "--seconds", help="Budget of the calibration probe.")) -> None:
     """This host's provenance and a calibration probe, now."""
-    from . import calibration
+    from .boot import calibration
 
     report = calibration.doctor_report(seconds_budget=seconds)
     if json_out:
@@ -448,7 +476,7 @@ def _wait_quiet_value(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place errors become exit codes."""
-    from .server import install_signal_handlers
+    from .boot.server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
     argv = _wait_quiet_value(list(sys.argv[1:] if argv is None else argv))

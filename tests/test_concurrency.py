@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, event
 
-from bisect_harness import ledger as ledger_mod
-from bisect_harness.checkout import Workspace
-from bisect_harness.ledger import Boot, Config, Ledger, Run
-from bisect_harness.liveness import OWNER_KEY, owner_record
+from bisect_harness.record import ledger as ledger_mod
+from bisect_harness.planning.checkout import Workspace
+from bisect_harness.record.ledger import Boot, Config, Ledger, Run
+from bisect_harness.orchestrate.liveness import OWNER_KEY, owner_record
 from helpers import HARNESS, git, query
 
 FORK = mp.get_context("fork")
@@ -205,7 +205,7 @@ def test_loopback_calls_ignore_a_proxy(tmp_path, monkeypatch):
     import http.server
     import threading
 
-    from bisect_harness.executor import fetch_server_info
+    from bisect_harness.boot.local import fetch_server_info
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.demo import create_demo_repo
-from bisect_harness.ledger import Ledger
+from bisect_harness.record.ledger import Ledger
 from helpers import (HARNESS, SMALL_BENCH, diff_snapshots, git, processes_under, query, reapers_of,
                      snapshot_checkout, wait_for, write_spec)
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
-from bisect_harness.server import ServerProcess, free_port, live_servers
+from bisect_harness.boot.server import ServerProcess, free_port, live_servers
 from bisect_harness.supervisor import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -201,7 +201,7 @@ def test_exception_in_with_block_stops_server(tmp_path, fake):
 HARNESS = textwrap.dedent('''
     import os, sys, time
     from pathlib import Path
-    from bisect_harness.server import ServerProcess, free_port
+    from bisect_harness.boot.server import ServerProcess, free_port
     tmp, fake = Path(sys.argv[1]), sys.argv[2]
     port = free_port()
     try:

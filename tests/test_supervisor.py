@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bisect_harness.checkout import Workspace
+from bisect_harness.planning.checkout import Workspace
 from bisect_harness.errors import BuildFailed
 from bisect_harness.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
 from helpers import git
@@ -232,7 +233,8 @@ def test_a_record_is_left_alone_while_its_harness_lives(tmp_path):
 def test_what_a_finished_command_left_running_is_killed(tmp_path):
     marker = f"sup-{uuid.uuid4().hex}"
     with open(tmp_path / "log", "wb") as log:
-        rc = run(["sh", "-c", f"setsid sleep 300 {marker} >/dev/null 2>&1 & exit 7", marker], env=dict(os.environ),
+        sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(300)' {marker}"
+        rc = run(["sh", "-c", f"setsid {sleeper} >/dev/null 2>&1 & exit 7"], env=dict(os.environ),
                  cwd=tmp_path, stdout=log, timeout_s=30, grace_s=1.0, record=False)
     assert rc == 7
     assert wait_gone(marker, 0.5) == []
