@@ -17,7 +17,7 @@ import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
 from bisect_harness.boot.server import ServerProcess, free_port, live_servers
-from bisect_harness.supervisor import supervisors_of
+from bisect_harness.boot.supervisor import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ import pytest
 
 from bisect_harness.planning.checkout import Workspace
 from bisect_harness.errors import BuildFailed
-from bisect_harness.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
+from bisect_harness.boot.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
 from helpers import git
 
 TESTS = Path(__file__).resolve().parent
@@ -276,7 +276,7 @@ def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
 
 def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
     """Hosts without /proc (macOS) list the tree through psutil: same parents, sessions, liveness."""
-    from bisect_harness import supervisor
+    from bisect_harness.boot import supervisor
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:

@@ -371,7 +371,7 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
     then SIGKILL. Returns (exit code or None on timeout, seconds)."""
     import time
 
-    from .. import supervisor
+    from . import supervisor
     from ..input.secrets import redact_argv, redact_text  # the log is written by us: no secrets in it
 
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Every process we start is owned, whatever happens to the harness:
 
-- the server runs under a supervisor process (:mod:`bisect_harness.supervisor`,
+- the server runs under a supervisor process (:mod:`bisect_harness.boot.supervisor`,
   a child subreaper) in a session of its own, with stdout and stderr in one log
   file per boot; workers that double-fork or call ``setsid`` stay the
   supervisor's descendants;
@@ -15,7 +15,7 @@ Every process we start is owned, whatever happens to the harness:
 - SIGKILL of the harness: the supervisor sees its harness exit (a pidfd, and
   end-of-file on the pipe from it) and kills the tree itself;
 - if the supervisor dies too, the next start of a harness on the same cache
-  kills what its record lists (:func:`bisect_harness.supervisor.reap_leftovers`).
+  kills what its record lists (:func:`bisect_harness.boot.supervisor.reap_leftovers`).
 
 Example::
 
@@ -41,7 +41,7 @@ import httpx
 
 from ..input.engine_flags import ARGPARSE_EXIT, argparse_rejection
 from ..errors import BootFailed, BootTimeout, FlagNotAccepted
-from ..supervisor import LaunchError, Supervised
+from .supervisor import LaunchError, Supervised
 
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 

@@ -30,7 +30,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reporte
 import git  # noqa: E402
 from filelock import FileLock, Timeout  # noqa: E402
 
-from .. import supervisor
+from ..boot import supervisor
 from .envs import CommitEnv, create_venv
 from ..errors import BuildFailed, CommitError, InfrastructureError
 from ..input.secrets import redact_argv
