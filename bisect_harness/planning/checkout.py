@@ -207,13 +207,19 @@ class Workspace:
         ident = hashlib.sha256(json.dumps([python, list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
         marker = self.root / "builds" / f"{sha}-{ident}.json"
         log_path = marker.with_suffix(".log")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        # One build of a (commit, interpreter, argv, env) at a time, across threads (parallel
+        # slots) and processes (two harnesses on one cache); the second finds the marker.
+        with _locked(FileLock(str(marker.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S + timeout_s)):
+            return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+
+    def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
         if marker.exists():
             info = json.loads(marker.read_text())
             if not info["ok"]:
                 raise BuildFailed(f"build failed at {sha[:12]} (cached; exit {info['code']}): "
                                   f"{' '.join(argv)}", log_tail=read_tail(log_path), log_path=str(log_path))
             return BuildResult(True, log_path, info["seconds"], True)
-        marker.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         with open(log_path, "wb") as log:
             # Under a supervisor: a build's daemons and background jobs (`cmd &`, a compiler
@@ -227,8 +233,10 @@ class Workspace:
                 log.write(f"build timed out after {timeout_s:g}s\n".encode())
                 code = -1
         seconds = time.monotonic() - start
-        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
-                                      "python": python, "worktree": str(tree)}))
+        tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: never half a marker
+        tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
+                                   "python": python, "worktree": str(tree)}))
+        os.replace(tmp, marker)
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
                               log_tail=read_tail(log_path), log_path=str(log_path))
