@@ -69,6 +69,7 @@ def _warm(cache: Path, env: dict) -> str:
 
 
 def main() -> int:
+    global SPEC
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--slurm", action="store_true", help="also the Slurm backend, 1 and 2 jobs at once")
@@ -76,7 +77,6 @@ def main() -> int:
     ap.add_argument("--spec", type=Path, default=SPEC, help="hypotheses file whose engine is bisected "
                     "(experiments/demo-gpu/hypotheses.yaml on a GPU host: one GPU per slot)")
     args = ap.parse_args()
-    global SPEC
     SPEC = args.spec.resolve()
     configs = [("local-1", ["--backend", "local", "--slots", "1"]),
                ("local-2", ["--backend", "local", "--slots", "2"])]
