@@ -1,0 +1,165 @@
+"""How often ``harness explain``'s search names exactly the differences that matter, and at what cost.
+
+    python bench/bench_explain.py [--trials 100] [--seed 0] [--sizes 8,16,32] [--models stationary,bimodal]
+
+Each trial is one seeded simulation on a host of ``bench/noise.py``: ``n`` differences
+between a fast config (100 tok/s) and a slow one, of which one or two are single causes
+(each 10-15% slower alone) and one pair interacts (12% slower only when both are set).
+Every other difference is inert. A configuration's level is 100 times the product of
+the effects of the causes it holds; each boot of it is drawn by the host (its clock runs
+across every config, so drift and bursts hit the whole search). min_effect 5%.
+
+Two methods on the same scenario (fresh host draws for each):
+
+* ``explain``: ``analysis.explain.explain`` with its defaults (paired rounds, 3..8
+  boots per side, alpha 0.01 per test).
+* ``one_at_a_time``: each difference left out of the slow config alone, tested with a
+  fixed number of boots per side (one look, the same rule and alpha): the member set is
+  every difference whose leave-out test confirms. (Leaving out, not adding alone, so
+  that it can see the interacting pair at all; adding each alone never can.)
+
+Accuracy of the reported set against the true one (the single causes and both members
+of the pair): ``exact``, ``superset`` (every true member and more), ``wrong`` (anything
+else). ``confident_wrong``: a wrong set reported as confident (nothing left undecided).
+``mean_boots``: boots over all configurations. ``ota_fixed_for_80``: the smallest fixed
+boots per side (of 3, 5, 8) at which one-at-a-time is exactly right in >= 80% of trials,
+and ``ota_boots_for_80`` its mean boots; ``boots_ratio`` = explain's mean boots / that.
+
+Goals (the issue's): exact >= 0.9 with boots_ratio <= 1; confident_wrong <= 0.01.
+The last printed line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from noise import MODELS, Host  # noqa: E402
+
+from bisect_harness.analysis import stats as S  # noqa: E402
+from bisect_harness.analysis.explain import explain  # noqa: E402
+from bisect_harness.model import Expect, Outcome  # noqa: E402
+
+MIN_EFFECT = 0.05
+FIXED = (3, 5, 8)
+ALPHA = 0.01
+
+
+def scenario(n: int, rng: np.random.Generator):
+    names = [f"d{i:02d}" for i in range(n)]
+    k_single = int(rng.integers(1, 3))
+    picked = [names[i] for i in rng.choice(n, size=k_single + 2, replace=False)]
+    singles = {d: float(rng.uniform(0.10, 0.15)) for d in picked[:k_single]}
+    pair = tuple(picked[k_single:])
+    return names, singles, pair
+
+
+def level(subset, singles, pair) -> float:
+    mu = 100.0
+    for d, e in singles.items():
+        if d in subset:
+            mu *= 1 - e
+    if all(p in subset for p in pair):
+        mu *= 1 - 0.12
+    return mu
+
+
+def classify(found: set, truth: set) -> str:
+    if found == truth:
+        return "exact"
+    if truth < found:
+        return "superset"
+    return "wrong"
+
+
+def one_at_a_time(names, host: Host, singles, pair, fixed: int, rng) -> tuple[set, int]:
+    design = S.Design(alpha=ALPHA, min_boots=fixed, max_boots=fixed, analysis="paired")
+    full = frozenset(names)
+    found, boots = set(), 0
+    for d in names:
+        b, t = [], []
+        for _ in range(fixed):
+            for side in rng.permutation(2):
+                if side == 0:
+                    b.append(host.boot(level(full, singles, pair), arm="a"))
+                else:
+                    t.append(host.boot(level(full - {d}, singles, pair), arm="b"))
+                boots += 1
+        v = S.evaluate(b, t, expect=Expect.INCREASE, min_effect=MIN_EFFECT, design=design, alpha=ALPHA)
+        if v.outcome is Outcome.CONFIRMED:
+            found.add(d)
+    return found, boots
+
+
+def run(trials: int, sizes, models, seed: int) -> dict:
+    out: dict = {}
+    for model in models:
+        for n in sizes:
+            rng = np.random.default_rng([seed, n, MODELS.index(model)])
+            acc = {"exact": 0, "superset": 0, "wrong": 0}
+            conf_wrong = 0
+            interactions_found = 0
+            boots = []
+            ota = {f: {"exact": 0, "boots": []} for f in FIXED}
+            for trial in range(trials):
+                names, singles, pair = scenario(n, rng)
+                truth = set(singles) | set(pair)
+                host = Host(model, np.random.default_rng([seed, n, trial, 1]))
+                full = len(names)
+                res = explain(names, lambda s: host.boot(level(s, singles, pair),
+                                                         noisy=len(s) > full // 2),
+                              worse=Expect.DECREASE, min_effect=MIN_EFFECT, seed=trial)
+                kind = classify(set(res.members), truth)
+                acc[kind] += 1
+                conf_wrong += kind == "wrong" and res.confident
+                interactions_found += any(set(p) == set(pair) for p in res.interactions)
+                boots.append(res.boots)
+                for f in FIXED:
+                    h2 = Host(model, np.random.default_rng([seed, n, trial, 2, f]))
+                    found, b = one_at_a_time(names, h2, singles, pair, f, np.random.default_rng([seed, trial, f]))
+                    ota[f]["exact"] += found == truth
+                    ota[f]["boots"].append(b)
+            cell = {k: v / trials for k, v in acc.items()}
+            cell.update(confident_wrong=conf_wrong / trials, interaction_found=interactions_found / trials,
+                        mean_boots=float(np.mean(boots)))
+            cell["one_at_a_time"] = {str(f): {"exact": ota[f]["exact"] / trials,
+                                              "mean_boots": float(np.mean(ota[f]["boots"]))} for f in FIXED}
+            ok = [f for f in FIXED if ota[f]["exact"] / trials >= 0.8]
+            cell["ota_fixed_for_80"] = ok[0] if ok else None
+            cell["ota_boots_for_80"] = float(np.mean(ota[ok[0]]["boots"])) if ok else None
+            cell["boots_ratio"] = cell["mean_boots"] / cell["ota_boots_for_80"] if ok else None
+            cell["goal_met"] = bool(cell["exact"] >= 0.9 and cell["confident_wrong"] <= 0.01
+                                    and (cell["boots_ratio"] is None or cell["boots_ratio"] <= 1.0))
+            out.setdefault(model, {})[str(n)] = cell
+            print(f"{model:>16} n={n:>2}: exact {cell['exact']:.2f} superset {cell['superset']:.2f} "
+                  f"wrong {cell['wrong']:.2f} confident-wrong {cell['confident_wrong']:.2f} "
+                  f"boots {cell['mean_boots']:.0f} vs one-at-a-time@80% {cell['ota_boots_for_80']}",
+                  file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sizes", default="8,16,32")
+    ap.add_argument("--models", default=",".join(MODELS))
+    a = ap.parse_args()
+    t0 = time.time()
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    res = run(a.trials, [int(s) for s in a.sizes.split(",")], models, a.seed)
+    print(json.dumps({"trials": a.trials, "seed": a.seed, "min_effect": MIN_EFFECT, "alpha_per_test": ALPHA,
+                      "models": res, "all_goals_met": all(c["goal_met"] for m in res.values() for c in m.values()),
+                      "seconds": round(time.time() - t0, 1)}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

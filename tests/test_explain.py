@@ -1,0 +1,72 @@
+"""The explain search over a fake measure (the seam): seeded Gaussian boots of known levels."""
+
+import numpy as np
+import pytest
+
+from bisect_harness.analysis.explain import explain
+from bisect_harness.model import Expect
+
+
+def fake(levels, seed=0, cv=0.01):
+    """measure(subset) -> one boot's samples of a config whose level is levels(subset)."""
+    rng = np.random.default_rng(seed)
+    calls = []
+
+    def measure(subset):
+        calls.append(frozenset(subset))
+        mu = levels(frozenset(subset))
+        return list(mu * (1 + cv * rng.standard_normal()) + mu * 0.01 * rng.standard_normal(3))
+    return measure, calls
+
+
+NAMES = [f"env:V{i}" for i in range(6)] + ["flag:--mode", "commit"]
+
+
+def test_single_cause_found_with_confidence():
+    measure, calls = fake(lambda s: 100 * (0.8 if "flag:--mode" in s else 1.0))
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("flag:--mode",)
+    assert res.confident and not res.interactions and not res.opposite
+    assert res.confidence["flag:--mode"].outcome == "confirmed"
+    assert res.effect.outcome == "confirmed" and res.effect.ratio == pytest.approx(0.8, abs=0.03)
+    assert res.boots == len(calls) == sum(sum(t.boots) for t in res.tests)
+
+
+def test_interaction_reported():
+    pair = {"env:V1", "flag:--mode"}
+    measure, _ = fake(lambda s: 100 * (0.85 if pair <= s else 1.0), seed=1)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert set(res.members) == pair
+    assert [set(p) for p in res.interactions] == [pair]
+    alone = [t for t in res.tests if t.purpose == "alone vs fast"]
+    assert {t.outcome for t in alone} == {"refuted"}
+
+
+def test_opposite_sign_difference():
+    def levels(s):
+        mu = 100 * (0.8 if "commit" in s else 1.0)
+        return mu * (1.1 if "env:V3" in s else 1.0)  # V3 makes the slow config faster
+    measure, _ = fake(levels, seed=2)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("commit",)
+    assert res.opposite == ("env:V3",)
+
+
+def test_no_slowdown_nothing_claimed():
+    measure, _ = fake(lambda s: 100.0, seed=3)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.slowdown.outcome == "refuted"
+    assert res.members == () and not res.explained and len(res.tests) == 1
+
+
+def test_latency_metric_worse_is_increase():
+    measure, _ = fake(lambda s: 10 * (1.3 if "env:V0" in s else 1.0), seed=4)
+    res = explain(NAMES, measure, worse=Expect.INCREASE, min_effect=0.05)
+    assert res.members == ("env:V0",)
+
+
+def test_bad_input_named():
+    with pytest.raises(ValueError, match="distinct"):
+        explain(["a", "a"], lambda s: [1.0], worse=Expect.DECREASE, min_effect=0.05)
+    with pytest.raises(ValueError, match="min_effect"):
+        explain(["a"], lambda s: [1.0], worse=Expect.DECREASE, min_effect=0)
