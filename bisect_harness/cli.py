@@ -177,6 +177,7 @@ def run(
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
+            _explain_confirmed(executor, console)
         finally:
             if executor.run is not None:
                 path = journal.write(led, executor.run, journal_dir)
@@ -213,6 +214,69 @@ def _bisect_confirmed(executor, console: Console) -> None:
             result = bisect_hypothesis(executor.sched, h, row)
             console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
                           f"{result.boots} boots, {result.stopped})", markup=False)
+
+
+def _explain_confirmed(executor, console: Console) -> None:
+    """``explain: true`` hypotheses whose verdict was confirmed get explained in the same run."""
+    from .orchestrate.explain_runner import explain_hypothesis
+
+    for h in executor.plan.hypotheses:
+        row = next(r for r in executor.run.hypotheses if r.hid == h.id)
+        v = row.verdict
+        if h.spec.explain and v is not None and v.outcome == "confirmed":
+            console.print(f"explaining {h.id}: which differences between its arms make the difference", markup=False)
+            out = explain_hypothesis(executor.sched, h, row)
+            _print_explanation(console, out)
+
+
+def _print_explanation(console: Console, out) -> None:
+    res = out.explanation
+    if not res.explained:
+        console.print(f"  nothing explained: {res.slowdown.reason}", markup=False)
+    else:
+        console.print(f"  minimal set: {', '.join(res.members)} ({res.boots} boots)", markup=False)
+    for pair in res.interactions:
+        console.print(f"  interaction: {' + '.join(pair)} (slow only together)", markup=False)
+    for name in res.opposite:
+        console.print(f"  opposite sign: {name}", markup=False)
+    for name in res.undecided:
+        console.print(f"  undecided: {name}", markup=False)
+
+
+@app.command()
+def explain(
+    file: Path = typer.Argument(..., help="hypotheses.yaml: its arms name the two configs"),
+    fast: str = typer.Option(..., "--fast", help="The fast config: HID.baseline or HID.treatment."),
+    slow: str = typer.Option(..., "--slow", help="The slow config: HID.baseline or HID.treatment."),
+    min_effect: Optional[float] = typer.Option(None, "--min-effect", help="Smallest relative change that counts "
+                                               "(default: the slow arm's hypothesis' min_effect)."),
+    alpha: float = typer.Option(0.01, "--alpha", help="Error of each test of the search."),
+    ledger: str = LEDGER_OPT,
+    journal_dir: Path = JOURNAL_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
+    wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
+) -> None:
+    """Find which differences (env, flags, commit) between two arms make the slow one slow."""
+    from .record import journal
+    from .orchestrate.explain_runner import explain_file
+    from .record.ledger import Ledger
+    from .input.spec import load_spec
+
+    console = _console(json_out)
+    spec = load_spec(file)
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
+        out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=min_effect, alpha=alpha,
+                                  cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
+                                  wait_quiet_s=wait_quiet, backend=boots)
+        path = journal.write(led, sched.run, journal_dir)
+        console.print(f"journal: {path}", markup=False)
+        _print_explanation(console, out)
+        if json_out:
+            print(json.dumps({"run_id": sched.run.id, **out.record}))
 
 
 @app.command()

@@ -205,7 +205,9 @@ class _Search:
         effect = residual = None
         interactions: list[tuple] = []
         if members:
-            effect = self.compare("minimal set vs fast", frozenset(), members_f, self.worse)
+            # The whole set is the slowdown test already: its boots stand for it.
+            effect = slowdown if members_f == self.all else self.compare("minimal set vs fast", frozenset(),
+                                                                        members_f, self.worse)
             if members_f != self.all:
                 residual = self.compare("minimal set vs slow", members_f, self.all, self.worse)
             if len(members) > 1:
@@ -215,7 +217,8 @@ class _Search:
                     if alone.outcome == Outcome.REFUTED.value:
                         inert.append(m)
                 for a, b in itertools.combinations(inert, 2):
-                    pair = self.compare("pair vs fast", frozenset(), frozenset([a, b]), self.worse)
+                    pair = (slowdown if frozenset([a, b]) == self.all else
+                            self.compare("pair vs fast", frozenset(), frozenset([a, b]), self.worse))
                     if pair.outcome == Outcome.CONFIRMED.value:
                         interactions.append((a, b))
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),

@@ -118,6 +118,18 @@ class HypothesisSpec:
     bisect: bool = False
     line: int | None = None
     matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
+    explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
+    mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """One metric a hypothesis' mechanism must move (``mechanism:``): treatment vs
+    baseline, in direction ``expect``, by at least ``min_effect``."""
+
+    metric: str
+    expect: Expect
+    min_effect: float
 
 
 @dataclass(frozen=True)
@@ -474,7 +486,9 @@ _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
-_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
+_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
+        "explain", "mechanism")
+_MECH = ("metric", "expect", "min_effect")
 _ARM = ("commit", "env", "flags", "base_url")
 #: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
 _LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags")
@@ -831,6 +845,9 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         r.typed(bisect, f"{path}.bisect", (bool,), "true or false")
         if bisect and not has_repo:
             raise r.doc.error(f"{path}.bisect", "bisection needs commits: add engine.repo")
+        explain_ = h.get("explain", False)
+        r.typed(explain_, f"{path}.explain", (bool,), "true or false")
+        mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect)
         base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached)
         treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached)
         if attached and h.get("matrix") is not None:
@@ -864,8 +881,33 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
             seen[full_id] = path
             out.append(HypothesisSpec(
                 id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
-                min_effect=min_effect, bisect=bisect, line=line,
+                min_effect=min_effect, bisect=bisect, line=line, explain=explain_, mechanism=mechanism,
                 matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point}))
+    return tuple(out)
+
+
+def _mechanism(r: _Reader, value, path: str, metrics: Mapping[str, Metric], min_effect: float) -> tuple:
+    """``mechanism: [{metric: verify_ms, expect: decrease, min_effect: 5%}]`` (min_effect
+    defaults to the hypothesis')."""
+    if value is None:
+        return ()
+    r.typed(value, path, (list,), "a list of {metric: NAME, expect: increase|decrease} (min_effect optional)")
+    if not value:
+        raise r.doc.error(path, "an empty mechanism: name at least one metric, or remove the key")
+    out = []
+    for i, raw in enumerate(value):
+        where = f"{path}[{i}]"
+        m = r.mapping(raw, where, _MECH, required=("metric", "expect"))
+        name = m["metric"]
+        if not isinstance(name, str) or name not in metrics:
+            raise r.doc.error(f"{where}.metric", f"unknown metric {name!r}; known: {', '.join(sorted(metrics))} "
+                              "(declare more under engine.metrics)")
+        try:
+            expect = Expect(m["expect"])
+        except ValueError:
+            raise r.doc.error(f"{where}.expect", f"must be 'increase' or 'decrease', got {m['expect']!r}") from None
+        eff = parse_effect(m["min_effect"], f"{where}.min_effect", r.doc) if "min_effect" in m else min_effect
+        out.append(MechanismSpec(metric=name, expect=expect, min_effect=eff))
     return tuple(out)
 
 

@@ -1,0 +1,177 @@
+"""Drive the explain search (``analysis.explain``) with real boots, recorded in the ledger.
+
+Two arms of a hypotheses file (``HID.baseline`` / ``HID.treatment``) are the fast and
+the slow config. Their differences are each env variable and each flag whose value
+differs (a key set on one side only differs too: absent on the other), and the commit
+when the two commits differ. A configuration of the search is the fast arm with some
+differences set to the slow arm's values; each is a config of the plan, booted through
+the scheduler like any other, so every boot is in the ledger with its provenance.
+
+The search is stored in ``runs.summary["explain"]`` (a list: one entry per search of
+the run) with each configuration tried, its verdict, the boot ids of both sides, and
+the minimal set; no table of its own. When the commit is a member of the minimal set,
+the commit range is bisected (``bisect_runner.search_commits``) with the slow arm's env
+and flags, and the bisection's id is stored with the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..analysis import stats
+from ..analysis.explain import Difference, Explanation, explain
+from ..errors import UserError
+from ..model import Arm, Metric
+from ..planning.plan import Plan, PlannedHypothesis, make_config, make_plan
+from ..input.spec import Spec
+from ..record.ledger import Ledger
+from .bisect_runner import search_commits
+from .scheduler import Observer, Scheduler
+
+__all__ = ["parse_arm", "differences", "arm_with", "explain_arms", "explain_file", "explain_hypothesis",
+           "ExplainOutcome"]
+
+ALPHA_PER_TEST = 0.01
+SIDES = ("baseline", "treatment")
+
+
+def parse_arm(text: str, spec: Spec, *, option: str) -> tuple[str, str]:
+    """``HID.baseline`` or ``HID.treatment`` (HID a hypothesis id of the file, matrix
+    points included) -> (hid, side), or a UserError naming the option and the choices."""
+    hid, dot, side = text.rpartition(".")
+    ids = [h.id for h in spec.hypotheses]
+    if not dot or side not in SIDES:
+        raise UserError(f"{option} {text!r}: write HID.baseline or HID.treatment (HID one of: {', '.join(ids)})")
+    if hid not in ids:
+        raise UserError(f"{option} {text!r}: no hypothesis {hid!r} in {spec.path.name}; known: {', '.join(ids)}")
+    return hid, side
+
+
+def differences(fast: Arm, slow: Arm) -> list[Difference]:
+    """Every env variable and flag whose value differs, then the commit if it does."""
+    out = []
+    for kind, a, b in (("env", fast.env, slow.env), ("flag", fast.flags, slow.flags)):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k) or (k in a) != (k in b):
+                out.append(Difference(f"{kind}:{k}", kind, a.get(k), b.get(k)))
+    if fast.commit != slow.commit:
+        out.append(Difference("commit", "commit", fast.commit, slow.commit))
+    return out
+
+
+def arm_with(fast: Arm, slow: Arm, diffs: Sequence[Difference], subset) -> Arm:
+    """The fast arm with the differences named in ``subset`` set to the slow arm's values."""
+    env, flags, commit = dict(fast.env), dict(fast.flags), fast.commit
+    for d in diffs:
+        if d.name not in subset:
+            continue
+        key = d.name.split(":", 1)[1] if d.kind != "commit" else None
+        if d.kind == "commit":
+            commit = slow.commit
+        else:
+            target, source = (env, slow.env) if d.kind == "env" else (flags, slow.flags)
+            if key in source:
+                target[key] = source[key]
+            else:
+                target.pop(key, None)
+    names = sorted(subset)
+    label = "fast" if not names else ("slow" if len(names) == len(diffs) else "fast+" + ",".join(names))
+    return Arm(commit=commit, env=env, flags=flags, label=label, endpoint=fast.endpoint)
+
+
+@dataclass(frozen=True)
+class ExplainOutcome:
+    explanation: Explanation
+    differences: tuple
+    record: dict  # what runs.summary["explain"] holds for this search
+
+
+def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_effect: float,
+                 fast_name: str, slow_name: str, alpha: float = ALPHA_PER_TEST, hypothesis_id: int | None = None,
+                 bisect: bool = True) -> ExplainOutcome:
+    """Run the search between two resolved arms with ``sched`` (a run is open)."""
+    spec, ledger = sched.spec, sched.ledger
+    diffs = differences(fast, slow)
+    if not diffs:
+        raise UserError(f"{fast_name} and {slow_name} are the same config (commit, env and flags): nothing to explain")
+    calls: list[tuple[frozenset, int]] = []
+
+    def measure(subset: frozenset) -> list[float]:
+        st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
+        for _ in range(spec.defaults.boot_retries + 1):
+            if st.failed:
+                break
+            boots = sched.boot_many([st])
+            if boots and boots[0].status == "ok":
+                v = ledger.boot_values([boots[0]], metric.name)
+                if v.values:
+                    calls.append((subset, boots[0].id))
+                    return list(v.values[0])
+        raise UserError(f"explain: configuration {st.planned.label or sorted(subset)} could not be measured "
+                        f"({st.failed or 'no usable boot of ' + metric.name}); see the boot logs, then fix that "
+                        "config or drop the difference from one arm")
+
+    d = spec.defaults
+    design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
+    res = explain([x.name for x in diffs], measure, worse=metric.worse, min_effect=min_effect, design=design,
+                  alpha=alpha, seed=sched.order_seed)
+    # Each test consumed its boots in order: attach the boot ids of both of its sides.
+    tests, pos = [], 0
+    for t in res.tests:
+        n = sum(t.boots)
+        mine = calls[pos:pos + n]
+        pos += n
+        tests.append({**t.to_json(),
+                      "baseline_boot_ids": [b for s, b in mine if s == t.baseline],
+                      "treatment_boot_ids": [b for s, b in mine if s == t.treatment]})
+    record = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
+              "alpha_per_test": alpha, "hypothesis_id": hypothesis_id,
+              "differences": [x.to_json() for x in diffs], **res.to_json(), "tests": tests}
+    if bisect and "commit" in res.members and sched.ws is not None:
+        commits = sched.ws.commits_between(fast.commit, slow.commit)
+        bis = search_commits(sched, commits, env=slow.env, flags=slow.flags, metric=metric.name,
+                             expect=metric.worse, confidence=0.95, max_boots=150, hypothesis_id=hypothesis_id)
+        record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
+    run = sched.run
+    summary = dict(run.summary or {})
+    summary["explain"] = list(summary.get("explain", [])) + [record]
+    run.summary = summary
+    ledger.commit()
+    return ExplainOutcome(res, tuple(diffs), record)
+
+
+def _side(h: PlannedHypothesis, side: str) -> Arm:
+    return (h.baseline if side == "baseline" else h.treatment).arm
+
+
+def explain_file(spec: Spec, ledger: Ledger, *, fast: str, slow: str, min_effect: float | None,
+                 alpha: float, cache_dir: Path | None, log_dir: Path, observer: Observer | None = None,
+                 wait_quiet_s: float | None = None, backend=None) -> tuple[ExplainOutcome, Scheduler]:
+    """``harness explain FILE --fast HID.side --slow HID.side``: the metric and min_effect
+    of the slow arm's hypothesis (``--min-effect`` overrides)."""
+    (fh, fs), (sh, ss) = parse_arm(fast, spec, option="--fast"), parse_arm(slow, spec, option="--slow")
+    plan: Plan = make_plan(spec, cache_dir=cache_dir)
+    by_id = {h.id: h for h in plan.hypotheses}
+    fast_arm, slow_h = _side(by_id[fh], fs), by_id[sh]
+    if by_id[fh].metric.name != slow_h.metric.name:
+        raise UserError(f"--fast {fast} and --slow {slow} measure different metrics "
+                        f"({by_id[fh].metric.name} vs {slow_h.metric.name}); pick arms of hypotheses on one metric")
+    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False,
+                      wait_quiet_s=wait_quiet_s, backend=backend)
+    with sched.recording("explain"):
+        out = explain_arms(sched, fast_arm, _side(slow_h, ss), metric=slow_h.metric,
+                           min_effect=min_effect if min_effect is not None else slow_h.spec.min_effect,
+                           fast_name=fast, slow_name=slow, alpha=alpha)
+    sched.finish_run("done")
+    return out, sched
+
+
+def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row) -> ExplainOutcome:
+    """``explain: true``: explain a confirmed hypothesis. The worse side is the slow arm:
+    the treatment when the hypothesis expects the metric to get worse, else the baseline."""
+    slow_is_treatment = h.spec.expect == h.metric.worse
+    fast, slow = ("baseline", "treatment") if slow_is_treatment else ("treatment", "baseline")
+    return explain_arms(sched, _side(h, fast), _side(h, slow), metric=h.metric, min_effect=h.spec.min_effect,
+                        fast_name=f"{h.id}.{fast}", slow_name=f"{h.id}.{slow}", hypothesis_id=row.id)
