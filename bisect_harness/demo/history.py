@@ -9,7 +9,13 @@ are *events* that tests and benchmarks know about (the harness is never told):
 - ``env_scrub``: workers start from an allow-listed environment, so ``DEMO_*``
   variables no longer reach them (the collective library's variables still do).
 
-``--attention-mode`` never changes speed at any step.
+``--attention-mode`` never changes speed at any step on its own.
+
+At every step (it is in the base files): an *interaction*. ``--attention-mode
+decode`` together with ``NCCL_PROTO=Simple`` in the environment runs every plain
+decode step twice, so tok/s drops; either setting alone changes nothing (the flag
+is accepted and inert, as in the original investigation). ``harness explain``
+finds the pair.
 """
 
 from __future__ import annotations

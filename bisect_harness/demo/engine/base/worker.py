@@ -48,6 +48,9 @@ class Engine:
         self.rank = rank
         self.device = model.device
         self.graph = None
+        # Decode attention under the Simple protocol has no fused reduction: each plain
+        # decode step runs twice. Set after construction from the flag and the env.
+        self.unfused = False
         if use_graph:
             self._capture_decode_graph()
 
@@ -67,14 +70,17 @@ class Engine:
         self.graph = graph
 
     def decode_step(self, token: int, pos: int) -> torch.Tensor:
-        if self.graph is not None:
-            self.static_tok.fill_(token)
-            self.static_pos.fill_(pos)
-            self.graph.replay()
-            return self.static_logits[-1]
-        t = torch.tensor([token], device=self.device)
-        p = torch.tensor([pos], device=self.device)
-        return self.model.forward(t, p)[-1]
+        for _ in range(2 if self.unfused else 1):
+            if self.graph is not None:
+                self.static_tok.fill_(token)
+                self.static_pos.fill_(pos)
+                self.graph.replay()
+                logits = self.static_logits[-1]
+            else:
+                t = torch.tensor([token], device=self.device)
+                p = torch.tensor([pos], device=self.device)
+                logits = self.model.forward(t, p)[-1]
+        return logits
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -222,6 +228,7 @@ def main(argv=None) -> int:
     use_graph = bool(args.cuda_graph) and device_type == "cuda"
     engine = Engine(model, spec_steps=args.speculative_num_steps, use_graph=use_graph,
                     rank=args.rank)
+    engine.unfused = args.attention_mode == "decode" and os.environ.get("NCCL_PROTO", "") == "Simple"
     # Warm up a short request so the first real one does not pay for lazy init.
     engine.generate({"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 4, "temperature": 0.0,
                      "ignore_eos": True}, lambda event: None, log_cycles=False)

@@ -1,0 +1,85 @@
+"""``harness explain`` end to end on the demo engine's planted interaction.
+
+The demo runs every plain decode step twice when ``--attention-mode decode`` and
+``NCCL_PROTO=Simple`` are both set; either alone changes nothing. The slow arm sets
+both (and an inert NCCL variable too); the search must name exactly the pair, record
+every configuration it booted in ``runs.summary`` with the boots behind each verdict,
+and the journal must show the search.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import SMALL_BENCH, harness, last_json, query, write_spec
+
+DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 5}
+HYPOTHESES = [
+    {"id": "tuned",
+     "statement": "The tuned config is at least 20% slower.",
+     "baseline": {"commit": "HEAD"},
+     "treatment": {"commit": "HEAD", "env": {"NCCL_PROTO": "Simple"},
+                   "flags": {"attention-mode": "decode"}},
+     "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
+]
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("explain")
+    spec = write_spec(root / "hypotheses.yaml", engine={"preset": "demo"}, benchmark=SMALL_BENCH,
+                      defaults=DEFAULTS, hypotheses=HYPOTHESES)
+    db, journal_dir = root / "r.db", root / "exp"
+    proc = harness("explain", spec, "--fast", "tuned.baseline", "--slow", "tuned.treatment", "--alpha", "0.05",
+                   "--ledger", f"sqlite:///{db}", "--journal-dir", journal_dir, "--json", cwd=root, timeout=900)
+    return {"root": root, "spec": spec, "db": db, "journal_dir": journal_dir, "proc": proc}
+
+
+def test_explain_names_the_interacting_pair(explained):
+    proc = explained["proc"]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = last_json(proc.stdout)
+    assert sorted(out["members"]) == ["env:NCCL_PROTO", "flag:attention-mode"]
+    assert out["slowdown"]["outcome"] == "confirmed"
+    assert [d["name"] for d in out["differences"]] == ["env:NCCL_PROTO", "flag:attention-mode"]
+    # Neither alone is slower: the pair is reported as an interaction.
+    alone = [t for t in out["tests"] if t["purpose"] == "alone vs fast"]
+    assert len(alone) == 2 and all(t["outcome"] != "confirmed" for t in alone)
+    if all(t["outcome"] == "refuted" for t in alone):
+        assert [sorted(p) for p in out["interactions"]] == [["env:NCCL_PROTO", "flag:attention-mode"]]
+
+
+def test_search_is_in_the_ledger_with_its_boots(explained):
+    assert explained["proc"].returncode == 0, explained["proc"].stderr[-4000:]
+    out = last_json(explained["proc"].stdout)
+    (kind, summary), = query(explained["db"], "SELECT kind, summary FROM runs WHERE id = ?", (out["run_id"],))
+    assert kind == "explain"
+    record, = json.loads(summary)["explain"]
+    assert record["members"] == out["members"]
+    booted = {r[0] for r in query(explained["db"], "SELECT b.id FROM boots b JOIN configs c ON b.config_id = c.id "
+                                  "WHERE c.run_id = ? AND b.status = 'ok'", (out["run_id"],))}
+    used = [i for t in record["tests"] for i in t["baseline_boot_ids"] + t["treatment_boot_ids"]]
+    assert len(used) == len(set(used)) == record["boots"] and set(used) <= booted
+    for t in record["tests"]:
+        assert len(t["baseline_boot_ids"]) == t["boots"][0] and len(t["treatment_boot_ids"]) == t["boots"][1]
+
+
+def test_journal_shows_the_search(explained):
+    assert explained["proc"].returncode == 0, explained["proc"].stderr[-4000:]
+    out = last_json(explained["proc"].stdout)
+    journals = list(explained["journal_dir"].glob(f"*-run{out['run_id']}.md"))
+    assert len(journals) == 1
+    text = journals[0].read_text()
+    assert "## Explanation: tuned.baseline (fast) vs tuned.treatment (slow)" in text
+    assert "Minimal set: `env:NCCL_PROTO`, `flag:attention-mode`" in text
+    for t in out["tests"]:
+        assert t["reason"].split(":")[0] in text
+
+
+def test_bad_arm_is_a_clear_error(explained, tmp_path):
+    proc = harness("explain", explained["spec"], "--fast", "tuned.base", "--slow", "tuned.treatment",
+                   "--ledger", f"sqlite:///{tmp_path / 'x.db'}", "--journal-dir", tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "HID.baselineorHID.treatment" in "".join(proc.stderr.split())
