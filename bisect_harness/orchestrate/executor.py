@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from ..analysis import decide, stats
+from ..analysis import decide, mechanism, stats
 from ..boot import Backend
 from ..record.ledger import HypothesisRow, Ledger, Run, VerdictRow
 from ..model import Outcome
@@ -175,9 +175,16 @@ class Executor:
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         sides = [decide.Side(name, st.boots, st.planned, st.failed) for name, st in (("baseline", b), ("treatment", t))]
-        return VerdictRow(**decide.judge(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
-                                         min_effect=h.spec.min_effect, hypothesis_id=row.id,
-                                         force_final=force_final, order_seed=self.order_seed))
+        v = decide.judge(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
+                         min_effect=h.spec.min_effect, hypothesis_id=row.id, force_final=force_final,
+                         order_seed=self.order_seed)
+        if h.spec.mechanism:  # three layers: flag accepted / mechanism engaged / outcome moved
+            def judge_one(metric, expect, min_effect):
+                return decide.judge(self.ledger, self.spec, *sides, metric=metric, expect=expect,
+                                    min_effect=min_effect, hypothesis_id=row.id, force_final=force_final)
+            v["stats"] = {**(v.get("stats") or {}), "layers": mechanism.layers(
+                judge_one, flag_boots=t.boots, mechanism=h.spec.mechanism, outcome=v["outcome"])}
+        return VerdictRow(**v)
 
 
 def _arm_dict(arm) -> dict:
