@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ..boot import engine_identity
 from ..analysis import host_state, stats
 from ..input import metric_defs
+from . import explain_view
 from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
@@ -173,7 +174,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
             "same_host": same, "not_same": "; ".join(not_same),
-            "checks": _checks_cell(v.warnings if v else [], drift)})
+            "checks": _checks_cell(v.warnings if v else [], drift),
+            "layers": explain_view.layers_lines(v.stats if v else None)})
     configs = []
     for c in run.configs:
         boots = []
@@ -222,6 +224,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     return template.render(
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
+        explanations=explain_view.views(run.summary),
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
 
 

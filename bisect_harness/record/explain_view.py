@@ -1,0 +1,99 @@
+"""The journal's view of explain searches (``runs.summary["explain"]``): every
+configuration tried, its verdict, and the minimal set with its effect size. Each
+sentence is built from the stored record alone."""
+
+from __future__ import annotations
+
+
+def _fmt(x, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _config(names, all_names) -> str:
+    s, full = set(names), list(all_names)
+    if not s:
+        return "fast"
+    if s == set(full):
+        return "slow"
+    rest = [n for n in full if n not in s]
+    if len(rest) < len(s):
+        return "slow without " + ", ".join(f"`{n}`" for n in rest)
+    return "fast with " + ", ".join(f"`{n}`" for n in sorted(s))
+
+
+def _effect(t: dict | None) -> str:
+    if not t:
+        return "n/a"
+    ci = f", interval [{_fmt(t['ci'][0])}, {_fmt(t['ci'][1])}]" if t.get("ci") else ""
+    return f"{_fmt(t['ratio'])}x of the fast config's {{metric}}{ci} ({t['outcome']})"
+
+
+def views(summary: dict | None) -> list[dict]:
+    """One dict per search, for the template."""
+    out = []
+    for rec in (summary or {}).get("explain", []) if isinstance(summary, dict) else []:
+        names = [d["name"] for d in rec["differences"]]
+        rows = []
+        for i, t in enumerate(rec["tests"], 1):
+            verdict = t["outcome"] + (f" (other direction: {t['opposite']})" if t.get("opposite") else "")
+            rows.append({"step": i, "purpose": t["purpose"], "baseline": _config(t["baseline"], names),
+                         "treatment": _config(t["treatment"], names), "expect": t["expect"],
+                         "verdict": verdict, "ratio": _fmt(t["ratio"]),
+                         "ci": f"[{_fmt(t['ci'][0])}, {_fmt(t['ci'][1])}]" if t.get("ci") else "n/a",
+                         "p": _fmt(t.get("p_value")), "boots": f"{t['boots'][0]} / {t['boots'][1]}",
+                         "boot_ids": ", ".join(str(b) for b in t["baseline_boot_ids"] + t["treatment_boot_ids"]),
+                         "reason": t["reason"]})
+        members = rec["members"]
+        if rec["slowdown"]["outcome"] != "confirmed":
+            summary_line = (f"The slow config is not shown slower than the fast one by {rec['min_effect']:.0%} "
+                            f"({rec['slowdown']['outcome']}): nothing to explain.")
+        elif not members:
+            summary_line = "No difference was shown to matter on its own group's test; see the undecided ones below."
+        else:
+            summary_line = ("Minimal set: " + ", ".join(f"`{m}`" for m in members) + "; together, "
+                            + _effect(rec.get("effect")).replace("{metric}", rec["metric"]) + ".")
+        notes = []
+        for m in members:
+            c = rec["confidence"].get(m)
+            if c:
+                notes.append(f"`{m}`: leaving it out of the slow config gives {_fmt(c['ratio'])}x "
+                             f"(p {_fmt(c.get('p_value'))}, {c['outcome']}).")
+        for pair in rec["interactions"]:
+            notes.append(f"interaction: {' + '.join(f'`{n}`' for n in pair)}: neither alone is slower "
+                         "(refuted), together they are (confirmed).")
+        for n in rec["opposite"]:
+            notes.append(f"opposite sign: leaving `{n}` out makes the slow config slower still.")
+        for n in rec["undecided"]:
+            notes.append(f"undecided: `{n}`'s test ran out of budget; it is neither claimed nor cleared.")
+        if rec.get("residual"):
+            r = rec["residual"]
+            notes.append(f"the slow config against the minimal set: {_fmt(r['ratio'])}x ({r['outcome']}).")
+        if rec.get("bisection"):
+            b = rec["bisection"]
+            notes.append(f"the commit is a member: bisection {b['id']} found "
+                         f"{'`' + b['culprit'][:12] + '`' if b.get('culprit') else 'no single culprit'}.")
+        out.append({"fast": rec["fast"], "slow": rec["slow"], "metric": rec["metric"],
+                    "differences": [f"`{d['name']}`: {d['fast']!r} -> {d['slow']!r}" for d in rec["differences"]],
+                    "summary": summary_line, "notes": notes, "rows": rows, "boots": rec["boots"],
+                    "alpha": rec["alpha_per_test"]})
+    return out
+
+
+def layers_lines(stats: dict | None) -> list[str]:
+    """The three layers of a verdict with a mechanism (``verdicts.stats.layers``), as lines."""
+    lay = (stats or {}).get("layers") if isinstance(stats, dict) else None
+    if not lay:
+        return []
+    f = lay["flag_accepted"]
+    out = [f"layer 1, flag accepted: **{f['accepted']}** ({f['matched']} flag check(s) matched, "
+           f"{f['mismatched']} mismatched in the treatment's boots)"
+           + "".join(f"; {d}" for d in f.get("detail") or [])]
+    parts = []
+    for m in lay["mechanism"]:
+        parts.append(f"{m['metric']} expected to {m['expect']} by {m['min_effect']:.0%}: {m['outcome']} "
+                     f"({_fmt(m.get('ratio'))}x, p {_fmt(m.get('p_value'))})")
+    out.append(f"layer 2, mechanism engaged: **{lay['mechanism_engaged']}**: " + "; ".join(parts))
+    out.append(f"layer 3, outcome moved: **{lay['outcome_moved']}**")
+    if lay.get("finding"):
+        out.append(f"finding: **{lay['finding']}**")
+    return out
