@@ -68,11 +68,12 @@ def test_example_plan_as_json(example, tmp_path):
     hyps = {h["id"]: h for h in plan["hypotheses"]}
     # The step matrix expands into three hypotheses: 4 plain + 3 = 7.
     assert set(hyps) == {"eagle3-speedup", *STEP_IDS.values(), "nccl-tuning", "verify-attention-mode",
-                         "eagle3-regression"}
+                         "eagle3-regression", "plain-vs-eagle"}
     configs = {c["key"]: c for c in plan["configs"]}
     # plain HEAD; EAGLE-3 2 steps (shared by speedup, nccl baseline, regression treatment);
-    # three step counts; nccl treatment; two attention modes; HEAD~200.
-    assert len(plan["configs"]) == len(configs) == 9
+    # three step counts; nccl treatment; two attention modes; HEAD~200; plain at HEAD~200 and
+    # the tuned EAGLE-3 config of plain-vs-eagle.
+    assert len(plan["configs"]) == len(configs) == 11
     assert plan["defaults"] == {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 3, "alpha": 0.05}
 
     # a build is declared: each commit gets its own environment, so {python} is known only at boot
@@ -91,7 +92,9 @@ def test_example_plan_as_json(example, tmp_path):
     plain = configs[hyps["eagle3-speedup"]["baseline"]]
     assert "--speculative-algorithm" not in plain["argv"]
     assert all(configs[h["baseline"]] is plain for h in hyps.values() if h["id"] in STEP_IDS.values())
-    eagle_users = [c for c in plan["configs"] if c is not plain]
+    plain_old = configs[hyps["plain-vs-eagle"]["baseline"]]  # plain decoding at HEAD~200
+    assert "--speculative-algorithm" not in plain_old["argv"] and plain_old["commit"] == "HEAD~200"
+    eagle_users = [c for c in plan["configs"] if c is not plain and c is not plain_old]
     for c in eagle_users:
         assert flag_value(c["argv"], "--speculative-algorithm") == "EAGLE3", c["argv"]
 
@@ -104,9 +107,12 @@ def test_example_plan_as_json(example, tmp_path):
     # NCCL tuning reaches only the nccl-tuning treatment; NVLS is off everywhere.
     tuned = configs[hyps["nccl-tuning"]["treatment"]]
     assert tuned["env"] == {"NCCL_NVLS_ENABLE": "0", **NCCL_TUNING}
+    first_run = configs[hyps["plain-vs-eagle"]["treatment"]]
     for c in plan["configs"]:
-        if c is not tuned:
+        if c is not tuned and c is not first_run:
             assert c["env"] == {"NCCL_NVLS_ENABLE": "0"}, c["env"]
+    assert first_run["env"] == tuned["env"]
+    assert hyps["plain-vs-eagle"]["explain"] is True
     assert tuned["argv"] == configs[hyps["nccl-tuning"]["baseline"]]["argv"], "env is the only difference"
 
     reg = hyps["eagle3-regression"]
@@ -130,20 +136,20 @@ def test_example_plan_as_text(example, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert_nothing_written(work)
-    assert "7 hypotheses, 9 configs" in out
+    assert "8 hypotheses, 11 configs" in out
     assert "boots per config: 3 to 6 (sequential), 3 samples per boot" in out
     assert f"engine.repo {tmp_path / 'sglang'} does not exist here; revisions are shown as written" in out
     assert "commit: HEAD~200" in out
     assert f"python: each commit's own environment ({{python}} in argv), a venv over {sys.executable}" in out
     argv_lines = [line.split("argv:", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("argv:")]
-    assert len(argv_lines) == 9
+    assert len(argv_lines) == 11
     for line in argv_lines:  # one line each, and it parses back as the argv it shows
         argv = shlex.split(line)
         assert argv[:3] == ["{python}", "-m", "sglang.launch_server"]
         assert flag_value(argv, "--port") == "{port}"
     env_lines = [line for line in out.splitlines() if line.strip().startswith("env:")]
-    assert len(env_lines) == 9 and all("NCCL_NVLS_ENABLE=0" in line for line in env_lines)
-    assert sum("NCCL_PROTO=LL" in line for line in env_lines) == 1
+    assert len(env_lines) == 11 and all("NCCL_NVLS_ENABLE=0" in line for line in env_lines)
+    assert sum("NCCL_PROTO=LL" in line for line in env_lines) == 2  # nccl-tuning and plain-vs-eagle treatments
     for n, hid in STEP_IDS.items():
         assert f"hypothesis {hid}: config 1 vs config" in out
     assert "hypothesis eagle3-regression: config 9 vs config 2, tok_s decrease >= 10.0%, bisect if confirmed" in out

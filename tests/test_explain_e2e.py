@@ -15,21 +15,24 @@ import pytest
 
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
-DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 5}
+DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 6}
+# decode_tok_s (first to last token of each stream): the doubled decode steps show in it
+# without the request overhead that dominates end-to-end tok/s on so short a benchmark.
+BENCH = {**SMALL_BENCH, "output_tokens": 64}
 HYPOTHESES = [
     {"id": "tuned",
      "statement": "The tuned config is at least 20% slower.",
      "baseline": {"commit": "HEAD"},
      "treatment": {"commit": "HEAD", "env": {"NCCL_PROTO": "Simple"},
                    "flags": {"attention-mode": "decode"}},
-     "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
+     "metric": "decode_tok_s", "expect": "decrease", "min_effect": "20%"},
 ]
 
 
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory):
     root = tmp_path_factory.mktemp("explain")
-    spec = write_spec(root / "hypotheses.yaml", engine={"preset": "demo"}, benchmark=SMALL_BENCH,
+    spec = write_spec(root / "hypotheses.yaml", engine={"preset": "demo"}, benchmark=BENCH,
                       defaults=DEFAULTS, hypotheses=HYPOTHESES)
     db, journal_dir = root / "r.db", root / "exp"
     proc = harness("explain", spec, "--fast", "tuned.baseline", "--slow", "tuned.treatment", "--alpha", "0.05",
@@ -41,14 +44,24 @@ def test_explain_names_the_interacting_pair(explained):
     proc = explained["proc"]
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = last_json(proc.stdout)
-    assert sorted(out["members"]) == ["env:NCCL_PROTO", "flag:attention-mode"]
-    assert out["slowdown"]["outcome"] == "confirmed"
-    assert [d["name"] for d in out["differences"]] == ["env:NCCL_PROTO", "flag:attention-mode"]
-    # Neither alone is slower: the pair is reported as an interaction.
-    alone = [t for t in out["tests"] if t["purpose"] == "alone vs fast"]
-    assert len(alone) == 2 and all(t["outcome"] != "confirmed" for t in alone)
-    if all(t["outcome"] == "refuted" for t in alone):
-        assert [sorted(p) for p in out["interactions"]] == [["env:NCCL_PROTO", "flag:attention-mode"]]
+    pair = ["env:NCCL_PROTO", "flag:attention-mode"]
+    assert [d["name"] for d in out["differences"]] == pair
+    if out["slowdown"]["outcome"] != "confirmed":
+        # Only a host busy in every boot may hide a halving of decode speed; then nothing is claimed.
+        marks = query(explained["db"], "SELECT marks FROM boots")
+        assert marks and all("host_busy" in (m or "") for m, in marks), out["slowdown"]
+        assert out["members"] == [] and out["tests"][1:] == []
+        return
+    # Both differences matter: each is a member or (on a host too noisy to decide within
+    # the budget) left undecided; neither is ever cleared, nor given the opposite sign.
+    assert sorted(out["members"] + out["undecided"]) == pair and not out["opposite"]
+    assert out["members"]
+    if out["confident"]:
+        assert sorted(out["members"]) == pair
+        alone = [t for t in out["tests"] if t["purpose"] == "alone vs fast"]
+        assert len(alone) == 2 and all(t["outcome"] != "confirmed" for t in alone)
+        if all(t["outcome"] == "refuted" for t in alone):
+            assert [sorted(p) for p in out["interactions"]] == [pair]
 
 
 def test_search_is_in_the_ledger_with_its_boots(explained):
@@ -73,7 +86,13 @@ def test_journal_shows_the_search(explained):
     assert len(journals) == 1
     text = journals[0].read_text()
     assert "## Explanation: tuned.baseline (fast) vs tuned.treatment (slow)" in text
-    assert "Minimal set: `env:NCCL_PROTO`, `flag:attention-mode`" in text
+    if out["members"]:
+        head = "Minimal set: " if out["confident"] else "so not claimed as the whole minimal set): "
+        assert head + ", ".join(f"`{m}`" for m in out["members"]) in text
+    else:
+        assert "nothing to explain" in text
+    for n in out["undecided"]:
+        assert f"undecided: `{n}`" in text
     for t in out["tests"]:
         assert t["reason"].split(":")[0] in text
 

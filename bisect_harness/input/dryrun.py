@@ -63,9 +63,14 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
         t = plan.configs.index(h.treatment) + 1
         hyps.append({"id": h.id, "metric": h.metric.name, "expect": h.spec.expect.value,
                      "min_effect": h.spec.min_effect, "baseline": h.baseline.key, "treatment": h.treatment.key,
-                     "bisect": h.spec.bisect})
+                     "bisect": h.spec.bisect, "explain": h.spec.explain,
+                     "mechanism": [{"metric": m.metric, "expect": m.expect.value, "min_effect": m.min_effect}
+                                   for m in h.spec.mechanism]})
         lines.append(f"hypothesis {h.id}: config {b} vs config {t}, {h.metric.name} {h.spec.expect.value} "
-                     f">= {h.spec.min_effect:.1%}" + (", bisect if confirmed" if h.spec.bisect else ""))
+                     f">= {h.spec.min_effect:.1%}" + (", bisect if confirmed" if h.spec.bisect else "")
+                     + (", explain if confirmed" if h.spec.explain else "")
+                     + "".join(f", mechanism {m.metric} {m.expect.value} >= {m.min_effect:.1%}"
+                               for m in h.spec.mechanism))
     flag_check = None
     if check_flags:
         flag_check = _check_flags(plan, lines, say)

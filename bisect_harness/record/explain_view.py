@@ -50,7 +50,10 @@ def views(summary: dict | None) -> list[dict]:
         elif not members:
             summary_line = "No difference was shown to matter on its own group's test; see the undecided ones below."
         else:
-            summary_line = ("Minimal set: " + ", ".join(f"`{m}`" for m in members) + "; together, "
+            head = ("Minimal set: " if not rec["undecided"] else
+                    f"Shown to matter ({len(rec['undecided'])} more undecided, so not claimed as the whole "
+                    "minimal set): ")
+            summary_line = (head + ", ".join(f"`{m}`" for m in members) + "; together, "
                             + _effect(rec.get("effect")).replace("{metric}", rec["metric"]) + ".")
         notes = []
         for m in members:
