@@ -153,7 +153,9 @@ class _Search:
             v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design, alpha=a)
             o = stats.evaluate(bb, tb, expect=other, min_effect=self.min_effect, design=self.design,
                                alpha=a) if both_ways else None
-            done = v.final or (o is not None and o.outcome is Outcome.CONFIRMED)
+            # Both ways: stop at a confirmation either way, or when both directions are final.
+            done = v.final if o is None else (v.outcome is Outcome.CONFIRMED or o.outcome is Outcome.CONFIRMED
+                                              or (v.final and o.final))
             if done:
                 t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
                          (len(bb), len(tb)), v.reason, o.outcome.value if o else None)
@@ -172,12 +174,18 @@ class _Search:
         opposite: list[str] = []
         undecided: list[str] = []
         # Order the differences as given; split each group that matters in two halves.
-        todo = [self.names]
-        first = True
+        # When a group matters and its first half is cleared, the second half must hold
+        # what made the group matter: it is split without a test of its own (its parts
+        # are still tested; a member is only ever named by its own test).
+        todo: list[tuple] = [(self.names, None, 0)]
+        cleared_first: set = set()
+        matters: set = set()  # parents shown to matter (the whole set, a confirmed group, an implied one)
+        parent = 0
         while todo:
-            group = todo.pop(0)
-            if first:  # the whole set: leaving all out is the slowdown test itself
-                first = False
+            group, pid, idx = todo.pop(0)
+            if pid is None:  # the whole set: leaving all out is the slowdown test itself
+                t = None
+            elif idx == 1 and pid in cleared_first and len(group) > 1:
                 t = None
             else:
                 t = self.leave_out(frozenset(group))
@@ -186,10 +194,10 @@ class _Search:
                     if len(group) == 1:
                         opposite.append(group[0])
                         continue
-                elif t.outcome == Outcome.REFUTED.value and t.opposite == Outcome.REFUTED.value:
+                elif t.outcome == Outcome.REFUTED.value and t.opposite in (Outcome.REFUTED.value, None):
+                    if idx == 0 and pid in matters:
+                        cleared_first.add(pid)
                     continue  # cleared: no member moves the slow config by min_effect either way
-                elif t.outcome == Outcome.REFUTED.value and t.opposite is None:
-                    continue
                 else:
                     if len(group) == 1:
                         undecided.append(group[0])
@@ -199,8 +207,11 @@ class _Search:
                 members.append(group[0])
                 conf[group[0]] = t
                 continue
+            parent += 1
+            if t is None or t.outcome == Outcome.CONFIRMED.value:
+                matters.add(parent)
             mid = len(group) // 2
-            todo += [group[:mid], group[mid:]]
+            todo += [(group[:mid], parent, 0), (group[mid:], parent, 1)]
         members_f = frozenset(members)
         effect = residual = None
         interactions: list[tuple] = []
