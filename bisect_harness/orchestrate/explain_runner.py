@@ -22,8 +22,8 @@ from typing import Sequence
 
 from ..analysis import stats
 from ..analysis.explain import Difference, Explanation, explain
-from ..errors import UserError
-from ..model import Arm, Metric
+from ..errors import CommitError, UserError
+from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config, make_plan
 from ..input.spec import Spec
 from ..record.ledger import Ledger
@@ -130,9 +130,14 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
               "alpha_per_test": alpha, "hypothesis_id": hypothesis_id,
               "differences": [x.to_json() for x in diffs], **res.to_json(), "tests": tests}
     if bisect and "commit" in res.members and sched.ws is not None:
-        commits = sched.ws.commits_between(fast.commit, slow.commit)
+        # Oldest first: from the fast commit the metric gets worse; from the slow one, better.
+        try:
+            commits, expect = sched.ws.commits_between(fast.commit, slow.commit), metric.worse
+        except CommitError:
+            commits = sched.ws.commits_between(slow.commit, fast.commit)
+            expect = Expect.INCREASE if metric.worse is Expect.DECREASE else Expect.DECREASE
         bis = search_commits(sched, commits, env=slow.env, flags=slow.flags, metric=metric.name,
-                             expect=metric.worse, confidence=0.95, max_boots=150, hypothesis_id=hypothesis_id)
+                             expect=expect, confidence=0.95, max_boots=150, hypothesis_id=hypothesis_id)
         record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
     run = sched.run
     summary = dict(run.summary or {})
