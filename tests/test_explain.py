@@ -70,3 +70,10 @@ def test_bad_input_named():
         explain(["a", "a"], lambda s: [1.0], worse=Expect.DECREASE, min_effect=0.05)
     with pytest.raises(ValueError, match="min_effect"):
         explain(["a"], lambda s: [1.0], worse=Expect.DECREASE, min_effect=0)
+
+
+def test_one_difference_is_its_own_slowdown():
+    measure, _ = fake(lambda s: 100 * (0.8 if "commit" in s else 1.0), seed=5)
+    res = explain(["commit"], measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("commit",) and res.confidence["commit"] is res.slowdown
+    assert res.to_json()["confidence"]["commit"]["outcome"] == "confirmed"

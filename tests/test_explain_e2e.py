@@ -55,7 +55,14 @@ def test_explain_names_the_interacting_pair(explained):
     # Both differences matter: each is a member or (on a host too noisy to decide within
     # the budget) left undecided; neither is ever cleared, nor given the opposite sign.
     assert sorted(out["members"] + out["undecided"]) == pair and not out["opposite"]
-    assert out["members"]
+    # A difference is left undecided only when its own leave-out test spent the budget.
+    last = {tuple(sorted(set(t["baseline"]) - set(t["treatment"]))): t for t in out["tests"]
+            if t["purpose"] == "leave out"}
+    for n in out["undecided"]:
+        t = last[(n,)]
+        assert t["outcome"] == "inconclusive" and t["boots"] == [DEFAULTS["max_boots_per_arm"]] * 2, t
+    for n in out["members"]:
+        assert out["confidence"][n]["outcome"] == "confirmed"
     if out["confident"]:
         assert sorted(out["members"]) == pair
         alone = [t for t in out["tests"] if t["purpose"] == "alone vs fast"]

@@ -205,7 +205,7 @@ class _Search:
                     # Undecided group: split it anyway, a smaller group may decide.
             if len(group) == 1:
                 members.append(group[0])
-                conf[group[0]] = t
+                conf[group[0]] = t if t is not None else slowdown  # one difference: the slowdown is its test
                 continue
             parent += 1
             if t is None or t.outcome == Outcome.CONFIRMED.value:
