@@ -9,6 +9,9 @@ Every other difference is inert. A configuration's level is 100 times the produc
 the effects of the causes it holds; each boot of it is drawn by the host (its clock runs
 across every config, so drift and bursts hit the whole search). min_effect 5%.
 
+Under ``unequal_variance`` the noisy configs are those holding more than half of the
+differences (the slow side), for both methods alike.
+
 Two methods on the same scenario (fresh host draws for each):
 
 * ``explain``: ``analysis.explain.explain`` with its defaults (paired rounds, 3..8
@@ -88,10 +91,12 @@ def one_at_a_time(names, host: Host, singles, pair, fixed: int, rng) -> tuple[se
         b, t = [], []
         for _ in range(fixed):
             for side in rng.permutation(2):
+                # The same rule as explain's configs: a config holding more than half of the
+                # differences is the noisy one under unequal_variance.
                 if side == 0:
-                    b.append(host.boot(level(full, singles, pair), arm="a"))
+                    b.append(host.boot(level(full, singles, pair), noisy=len(full) > len(names) // 2))
                 else:
-                    t.append(host.boot(level(full - {d}, singles, pair), arm="b"))
+                    t.append(host.boot(level(full - {d}, singles, pair), noisy=len(full) - 1 > len(names) // 2))
                 boots += 1
         v = S.evaluate(b, t, expect=Expect.INCREASE, min_effect=MIN_EFFECT, design=design, alpha=ALPHA)
         if v.outcome is Outcome.CONFIRMED:
