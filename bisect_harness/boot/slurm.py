@@ -385,6 +385,8 @@ class SlurmBackend:
                 return self._failed(j, f"the boot function raised on the node: {str(exc)[:2000]}")
             if not isinstance(outcome, BootOutcome):
                 return self._failed(j, f"the job returned {type(outcome).__name__}, not a boot outcome")
+            if not outcome.ok:
+                self._settle(j)  # was it Slurm that stopped the boot? its final state says
             slurm = dict(outcome.provenance.get("slurm") or {})
             j.node = slurm.get("node") or j.node
             state = j.state if j.state in ENDED else "COMPLETED"
@@ -406,6 +408,16 @@ class SlurmBackend:
             return self._failed(j, f"Slurm job {j.job.job_id} is no longer known to the controller and left "
                                    "no outcome")
         return None
+
+    def _settle(self, j: _Job, timeout_s: float = 10.0) -> None:
+        """Wait (briefly: the boot has returned, the job is ending) for the job's final state."""
+        deadline = time.monotonic() + timeout_s
+        while j.state not in ENDED and time.monotonic() < deadline:
+            state = _squeue([j.job.job_id]).get(j.job.job_id)
+            if state is not None:
+                j.state, j.node, j.reason = state[0], state[1] or j.node, state[2]
+            if j.state not in ENDED:
+                time.sleep(0.2)
 
     def _slurm_record(self, j: _Job, state: str) -> dict:
         return {"job_id": j.job.job_id, "node": j.node, "state": state, "queued_s": None,
