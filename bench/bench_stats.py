@@ -69,7 +69,7 @@ from noise import MODELS, Host  # noqa: E402
 
 from bisect_harness import stats as S  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
-from bisect_harness.nightly import judge_night  # noqa: E402
+from bisect_harness.decide import judge_night  # noqa: E402
 from bisect_harness.spec import Defaults  # noqa: E402
 
 EFFECTS = (0.03, 0.05)

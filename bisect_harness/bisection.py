@@ -297,7 +297,7 @@ class BisectionSearch:
                  likelihood: str = "slow-mode", drift: bool | None = None,
                  no_step_prior: float = 0.2, step_scale: float = 0.1, verify: bool = True,
                  verify_alpha: float | None = None, max_verify_pairs: int = 24,
-                 anchor_every: int = 4, unequal_variances: bool = True):
+                 anchor_every: int = 4, unequal_variances: bool = True, width: int = 1):
         commits = tuple(commits)
         if len(commits) < 2:
             raise ValueError(f"bisection needs at least 2 commits (a good and a bad endpoint), "
@@ -349,6 +349,9 @@ class BisectionSearch:
         self._verify_alpha = float(verify_alpha)
         self._max_verify_pairs = max_verify_pairs
         self._anchor_every = anchor_every
+        if not (isinstance(width, int) and width >= 1):
+            raise ValueError(f"width must be a whole number of probes per round, at least 1, got {width!r}")
+        self._width = width
         self._unequal = bool(unequal_variances)
         self._seed = seed
         # Observations: commit index, value, host time (boots observed before it).
@@ -820,13 +823,22 @@ class BisectionSearch:
         probe_able = np.array([i for i in range(1, n - 1) if i not in self._skipped], dtype=int)
         if probe_able.size == 0:
             return done(StopReason.AMBIGUOUS_SKIPS)
-        gap = np.abs(cum[probe_able] - 0.5)
-        tied = probe_able[gap <= gap.min() + 1e-12]
-        i = int(tied[np.argmin(self._tie_rank[tied])])
         boots = min(self._probe_boots(best_stats), left)
-        rnd = [Probe(self._commits[i], boots, "probe")]
-        anchor = self._anchor(cum, i) if left > boots else None
-        if anchor is not None:
+        # width w (parallel slots): w commits at the posterior's quantiles j/(w+1), a
+        # (w+1)-ary search; with w = 1 the commit nearest the median.
+        width = max(1, min(self._width, left // max(boots, 1), probe_able.size))
+        picked: list[int] = []
+        for j in range(1, width + 1):
+            free = np.array([k for k in probe_able if k not in picked], dtype=int)
+            if free.size == 0:
+                break
+            gap = np.abs(cum[free] - j / (width + 1))
+            tied = free[gap <= gap.min() + 1e-12]
+            picked.append(int(tied[np.argmin(self._tie_rank[tied])]))
+        i = picked[0] if width == 1 else picked[len(picked) // 2]
+        rnd = [Probe(self._commits[k], boots, "probe") for k in sorted(picked)]
+        anchor = self._anchor(cum, i) if left > boots * len(rnd) else None
+        if anchor is not None and anchor not in picked:
             rnd.append(Probe(self._commits[anchor], 1, "anchor"))
             if np.random.default_rng([self._seed, 7, self._probe_rounds]).random() < 0.5:
                 rnd.reverse()

@@ -9,6 +9,7 @@ progress and tables go to stderr when ``--json`` is given.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -36,6 +37,10 @@ LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy U
 JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
 #: ``--wait-quiet`` without a value waits this long at most (see ``_wait_quiet_value``).
 WAIT_QUIET_DEFAULT_S = 600.0
+BACKEND_OPT = typer.Option(None, "--backend", help="Where boots run: local (this host) or slurm (jobs on a "
+                           "cluster; see docs/slurm.md). Default: the file's backend.kind, else local.")
+SLOTS_OPT = typer.Option(None, "--slots", help="Boots at once: local, disjoint CPU cores and GPUs per boot; "
+                         "slurm, jobs in flight. Default: the file's backend.slots, else 1.")
 WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
                               help="Before the first boot, wait up to SECONDS (600 without a value) for a quiet host.")
 
@@ -136,6 +141,8 @@ def run(
     aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
                                   "refuse hypotheses whose min_effect is below what the run can resolve."),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from . import journal
@@ -163,9 +170,10 @@ def run(
     if check_flags:
         raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
     plan = make_plan(spec, cache_dir=cache_dir)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check, wait_quiet_s=wait_quiet)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -179,6 +187,19 @@ def run(
             print(json.dumps(run_summary(the_run)))
 
 
+@contextlib.contextmanager
+def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
+    """The run's backend (``--backend``/``--slots`` over the file's ``backend:``), closed
+    on the way out: a Slurm backend cancels jobs still in flight."""
+    from .boot.choose import make_backend
+
+    backend = make_backend(spec, kind=kind, slots=slots, log_dir=journal_dir / "logs")
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
 def _bisect_confirmed(executor, console: Console) -> None:
     """``bisect: true`` hypotheses whose regression was confirmed get bisected in the same run."""
     from .bisect_runner import bisect_hypothesis
@@ -189,7 +210,7 @@ def _bisect_confirmed(executor, console: Console) -> None:
         if h.spec.bisect and v is not None and v.outcome == "confirmed":
             console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}",
                           markup=False)
-            result = bisect_hypothesis(executor, h, row)
+            result = bisect_hypothesis(executor.sched, h, row)
             console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
                           f"{result.boots} boots, {result.stopped})", markup=False)
 
@@ -208,6 +229,8 @@ def bisect(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
     from . import journal
@@ -217,10 +240,12 @@ def bisect(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
-                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet)
+                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
+                                        backend=boots)
         path = journal.write(led, executor.run, journal_dir)
         console.print(f"journal: {path}", markup=False)
         if result.culprit:
@@ -252,6 +277,8 @@ def nightly(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir"),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
+    backend: Optional[str] = BACKEND_OPT,
+    slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
@@ -263,11 +290,12 @@ def nightly(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs:
+    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+            _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
-                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet)
+                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
         console.print(f"journal: {journal.write(led, executor.run, journal_dir)}", markup=False)
     console.print(f"{outcome.status}: {outcome.reason}", markup=False)
     for d in outcome.drift:

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from . import engine_identity, host_state, metric_defs, stats
 from .ledger import Bisection, Boot, Ledger, Run
-from .executor import host_drift
+from .drift import host_drift
 from .provenance import EnvReport, FlagReport
 from .secrets import redact_text
 

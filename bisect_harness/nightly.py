@@ -20,20 +20,20 @@ commit that no longer builds or boots is an alert too.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from .bisect_runner import BisectOutcome, engine_workspace, search_commits
 from . import host_state
 from .errors import UserError
-from .executor import Executor, Observer, host_drift
+from .decide import judge_night
+from .drift import host_drift
+from .scheduler import Observer, Scheduler
 from .ledger import Ledger
 from .model import Arm, Expect
 from .plan import Plan, make_config, series_key
 from .spec import Spec
-from .stats import Shift, detect_shift
+from .stats import Shift
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,14 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
                 alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
                 confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
                 observer: Observer | None = None, calibrate: bool = True,
-                wait_quiet_s: float | None = None) -> tuple[NightlyOutcome, Executor]:
+                wait_quiet_s: float | None = None, backend=None) -> tuple[NightlyOutcome, Scheduler]:
     if window < 2:
         raise UserError(f"--window {window}: the nightly test compares tonight with at least 2 earlier nights "
                         "(their spread is its noise); pass --window 2 or more (7 is the default)")
     m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "a nightly run")
     sha = ws.resolve(rev, where="--rev")
-    plan = Plan(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
-    ex = Executor(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate, wait_quiet_s=wait_quiet_s)
+    ex = Scheduler(Plan.for_engine(spec, repo, cache_dir), ledger, log_dir=log_dir, observer=observer,
+                   calibrate=calibrate, wait_quiet_s=wait_quiet_s, backend=backend)
     with ex.recording("nightly") as run:
         ex.record_calibration("before")
         arm = Arm(commit=sha, env=dict(spec.engine.env), flags=dict(spec.engine.flags))
@@ -94,34 +94,7 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
     return outcome, ex
 
 
-def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
-                more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
-                window: int) -> Shift:
-    """Nightly's rule (pure but for ``more``): an alert must survive fresh boots.
-
-    ``detect_shift`` judges tonight's boots; when it alerts, ``more()`` boots tonight
-    again (up to the budget) and returns all of tonight's boots, and the test runs
-    again on them. Only an alert at both looks stands. Requiring both can only
-    lower the false-alert rate (the first look alone holds alpha), and it removes
-    the false alerts of a night whose few boots stalled together (a heavy-tailed
-    host), which a regression cannot survive: its new boots are slow too.
-    """
-    kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
-    first = detect_shift(history, tonight, **kw)
-    if not first.regressed:
-        return first
-    again = more()
-    if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
-        return first
-    second = detect_shift(history, again, **kw)
-    if second.regressed:
-        return second
-    return dataclasses.replace(second, reason=(
-        f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
-        f"survive {len(again) - len(tonight)} fresh boots"))
-
-
-def _judge(ex: Executor, ledger: Ledger, st, sha: str, arm: Arm, metric: str, worse: Expect, *, min_effect: float,
+def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, worse: Expect, *, min_effect: float,
            alpha: float, window: int, bisect: bool, max_boots: int, confidence: float) -> NightlyOutcome:
     run = ex.run
     if st.failed:

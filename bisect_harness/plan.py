@@ -14,7 +14,8 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from . import presets
+from . import presets, sources
+from .boot.request import BootRequest, Checks, freeze
 from .checkout import Workspace, default_cache_dir
 from .envs import CommitEnv, resolve_python
 from .errors import CommitError
@@ -22,6 +23,7 @@ from .model import Arm, Metric
 from .spec import HypothesisSpec, Spec
 
 LOOPBACK = "127.0.0.1"
+TP_FLAGS = ("tp", "tp-size", "tensor-parallel-size")  # canonical spellings of the tensor parallel degree
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,16 @@ class Plan:
                 "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
                 "spec_dir": str(self.spec.spec_dir)}
 
+    def workspace(self) -> Workspace | None:
+        """The engine repository's mirror and worktrees in the cache (None: no repository)."""
+        return Workspace(self.repo, self.cache_dir) if self.repo is not None else None
+
+    @classmethod
+    def for_engine(cls, spec: Spec, repo: Path | None, cache_dir: Path) -> "Plan":
+        """A plan of the engine alone: configs are made as they are needed (a bisection's
+        commits, a nightly's newest commit), with no hypotheses."""
+        return cls(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
+
     @property
     def per_commit_env(self) -> bool:
         """Does each commit get its own environment (``engine.environment: venv``)?"""
@@ -118,6 +130,45 @@ class Plan:
 
     def shared_env(self) -> CommitEnv:
         return CommitEnv(python=self.base_python, venv=None, base_python=self.base_python)
+
+    def devices_needed(self, config: PlannedConfig) -> int:
+        """GPUs one boot of ``config`` takes: its tensor parallel degree (``tp`` in any of
+        the preset's spellings), else 1."""
+        for flag, value in config.arm.flags.items():
+            if presets.canonical_flag(flag, self.preset) in TP_FLAGS:
+                try:
+                    return max(1, int(value))
+                except (TypeError, ValueError):
+                    return 1
+        return 1
+
+    def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
+        """The frozen recipe of one boot of ``config``; what depends on the host that runs
+        it (port, worktree, interpreter) stays a placeholder (``boot.request``)."""
+        spec, engine, preset, d = self.spec, self.spec.engine, self.preset, self.spec.defaults
+        flags = dict(config.arm.flags)
+        wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
+        keys = {f: presets.info_key(f, preset) for f in flags}
+        checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
+        env = {**preset.env, **config.arm.env}  # what the engine needs to be observable, then the arm
+        template = presets.launch_argv(engine.launch, flags, preset)
+        return BootRequest(
+            boot_id=boot_id, config_key=config.key, label=config.label, seq=seq, preset=preset.name,
+            commit=config.arm.commit, repo=str(self.repo) if self.repo is not None else None,
+            cache_dir=str(self.cache_dir), per_commit_env=self.per_commit_env, base_python=self.base_python,
+            argv=tuple(str(x) for x in template),
+            build_argv=tuple(str(x) for x in engine.build) if engine.build else None,
+            cwd=engine.cwd, spec_dir=str(spec.spec_dir),
+            env=freeze(env), arm_env=freeze(config.arm.env), flags=freeze(flags), flag_checks=checks,
+            health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
+            health_request_timeout_s=preset.health_request_timeout_s, settle_s=preset.settle_s,
+            server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
+            endpoint=config.arm.endpoint, api_key_env=engine.api_key_env,
+            metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
+            benchmark=spec.benchmark, samples=d.samples_per_boot,
+            checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
+                          thresholds=d.host_thresholds),
+            log_path=str(log_path), devices_needed=self.devices_needed(config))
 
     def boot_env(self, config: PlannedConfig, commit_env: CommitEnv | None = None) -> dict[str, str]:
         """The process env of a boot: ours, then the config's (engine base env merged into the

@@ -121,6 +121,20 @@ class HypothesisSpec:
 
 
 @dataclass(frozen=True)
+class BackendSpec:
+    """Where boots run (``backend:``): ``kind`` local or slurm, ``slots`` boots at once,
+    and the chosen backend's own keys (``options``: partition, time limit, ... for
+    Slurm), checked by that backend (``boot.choose``)."""
+
+    kind: str = "local"
+    slots: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
 class Spec:
     path: Path
     text: str
@@ -129,6 +143,7 @@ class Spec:
     defaults: Defaults
     hypotheses: tuple[HypothesisSpec, ...]
     family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
+    backend: "BackendSpec" = field(default_factory=lambda: BackendSpec())
 
     @property
     def spec_dir(self) -> Path:
@@ -453,7 +468,8 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 # --------------------------------------------------------------------------- the loader
 
 
-_TOP = ("version", "engine", "benchmark", "defaults", "hypotheses")
+_TOP = ("version", "engine", "benchmark", "defaults", "backend", "hypotheses")
+BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
@@ -496,8 +512,26 @@ def parse_spec(text: str, path: Path) -> Spec:
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
+    backend = _backend(r, top.get("backend"))
     return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
-                hypotheses=hyps, family_size=len(hyps))
+                hypotheses=hyps, family_size=len(hyps), backend=backend)
+
+
+def _backend(r: _Reader, value) -> BackendSpec:
+    """``backend:``: kind and slots here; the kind's own keys are checked by that backend."""
+    if value is None:
+        return BackendSpec()
+    if not isinstance(value, dict):
+        raise r.doc.error("backend", "must be a mapping, e.g. {kind: slurm, partition: gpu, slots: 4}")
+    kind = value.get("kind", "local")
+    if kind not in BACKENDS:
+        raise r.doc.error("backend.kind", f"must be one of {', '.join(BACKENDS)}, got {kind!r}")
+    slots = r.positive_int(value.get("slots", 1), "backend.slots", maximum=1024)
+    options = {str(k): v for k, v in value.items() if k not in ("kind", "slots")}
+    from .boot.choose import check_options
+
+    check_options(kind, options, where="backend")
+    return BackendSpec(kind=kind, slots=slots, options=tuple(sorted(options.items())))
 
 
 def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:

@@ -63,7 +63,7 @@ def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
     import copy
 
     from bisect_harness.calibration import calibrate
-    from bisect_harness.executor import host_drift
+    from bisect_harness.drift import host_drift
     from bisect_harness.ledger import Boot, Calibration
     from bisect_harness.provenance import collect_host
 

@@ -1,8 +1,8 @@
-"""Blocked rounds and the multiplicity family: the executor's side of a verdict.
+"""Blocked rounds and the multiplicity family: the scheduler's side of a verdict.
 
-The boot is the seam: a recording executor replaces ``Executor.boot`` (one boot of
-one config) with a fake that succeeds at once, so the round scheduler, the design
-and the family size run for real against a real SQLite ledger, without servers.
+The backend is the seam: a recording backend turns each boot request into an ok
+outcome at once, so the round scheduler, the design and the family size run for
+real against a real SQLite ledger, without servers.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from bisect_harness.errors import SpecError
+from bisect_harness.boot import BootOutcome
 from bisect_harness.executor import Executor
-from bisect_harness.ledger import Boot, Ledger
+from bisect_harness.ledger import Ledger
 from bisect_harness.plan import make_plan
 from bisect_harness.spec import load_spec
 
@@ -26,24 +27,32 @@ def _spec(tmp_path, defaults=None, n=3):
     return write_spec(tmp_path / "h.yaml", engine=ENGINE, hypotheses=hyps, defaults=defaults)
 
 
-class RecordingExecutor(Executor):
-    """Boots nothing: each 'boot' is recorded in order and succeeds."""
+class RecordingBackend:
+    """Boots nothing: each request is recorded in order and comes back ok."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    name = "recording"
+
+    def __init__(self, slots: int = 1):
+        self.slots = slots
         self.order: list[str] = []
+        self.batches: list[list[str]] = []
 
-    def boot(self, st):
-        self.order.append(st.planned.key)
-        boot = Boot(run_id=self.run.id, config_id=st.row.id, config_key=st.planned.key, seq=len(st.boots) + 1,
-                    status="ok")
-        st.boots.append(boot)
-        return boot
+    def run(self, requests, sink):
+        self.batches.append([r.config_key for r in requests])
+        for r in requests:
+            self.order.append(r.config_key)
+            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok"))
+
+    def close(self):
+        pass
 
 
-def _executor(spec, tmp_path, led, **kw):
-    ex = RecordingExecutor(make_plan(spec), led, log_dir=tmp_path / "logs", calibrate=False, **kw)
+def _executor(spec, tmp_path, led, slots: int = 1, **kw):
+    backend = RecordingBackend(slots)
+    ex = Executor(make_plan(spec), led, log_dir=tmp_path / "logs", calibrate=False, backend=backend, **kw)
     ex.start_run()
+    ex.order = backend.order
+    ex.backend = backend
     return ex
 
 
@@ -53,14 +62,14 @@ def test_each_round_boots_every_config_once_in_a_seeded_random_order(tmp_path):
         ex = _executor(spec, tmp_path, led, order_seed=1234)
         states = list(ex.states.values())
         assert len(states) == 4  # the shared baseline and three treatments
-        ex.boot_round(states, 8)
+        ex.sched.boot_round(states, 8)
         rounds = [ex.order[i:i + 4] for i in range(0, len(ex.order), 4)]
         keys = sorted(s.planned.key for s in states)
         assert len(rounds) == 8 and all(sorted(r) == keys for r in rounds)
         assert len({tuple(r) for r in rounds}) > 1  # not one fixed order
         assert ex.order_seed == 1234
         again = _executor(spec, tmp_path, led, order_seed=1234)
-        again.boot_round(list(again.states.values()), 8)
+        again.sched.boot_round(list(again.states.values()), 8)
         assert again.order == ex.order  # the seed replays the order
         other = _executor(spec, tmp_path, led)
         assert isinstance(other.order_seed, int) and 0 <= other.order_seed < 2 ** 32
@@ -83,3 +92,17 @@ def test_analysis_key_defaults_and_errors(tmp_path):
         load_spec(_spec(tmp_path, defaults={"analysis": "blocked"}))
     msg = str(err.value)
     assert "defaults.analysis" in msg and "paired, unpaired" in msg and "blocked" in msg
+
+
+def test_a_round_runs_as_one_batch_when_the_backend_has_the_slots(tmp_path):
+    """Two slots: each pass of a round is handed to the backend two boots at a time, and
+    every config still gets exactly one boot per round."""
+    spec = load_spec(_spec(tmp_path))
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        ex = _executor(spec, tmp_path, led, slots=2, order_seed=7)
+        states = list(ex.states.values())
+        ex.sched.boot_round(states, 3)
+        assert [len(b) for b in ex.backend.batches] == [2, 2] * 3
+        assert all(len(s.good_boots) == 3 for s in states)
+        rounds = [ex.order[i:i + 4] for i in range(0, 12, 4)]
+        assert all(len(set(r)) == 4 for r in rounds)

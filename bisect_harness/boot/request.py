@@ -73,6 +73,7 @@ class BootRequest:
     config_key: str
     label: str
     seq: int
+    preset: str
     commit: str | None
     # where the code comes from: the engine repo (mirrored into the cache) and the cache
     repo: str | None
@@ -85,6 +86,7 @@ class BootRequest:
     cwd: str | None  # None: the worktree (or spec_dir without a commit)
     spec_dir: str
     env: tuple[tuple[str, str], ...]      # preset env, then the arm's: laid over that host's environment
+    arm_env: tuple[tuple[str, str], ...]  # the arm's alone: what the env check looks for in every worker
     flags: tuple[tuple[str, Any], ...]    # the arm's flags, for `when:` on sources
     flag_checks: tuple[tuple[str, Any, str, str], ...]  # (flag, value, server-info key, compare mode)
     # readiness and server info
@@ -154,6 +156,7 @@ class BootOutcome:
     started_at: Any = None
     finished_at: Any = None
     busy: bool = False                    # excluded as host_busy under host_check: retry
+    fatal: str | None = None              # a check set to fatal failed: "user" or "infrastructure"
 
     @property
     def ok(self) -> bool:

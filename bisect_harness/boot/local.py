@@ -1,0 +1,504 @@
+"""One boot on this host, and the local backend that runs a round's boots on it.
+
+:func:`run_boot` is the whole life of one boot: check out and build the commit
+(once, in its own environment), launch the server (or attach to a running one),
+verify that the env reached every worker and that the flags took effect, warm
+up, measure the samples while watching the host, tear down. It takes a frozen
+:class:`~bisect_harness.boot.request.BootRequest`, returns a frozen
+:class:`~bisect_harness.boot.request.BootOutcome` and never touches the ledger:
+the same function runs here and on a Slurm node.
+
+:class:`LocalBackend` runs a batch of requests on this host, ``slots`` at a time,
+each on its own device set (``CUDA_VISIBLE_DEVICES`` sized by the boot's tensor
+parallel degree; a disjoint set of CPU cores for CPU engines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from .. import attach, benchtools, contention, engine_flags, engine_identity, host_state, presets, provenance
+from ..checkout import Workspace, read_tail
+from ..envs import CommitEnv
+from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
+from ..ledger import utcnow
+from ..sources import SourceCollector
+from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
+
+__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable"]
+
+LOOPBACK = "127.0.0.1"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def host_fingerprint(host: Mapping) -> str:
+    """What makes two boots comparable hosts: machine, boot, GPUs, driver."""
+    import hashlib
+    import json
+
+    keys = {k: host.get(k) for k in ("hostname", "boot_id", "kernel", "cpu_model")}
+    gpus = host.get("gpus") or []
+    keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def this_host() -> tuple[dict, str]:
+    """This host's description and fingerprint (machine, boot id, GPUs: fixed for a process)."""
+    host = provenance.collect_host().to_dict()
+    return host, host_fingerprint(host)
+
+
+def jsonable(obj):
+    """Dataclass dumps made safe for a JSON column: enums by value, NaN/inf as None."""
+    import enum
+    import math
+
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "tolist"):
+        return jsonable(obj.tolist())
+    return obj
+
+
+def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None) -> dict | None:
+    """The first server-info endpoint that answers with a JSON object, or None."""
+    for path in paths:
+        try:
+            r = httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}), trust_env=False)
+            if r.status_code == 200:
+                data = r.json()
+                if isinstance(data, dict):
+                    return data
+        except (httpx.HTTPError, ValueError):
+            continue
+    return None
+
+
+def _source(req: BootRequest):
+    return (attach.AttachedSource if req.endpoint is not None else attach.LaunchedSource)(req.api_key_env)
+
+
+class _Config:
+    """What ``attach`` sources look at: the arm's endpoint."""
+
+    def __init__(self, endpoint: str | None):
+        self.arm = type("ArmView", (), {"endpoint": endpoint})()
+
+
+def _with_devices(req: BootRequest, argv: list[str], env: dict[str, str]) -> list[str]:
+    """Pin the boot to its device set: GPUs through ``CUDA_VISIBLE_DEVICES``, CPU cores
+    through ``taskset`` (inherited by every process the server starts)."""
+    d = req.devices
+    if d is None:
+        return argv
+    if d.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, d.gpus))
+    if d.cpus is not None and req.endpoint is None and shutil.which("taskset"):
+        return ["taskset", "-c", ",".join(map(str, d.cpus)), *argv]
+    return argv
+
+
+# --------------------------------------------------------------------------- one boot
+
+
+class _Boot:
+    """The mutable record of one boot in progress, frozen into an outcome at the end."""
+
+    def __init__(self, req: BootRequest):
+        self.req = req
+        self.status = "running"
+        self.failure: str | None = None
+        self.config_failure: str | None = None
+        self.config_status: str | None = None
+        self.fatal: str | None = None
+        self.log_tail: str | None = None
+        self.log_path = req.log_path
+        self.port: int | None = None
+        self.argv: tuple[str, ...] = ()
+        self.ready_s: float | None = None
+        self.provenance: dict[str, Any] = {}
+        self.env_report = self.flag_report = self.server_info = None
+        self.marks: list[str] = []
+        self.source_problems: list[str] = []
+        self.samples: list[SampleOutcome] = []
+        self.started_at = utcnow()
+        self.busy = False
+
+    def outcome(self) -> BootOutcome:
+        host = self.provenance.get("host")
+        fp = host_fingerprint(host) if isinstance(host, Mapping) else this_host()[1]
+        return BootOutcome(
+            boot_id=self.req.boot_id, status=self.status, failure=self.failure, config_failure=self.config_failure,
+            config_status=self.config_status, fatal=self.fatal, log_tail=self.log_tail, log_path=self.log_path,
+            port=self.port, argv=tuple(self.argv), ready_s=self.ready_s, host_fingerprint=fp,
+            provenance=dict(self.provenance), env_report=self.env_report, flag_report=self.flag_report,
+            server_info=self.server_info, marks=tuple(self.marks), source_problems=tuple(self.source_problems),
+            samples=tuple(self.samples), started_at=self.started_at, finished_at=utcnow(), busy=self.busy)
+
+
+def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[str, str]) -> dict | None:
+    """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""
+    checks = req.checks
+    info = fetch_server_info(base_url, req.server_info_paths, headers=headers)
+    b.server_info = info
+    reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
+    b.provenance["engine_version"] = reported.to_dict()
+    # An attached server has no process of ours (pid None) and no env of ours to check.
+    env_rep = provenance.env_report(server.pid, dict(req.arm_env)) if server.pid is not None else None
+    checkable = {f: v for f, v, _k, _m in req.flag_checks}
+    flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, _v, k, _m in req.flag_checks},
+                                      compare={f: m for f, _v, _k, m in req.flag_checks})
+    b.env_report, b.flag_report = (env_rep.to_dict() if env_rep else None), flag_rep.to_dict()
+    if env_rep is not None and not env_rep.ok:
+        b.marks.append("env_missing")
+    if not flag_rep.ok:
+        b.marks.append("flag_mismatch")
+    for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
+        if mark not in b.marks:
+            continue
+        if mode == "exclude":
+            b.status = "excluded"
+        elif mode == "fatal":
+            b.status, b.fatal = "fatal", "user"
+            key = f"defaults.{mark.split('_')[0]}_check"
+            b.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
+                         f"or set {key}: mark to measure and flag such boots)")
+    return info
+
+
+def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
+    """Store the boot's contention figures; when they crossed a threshold, mark the
+    boot ``host_busy`` and apply ``defaults.host_check`` (as ``_verify`` does for env)."""
+    checks = req.checks
+    window = monitor.window()
+    crossed = contention.judge(window, checks.thresholds)
+    b.provenance["contention"] = host_state.record(window, monitor.samples(), crossed, checks.thresholds)
+    if not crossed:
+        return
+    b.marks.append(host_state.HOST_BUSY)
+    why = "; ".join(c.message for c in crossed)
+    if checks.host_check in ("exclude", "retry") and b.status == "running":
+        b.status = "excluded"
+        b.busy = checks.host_check == "retry"
+    elif checks.host_check == "fatal":
+        b.status, b.fatal = "fatal", "infrastructure"
+        b.failure = (f"host_busy: {why} (defaults.host_check is fatal: stop the other jobs on this host, "
+                     "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
+
+
+def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Event | None = None) -> BootOutcome:
+    """Build (once), boot, verify, warm up, sample, tear down; never raises for a boot
+    that fails (the outcome says how). An interrupt reports an ``interrupted`` outcome
+    to ``sink`` (its finished samples were already reported) and propagates."""
+    sink = sink or Sink()
+    b = _Boot(req)
+    if req.devices is not None:
+        b.provenance["devices"] = req.devices.to_dict()
+    log_path = Path(req.log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
+        if req.commit is not None and req.repo is not None:
+            ws = Workspace(Path(req.repo), Path(req.cache_dir))
+            worktree = ws.worktree(req.commit)
+            if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
+                cenv = ws.environment(req.commit, req.base_python)
+            places = _placeholders(req, port="", worktree=worktree, python=cenv.python)
+            if req.build_argv:
+                ws.build(req.commit, presets.render_argv(list(req.build_argv), **places),
+                         _env(req, cenv), python=cenv.python)
+        b.provenance["environment"] = cenv.to_dict()
+    except BuildFailed as exc:
+        b.status, b.failure, b.log_tail, b.log_path = "failed", str(exc), exc.log_tail, exc.log_path
+        b.config_failure, b.config_status = str(exc), "build_failed"
+        out = b.outcome()
+        sink.finished(req, out)
+        return out
+    source = _source(req)
+    cfg = _Config(req.endpoint)
+    port = source.port(cfg)
+    env = _env(req, cenv)
+    argv = presets.render_argv(list(req.argv), **_placeholders(req, port=port, worktree=worktree, python=cenv.python))
+    argv = _with_devices(req, argv, env)
+    cwd = _cwd(req, worktree, cenv.python)
+    b.port, b.argv = port, tuple(argv)
+    sink.started(req, port, tuple(argv), str(log_path))
+    try:
+        endpoint = source.endpoint(cfg, port)  # base_url and auth headers (never stored)
+        base_url = endpoint.base_url
+        bench = benchtools.sample_runner(req.benchmark, endpoint, python=cenv.python, env=env, cwd=cwd,
+                                         log_path=log_path)
+        t0 = time.monotonic()
+        with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
+                         health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
+                         health_request_timeout_s=req.health_request_timeout_s) as server:
+            b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
+            if req.settle_s:
+                time.sleep(req.settle_s)  # the engine's own warmup after its health check passes
+            info = _verify(b, req, server, base_url, endpoint.headers)
+            if b.status == "fatal":
+                raise _Stop()
+            bench.warmup()
+            if req.sources_not_applicable:
+                b.provenance["sources_not_applicable"] = list(req.sources_not_applicable)
+            collector = SourceCollector(req.metric_sources, base_url, log_path, server_info=info,
+                                        server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
+                                        headers=endpoint.headers)
+            with provenance.GpuSampler(interval_s=1.0) as sampler, \
+                    contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
+                    bench.session():  # one HTTP client per boot, opened outside every sample window
+                for i in range(req.samples):
+                    if cancel is not None and cancel.is_set():
+                        raise KeyboardInterrupt
+                    if i:
+                        monitor.split()  # one contention window per sample, and one for the boot
+                    collector.begin_sample()
+                    detail = bench.sample(i)
+                    result = detail.result
+                    extra = collector.end_sample(detail.responses, result.duration_s)
+                    s = SampleOutcome(seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}),
+                                      requests=result.requests, output_tokens=result.output_tokens,
+                                      duration_s=result.duration_s, errors=result.errors)
+                    b.samples.append(s)
+                    sink.sample(req, s)
+            b.provenance.update(bench.provenance())
+            b.source_problems = list(collector.problems())
+            if b.source_problems:
+                b.marks.append("source_unmatched")
+            b.provenance["gpu_sampling"] = sampler.summary().to_dict()
+            b.provenance["host"] = provenance.collect_host(worktree, req.commit).to_dict()
+            _host_check(b, req, monitor)
+            if b.status == "running":
+                b.status = "ok"
+            b.log_tail = server.log_tail(40)
+    except _Stop:
+        b.log_tail = read_tail(log_path)
+    except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
+        b.status, b.failure = "failed", str(exc)
+        b.log_tail = exc.log_tail or read_tail(log_path)
+        b.marks.append(engine_flags.FLAG_NOT_ACCEPTED)
+        notes = engine_flags.notes_for(exc.engine_message, presets.get_preset(req.preset))
+        b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
+                                             "notes": notes}
+        where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
+        b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
+        b.config_status = "boot_failed"
+    except (BootFailed, ConfigFailure) as exc:
+        b.status, b.failure = "failed", str(exc)
+        b.log_tail = exc.log_tail or read_tail(log_path)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        b.status, b.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
+        b.log_tail = read_tail(log_path)
+    except (KeyboardInterrupt, SystemExit):
+        if b.status == "running":  # its finished samples stay; the boot is not used by a verdict
+            b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
+        b.log_tail = read_tail(log_path)
+        sink.finished(req, b.outcome())
+        raise
+    out = b.outcome()
+    sink.finished(req, out)
+    return out
+
+
+class _Stop(Exception):
+    """A boot check with ``fatal``: stop this boot (the scheduler stops the run)."""
+
+
+def _placeholders(req: BootRequest, *, port, worktree: Path | None, python: str) -> dict[str, str]:
+    return {"port": str(port), "host": LOOPBACK, "python": python,
+            "worktree": str(worktree if worktree is not None else req.spec_dir), "spec_dir": req.spec_dir}
+
+
+def _cwd(req: BootRequest, worktree: Path | None, python: str) -> Path:
+    if req.cwd:
+        return Path(presets.render_argv([req.cwd], **_placeholders(req, port="", worktree=worktree,
+                                                                    python=python))[0])
+    return worktree if worktree is not None else Path(req.spec_dir)
+
+
+def _env(req: BootRequest, cenv: CommitEnv | None) -> dict[str, str]:
+    """The process env of a boot: this host's, then the config's (preset env, then the
+    arm's), with the commit's environment first on PATH."""
+    env = dict(os.environ)
+    env.update(req.env)
+    return cenv.apply(env) if cenv is not None else env
+
+
+# --------------------------------------------------------------------------- the local backend
+
+
+def device_sets(slots: int, *, cpus: Sequence[int] | None = None) -> list[DeviceSet]:
+    """``slots`` disjoint shares of this host's CPU cores (by default this process's
+    affinity). Raises UserError when the host has fewer cores than slots."""
+    slots = max(1, int(slots))
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if slots > 1 and len(cpus) < slots:
+        raise UserError(f"slots {slots} (--slots or backend.slots): this host gives the harness {len(cpus)} CPU "
+                        "core(s); use at most that many slots")
+    per = len(cpus) // slots
+    return [DeviceSet(slot=i, cpus=tuple(cpus[i * per:(i + 1) * per]) if slots > 1 else None)
+            for i in range(slots)]
+
+
+def _visible_gpus() -> list[int]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return list(range(pynvml.nvmlDeviceGetCount()))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return []
+
+
+class LocalBackend:
+    """Boots on this host, ``slots`` at a time on disjoint device sets.
+
+    With one slot a boot runs on the caller's thread, as a plain function call, on the
+    whole host (nothing pinned). With more, each boot of a batch gets a slot: a share
+    of the CPU cores and, on a host with GPUs, ``devices_needed`` GPUs of its own (the
+    config's tensor parallel degree), so fewer boots run at once when the GPUs run
+    out. Each slot is a thread; their reports reach the sink through a queue drained
+    on the caller's thread (the ledger is written from one thread only). An interrupt
+    on the caller's thread cancels the boots in flight and stops their servers."""
+
+    name = "local"
+
+    def __init__(self, slots: int = 1, *, gpus: Sequence[int] | None = None, cpus: Sequence[int] | None = None):
+        self.sets = device_sets(slots, cpus=cpus)
+        self.slots = len(self.sets)
+        self.gpus = list(gpus) if gpus is not None else (_visible_gpus() if self.slots > 1 else [])
+        self._next = 0
+
+    def close(self) -> None:
+        pass
+
+    def batch_size(self, requests: Sequence[BootRequest]) -> int:
+        """Boots of ``requests`` that fit at once: the slots, and the GPUs where there are any."""
+        if not self.gpus or self.slots == 1:
+            return self.slots
+        need = max((r.devices_needed for r in requests), default=1)
+        fit = len(self.gpus) // max(1, need)
+        if fit < 1:
+            raise UserError(f"a boot needs {need} GPUs (its tensor parallel degree) and this host shows "
+                            f"{len(self.gpus)}; run it on a larger host")
+        return max(1, min(self.slots, fit))
+
+    def assign(self, requests: Sequence[BootRequest]) -> list[BootRequest]:
+        """Device sets for a batch that fits at once: request i takes slot i (rotated by
+        one each batch, so a config does not keep the same cores or GPUs round after
+        round) and the next ``devices_needed`` GPUs."""
+        if self.slots == 1:
+            return list(requests)
+        out = []
+        need = max((r.devices_needed for r in requests), default=1)
+        for i, r in enumerate(requests):
+            slot = (self._next + i) % self.slots
+            base = self.sets[slot]
+            gpus = None
+            if self.gpus:
+                start = (slot * need) % len(self.gpus)
+                gpus = tuple(self.gpus[start:start + r.devices_needed])
+            out.append(r.with_devices(DeviceSet(slot=slot, gpus=gpus, cpus=base.cpus)))
+        self._next = (self._next + 1) % self.slots
+        return out
+
+    def run(self, requests: Sequence[BootRequest], sink: Sink) -> None:
+        if self.slots == 1:
+            for r in requests:
+                run_boot(r, sink)
+            return
+        pending = list(requests)
+        while pending:
+            size = self.batch_size(pending)
+            batch, pending = pending[:size], pending[size:]
+            self._run_parallel(self.assign(batch), sink)
+
+    def _run_parallel(self, requests: Sequence[BootRequest], sink: Sink) -> None:
+        if len(requests) == 1:
+            run_boot(requests[0], sink)
+            return
+        events: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+
+        class _Forward(Sink):
+            def started(self, request, port, argv, log_path):
+                events.put(("started", request, (port, argv, log_path)))
+
+            def sample(self, request, sample):
+                events.put(("sample", request, sample))
+
+            def finished(self, request, outcome):
+                events.put(("finished", request, outcome))
+
+        def work(req: BootRequest) -> None:
+            try:
+                run_boot(req, _Forward(), cancel=cancel)
+            except (KeyboardInterrupt, SystemExit):
+                pass  # reported as interrupted through the sink
+            except BaseException as exc:  # noqa: BLE001 - a crash of one boot must reach the caller
+                events.put(("crashed", req, exc))
+
+        threads = [threading.Thread(target=work, args=(r,), name=f"boot-{r.boot_id}", daemon=True)
+                   for r in requests]
+        for t in threads:
+            t.start()
+        done = 0
+        try:
+            while done < len(requests):
+                kind, req, payload = events.get()
+                if kind == "started":
+                    sink.started(req, *payload)
+                elif kind == "sample":
+                    sink.sample(req, payload)
+                elif kind == "finished":
+                    done += 1
+                    sink.finished(req, payload)
+                else:
+                    done += 1
+                    raise payload
+        except BaseException:
+            cancel.set()  # boots stop at their next sample; servers stop as their threads unwind
+            _stop_servers_of(threads)
+            for t in threads:
+                t.join(timeout=30)
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    kind, req, payload = events.get_nowait()
+                    if kind == "finished":
+                        sink.finished(req, payload)
+                    elif kind == "sample":
+                        sink.sample(req, payload)
+            raise
+
+
+def _stop_servers_of(threads) -> None:
+    """Stop every server this process launched that is still running (their threads
+    then unwind through the benchmark's failing requests)."""
+    from ..server import stop_all
+
+    stop_all()
