@@ -28,17 +28,17 @@ pytestmark = pytest.mark.slow
 
 def test_options_from_a_backend_section():
     o = SlurmOptions.from_mapping({"kind": "slurm", "partition": "gpu", "gpus_per_boot": 8, "cpus_per_boot": 16,
-                                   "time_limit_min": 30, "nodes": 4,
+                                   "time_limit_min": 30,
                                    "sbatch": {"account": "perf", "exclusive": True, "qos": "high",
                                               "reservation": False}})
-    assert (o.partition, o.gpus_per_boot, o.cpus_per_boot, o.time_limit_min, o.nodes) == ("gpu", 8, 16, 30, 4)
+    assert (o.partition, o.gpus_per_boot, o.cpus_per_boot, o.time_limit_min) == ("gpu", 8, 16, 30)
     assert dict(o.sbatch) == {"account": "perf", "exclusive": True, "qos": "high"}  # false: left out
     assert o.python == sys.executable and o.same_node is True
     assert SlurmOptions.from_mapping(None) == SlurmOptions()
 
 
 @pytest.mark.parametrize("section, key, words", [
-    ({"nodes": 0}, "backend.nodes", ">= 1"),
+    ({"cpus_per_boot": 0}, "backend.cpus_per_boot", ">= 1"),
     ({"gpus_per_boot": "eight"}, "backend.gpus_per_boot", "whole number"),
     ({"time_limit_min": True}, "backend.time_limit_min", "whole number"),
     ({"partiton": "gpu"}, "backend.partiton", "unknown key"),
@@ -112,7 +112,7 @@ def test_two_demo_boots_run_as_slurm_jobs_on_two_nodes(slurm_cluster, tmp_path):
     requests = _demo_requests(tmp_path, n=2)
     sink = Recording()
     # a job takes a whole node (both its CPUs), so the two boots run at once on the two nodes
-    backend = SlurmBackend(SlurmOptions(nodes=2, cpus_per_boot=2, time_limit_min=5, poll_s=0.2),
+    backend = SlurmBackend(SlurmOptions(cpus_per_boot=2, time_limit_min=5, poll_s=0.2), slots=2,
                            folder=tmp_path / "jobs")
     backend.run(requests, sink)
     assert sorted(sink.outcomes) == [1, 2]
@@ -163,7 +163,7 @@ def test_a_job_cancelled_while_booting_is_a_failed_boot_naming_its_slurm_state(s
     # many samples: the boot is still measuring when it is cancelled
     [request] = _demo_requests(tmp_path, n=1, samples=400)
     sink = Recording()
-    backend = SlurmBackend(SlurmOptions(nodes=1, time_limit_min=5, poll_s=0.2), folder=tmp_path / "jobs")
+    backend = SlurmBackend(SlurmOptions(time_limit_min=5, poll_s=0.2), folder=tmp_path / "jobs")
     cancelled: list[str] = []
 
     def cancel_when_running():
@@ -186,7 +186,7 @@ def test_an_interrupt_cancels_every_queued_and_running_job(slurm_cluster, tmp_pa
     # three boots, two nodes that each hold one: two jobs run, the third waits in the queue
     requests = _demo_requests(tmp_path, n=3, samples=400)
     sink = Recording()
-    backend = SlurmBackend(SlurmOptions(nodes=3, cpus_per_boot=2, time_limit_min=5, poll_s=0.2),
+    backend = SlurmBackend(SlurmOptions(cpus_per_boot=2, time_limit_min=5, poll_s=0.2), slots=3,
                            folder=tmp_path / "jobs")
     seen: list[str] = []
 

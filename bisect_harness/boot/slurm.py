@@ -8,7 +8,7 @@ through submitit's result file. The controller polls the jobs, hands each
 outcome to the sink (the ledger is written on the controller only, never on a
 node) and keeps at most ``slots`` jobs in the queue at once::
 
-    backend = SlurmBackend(SlurmOptions(partition="gpu", gpus_per_boot=8, nodes=4))
+    backend = SlurmBackend(SlurmOptions(partition="gpu", gpus_per_boot=8), slots=4)
     backend.run(requests, sink)
 
 The cache folder (worktrees, per-commit environments), the log folder and the
@@ -73,12 +73,12 @@ _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The ``backend:`` section of hypotheses.yaml for ``kind: slurm``.
+    """The ``backend:`` section of hypotheses.yaml for ``kind: slurm`` (its ``slots``,
+    how many jobs may be queued or running at once, belongs to the backend).
 
-    ``nodes`` is how many boots (jobs) may be queued or running at once: a round's
-    boots spread over up to that many nodes. ``same_node`` (on by default) pins
-    every job to the node the first job ran on when ``nodes`` is 1, so both arms
-    of every comparison boot on one node. ``sbatch`` holds any other sbatch
+    ``same_node`` (on by default) pins every job to the node the first boot ran on
+    when there is one slot, so both arms of every comparison boot on one node.
+    ``sbatch`` holds any other sbatch
     option (``account``, ``qos``, ``constraint``, ``exclusive: true``...), passed
     to submitit as ``additional_parameters``."""
 
@@ -87,14 +87,13 @@ class SlurmOptions:
     cpus_per_boot: int = 1
     mem_gb: float | None = None
     time_limit_min: int = 60
-    nodes: int = 1
     same_node: bool = True
     sbatch: tuple[tuple[str, Any], ...] = ()
     python: str = field(default_factory=lambda: sys.executable)
     poll_s: float = 0.5
 
-    KEYS = ("kind", "partition", "gpus_per_boot", "cpus_per_boot", "mem_gb", "time_limit_min", "nodes",
-            "same_node", "sbatch", "python", "poll_s")
+    KEYS = ("kind", "partition", "gpus_per_boot", "cpus_per_boot", "mem_gb", "time_limit_min", "same_node",
+            "sbatch", "python", "poll_s")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None, where: str = "backend") -> "SlurmOptions":
@@ -153,7 +152,7 @@ class SlurmOptions:
             pairs.append((key, v))
         return cls(partition=partition, gpus_per_boot=integer("gpus_per_boot", 0, 0),
                    cpus_per_boot=integer("cpus_per_boot", 1, 1), mem_gb=number("mem_gb", None, 0.001),
-                   time_limit_min=integer("time_limit_min", 60, 1), nodes=integer("nodes", 1, 1),
+                   time_limit_min=integer("time_limit_min", 60, 1),
                    same_node=same_node, sbatch=tuple(sorted(pairs)), python=python,
                    poll_s=number("poll_s", 0.5, 0.05))
 
@@ -226,13 +225,19 @@ class _Job:
 
 
 class SlurmBackend:
-    """Boot requests as Slurm jobs, at most ``options.nodes`` at once (see the module doc)."""
+    """Boot requests as Slurm jobs, at most ``slots`` queued or running at once (see the
+    module doc). ``folder`` holds submitit's job files (pickles, batch scripts, logs);
+    by default ``slurm-jobs`` beside each boot's log."""
 
     name = "slurm"
 
-    def __init__(self, options: SlurmOptions | None = None, *, folder: str | os.PathLike | None = None):
+    def __init__(self, options: SlurmOptions | None = None, *, slots: int = 1,
+                 folder: str | os.PathLike | None = None):
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         self.options = options or SlurmOptions()
-        self.slots = self.options.nodes
+        self.slots = slots
+        self._live: dict[str, _Job] = {}
         self.folder = Path(folder) if folder is not None else None
         self.node: str | None = None  # the node every job is pinned to (same_node with one slot)
         missing = [tool for tool in ("sbatch", "squeue", "scancel", "srun") if shutil.which(tool) is None]
@@ -247,7 +252,9 @@ class SlurmBackend:
         return {"name": self.name, "slots": self.slots, "options": self.options.to_dict(), "node": self.node}
 
     def close(self) -> None:
-        pass
+        """Cancel any job still in flight (``run`` cancels its own when interrupted)."""
+        if self._live:
+            self._cancel(self._live, Sink())
 
     # -- submission --------------------------------------------------------------
 
@@ -299,7 +306,7 @@ class SlurmBackend:
 
     def run(self, requests: Sequence[BootRequest], sink: Sink) -> None:
         pending = list(requests)
-        live: dict[str, _Job] = {}
+        live = self._live
         try:
             while pending or live:
                 free = sorted(set(range(self.slots)) - {j.slot for j in live.values()})
@@ -355,6 +362,7 @@ class SlurmBackend:
                               provenance={"slurm": self._slurm_record(j, "CANCELLED")},
                               finished_at=utcnow())
             sink.finished(j.request, out)
+        live.clear()
 
     # -- states and outcomes ----------------------------------------------------------
 
