@@ -208,3 +208,30 @@ def test_an_interrupt_cancels_every_queued_and_running_job(slurm_cluster, tmp_pa
     assert slurm_cluster.jobs() == []  # nothing left queued or running
     from helpers import wait_for
     wait_for(lambda: not _job_processes(job_ids), timeout=15, what="the cancelled jobs' processes to end")
+
+
+def test_one_slot_keeps_every_boot_on_the_first_boots_node_until_that_node_is_gone(slurm_cluster, tmp_path):
+    r1, r2, r3 = _demo_requests(tmp_path, n=3)
+    sink = Recording()
+    backend = SlurmBackend(SlurmOptions(cpus_per_boot=2, time_limit_min=5, poll_s=0.2), slots=1,
+                           folder=tmp_path / "jobs")
+    backend.run([r1], sink)
+    first = sink.outcomes[1].provenance["slurm"]["node"]
+    assert backend.node == first
+    other = next(n for n in slurm_cluster.node_names if n != first)
+    # the first node is busy for a while and the other is free: the boot waits for the first
+    blocker = slurm_cluster.run("sbatch", "--parsable", f"--nodelist={first}", "--cpus-per-task=2",
+                                "--output=/dev/null", "--wrap=sleep 4")
+    assert blocker.returncode == 0, blocker.stderr
+    backend.run([r2], sink)
+    assert sink.outcomes[2].status == "ok" and sink.outcomes[2].provenance["slurm"]["node"] == first
+    # the first node is drained: the pinned job cannot start there, and goes where Slurm sends it
+    drain = slurm_cluster.run("scontrol", "update", f"nodename={first}", "state=drain", "reason=bisect-harness test")
+    assert drain.returncode == 0, drain.stderr
+    try:
+        backend.run([r3], sink)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"nodename={first}", "state=resume")
+    assert sink.outcomes[3].status == "ok" and sink.outcomes[3].provenance["slurm"]["node"] == other
+    assert any(f"cannot start on {first}" in m for m in sink.messages), sink.messages
+    assert backend.node == other
