@@ -61,3 +61,54 @@ def test_a_run_with_a_bisection_through_slurm_agrees_with_the_local_backend(slur
     assert ok and all(p["slurm"]["node"] in slurm_cluster.node_names and p["slurm"]["job_id"] for p in ok)
     assert all(p["devices"]["node"] == p["slurm"]["node"] for p in ok)
     assert slurm_cluster.jobs() == []
+
+
+def test_sigterm_on_harness_run_cancels_its_jobs_and_records_them_interrupted(slurm_cluster, tmp_path):
+    import signal
+
+    import yaml
+
+    from helpers import wait_for
+    from test_slurm import _job_processes
+
+    hyps = [{"id": "comm", "baseline": {"commit": "HEAD"},
+             "treatment": {"commit": "HEAD", "env": {"DEMO_COMM_TUNING": "1"}},
+             "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]
+    # many samples a boot: the jobs are still measuring when the harness is stopped
+    spec = tmp_path / "h.yaml"
+    spec.write_text(yaml.safe_dump({
+        "version": 1, "engine": {"preset": "demo"},
+        "benchmark": {"prompt_tokens": 8, "output_tokens": 8, "requests_per_sample": 2},
+        "defaults": {"samples_per_boot": 400, "boots_per_arm": 2, "max_boots_per_arm": 2},
+        "backend": {"kind": "slurm", "slots": 2, "cpus_per_boot": 2, "time_limit_min": 5},
+        "hypotheses": hyps}, sort_keys=False))
+    proc = subprocess.Popen([sys.executable, "-m", "bisect_harness.cli", "run", str(spec), "--no-calibration",
+                             "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                             "--journal-dir", str(tmp_path / "journal")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def two_running():
+            out = slurm_cluster.run("squeue", "--noheader", "--states=RUNNING", "--format=%i").stdout.split()
+            logs = list((tmp_path / "journal").rglob("*.log"))
+            return out if len(out) == 2 and sum(p.stat().st_size > 0 for p in logs) >= 2 else None
+
+        jobs = wait_for(two_running, timeout=120, what="two running jobs with booting servers")
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-2000:]  # SIGTERM: every job cancelled, then the exit it asks for
+    assert slurm_cluster.jobs() == [], "every job was cancelled"
+    with sqlite3.connect(tmp_path / "results.db") as con:
+        rows = con.execute("SELECT status, failure, provenance FROM boots").fetchall()
+    cancelled = {json.loads(p)["slurm"]["job_id"]: (s, f) for s, f, p in rows if p and "slurm" in json.loads(p)}
+    assert set(jobs) <= set(cancelled), (jobs, rows)
+    assert all(s == "interrupted" and "cancelled" in f for s, f in cancelled.values()), cancelled
+    assert {s for s, _, _ in rows} == {"interrupted"}
+    for job_id in jobs:
+        state = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+        assert "JobState=CANCELLED" in state, state
+    wait_for(lambda: not _job_processes(jobs), timeout=15, what="the cancelled jobs' processes to end")
