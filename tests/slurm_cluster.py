@@ -21,6 +21,7 @@ process group) and then sweeps any process still carrying this cluster's
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -72,13 +73,14 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         host = socket.gethostname().split(".")[0]
+        user = pwd.getpwuid(os.getuid()).pw_name
         ctld_port = free_port()
         lines = [
             f"ClusterName={self.name}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
+            f"SlurmUser={user}",  # the user running the tests (root on CI)
+            f"SlurmdUser={user}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={self.munge_socket}",

@@ -53,9 +53,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import InfrastructureError, SpecError
 from .request import BootOutcome, BootRequest, DeviceSet, Sink
 
-__all__ = ["SlurmOptions", "SlurmBackend", "node_boot", "SLURM_OVERHEAD_KEYS"]
-
-SLURM_OVERHEAD_KEYS = ("job_id", "node", "state", "queued_s", "boot_s", "returned_s", "total_s")
+__all__ = ["SlurmOptions", "SlurmBackend", "node_boot", "node_fingerprint"]
 
 # states a job leaves the queue in (squeue/sacct long names)
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
@@ -202,10 +200,12 @@ def _job_gpus() -> tuple[int, ...] | None:
 
 
 def _job_cpus() -> tuple[int, ...] | None:
+    """The CPUs Slurm bound the job to, or None where it may use them all (nothing to pin)."""
     try:
-        return tuple(sorted(os.sched_getaffinity(0)))
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return None
+    return cpus if len(cpus) < (os.cpu_count() or 0) else None
 
 
 # --------------------------------------------------------------------------- on the controller
@@ -221,7 +221,7 @@ class _Job:
     state: str = "PENDING"
     node: str | None = None
     reason: str | None = None
-    missing_polls: int = 0
+    missing_since: float | None = None  # when squeue first stopped listing it
 
 
 class SlurmBackend:
@@ -352,7 +352,7 @@ class SlurmBackend:
         deadline = time.monotonic() + 15
         while live and time.monotonic() < deadline:  # until Slurm has taken them out of the queue
             states = _squeue(list(live))
-            if all(states.get(i, ("CANCELLED",))[0] in ENDED for i in live):
+            if states is not None and all(states.get(i, ("CANCELLED",))[0] in ENDED for i in live):
                 break
             time.sleep(0.2)
         for job_id, j in live.items():
@@ -370,21 +370,23 @@ class SlurmBackend:
         if not live:
             return
         states = _squeue(list(live))
+        if states is None:
+            return  # the controller did not answer: nothing learnt, nothing concluded
+        now = time.monotonic()
         for job_id, j in live.items():
             if job_id in states:
                 j.state, node, j.reason = states[job_id]
                 j.node = node or j.node
-                j.missing_polls = 0
-            else:
-                j.missing_polls += 1
-        lost = [i for i, j in live.items() if j.missing_polls >= 2 and not j.job.paths.result_pickle.exists()]
+                j.missing_since = None
+            elif j.missing_since is None:
+                j.missing_since = now
+        lost = [i for i, j in live.items() if j.missing_since is not None and now - j.missing_since > 2
+                and not j.job.paths.result_pickle.exists()]
         if lost:  # aged out of the controller's memory: ask accounting, where there is some
             for job_id, (state, node) in _sacct(lost).items():
                 live[job_id].state, live[job_id].node = state, node or live[job_id].node
 
     def _outcome_if_done(self, j: _Job) -> BootOutcome | None:
-        from ..ledger import utcnow
-
         seen = time.time()
         if j.job.paths.result_pickle.exists():
             try:
@@ -412,7 +414,7 @@ class SlurmBackend:
             return self._failed(j, f"Slurm job {j.job.job_id} ended {j.state} on {j.node or 'no node'} "
                                    "before the boot reported"
                                 + (f" (reason: {j.reason})" if j.reason and j.reason != "None" else ""))
-        if j.missing_polls * self.options.poll_s > 30:
+        if j.missing_since is not None and time.monotonic() - j.missing_since > 30:
             return self._failed(j, f"Slurm job {j.job.job_id} is no longer known to the controller and left "
                                    "no outcome")
         return None
@@ -421,7 +423,7 @@ class SlurmBackend:
         """Wait (briefly: the boot has returned, the job is ending) for the job's final state."""
         deadline = time.monotonic() + timeout_s
         while j.state not in ENDED and time.monotonic() < deadline:
-            state = _squeue([j.job.job_id]).get(j.job.job_id)
+            state = (_squeue([j.job.job_id]) or {}).get(j.job.job_id)
             if state is not None:
                 j.state, j.node, j.reason = state[0], state[1] or j.node, state[2]
             if j.state not in ENDED:
@@ -454,15 +456,19 @@ def _tail(job, lines: int = 40) -> str | None:
     return "\n".join(text.splitlines()[-lines:]) or None
 
 
-def _squeue(job_ids: Sequence[str]) -> dict[str, tuple[str, str | None, str | None]]:
-    """``{job id: (state, node, reason)}`` for the jobs the controller still holds."""
+def _squeue(job_ids: Sequence[str]) -> dict[str, tuple[str, str | None, str | None]] | None:
+    """``{job id: (state, node, reason)}`` for the jobs the controller still holds; None
+    when the controller did not answer."""
     if not job_ids:
         return {}
     try:
         out = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs=" + ",".join(job_ids),
                               "--format=%i|%T|%N|%r"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return None
+    if out.returncode != 0:
+        # every id unknown (aged out of the controller's memory) is an answer; anything else is not
+        return {} if "Invalid job id" in out.stderr else None
     states = {}
     for line in out.stdout.splitlines():
         parts = line.strip().split("|")
