@@ -223,7 +223,8 @@ def test_one_slot_keeps_every_boot_on_the_first_boots_node_until_that_node_is_go
                                 "--output=/dev/null", "--wrap=sleep 4")
     assert blocker.returncode == 0, blocker.stderr
     backend.run([r2], sink)
-    assert sink.outcomes[2].status == "ok" and sink.outcomes[2].provenance["slurm"]["node"] == first
+    out = sink.outcomes[2]
+    assert out.status == "ok" and out.provenance["slurm"]["node"] == first, (out.failure, out.provenance)
     # the first node is drained: the pinned job cannot start there, and goes where Slurm sends it
     drain = slurm_cluster.run("scontrol", "update", f"nodename={first}", "state=drain", "reason=bisect-harness test")
     assert drain.returncode == 0, drain.stderr

@@ -321,7 +321,7 @@ class SlurmBackend:
                     outcome = self._outcome_if_done(j)
                     if outcome is None:
                         if j.state == "PENDING" and j.pinned and j.reason and \
-                                any(r in j.reason for r in UNREACHABLE_REASONS):
+                                any(r in j.reason for r in UNREACHABLE_REASONS) and not _node_usable(j.pinned):
                             # the pinned node is gone: unpin and let Slurm choose
                             sink.message(f"Slurm job {job_id} cannot start on {j.pinned} ({j.reason}); "
                                          "resubmitting without pinning the node")
@@ -454,6 +454,21 @@ def _tail(job, lines: int = 40) -> str | None:
     except OSError:
         return None
     return "\n".join(text.splitlines()[-lines:]) or None
+
+
+def _node_usable(node: str) -> bool:
+    """Whether ``node`` can still run jobs (not down, drained, failing or gone); a
+    controller that does not answer leaves it usable."""
+    try:
+        out = subprocess.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%T"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    if out.returncode != 0:
+        return "Invalid node name" not in out.stderr
+    states = out.stdout.split()
+    bad = ("down", "drain", "fail", "maint", "reboot", "unknown", "future", "power")
+    return bool(states) and not all(any(b in st.lower() for b in bad) or st.endswith("*") for st in states)
 
 
 def _squeue(job_ids: Sequence[str]) -> dict[str, tuple[str, str | None, str | None]] | None:
