@@ -25,13 +25,13 @@ FORK = mp.get_context("fork")
 
 
 def _open_ledger(url: str) -> None:
-    from bisect_harness.ledger import Ledger
+    from bisect_harness.record.ledger import Ledger
 
     Ledger(url).close()
 
 
 def _make_tree(repo: str, cache: str, sha: str) -> None:
-    from bisect_harness.checkout import Workspace
+    from bisect_harness.planning.checkout import Workspace
 
     ws = Workspace(Path(repo), cache_dir=Path(cache))
     tree = ws.worktree(sha)

@@ -44,7 +44,7 @@ def main() -> int:
         verdicts = {h["id"]: h for h in summary["hypotheses"]}
 
         from bisect_harness.demo import read_demo_history
-        from bisect_harness.ledger import Bisection, Ledger
+        from bisect_harness.record.ledger import Bisection, Ledger
         from sqlalchemy import select
 
         demo = next((tmp / "cache").glob("demo-engine-v*"))

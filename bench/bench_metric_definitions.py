@@ -55,12 +55,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_harness import client  # noqa: E402
+from bisect_harness.boot import client  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
 from bisect_harness.model import BenchmarkSpec  # noqa: E402
-from bisect_harness.presets import get_preset  # noqa: E402
-from bisect_harness.server import ServerProcess, free_port  # noqa: E402
-from bisect_harness.sources import SourceCollector, parse_source  # noqa: E402
+from bisect_harness.input.presets import get_preset  # noqa: E402
+from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
+from bisect_harness.boot.sources import SourceCollector, parse_source  # noqa: E402
 
 DEMO = get_preset("demo")
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -11,8 +11,8 @@ is small on purpose::
         for h in run.hypotheses:
             print(h.hid, h.verdict.outcome, h.verdict.ratio)
 
-The statistics (``bisect_harness.stats``) and the bisection search
-(``bisect_harness.bisection``) are pure and usable on their own.
+The statistics (``bisect_harness.analysis.stats``) and the bisection search
+(``bisect_harness.analysis.bisection``) are pure and usable on their own.
 """
 
 __version__ = "0.1.0"
@@ -20,15 +20,15 @@ __version__ = "0.1.0"
 # Exports load on first use, so `harness --help` and `import bisect_harness` stay fast
 # and a missing optional tool (git, a GPU) only matters to the part that needs it.
 _EXPORTS = {
-    "BisectionSearch": "bisection", "BisectResult": "bisection",
+    "BisectionSearch": "analysis.bisection", "BisectResult": "analysis.bisection",
     "BootFailed": "errors", "BootTimeout": "errors", "BuildFailed": "errors", "CommitError": "errors",
     "ConfigFailure": "errors", "HarnessError": "errors", "InfrastructureError": "errors",
     "SpecError": "errors", "UserError": "errors",
-    "Executor": "executor", "Ledger": "ledger",
+    "Executor": "orchestrate.executor", "Ledger": "record.ledger",
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
     "Outcome": "model", "SampleResult": "model",
-    "make_plan": "plan", "Spec": "spec", "load_spec": "spec",
-    "Design": "stats", "StatVerdict": "stats", "evaluate": "stats",
+    "make_plan": "planning.plan", "Spec": "input.spec", "load_spec": "input.spec",
+    "Design": "analysis.stats", "StatVerdict": "analysis.stats", "evaluate": "analysis.stats",
 }
 
 __all__ = sorted(_EXPORTS)

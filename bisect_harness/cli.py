@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import HarnessError, UserError
-from .secrets import redact_obj, redact_text
+from .input.secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -91,7 +91,7 @@ class _ProgressObserver:
 
 def _verdict_table(run) -> Table:
     t = Table(title=f"run {run.id}: verdicts")
-    from .journal import _checks_cell
+    from .record.journal import _checks_cell
 
     for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
         t.add_column(col)
@@ -145,16 +145,16 @@ def run(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
-    from . import journal
-    from .executor import Executor
-    from .ledger import Ledger
-    from .plan import make_plan
-    from .spec import load_spec
+    from .record import journal
+    from .orchestrate.executor import Executor
+    from .record.ledger import Ledger
+    from .planning.plan import make_plan
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
     if dry_run:
-        from .dryrun import describe_plan
+        from .input.dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
                                   say=lambda t: console.print(redact_text(t), markup=False))
@@ -202,7 +202,7 @@ def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
 
 def _bisect_confirmed(executor, console: Console) -> None:
     """``bisect: true`` hypotheses whose regression was confirmed get bisected in the same run."""
-    from .bisect_runner import bisect_hypothesis
+    from .orchestrate.bisect_runner import bisect_hypothesis
 
     for h in executor.plan.hypotheses:
         row = next(r for r in executor.run.hypotheses if r.hid == h.id)
@@ -233,10 +233,10 @@ def bisect(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from . import journal
-    from .bisect_runner import bisect_range
-    from .ledger import Ledger
-    from .spec import load_spec
+    from .record import journal
+    from .orchestrate.bisect_runner import bisect_range
+    from .record.ledger import Ledger
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
@@ -283,10 +283,10 @@ def nightly(
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from . import journal
-    from .ledger import Ledger
-    from .nightly import run_nightly
-    from .spec import load_spec
+    from .record import journal
+    from .record.ledger import Ledger
+    from .orchestrate.nightly import run_nightly
+    from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
@@ -322,7 +322,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
 @ledger_app.command("list")
 def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "--json")) -> None:
     """The runs in the ledger, newest first."""
-    from .ledger import Ledger, require_existing
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         runs = led.runs()
@@ -344,7 +344,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
 def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
                 json_out: bool = typer.Option(False, "--json")) -> None:
     """One run: its verdicts, configs and boots."""
-    from .ledger import Ledger, require_existing
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id)
@@ -367,8 +367,8 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
 def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help="Run id (default: the latest)."),
                 ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
     """Render a run's journal again from the ledger."""
-    from . import journal
-    from .ledger import Ledger, require_existing
+    from .record import journal
+    from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
@@ -381,7 +381,7 @@ CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (defaul
 
 def _cache_lines(entries) -> list[str]:
     """One plain line per entry (commit, kind, size, last use, repository): never wrapped or cut."""
-    from .cache import human_age, human_size
+    from .planning.cache import human_age, human_size
 
     lines = [f"  {'commit':<12}  {'kind':<11}  {'size':>10}  {'last used':>10}  repository"]
     for e in entries:
@@ -394,8 +394,8 @@ def _cache_lines(entries) -> list[str]:
 def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")) -> None:
     """Every worktree and environment in the cache, least recently used first."""
-    from .cache import human_size, list_cache
-    from .checkout import default_cache_dir
+    from .planning.cache import human_size, list_cache
+    from .planning.checkout import default_cache_dir
 
     root = cache_dir or default_cache_dir()
     entries = list_cache(root)
@@ -423,8 +423,8 @@ def cache_prune(
 ) -> None:
     """Reclaim worktrees and environments by age and/or total size (the user's repository is never touched;
     a removed commit is checked out and built again when next used)."""
-    from .cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
-    from .checkout import default_cache_dir
+    from .planning.cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
+    from .planning.checkout import default_cache_dir
 
     age = parse_age(older_than) if older_than is not None else None
     size = parse_size(max_size) if max_size is not None else None
@@ -450,7 +450,7 @@ def cache_prune(
 def doctor(json_out: bool = typer.Option(False, "--json"),
            seconds: float = typer.Option(3.0, "--seconds", help="Budget of the calibration probe.")) -> None:
     """This host's provenance and a calibration probe, now."""
-    from . import calibration
+    from .boot import calibration
 
     report = calibration.doctor_report(seconds_budget=seconds)
     if json_out:
@@ -476,7 +476,7 @@ def _wait_quiet_value(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place errors become exit codes."""
-    from .server import install_signal_handlers
+    from .boot.server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
     argv = _wait_quiet_value(list(sys.argv[1:] if argv is None else argv))

@@ -111,7 +111,7 @@ class Arm:
 
     def describe(self) -> str:
         parts = [self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
-        from .secrets import redact_env  # a label is stored and printed: secret values masked
+        from .input.secrets import redact_env  # a label is stored and printed: secret values masked
 
         parts += [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
         parts += [f"--{k}={v}" for k, v in sorted(redact_env(self.flags).items())]

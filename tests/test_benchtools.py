@@ -21,12 +21,12 @@ import psutil
 import pytest
 
 from bench_tool_standin import _sglang_parser, _vllm_parser, standin_bin
-from bisect_harness import benchtools
-from bisect_harness.benchtools import Endpoint, get_tool, run_owned, sample_runner
-from bisect_harness.client import SampleFailed
+from bisect_harness.boot import benchtools
+from bisect_harness.boot.benchtools import Endpoint, get_tool, run_owned, sample_runner
+from bisect_harness.boot.client import SampleFailed
 from bisect_harness.errors import SpecError, UserError
 from bisect_harness.model import BenchmarkSpec
-from bisect_harness.spec import parse_spec
+from bisect_harness.input.spec import parse_spec
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
 BENCH = BenchmarkSpec(prompt_tokens=8, output_tokens=12, requests_per_sample=3, concurrency=2, warmup_requests=1,
@@ -131,7 +131,7 @@ def test_a_tool_dies_with_a_harness_killed_by_sigkill(tmp_path):
     script.write_text(textwrap.dedent(f"""\
         import os, sys
         from pathlib import Path
-        from bisect_harness.benchtools import run_owned
+        from bisect_harness.boot.benchtools import run_owned
         run_owned([sys.executable, "-c", {tool!r}, {marker!r}], env=dict(os.environ), cwd=Path({str(tmp_path)!r}),
                   log_path=Path({str(tmp_path / "t.log")!r}), timeout_s=300)
         """))
@@ -145,7 +145,7 @@ def test_a_tool_dies_with_a_harness_killed_by_sigkill(tmp_path):
     finally:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-    wait_for(lambda: not tools(), timeout=30, what="the watchdog to end the tool's group")
+    wait_for(lambda: not tools(), timeout=30, what="the supervisor to end the tool's tree")
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.demo import create_demo_repo
-from bisect_harness.ledger import Bisection, Ledger
+from bisect_harness.record.ledger import Bisection, Ledger
 
 pytestmark = pytest.mark.slow
 

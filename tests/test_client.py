@@ -19,9 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bisect_harness.client import (
-    SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, synthetic_prompt, warmup,
-)
+from bisect_harness.boot.client import (SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, synthetic_prompt, warmup)
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "streams"
@@ -332,7 +330,7 @@ def test_unknown_api_is_rejected():
 # --------------------------------------------------------------------------- percentiles
 
 def _record(ttft, gaps, tokens, e2e=None):
-    from bisect_harness.client import RequestRecord
+    from bisect_harness.boot.client import RequestRecord
 
     decode = sum(gaps)
     e2e = e2e if e2e is not None else ttft + decode
@@ -344,7 +342,7 @@ def _record(ttft, gaps, tokens, e2e=None):
 
 
 def test_percentiles_are_linear_interpolation_over_requests_and_tokens():
-    from bisect_harness.client import percentile_metrics
+    from bisect_harness.boot.client import percentile_metrics
 
     recs = [_record(0.1, [0.01, 0.02], 3), _record(0.2, [0.03], 2), _record(0.3, [], 1), _record(0.4, [0.05], 2)]
     m = percentile_metrics(recs)
@@ -364,7 +362,7 @@ def test_percentiles_are_linear_interpolation_over_requests_and_tokens():
 
 
 def test_token_gaps_split_multi_token_chunks_and_carry_empty_ones():
-    from bisect_harness.client import _token_gaps
+    from bisect_harness.boot.client import _token_gaps
 
     # chunks at 0, 0.1 (2 tokens), 0.15 (0 tokens), 0.3 (1 token)
     assert _token_gaps([0.0, 0.1, 0.15, 0.3], [1, 2, 0, 1], 3) == pytest.approx((0.05, 0.05, 0.2))

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, event
 
-from bisect_harness import ledger as ledger_mod
-from bisect_harness.checkout import Workspace
-from bisect_harness.ledger import Boot, Config, Ledger, Run
-from bisect_harness.liveness import OWNER_KEY, owner_record
+from bisect_harness.record import ledger as ledger_mod
+from bisect_harness.planning.checkout import Workspace
+from bisect_harness.record.ledger import Boot, Config, Ledger, Run
+from bisect_harness.orchestrate.liveness import OWNER_KEY, owner_record
 from helpers import HARNESS, git, query
 
 FORK = mp.get_context("fork")

@@ -117,6 +117,9 @@ def test_example_plan_as_json(example, tmp_path):
 
     mode = hyps["verify-attention-mode"]
     assert mode["metric"] == "verify_ms" and mode["expect"] == "decrease"
+    sources = plan["metric_sources"]
+    assert sources[0].startswith("log source 'verify_ms': median 'value' of")
+    assert len(sources) == len({s.split("'")[1] for s in sources}) >= 2
     assert flag_value(configs[mode["baseline"]]["argv"], "--speculative-attention-mode") == "prefill"
     assert flag_value(configs[mode["treatment"]]["argv"], "--speculative-attention-mode") == "decode"
 
@@ -144,6 +147,9 @@ def test_example_plan_as_text(example, tmp_path):
     for n, hid in STEP_IDS.items():
         assert f"hypothesis {hid}: config 1 vs config" in out
     assert "hypothesis eagle3-regression: config 9 vs config 2, tok_s decrease >= 10.0%, bisect if confirmed" in out
+    # each declared metric source says, in one line, what it reads
+    assert "\nmetric sources:\n  log source 'verify_ms': median 'value' of the server log's new lines matching " in out
+    assert "[ms], lower is better" in out
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 
-from bisect_harness.engine_flags import argparse_rejection, check_argv, help_options
+from bisect_harness.input.engine_flags import argparse_rejection, check_argv, help_options
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
-from bisect_harness.server import ServerProcess, free_port
+from bisect_harness.boot.server import ServerProcess, free_port
 from helpers import git, harness, last_json, query, write_spec
 
 SERVER = '''"""A tiny OpenAI-compatible server whose flags change between commits."""

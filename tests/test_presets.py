@@ -1,13 +1,13 @@
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from bisect_harness import presets
-from bisect_harness.engine_flags import check_argv
+from bisect_harness.input import presets
+from bisect_harness.input.engine_flags import check_argv
 from bisect_harness.errors import UserError
-from bisect_harness.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv,
-                                    server_info_candidates)
+from bisect_harness.input.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv, server_info_candidates)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
 
@@ -33,7 +33,6 @@ def test_preset_contents():
     assert s.launch == ("{python}", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}")
     assert s.health_path == "/health_generate" and s.ready_timeout_s >= 1200
     assert s.server_info_paths == ("/server_info", "/get_server_info")
-    assert s.api == "generate"
     assert v.launch[:2] == ("vllm", "serve") and v.health_path == "/health" and v.ready_timeout_s >= 1200
     assert v.server_info_paths[0].startswith("/server_info") and v.env["VLLM_SERVER_DEV_MODE"] == "1"
     assert o.launch == ()
@@ -173,7 +172,7 @@ def test_example_yaml_parses_and_uses_known_preset_and_flags():
 
 
 def test_example_yaml_metric_sources_parse():
-    from bisect_harness.sources import parse_source
+    from bisect_harness.boot.sources import parse_source
 
     doc = yaml.safe_load(EXAMPLE.read_text())
     names = {parse_source(m, f"engine.metrics[{i}]").name for i, m in enumerate(doc["engine"]["metrics"])}
@@ -204,7 +203,8 @@ def test_compare_modes_and_help_args():
 def test_module_exports():
     assert set(presets.__all__) == {"Preset", "PRESETS", "get_preset", "canonical_flag", "flags_to_argv",
                                     "render_argv", "server_info_candidates", "info_key", "compare_mode",
-                                    "flag_note", "COMPARE_MODES", "launch_argv"}
+                                    "flag_note", "COMPARE_MODES", "launch_argv",
+                                    "DemoPreset", "register_preset"}
 
 
 def test_vllm_model_comes_right_after_serve():
@@ -216,3 +216,88 @@ def test_vllm_model_comes_right_after_serve():
     assert presets.launch_argv(["x", "--port", "1"], {"model": "/m"}, v) == ["x", "--port", "1", "/m"]
     s = get_preset("sglang")
     assert presets.launch_argv(s.launch, {"tp": 2}, s) == list(s.launch) + ["--tp-size", "2"]
+
+
+# --------------------------------------------------------------------------- the registry of presets
+
+
+def test_presets_are_registered_by_name_and_describe_themselves():
+    assert set(PRESETS) == {"sglang", "vllm", "openai", "demo"}
+    assert all(PRESETS[name].name == name for name in PRESETS)
+    with pytest.raises(TypeError):
+        PRESETS["mine"] = get_preset("openai")  # a read-only view: add a preset with register_preset
+    with pytest.raises(ValueError, match="already registered"):
+        presets.register_preset(presets.Preset(name="sglang", description="another"))
+    assert get_preset("sglang").describe() == (
+        "sglang (SGLang: python -m sglang.launch_server; readiness by /health_generate)")
+    assert get_preset("demo").describe() == ("demo (the built-in demo engine (a small torch model over HTTP); "
+                                             "makes its own repository when engine.repo is left out)")
+    # only the demo makes its own repository; the others have none without engine.repo
+    assert [n for n, p in PRESETS.items() if p.has_default_repo] == ["demo"]
+    assert all(PRESETS[n].default_repo(Path("unused")) is None for n in ("sglang", "vllm", "openai"))
+
+
+class _LocalHistory(presets.Preset):
+    """A preset that, like the demo, makes its own repository: a real git history in the cache."""
+
+    has_default_repo = True
+
+    def default_repo(self, cache_dir):
+        from bisect_harness.demo import create_demo_repo
+
+        path = Path(cache_dir) / "local-history"
+        if not path.exists():
+            create_demo_repo(path)
+        return path
+
+
+LOCAL_HISTORY_SPEC = """\
+version: 1
+engine:
+  preset: local-history-for-test
+  environment: venv
+hypotheses:
+  - id: head-vs-older
+    statement: HEAD is slower than HEAD~3
+    baseline: {commit: HEAD~3}
+    treatment: {}
+    metric: tok_s
+    expect: decrease
+    min_effect: 10%
+"""
+
+
+def test_a_preset_that_makes_its_repository_needs_no_name_check(tmp_path):
+    """What the demo preset could do by name (commits without engine.repo, an
+    environment per commit, a repository made in the cache), any registered preset
+    with a default_repo can do: spec, plan and dry-run ask the preset."""
+    from bisect_harness.input.dryrun import describe_plan
+    from bisect_harness.errors import SpecError
+    from bisect_harness.planning.plan import engine_repo, make_plan
+    from bisect_harness.input.spec import load_spec
+
+    spec_file = tmp_path / "hypotheses.yaml"
+    spec_file.write_text(LOCAL_HISTORY_SPEC)
+    with pytest.raises(SpecError, match="unknown engine preset 'local-history-for-test'"):
+        load_spec(spec_file)
+    preset = presets.register_preset(_LocalHistory(name="local-history-for-test", launch=get_preset("demo").launch,
+                                                   description="a test's history"))
+    try:
+        spec = load_spec(spec_file)
+        cache = tmp_path / "cache"
+        repo = engine_repo(spec, cache)
+        assert repo == cache / "local-history" and (repo / ".git").exists()
+        plan = make_plan(spec, cache_dir=cache)
+        shas = subprocess.run(["git", "-C", str(repo), "rev-list", "-n", "4", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.split()
+        (h,) = plan.hypotheses
+        assert (h.baseline.arm.commit, h.treatment.arm.commit) == (shas[3], shas[0])
+        text, obj = describe_plan(spec, cache_dir=cache)
+        assert "engine: preset local-history-for-test (a test's history; makes its own repository" in text
+        assert obj["preset"] == preset.describe()
+    finally:
+        presets._REGISTRY.pop("local-history-for-test", None)
+    # the same file with a preset that has no repository: commits and environments are refused
+    spec_file.write_text(LOCAL_HISTORY_SPEC.replace("local-history-for-test", "openai\n  launch: [x, '{port}']"))
+    with pytest.raises(SpecError, match="engine.environment"):
+        load_spec(spec_file)

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.errors import UserError
-from bisect_harness.provenance import (EnvReport, FlagReport, GpuInfo, GpuSampler, HostInfo,
-                                       SamplerSummary, collect_host, decode_throttle_reasons,
-                                       env_report, flag_report, read_gpus, values_equal)
+from bisect_harness.boot.provenance import (EnvReport, FlagReport, GpuInfo, GpuSampler, HostInfo, SamplerSummary, collect_host, decode_throttle_reasons, env_report, flag_report, read_gpus, values_equal)
 
 VAR = "BH_TEST_NCCL_TUNING"
 
@@ -398,7 +396,7 @@ def test_real_nvml_reads_every_gpu():
 
 
 def test_disable_flag_is_checked_against_its_positive_twin():
-    from bisect_harness.provenance import flag_report
+    from bisect_harness.boot.provenance import flag_report
 
     ok = flag_report({"disable-cuda-graph": True}, {"cuda_graph": False})
     assert ok.ok and ok.checks[0].status == "matched"

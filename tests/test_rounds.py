@@ -11,10 +11,10 @@ import pytest
 
 from bisect_harness.errors import SpecError
 from bisect_harness.boot import BootOutcome
-from bisect_harness.executor import Executor
-from bisect_harness.ledger import Ledger
-from bisect_harness.plan import make_plan
-from bisect_harness.spec import load_spec
+from bisect_harness.orchestrate.executor import Executor
+from bisect_harness.record.ledger import Ledger
+from bisect_harness.planning.plan import make_plan
+from bisect_harness.input.spec import load_spec
 
 from helpers import write_spec
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness import secrets
-from bisect_harness.secrets import (is_secret, mask, redact_argv, redact_env, redact_obj, redact_text,
-                                    redact_yaml)
+from bisect_harness.input import secrets
+from bisect_harness.input.secrets import (is_secret, mask, redact_argv, redact_env, redact_obj, redact_text, redact_yaml)
 
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
@@ -90,7 +89,7 @@ def test_redact_obj_walks_json_and_returns_the_same_object_when_clean():
 
 
 def test_spec_registers_its_secret_values_and_names(tmp_path):
-    from bisect_harness.spec import load_spec
+    from bisect_harness.input.spec import load_spec
 
     spec = write_spec(tmp_path / "h.yaml", engine={"preset": "demo", "env": {"UNIT_TOKEN": "unit-tok-789"}},
                       defaults={"secret_names": ["UNIT_VAR"]},

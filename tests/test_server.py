@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
-from bisect_harness.server import ServerProcess, free_port, live_servers
+from bisect_harness.boot.server import ServerProcess, free_port, live_servers
+from bisect_harness.boot.supervisor import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,7 +201,7 @@ def test_exception_in_with_block_stops_server(tmp_path, fake):
 HARNESS = textwrap.dedent('''
     import os, sys, time
     from pathlib import Path
-    from bisect_harness.server import ServerProcess, free_port
+    from bisect_harness.boot.server import ServerProcess, free_port
     tmp, fake = Path(sys.argv[1]), sys.argv[2]
     port = free_port()
     try:
@@ -234,11 +235,8 @@ def start_harness(tmp_path, fake):
 
 
 def reaper_pids_of(harness_pid: int) -> list[int]:
-    out = []
-    for p in psutil.Process(harness_pid).children():
-        if "bisect_harness._reaper" in " ".join(p.cmdline()):
-            out.append(p.pid)
-    return out
+    """The supervisors (one per server) the harness started."""
+    return supervisors_of(harness_pid)
 
 
 def test_sigkill_of_harness_kills_server_group(tmp_path, fake):

@@ -1,11 +1,14 @@
+import dataclasses
+import pickle
 import time
+from typing import ClassVar
 
 import pytest
 
+from bisect_harness.boot import sources as sources_mod
 from bisect_harness.errors import SpecError
-from bisect_harness.model import Better
-from bisect_harness.sources import (LogSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector,
-                                    lookup, parse_source)
+from bisect_harness.model import Better, Metric
+from bisect_harness.boot.sources import (LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector, lookup, parse_source, register_source, source_kinds)
 from helpers import FakeServer
 
 
@@ -250,3 +253,102 @@ def test_end_without_begin_is_a_bug():
     c = SourceCollector([], "http://127.0.0.1:9", None)
     with pytest.raises(RuntimeError):
         c.end_sample([], 1.0)
+
+
+# --------------------------------------------------------------------------- the registry of kinds
+
+ONE_OF_EACH = [
+    {"name": "gen", "from": "prometheus", "metric": "sglang:generation_tokens_total", "kind": "rate",
+     "labels": {"tp_rank": 0}, "better": "higher", "when": {"speculative-algorithm": True}},
+    {"name": "bs", "from": "server_info", "field": "cuda_graph_max_bs", "better": "higher"},
+    {"name": "acc", "from": "response", "field": "accept_length", "better": "higher"},
+    {"name": "verify_ms", "from": "log", "pattern": r"verify: (?P<value>[\d.]+) ms", "reduce": "median",
+     "unit": "ms", "better": "lower"},
+]
+
+
+def test_every_kind_is_registered_and_an_unknown_or_missing_one_is_an_error():
+    assert source_kinds() == ("prometheus", "server_info", "response", "log")
+    for entry in ({"name": "x", "from": "stdout", "better": "higher"}, {"name": "x", "better": "higher"},
+                  {"name": "x", "from": ["log"], "better": "higher"}):
+        with pytest.raises(SpecError) as exc:
+            parse_source(entry, "engine.metrics[3]")
+        assert exc.value.key == "engine.metrics[3].from"
+        assert "prometheus, server_info, response, log" in str(exc.value)
+    with pytest.raises(SpecError, match="missing 'from'"):
+        parse_source({"name": "x", "better": "higher"}, "m")
+
+
+def test_each_kind_describes_itself_in_one_line():
+    lines = [parse_source(d, f"m[{i}]").describe() for i, d in enumerate(ONE_OF_EACH)]
+    assert lines == [
+        "prometheus source 'gen': increase per second of sglang:generation_tokens_total{tp_rank=0} in /metrics "
+        "over each sample window [1/s], higher is better, only where speculative-algorithm=True",
+        "server_info source 'bs': field cuda_graph_max_bs of the server info, read at the end of each sample "
+        "window, higher is better",
+        "response source 'acc': completion tokens per verify cycle (sum of completion_tokens over sum of "
+        "spec_verify_ct) of each sample window's responses [tok/verify], higher is better",
+        "log source 'verify_ms': median 'value' of the server log's new lines matching "
+        "/verify: (?P<value>[\\d.]+) ms/ in each sample window [ms], lower is better",
+    ]
+
+
+def test_sources_pickle_and_keep_the_repr_the_engine_fingerprint_hashes():
+    """Sources travel inside a frozen boot request to another host (pickled), and
+    plan.engine_fingerprint hashes their repr: neither may change with the registry."""
+    for i, d in enumerate(ONE_OF_EACH):
+        s = parse_source(d, f"m[{i}]")
+        back = pickle.loads(pickle.dumps(s))
+        assert back == s and type(back) is type(s) and back.when == s.when
+        assert repr(back) == repr(s)
+    assert repr(parse_source(ONE_OF_EACH[1], "m")) == (
+        "ServerInfoSource(metric=Metric(name='bs', unit='', better=<Better.HIGHER: 'higher'>, "
+        "description='server info field cuda_graph_max_bs'), field='cuda_graph_max_bs')")
+
+
+@dataclasses.dataclass(frozen=True)
+class _WindowLength(MetricSource):
+    """A kind defined outside the module: the window's length, to show a kind needs
+    only its class."""
+
+    scale: float = 1.0
+    kind_name: ClassVar[str] = "window_length_for_test"
+    keys: ClassVar[tuple[str, ...]] = ("scale",)
+
+    @classmethod
+    def from_entry(cls, d, key, name, better, description):
+        scale = d.get("scale", 1.0)
+        if not isinstance(scale, (int, float)) or scale <= 0:
+            raise SpecError(f"'scale' must be a positive number, got {scale!r}", key=f"{key}.scale")
+        return cls(metric=Metric(name, "s", better, description or "window length"), scale=float(scale))
+
+    def how(self) -> str:
+        return f"the window's length times {self.scale}"
+
+    def collect(self, window):
+        return window.seconds * self.scale
+
+
+def test_a_new_kind_registers_parses_describes_and_collects():
+    with pytest.raises(SpecError):
+        parse_source({"name": "w", "from": "window_length_for_test", "better": "lower"}, "m")
+    register_source(_WindowLength)
+    try:
+        with pytest.raises(TypeError, match="already registered"):
+            register_source(dataclasses.make_dataclass("Other", [], bases=(_WindowLength,), frozen=True))
+        src = parse_source({"name": "w", "from": "window_length_for_test", "scale": 2, "better": "lower"}, "m")
+        assert isinstance(src, _WindowLength) and src.describe() == (
+            "window_length_for_test source 'w': the window's length times 2.0 [s], lower is better")
+        with pytest.raises(SpecError) as exc:
+            parse_source({"name": "w", "from": "window_length_for_test", "scale": -1, "better": "lower"}, "m")
+        assert exc.value.key == "m.scale"
+        with pytest.raises(SpecError, match="unknown key"):
+            parse_source({"name": "w", "from": "window_length_for_test", "field": "x", "better": "lower"}, "m")
+        c = SourceCollector([src], "http://127.0.0.1:9", None)
+        c.begin_sample()
+        time.sleep(0.05)
+        out = c.end_sample([], 9.0)
+        assert 0.1 <= out["w"] < 2.0 and c.problems() == []
+    finally:
+        sources_mod._KINDS.pop("window_length_for_test", None)
+    assert "window_length_for_test" not in source_kinds()

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from bisect_harness import presets
+from bisect_harness.input import presets
 from bisect_harness.demo import create_demo_repo
-from bisect_harness.ledger import Ledger
+from bisect_harness.record.ledger import Ledger
 
 pytestmark = pytest.mark.slow
 

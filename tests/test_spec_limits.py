@@ -17,9 +17,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_harness import spec as spec_mod
+from bisect_harness.input import spec as spec_mod
 from bisect_harness.errors import SpecError, UserError
-from bisect_harness.spec import Spec, load_spec, parse_spec
+from bisect_harness.input.spec import Spec, load_spec, parse_spec
 
 from helpers import SMALL_BENCH, harness, last_json, write_spec
 

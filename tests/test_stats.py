@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bisect_harness import stats as S
+from bisect_harness.analysis import stats as S
 from bisect_harness.model import Expect, Outcome
-from bisect_harness.stats import Design, evaluate
+from bisect_harness.analysis.stats import Design, evaluate
 
 INC, DEC = Expect.INCREASE, Expect.DECREASE
 

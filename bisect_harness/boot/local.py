@@ -27,12 +27,14 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from .. import attach, benchtools, contention, engine_flags, engine_identity, host_state, presets, provenance
-from ..checkout import Workspace, read_tail
-from ..envs import CommitEnv
+from . import attach, benchtools, contention, engine_identity, provenance
+from ..input import engine_flags, presets
+from ..analysis import host_state
+from ..planning.checkout import Workspace, read_tail
+from ..planning.envs import CommitEnv
 from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
-from ..ledger import utcnow
-from ..sources import SourceCollector
+from ..record.ledger import utcnow
+from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 
 __all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable"]
@@ -314,6 +316,9 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
         b.log_tail = read_tail(log_path)
         sink.finished(req, b.outcome())
         raise
+    if cancel is not None and cancel.is_set() and b.status in ("running", "failed"):
+        # its server was stopped under it because the run was interrupted: not a failure of the config
+        b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
     out = b.outcome()
     sink.finished(req, out)
     return out
@@ -499,6 +504,6 @@ class LocalBackend:
 def _stop_servers_of(threads) -> None:
     """Stop every server this process launched that is still running (their threads
     then unwind through the benchmark's failing requests)."""
-    from ..server import stop_all
+    from .server import stop_all
 
     stop_all()

@@ -1,0 +1,170 @@
+"""The verdict rule, in one place.
+
+:func:`judge` turns the boots of a hypothesis' two sides into a verdict row
+(confirmed / refuted / inconclusive, with its statistics and every warning about
+the boots it used); :func:`judge_night` is nightly's rule for one night against
+the nights before. The executor's hypothesis loop, ``harness compare`` and
+``harness nightly`` all decide through here; the statistics themselves live in
+``stats``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+from ..boot import attach, engine_identity
+from . import host_state, stats
+from ..boot.local import jsonable
+from .drift import host_drift
+from ..record.ledger import Boot, Ledger
+from ..model import Expect, Outcome
+from ..input.spec import Spec
+
+__all__ = ["design", "alpha_each", "judge", "side_warnings", "judge_night", "Side"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of a comparison: its boots (all of them, good or not), the config it
+    booted, and why it could not be measured (a failed build or boot), if so."""
+
+    name: str
+    boots: Sequence[Boot]
+    config: object = None
+    failed: str | None = None
+
+    @property
+    def good_boots(self) -> list[Boot]:
+        return [b for b in self.boots if b.status == "ok"]
+
+
+def design(spec: Spec) -> stats.Design:
+    d = spec.defaults
+    return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                        analysis=d.analysis)
+
+
+def alpha_each(spec: Spec) -> float:
+    """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
+    return stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)
+
+
+def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
+          min_effect: float, hypothesis_id: int, force_final: bool, order_seed: int | None = None) -> dict:
+    """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``."""
+    alpha = alpha_each(spec)
+    warnings = side_warnings(spec, baseline, treatment)
+
+    def undecided(reason: str, **ids) -> dict:
+        return dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
+                    alpha=alpha, reason=reason, warnings=warnings, stats={"family_size": spec.multiplicity}, **ids)
+
+    failed = [s for s in (baseline, treatment) if s.failed]
+    if failed:
+        which = " and ".join(f"{s.name} ({s.failed})" for s in failed)
+        return undecided(f"could not be measured: {which}")
+    bgood, tgood = baseline.good_boots, treatment.good_boots
+    bv = ledger.boot_values(bgood, metric)
+    tv = ledger.boot_values(tgood, metric)
+    if not bv.values or not tv.values:
+        return undecided(f"metric {metric} has no values in {'baseline' if not bv.values else 'treatment'} "
+                         "boots (see the boots' source problems)")
+    ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+    # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
+    rounds = tuple([i for i, x in enumerate(good) if x.id in set(v.boot_ids)]
+                   for good, v in ((bgood, bv), (tgood, tv)))
+    try:
+        res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
+                             min_effect=min_effect, design=design(spec), alpha=alpha, rounds=rounds)
+    except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
+        return undecided(f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
+                         "varying values (a rate, a latency, a count per sample)", **ids)
+    blocks = device_blocks(bgood, tgood)
+    return dict(
+        hypothesis_id=hypothesis_id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
+        ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
+        p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
+        stats=jsonable({**dataclasses.asdict(res), "family_size": spec.multiplicity,
+                        "family_alpha": spec.defaults.alpha, "rounds": rounds, "order_seed": order_seed,
+                        **({"device_blocks": blocks} if blocks else {})}), **ids)
+
+
+def _block(boot: Boot) -> str | None:
+    """The device set (and node) a boot ran on, as recorded by its backend."""
+    d = (boot.provenance or {}).get("devices")
+    if not isinstance(d, Mapping):
+        return None
+    return str(d.get("label") or d.get("slot"))
+
+
+def device_blocks(a: Sequence[Boot], b: Sequence[Boot]) -> dict | None:
+    """How each side's good boots spread over device sets (slots, nodes). None when
+    every boot ran on one set (nothing to block on)."""
+    sides = {"baseline": [_block(x) for x in a], "treatment": [_block(x) for x in b]}
+    labels = {x for xs in sides.values() for x in xs if x is not None}
+    if len(labels) <= 1:
+        return None
+    return {side: {label: xs.count(label) for label in sorted(labels)} for side, xs in sides.items()}
+
+
+def _device_warning(a: Sequence[Boot], b: Sequence[Boot]) -> list[str]:
+    """Side and device set confounded: each side ran on its own sets only, so a
+    difference between GPUs, cores or nodes reads as an effect."""
+    blocks = device_blocks(a, b)
+    if not blocks:
+        return []
+    used = {side: {k for k, n in counts.items() if n} for side, counts in blocks.items()}
+    if used["baseline"] & used["treatment"]:
+        return []
+    return [f"device sets confounded with the sides: baseline ran only on {', '.join(sorted(used['baseline']))}, "
+            f"treatment only on {', '.join(sorted(used['treatment']))}; a difference between those devices or nodes "
+            "reads as an effect (more rounds rotate the sets, or run with one slot)"]
+
+
+def side_warnings(spec: Spec, b: Side, t: Side) -> list[str]:
+    """Marked boots on either side, and every way the two sides' hosts differed."""
+    out = []
+    for side in (b, t):
+        for bt in side.boots:
+            if bt.marks:
+                out.append(f"{side.name} boot {bt.id}: {', '.join(bt.marks)}")
+    for side in (b, t):
+        mixed = engine_identity.mixed_versions(side.name, side.boots)
+        if mixed:
+            out.append(mixed)
+    out += attach.verdict_warnings([s.config for s in (b, t) if s.config is not None])
+    for drift in host_drift(b.good_boots, t.good_boots):
+        out.append(f"host drift: {drift.message}")
+    out += _device_warning(b.good_boots, t.good_boots)
+    thresholds = spec.defaults.host_thresholds
+    out += host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds)
+    out += host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)
+    return out
+
+
+def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
+                more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
+                window: int) -> stats.Shift:
+    """Nightly's rule (pure but for ``more``): an alert must survive fresh boots.
+
+    ``detect_shift`` judges tonight's boots; when it alerts, ``more()`` boots tonight
+    again (up to the budget) and returns all of tonight's boots, and the test runs
+    again on them. Only an alert at both looks stands. Requiring both can only
+    lower the false-alert rate (the first look alone holds alpha), and it removes
+    the false alerts of a night whose few boots stalled together (a heavy-tailed
+    host), which a regression cannot survive: its new boots are slow too.
+    """
+    kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+    first = stats.detect_shift(history, tonight, **kw)
+    if not first.regressed:
+        return first
+    again = more()
+    if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
+        return first
+    second = stats.detect_shift(history, again, **kw)
+    if second.regressed:
+        return second
+    return dataclasses.replace(second, reason=(
+        f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
+        f"survive {len(again) - len(tonight)} fresh boots"))

@@ -1,0 +1,579 @@
+"""Streaming benchmark client: tok/s, TTFT, inter-token latency against a ready server.
+
+Two request shapes, chosen by ``BenchmarkSpec.api``:
+
+- ``"completions"``: OpenAI ``POST /v1/completions`` with ``stream: true`` and
+  ``stream_options: {include_usage: true}`` (vLLM, SGLang, any compatible server);
+- ``"generate"``: SGLang's native ``POST /generate`` with ``stream: true``, whose
+  ``text`` is cumulative and whose ``meta_info`` carries ``completion_tokens``
+  (and ``spec_verify_ct`` under speculative decoding).
+
+Timing, per request (all from one monotonic clock, stamped at each network read):
+
+- TTFT: request sent -> first chunk that carries output;
+- ITL, per *token*: the time between the first and the last output chunk divided
+  by the tokens that arrived after the first chunk. A chunk carrying k tokens
+  (speculative decoding) thus contributes its gap split over k tokens; ITL is
+  never inflated by multi-token chunks. Token counts per chunk come from
+  ``meta_info.completion_tokens`` or per-chunk ``usage`` where the server sends
+  them; otherwise the first chunk is taken as one token and the rest of the
+  server's total as arriving after it;
+- TPOT: ``(e2e - ttft) / (tokens - 1)``;
+- e2e: request sent -> end of the stream.
+
+Per sample: ``tok_s`` is end-to-end (the output tokens over the sample's wall
+time, prefill and TTFT included); ``decode_tok_s`` is decode alone (the tokens
+after each first chunk over the first-to-last-chunk times, 1000 / ``itl_ms``).
+docs/hypotheses-format.md ("What each number means") sets them beside the
+server's counter rate and the engine's in-process timing.
+
+Percentiles (``ttft_p50_ms`` ... ``tpot_p99_ms``, :func:`percentile_metrics`), per
+sample, by linear interpolation between order statistics (numpy's default, as
+``vllm bench serve`` and SGLang's ``bench_serving`` compute theirs):
+
+- TTFT and TPOT: over the sample's successful requests, one value each (TPOT only
+  for requests with two tokens or more);
+- ITL: over every output token after each request's first, pooled over the
+  sample's requests: a chunk carrying k tokens gives k values of its gap / k (a
+  chunk that carries no token adds its gap to the next one that does), so their
+  mean is ``itl_ms``; where the server does not say how many tokens a chunk
+  carries, each gap gives one value, gap / ((tokens - 1) / (chunks - 1)).
+
+Output tokens are the server's own count (final ``usage.completion_tokens`` or
+``meta_info.completion_tokens``) where it sends one, else the count of chunks.
+
+Example::
+
+    bench = BenchmarkSpec(api="completions", output_tokens=128, concurrency=4)
+    warmup("http://127.0.0.1:30000", bench)
+    result = measure_sample("http://127.0.0.1:30000", bench)
+    result.metrics["tok_s"], result.metrics["itl_ms"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import httpx
+
+from ..errors import ConfigFailure
+from ..model import BenchmarkSpec, SampleResult
+
+__all__ = [
+    "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "boot_session", "measure_sample",
+    "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
+]
+
+APIS = ("completions", "generate")
+
+
+class SampleFailed(ConfigFailure):
+    """Every request of a sample (or of the warmup) failed: the server is not serving.
+
+    Recoverable for the run like any :class:`ConfigFailure`: the config is
+    recorded as unmeasured with the first error message.
+    """
+
+
+# --------------------------------------------------------------------------- SSE
+
+class SSEDecoder:
+    """Incremental decoder of a ``text/event-stream`` body.
+
+    Feed it bytes as they arrive; it returns the complete events as
+    ``(event_type, data)`` pairs (``event_type`` is None unless an ``event:``
+    field was sent; ``data`` joins multi-line data with ``\\n``). Handles lines
+    split across reads, ``\\r\\n`` and ``\\r`` line ends, comments and keepalives
+    (``: ping``), and a last event not followed by a blank line (:meth:`close`).
+    """
+
+    __slots__ = ("_buf", "_data", "_event")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event: bytes | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
+        buf = self._buf + chunk if self._buf else chunk
+        held_cr = b""
+        if b"\r" in buf:
+            if buf.endswith(b"\r"):  # maybe the first half of "\r\n": wait for the next read
+                buf, held_cr = buf[:-1], b"\r"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop() + held_cr
+        out: list[tuple[str | None, bytes]] = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    out.append((self._event.decode() if self._event else None,
+                                data[0] if len(data) == 1 else b"\n".join(data)))
+                    data.clear()
+                self._event = None
+            elif line[0] == 58:  # ':' comment / keepalive
+                continue
+            else:
+                name, sep, value = line.partition(b":")
+                if sep and value[:1] == b" ":
+                    value = value[1:]
+                if name == b"data":
+                    data.append(value)
+                elif name == b"event":
+                    self._event = value
+                # id:, retry: and unknown fields carry nothing we measure
+        return out
+
+    def close(self) -> list[tuple[str | None, bytes]]:
+        """Flush at end of stream: a trailing line and an event without its blank line."""
+        out = self.feed(b"\n") if self._buf.rstrip(b"\r") else []
+        out += self.feed(b"\n") if self._data else []
+        self._buf = b""
+        return out
+
+
+# --------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What one streamed request measured. Times are seconds; None where undefined
+    (a failed request, or ITL/TPOT of a one-token answer)."""
+
+    ok: bool
+    error: str | None
+    start_s: float                  # when it was sent, from the start of the sample
+    ttft_s: float | None
+    e2e_s: float | None
+    itl_s: float | None             # per-token mean over this request
+    tpot_s: float | None
+    output_tokens: int              # the server's count where sent, else counted_tokens
+    counted_tokens: int             # counted from the stream's chunks alone
+    chunks: int                     # chunks that carried output
+    decode_s: float = 0.0           # first -> last output chunk (ITL numerator)
+    decode_tokens: int = 0          # tokens after the first chunk (ITL denominator)
+    usage: Mapping[str, Any] | None = None
+    meta_info: Mapping[str, Any] | None = None
+    token_gaps_s: tuple[float, ...] = ()  # per-token ITL values (module docstring: percentiles)
+
+    def response_fields(self) -> dict[str, Any]:
+        """Per-response fields for ``from: response`` metric sources.
+
+        SGLang's ``meta_info`` as sent, plus ``completion_tokens`` and, where
+        ``spec_verify_ct`` is present and positive, ``spec_accept_length`` =
+        completion_tokens / spec_verify_ct (unless the server sent it itself).
+        """
+        out: dict[str, Any] = dict(self.meta_info or {})
+        if self.usage:
+            for key, value in self.usage.items():
+                out.setdefault(key, value)
+        out.setdefault("completion_tokens", self.output_tokens)
+        verify = out.get("spec_verify_ct")
+        if "spec_accept_length" not in out and isinstance(verify, (int, float)) and verify > 0:
+            out["spec_accept_length"] = out["completion_tokens"] / verify
+        return out
+
+
+@dataclass(frozen=True)
+class SampleDetail:
+    """A sample's :class:`SampleResult` with the per-request records behind it."""
+
+    result: SampleResult
+    requests: tuple[RequestRecord, ...]
+
+    @property
+    def responses(self) -> list[dict[str, Any]]:
+        """:meth:`RequestRecord.response_fields` of each successful request, in order."""
+        return [r.response_fields() for r in self.requests if r.ok]
+
+
+# --------------------------------------------------------------------------- prompts
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her they this which "
+    "be or had are not but were one all an their has been have there who more when "
+    "will would can if no out so what up its about into than them only other new some "
+    "time could these two may then first any like now my over such our man me even most "
+    "made after also did many before must through back years where much your way well "
+    "down should because each just those people how too little state good very make "
+    "world still own see men work long get here between both life being under never day "
+    "same another know while last might us great old year off come since against go "
+    "came right used take three river city music garden window paper light water stone"
+).split()
+
+
+def synthetic_prompt(n_words: int, seed: int, index: int = 0) -> str:
+    """About ``n_words`` common English words (roughly one token each), fixed by
+    ``(seed, index)``. Every sample of a boot sends the same prompts, so a server
+    with a prefix cache treats every sample alike."""
+    rng = random.Random(f"{seed}:{index}")
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, n_words)))
+
+
+# --------------------------------------------------------------------------- requests
+
+def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: float = 30.0) -> str:
+    """The first model id listed by ``GET /v1/models``."""
+    own = client is None
+    http = client or httpx.Client(trust_env=False)
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        r = http.get(url, timeout=timeout_s)
+        r.raise_for_status()
+        return r.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise SampleFailed(f"could not read the model name from {url}: {e!r}. Set benchmark.model "
+                           "in the hypotheses file to skip this lookup.") from e
+    finally:
+        if own:
+            http.close()
+
+
+def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int) -> tuple[str, dict]:
+    prompt = synthetic_prompt(bench.prompt_tokens, bench.seed, index)
+    base = base_url.rstrip("/")
+    if bench.api == "completions":
+        body = {"model": model, "prompt": prompt, "max_tokens": bench.output_tokens,
+                "temperature": bench.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        if bench.ignore_eos:
+            # A vLLM/SGLang extension: strict OpenAI servers (transformers serve) answer 422
+            # to any field they do not know, so `benchmark.ignore_eos: false` leaves it out.
+            body["ignore_eos"] = True
+        return base + "/v1/completions", body
+    if bench.api == "generate":
+        return base + "/generate", {
+            "text": prompt, "stream": True,
+            "sampling_params": {"max_new_tokens": bench.output_tokens,
+                                "temperature": bench.temperature, "ignore_eos": bench.ignore_eos},
+        }
+    raise ValueError(f"unknown benchmark api {bench.api!r}: use one of {', '.join(APIS)}")
+
+
+class _StreamError(Exception):
+    pass
+
+
+def _error_text(obj: Any) -> str:
+    err = obj.get("error") if isinstance(obj, dict) else obj
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err if err is not None else obj)
+
+
+class _Stream:
+    """Per-request parse state: output chunk times and token counts."""
+
+    __slots__ = ("api", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done")
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.times: list[float] = []
+        self.ks: list[int | None] = []
+        self.usage: dict | None = None
+        self.meta: dict | None = None
+        self.prev_text = ""
+        self.prev_ct = 0
+        self.done = False
+
+    def handle(self, event: str | None, data: bytes, now: float) -> None:
+        if data[:6] == b"[DONE]":
+            self.done = True
+            return
+        if not data.strip():
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise _StreamError(f"undecodable chunk {data[:200]!r}: {e}") from None
+        if event == "error":
+            raise _StreamError(f"server sent an error event: {_error_text(obj)}")
+        if not isinstance(obj, dict):
+            return
+        if obj.get("error") is not None or obj.get("object") == "error":
+            raise _StreamError(f"server error in stream: {_error_text(obj)}")
+        if self.api == "generate":
+            self._generate(obj, now)
+        else:
+            self._completions(obj, now)
+
+    def _completions(self, obj: dict, now: float) -> None:
+        usage = obj.get("usage")
+        k = None
+        if usage:
+            self.usage = usage
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int):  # continuous usage stats: exact tokens per chunk
+                k, self.prev_ct = ct - self.prev_ct, ct
+        for choice in obj.get("choices") or ():
+            if choice.get("text"):
+                self.times.append(now)
+                self.ks.append(k)
+                return
+
+    def _generate(self, obj: dict, now: float) -> None:
+        meta = obj.get("meta_info")
+        text = obj.get("text") or ""
+        k = None
+        if isinstance(meta, dict):
+            self.meta = meta
+            ct = meta.get("completion_tokens")
+            if isinstance(ct, int):
+                k, self.prev_ct = ct - self.prev_ct, ct
+        if k is not None:
+            if k > 0:  # tokens arrived even if the detokenizer held their text back
+                self.times.append(now)
+                self.ks.append(k)
+        elif text and text != self.prev_text:
+            self.times.append(now)
+            self.ks.append(None)
+        self.prev_text = text
+
+    def server_tokens(self) -> int | None:
+        if self.usage and isinstance(self.usage.get("completion_tokens"), int):
+            return self.usage["completion_tokens"]
+        if self.meta and isinstance(self.meta.get("completion_tokens"), int):
+            return self.meta["completion_tokens"]
+        return None
+
+
+def _failed(start: float, error: str) -> RequestRecord:
+    return RequestRecord(ok=False, error=error, start_s=start, ttft_s=None, e2e_s=None, itl_s=None,
+                         tpot_s=None, output_tokens=0, counted_tokens=0, chunks=0)
+
+
+def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_s: float,
+                 sample_t0: float) -> RequestRecord:
+    st = _Stream(api)
+    dec = SSEDecoder()
+    t0 = time.perf_counter()
+    start = t0 - sample_t0
+    try:
+        with http.stream("POST", url, json=payload, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                body = r.read()[:500].decode("utf-8", "replace")
+                return _failed(start, f"HTTP {r.status_code} from {url}: {body}")
+            handle = st.handle
+            for raw in r.iter_bytes():
+                now = time.perf_counter()
+                for event, data in dec.feed(raw):
+                    handle(event, data, now)
+                if now - t0 > timeout_s:
+                    return _failed(start, f"request exceeded request_timeout_s={timeout_s:g}")
+            now = time.perf_counter()
+            for event, data in dec.close():
+                handle(event, data, now)
+    except httpx.HTTPError as e:
+        return _failed(start, f"{type(e).__name__} on {url}: {e}")
+    except _StreamError as e:
+        return _failed(start, str(e))
+    t_end = time.perf_counter()
+    if not st.times:
+        return _failed(start, f"stream from {url} ended without any output")
+
+    times, ks = st.times, st.ks
+    counted = sum(1 if k is None else k for k in ks)
+    server = st.server_tokens()
+    tokens = server if server is not None else counted
+    if all(k is not None for k in ks):
+        after_first = sum(ks[1:])
+    else:  # token split unknown: the first chunk is one token, the rest came after it
+        after_first = tokens - 1
+    ttft = times[0] - t0
+    e2e = t_end - t0
+    decode_s = times[-1] - times[0]
+    has_itl = len(times) > 1 and after_first > 0
+    return RequestRecord(
+        ok=True, error=None, start_s=start, ttft_s=ttft, e2e_s=e2e,
+        itl_s=decode_s / after_first if has_itl else None,
+        tpot_s=(e2e - ttft) / (tokens - 1) if tokens > 1 else None,
+        output_tokens=tokens, counted_tokens=counted, chunks=len(times),
+        decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
+        usage=st.usage, meta_info=st.meta,
+        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else ())
+
+
+def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:
+    """One ITL value per output token after the first (see the module docstring)."""
+    if all(k is not None for k in ks):
+        out: list[float] = []
+        pending = 0.0
+        for i in range(1, len(times)):
+            pending += times[i] - times[i - 1]
+            k = ks[i]
+            if k > 0:
+                out.extend([pending / k] * k)
+                pending = 0.0
+        return tuple(out)
+    per_gap = after_first / (len(times) - 1)  # tokens per gap, spread evenly
+    return tuple((times[i] - times[i - 1]) / per_gap for i in range(1, len(times)))
+
+
+def percentile_metrics(ok: list[RequestRecord]) -> dict[str, float]:
+    """p50/p90/p99 of TTFT, ITL and TPOT over a sample's successful requests, in ms
+    (``model.PERCENTILES``; NaN where no request has the value)."""
+    import numpy as np
+
+    from ..model import PERCENTILES
+
+    pools = {"ttft": [r.ttft_s for r in ok if r.ttft_s is not None],
+             "itl": [g for r in ok for g in r.token_gaps_s],
+             "tpot": [r.tpot_s for r in ok if r.tpot_s is not None]}
+    out = {}
+    for what, values in pools.items():
+        qs = np.percentile(values, PERCENTILES) if values else [math.nan] * len(PERCENTILES)
+        for q, v in zip(PERCENTILES, qs):
+            out[f"{what}_p{q}_ms"] = 1e3 * float(v)
+    return out
+
+
+def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
+               n: int) -> tuple[list[RequestRecord], float]:
+    reqs = [_request(bench, base_url, model, i) for i in range(n)]
+    results: list[RequestRecord | None] = [None] * n
+    indices: Iterator[int] = iter(range(n))
+    lock = threading.Lock()
+    sample_t0 = time.perf_counter()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(indices, None)
+            if i is None:
+                return
+            url, payload = reqs[i]
+            results[i] = _run_request(http, url, payload, bench.api, bench.request_timeout_s, sample_t0)
+
+    workers = max(1, min(bench.concurrency, n))
+    if workers == 1:
+        worker()
+    else:
+        threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{k}") for k in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    wall = time.perf_counter() - sample_t0
+    return [r for r in results if r is not None], wall
+
+
+def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
+    conns = max(1, bench.concurrency)
+    return httpx.Client(
+        trust_env=False, headers=dict(headers or {}), timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
+        limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns))
+
+
+def _model_for(base_url: str, bench: BenchmarkSpec, http: httpx.Client) -> str | None:
+    if bench.api not in APIS:
+        raise ValueError(f"unknown benchmark api {bench.api!r}: use one of {', '.join(APIS)}")
+    if bench.api == "generate":
+        return bench.model
+    return bench.model if bench.model is not None else resolve_model(base_url, http)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _all_failed(what: str, base_url: str, records: list[RequestRecord]) -> SampleFailed:
+    first = records[0].error if records else "no request was sent"
+    return SampleFailed(f"all {len(records)} {what} requests to {base_url} failed; first error: {first}. "
+                        "Check that the server is up and that benchmark.api matches it.")
+
+
+def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
+                          client: httpx.Client | None = None,
+                          headers: Mapping[str, str] | None = None) -> SampleDetail:
+    """Send ``bench.requests_per_sample`` streamed requests, ``bench.concurrency`` in
+    flight, and measure them. See the module docstring for what is measured.
+
+    ``result.metrics`` has the keys of ``model.CLIENT_METRICS``: ``tok_s`` (output
+    tokens of the successful requests / the sample's wall time), ``decode_tok_s``
+    (their tokens after the first chunk / their first-to-last-chunk times), and the means of
+    ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
+    where no request had two tokens). ``result.requests`` counts the successful
+    requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
+    object in the stream, no output). Raises :class:`SampleFailed` when all fail.
+    """
+    records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers)
+    ok = [r for r in records if r.ok]
+    if not ok:
+        raise _all_failed("benchmark", base_url, records)
+    tokens = sum(r.output_tokens for r in ok)
+    decode_tokens = sum(r.decode_tokens for r in ok)
+    decode_s = math.fsum(r.decode_s for r in ok)
+    metrics = {
+        "tok_s": tokens / wall,
+        "decode_tok_s": decode_tokens / decode_s if decode_tokens and decode_s > 0 else math.nan,
+        "ttft_ms": 1e3 * _mean([r.ttft_s for r in ok]),
+        "itl_ms": 1e3 * sum(r.decode_s for r in ok) / decode_tokens if decode_tokens else math.nan,
+        "tpot_ms": 1e3 * _mean([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
+    }
+    metrics.update(percentile_metrics(ok))
+    result = SampleResult(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
+                          errors=len(records) - len(ok))
+    return SampleDetail(result=result, requests=tuple(records))
+
+
+def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None,
+           headers: Mapping[str, str] | None = None):
+    """``n`` requests as a sample sends them, on ``client`` or a client of our own
+    (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
+    own = client is None
+    http = client or _client(bench, headers)
+    try:
+        model = _model_for(base_url, bench, http)
+        return _run_batch(http, base_url, bench, model, n)
+    finally:
+        if own:
+            http.close()
+
+
+def measure_sample(base_url: str, bench: BenchmarkSpec, *,
+                   client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleResult:
+    """:func:`measure_sample_detail` without the per-request records."""
+    return measure_sample_detail(base_url, bench, client=client, headers=headers).result
+
+
+@contextlib.contextmanager
+def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, str] | None = None
+                 ) -> Iterator[tuple[httpx.Client, BenchmarkSpec]]:
+    """One HTTP client and the resolved model name for every sample of a boot.
+
+    Made once, before the first sample window opens, so no window holds the
+    client's setup or a ``GET /v1/models``: a counter scraped around the window
+    (``from: prometheus``, ``kind: rate``) then spans the same requests as
+    ``tok_s``, not those plus the setup::
+
+        with boot_session(base_url, bench) as (http, bench):
+            measure_sample_detail(base_url, bench, client=http)
+    """
+    http = _client(bench, headers)
+    try:
+        yield http, dataclasses.replace(bench, model=_model_for(base_url, bench, http))
+    finally:
+        http.close()
+
+
+def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
+           headers: Mapping[str, str] | None = None) -> int:
+    """Send ``bench.warmup_requests`` requests like a sample's and discard them.
+
+    Returns how many failed; raises :class:`SampleFailed` when all of them did.
+    """
+    if bench.warmup_requests <= 0:
+        return 0
+    records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers)
+    failed = sum(1 for r in records if not r.ok)
+    if failed == len(records):
+        raise _all_failed("warmup", base_url, records)
+    return failed

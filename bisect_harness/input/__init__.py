@@ -1,0 +1,1 @@
+"""What the user wrote: the hypotheses file, engine presets, metric definitions, secrets, flag checks."""

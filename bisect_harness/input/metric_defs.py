@@ -1,0 +1,60 @@
+"""One sentence per metric: what its number is, for the journal.
+
+A metric's definition is its ``Metric.description`` (with unit and direction).
+A hypothesis row stores the definition it was measured under
+(``hypotheses.spec["metric_def"]``); for older rows and for bisections the
+definition is looked up again: the client's metrics from ``CLIENT_METRICS``, a
+declared source from the ``engine.metrics`` entry of the run's own hypotheses
+file. The same name never gets two meanings in one journal.
+
+>>> definition_line("tok_s", None, "")[:40]
+'`tok_s` (tok/s, higher is better): end-t'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import yaml
+
+from ..errors import SpecError
+from ..model import CLIENT_METRICS, Metric
+from ..boot.sources import parse_source
+
+__all__ = ["definition_line", "lookup_metric"]
+
+
+def lookup_metric(name: str, spec_text: str) -> Metric | None:
+    """The client's metric ``name``, or the one declared under ``engine.metrics`` of
+    ``spec_text``; None when neither defines it (or the text cannot be read)."""
+    if name in CLIENT_METRICS:
+        return CLIENT_METRICS[name]
+    try:
+        doc = yaml.safe_load(spec_text or "")
+    except yaml.YAMLError:
+        return None
+    engine = doc.get("engine") if isinstance(doc, Mapping) else None
+    entries = engine.get("metrics") if isinstance(engine, Mapping) else None
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(entry, Mapping) and entry.get("name") == name:
+            try:
+                return parse_source(entry, f"engine.metrics[{i}]").metric
+            except SpecError:
+                return None
+    return None
+
+
+def definition_line(name: str, stored: Mapping[str, Any] | None, spec_text: str) -> str:
+    """``name`` with its unit, direction and definition, as one markdown sentence.
+
+    ``stored`` is the definition recorded with the hypothesis (keys ``unit``,
+    ``better``, ``description``), preferred over a fresh lookup."""
+    if stored and stored.get("description"):
+        unit, better, text = stored.get("unit") or "", stored.get("better") or "", stored["description"]
+    else:
+        metric = lookup_metric(name, spec_text)
+        if metric is None:
+            return f"`{name}`: no definition recorded (see the hypotheses file below)"
+        unit, better, text = metric.unit, metric.better.value, metric.description or "no description given"
+    head = ", ".join(x for x in (unit, f"{better} is better" if better else "") if x)
+    return f"`{name}` ({head}): {text}" if head else f"`{name}`: {text}"

@@ -1,0 +1,219 @@
+"""Drive the pure bisection search with real boots, recorded in the ledger.
+
+The search (``bisection.BisectionSearch``) asks for a commit and a number of
+boots; here each ask becomes boots of that commit's config through the scheduler,
+every one of them committed to the ledger as it is measured. Boots already in the
+ledger for the same config on the same host (an earlier run, the hypothesis that
+found the regression, or a bisection that was killed) are fed to the search
+first, so a bisection resumes where it stopped and never boots again what the
+posterior already has. They feed the posterior only: the endpoint check that opens the search, and the head-to-head
+test that closes it, are made on fresh boots of this search, booted in paired
+rounds (see ``bisection``), so the boots that selected a regression never also
+confirm it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..analysis import host_state
+from ..analysis.bisection import BisectionSearch, BisectResult, PairedTest, StopReason
+from ..planning.checkout import Workspace, default_cache_dir
+from ..errors import UserError
+from .scheduler import Observer, Scheduler
+from ..record.ledger import Bisection, HypothesisRow, Ledger, Probe
+from ..model import Arm, Expect, Metric
+from ..planning.plan import Plan, PlannedHypothesis, engine_repo, make_config
+from ..input.spec import Spec
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    """What ``harness bisect --json`` prints."""
+
+    culprit: str | None
+    probability: float
+    candidates: tuple
+    candidate_set: tuple[str, ...]
+    boots: int
+    new_boots: int
+    skipped: tuple[str, ...]
+    stopped: str
+    bisection_id: int
+    warnings: tuple[str, ...] = ()
+    no_step_probability: float = 0.0
+    endpoint_test: dict | None = None
+    verify_test: dict | None = None
+
+    def to_json(self) -> dict:
+        return {"culprit": self.culprit, "probability": self.probability,
+                "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
+                "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
+                "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
+                "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
+                "verify_test": self.verify_test, "warnings": list(self.warnings)}
+
+
+def _test_json(test: PairedTest | None) -> dict | None:
+    if test is None:
+        return None
+    return {"pairs": test.pairs, "mean": test.mean if math.isfinite(test.mean) else None,
+            "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
+
+
+def _boot_means(ledger: Ledger, boots, metric: str) -> list[float]:
+    """One value per usable boot: the mean of its samples (what the search observes)."""
+    return [sum(v) / len(v) for v in ledger.boot_values(boots, metric).values]
+
+
+def engine_workspace(spec: Spec, metric: str, cache_dir: Path | None, purpose: str
+                     ) -> tuple[Metric, Workspace, Path, Path]:
+    """The metric and the engine's workspace for a command that walks commits, or a
+    UserError naming what is missing."""
+    metrics = spec.metrics()
+    if metric not in metrics:
+        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is None:
+        raise UserError(f"{spec.path.name} has no engine.repo: {purpose} needs the engine's git repository")
+    return metrics[metric], Workspace(repo, cache_dir), repo, cache_dir
+
+
+def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
+                   confidence: float, max_boots: int, hypothesis_id: int | None = None) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark."""
+    spec, ledger = sched.spec, sched.ledger
+    bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
+                               bad=commits[-1], metric=metric, commits=list(commits)))
+    configs = {sha: make_config(spec, Arm(commit=sha, env=dict(env), flags=dict(flags))) for sha in commits}
+    reused_total = 0
+    observed: dict[str, list[float]] = {}
+    for sha, pc in configs.items():
+        values = _boot_means(ledger, ledger.reusable_boots(pc.key, sched.host_fp), metric)
+        if values:
+            observed[sha] = values
+            reused_total += len(values)
+    search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
+                             max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots))
+    for sha, values in observed.items():
+        search.observe(sha, values)
+        ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
+                         note=sched.ws.subject(sha) if sched.ws else ""))
+    new_boots = 0
+    stalled = False
+    while not stalled and (rnd := search.next_round()) is not None:
+        # A round's probes are booted in the order the search gives (interleaved in
+        # time: a probe beside an anchor, the two sides of a paired round), one boot
+        # of each probe per pass; a pass runs at once where the backend has slots
+        # (on 8 single-GPU slots, 8 commits are probed together).
+        states = [sched.state_for(configs[probe.commit]) for probe in rnd]
+        before = [len(st.boots) for st in states]
+        got: list[list[float]] = [[] for _ in rnd]
+        left = [probe.boots for probe in rnd]
+        rebooted = [0] * len(rnd)
+        while True:
+            todo = [k for k, st in enumerate(states) if left[k] > 0 and not st.failed]
+            if not todo:
+                break
+            for k in todo:
+                left[k] -= 1
+            for k, boot in zip(todo, sched.boot_many([states[k] for k in todo])):
+                st = states[k]
+                new_boots += 1
+                if boot.status == "ok":
+                    got[k] += _boot_means(ledger, [boot], metric)
+                elif sched.retries(boot) and rebooted[k] < rnd[k].boots and new_boots < max_boots:
+                    rebooted[k] += 1  # host_check retry: a busy boot is booted again, within the budget
+                    left[k] += 1
+                elif st.consecutive_failures > spec.defaults.boot_retries:
+                    st.failed = st.failed or boot.failure or "boot failed"
+        results: list[list[float] | None] = []
+        for k, probe in enumerate(rnd):
+            st = states[k]
+            note = sched.ws.subject(probe.commit) if sched.ws else ""
+            if probe.purpose != "probe":
+                note = f"{note} | {probe.purpose}"
+            if st.failed and not got[k]:
+                results.append(None)
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=[], skipped=True, note=f"{note} | {st.failed}"))
+            elif got[k]:
+                results.append(got[k])
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=got[k], note=note))
+            elif len(st.boots) == before[k]:
+                stalled = True  # nothing could be measured and nothing changed: stop rather than spin
+                break
+            else:
+                results.append(None)
+                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                                 values=[], skipped=True, note=f"{note} | no usable boots"))
+        if not stalled:
+            search.observe_round(rnd, results)
+        else:
+            for probe, values in zip(rnd, results):
+                if values is not None:
+                    search.observe(probe.commit, values)
+    res: BisectResult = search.result()
+    outcome = BisectOutcome(
+        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
+        candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
+        skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id,
+        warnings=tuple(_host_warnings(sched, configs.values())),
+        no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
+        verify_test=_test_json(res.verify_test))
+    bis.status = "done" if res.stopped != StopReason.RUNNING else "running"
+    bis.result = outcome.to_json()
+    ledger.commit()
+    return outcome
+
+
+def _host_warnings(sched: Scheduler, configs) -> list[str]:
+    """Busy boots of the bisection's commits, a busy preflight, noisy calibration."""
+    out = host_state.calibration_warnings([sched.run], sched.spec.defaults.host_thresholds)
+    for pc in configs:
+        st = sched.states.get(pc.key)
+        for boot in st.boots if st else ():
+            rec = host_state.BootContention.of(boot)
+            if rec is not None and rec.busy:
+                out.append(host_state.busy_sentence(f"boot {boot.id} ({pc.arm.commit[:12]}, {boot.status})", rec))
+    return out
+
+
+def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
+                 max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
+                 observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None
+                 ) -> tuple[BisectOutcome, Scheduler]:
+    """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
+    m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "bisection")
+    good_sha = ws.resolve(good, where="--good")
+    bad_sha = ws.resolve(bad, where="--bad")
+    if good_sha == bad_sha:
+        raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
+    commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
+    sched = Scheduler(Plan.for_engine(spec, repo, cache_dir), ledger, log_dir=log_dir, observer=observer,
+                         calibrate=False, wait_quiet_s=wait_quiet_s, backend=backend)
+    with sched.recording("bisect"):
+        outcome = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
+                                 expect=m.worse, confidence=confidence, max_boots=max_boots)
+    sched.finish_run("done")
+    return outcome, sched
+
+
+def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
+                      *, confidence: float = 0.95, max_boots: int = 150) -> BisectOutcome:
+    """Bisect a confirmed hypothesis between its baseline and treatment commits."""
+    b, t = h.baseline.arm, h.treatment.arm
+    if b.commit is None or t.commit is None or b.commit == t.commit:
+        raise UserError(f"hypothesis {h.id}: bisect: true needs a baseline and a treatment at different commits")
+    if dict(b.env) != dict(t.env) or dict(b.flags) != dict(t.flags):
+        raise UserError(f"hypothesis {h.id}: bisect: true needs arms that differ only in their commit "
+                        "(env and flags equal); split the hypothesis")
+    commits = sched.ws.commits_between(b.commit, t.commit)
+    return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
+                          expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
+                          hypothesis_id=row.id)

@@ -1,0 +1,372 @@
+"""The scheduler of boots: runs, config states, rounds, budgets, recording.
+
+``harness run`` (the hypothesis loop in ``executor``), ``harness bisect`` and
+``harness nightly`` all boot through one :class:`Scheduler`:
+
+    sched = Scheduler(plan, ledger, log_dir=..., backend=LocalBackend(slots=2))
+    with sched.recording("run"):           # the run row; interrupted/failed on the way out
+        st = sched.state_for(config)        # a config row, made once per run
+        sched.boot_round([st_a, st_b], 3)   # each up to 3 good boots, shuffled order each pass
+        sched.boot_many([st_a, st_b])       # one more boot each, at once where slots allow
+    sched.finish_run("done")
+
+A boot goes out as a frozen request (``plan.boot_request``) to the backend and
+comes back as a frozen outcome; the scheduler alone writes the ledger: the boot
+row before the boot starts (its id names the log), each sample the moment the
+backend reports it, the outcome when it ends. A config whose build fails or whose
+flag is refused is marked failed and never booted again; one that fails
+``boot_retries + 1`` times in a row, or cannot reach its good boots within the
+cap, is marked failed too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from .. import __version__
+from ..boot import attach, calibration, contention
+from ..analysis import host_state
+from . import liveness
+from ..boot import Backend, BootOutcome, BootRequest, SampleOutcome, Sink
+from ..boot.local import LocalBackend, this_host
+from ..errors import HarnessError, InfrastructureError, UserError
+from ..record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
+from ..planning.plan import Plan, PlannedConfig, series_key
+
+__all__ = ["Observer", "ConfigState", "Scheduler"]
+
+
+class Observer:
+    """Progress callbacks; the CLI renders them, tests ignore them."""
+
+    def run_started(self, run: Run, plan: Plan) -> None: ...
+    def boot_started(self, config: PlannedConfig, attempt: int, samples: int) -> None: ...
+    def sample_done(self, config: PlannedConfig, index: int, metrics: Mapping[str, float]) -> None: ...
+    def boot_finished(self, config: PlannedConfig, boot: Boot) -> None: ...
+    def verdict(self, hypothesis, verdict) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class ConfigState:
+    row: Config
+    planned: PlannedConfig
+    failed: str | None = None
+    boots: list[Boot] = field(default_factory=list)
+    consecutive_failures: int = 0
+
+    @property
+    def good_boots(self) -> list[Boot]:
+        return [b for b in self.boots if b.status == "ok"]
+
+
+class Scheduler:
+    """Boots configs of a plan through a backend and records everything in a ledger."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
+                 calibrate: bool = True, order_seed: int | None = None, wait_quiet_s: float | None = None,
+                 backend: Backend | None = None):
+        self.plan = plan
+        self.spec = plan.spec
+        self.ledger = ledger
+        self.log_dir = Path(log_dir)
+        self.obs = observer or Observer()
+        self.calibrate = calibrate
+        self.backend: Backend = backend or LocalBackend()
+        self.ws = plan.workspace()
+        self.run: Run | None = None
+        self.states: dict[str, ConfigState] = {}
+        self.host: dict = {}
+        self.host_fp: str | None = None
+        # The order inside each round; stored with verdicts, so a run's order can be replayed.
+        self.order_seed = secrets.randbits(32) if order_seed is None else int(order_seed)
+        self._order = random.Random(self.order_seed)
+        self.wait_quiet_s = wait_quiet_s  # --wait-quiet: wait up to this long for a quiet host first
+        self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
+
+    # ------------------------------------------------------------------ the run
+
+    def start_run(self, kind: str = "run") -> Run:
+        spec = self.spec
+        attach.api_key(spec.engine.api_key_env)  # an unset key variable stops the run before any boot
+        host, self.host_fp = this_host()
+        self.host = dict(host)
+        self.run = self.ledger.add(Run(
+            kind=kind, spec_path=str(spec.path), spec_text=spec.text,
+            spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
+            host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record()}))
+        self.log_dir = self.log_dir / f"run-{self.run.id}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for pc in self.plan.configs:
+            self.state_for(pc)
+        self.preflight()
+        return self.run
+
+    def backend_record(self) -> dict:
+        """Which backend booted this run's boots, and how many at once (``runs.host``)."""
+        record = {"name": getattr(self.backend, "name", type(self.backend).__name__),
+                  "slots": getattr(self.backend, "slots", 1)}
+        sets = getattr(self.backend, "sets", None)
+        if sets:
+            record["device_sets"] = [s.to_dict() for s in sets]
+        return record
+
+    def finish_run(self, status: str = "done", error: str | None = None) -> None:
+        if self.run is None:
+            return
+        self.run.status = status
+        self.run.error = error
+        self.run.finished_at = utcnow()
+        self.ledger.commit()
+
+    @contextlib.contextmanager
+    def recording(self, kind: str) -> Iterator[Run]:
+        """Start a run of ``kind``; if the body raises, the run row says how it ended
+        (``interrupted`` or ``failed``, with the error) before the error goes on. On
+        success the caller finishes the run with its own status."""
+        run = self.start_run(kind)
+        try:
+            yield run
+        except (KeyboardInterrupt, SystemExit) as exc:
+            why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
+            self.finish_run("interrupted", why)
+            raise
+        except Exception as exc:
+            self.finish_run("failed", str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}")
+            raise
+
+    def preflight(self) -> contention.Window | None:
+        """Watch the host before the first boot; say so when it is busy (naming the
+        busiest foreign processes), and with ``wait_quiet_s`` wait for a quiet window.
+        The window is recorded as the run's ``preflight`` calibration row."""
+        d = self.spec.defaults
+        seconds = d.host_preflight_s
+        if seconds <= 0 and not self.wait_quiet_s:
+            return None
+        seconds = seconds or 2.0
+        t0 = time.monotonic()
+        if self.wait_quiet_s:
+            quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
+                                                  say=self.obs.message)
+        else:
+            window = contention.sample_host(seconds)
+        crossed = contention.judge(window, d.host_thresholds)
+        waited = time.monotonic() - t0 if self.wait_quiet_s else 0.0
+        if crossed:
+            why = "; ".join(c.message for c in crossed)
+            self.obs.message(f"host busy before the first boot ({why}); the boots' figures will say how busy "
+                             f"each one was. Use --wait-quiet to wait for a quiet host, or defaults.host_check "
+                             f"(now {d.host_check}) to act on busy boots.")
+        elif self.wait_quiet_s:
+            self.obs.message(f"host quiet after {waited:.0f} s")
+        self.ledger.add(Calibration(run_id=self.run.id, phase="preflight", host_fingerprint=self.host_fp,
+                                    host=self.host, result={"contention": window.to_dict(),
+                                                            "crossed": [c.to_dict() for c in crossed],
+                                                            "waited_s": round(waited, 2),
+                                                            "thresholds": d.host_thresholds.to_dict()}))
+        return window
+
+    def record_calibration(self, phase: str) -> dict | None:
+        if not self.calibrate:
+            return None
+        try:
+            cal = calibration.calibrate(seconds_budget=2.0).to_dict()
+        except Exception as exc:  # a probe that fails must not lose the run; record why
+            cal = {"error": f"{type(exc).__name__}: {exc}"}
+        limit = self.spec.defaults.host_thresholds.calibration_spread
+        noisy = host_state.calibration_spreads(cal, limit)
+        cal["judged"] = {"spread_limit": limit, "noisy": noisy}
+        for sentence in noisy:
+            self.obs.message(f"calibration ({phase}): {sentence}")
+        self.ledger.add(Calibration(run_id=self.run.id, phase=phase, host_fingerprint=self.host_fp,
+                                    host=self.host, result=cal))
+        return cal
+
+    # ------------------------------------------------------------------ configs
+
+    def state_for(self, pc: PlannedConfig) -> ConfigState:
+        st = self.states.get(pc.key)
+        if st is None:
+            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, series=series_key(self.spec, pc.arm),
+                                         label=pc.label, commit=pc.arm.commit,
+                                         env=dict(pc.arm.env), flags=dict(pc.arm.flags),
+                                         argv=self.plan.argv(pc, port="{port}", worktree=None)))
+            st = self.states[pc.key] = ConfigState(row=row, planned=pc)
+        return st
+
+    def retries(self, boot: Boot) -> bool:
+        """Whether ``boot`` was left out as busy under ``host_check: retry`` (so it is re-booted)."""
+        return (self.spec.defaults.host_check == "retry" and boot.status == "excluded"
+                and host_state.HOST_BUSY in (boot.marks or []))
+
+    # ------------------------------------------------------------------ boots
+
+    def boot_round(self, states: Sequence[ConfigState], target: int) -> None:
+        """Boot each config up to ``target`` good boots, one boot each per pass, in a
+        seeded random order per pass; a pass's boots run at once where the backend has
+        the slots for them."""
+        retries = self.spec.defaults.boot_retries
+        cap = self.spec.defaults.max_boots_per_arm + retries + 1
+        while True:
+            todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
+            if not todo:
+                return
+            self._order.shuffle(todo)  # a random order inside each round (seeded: order_seed)
+            self.boot_many(todo)
+            for st in todo:
+                if st.failed is None and len(st.boots) >= cap and len(st.good_boots) < target:
+                    self._fail(st, f"only {len(st.good_boots)} usable boots of {len(st.boots)} "
+                                   "(the others failed or were excluded by a boot check)")
+
+    def boot(self, st: ConfigState) -> Boot:
+        """One boot of one config (build once, boot, verify, sample, tear down)."""
+        return self.boot_many([st])[0]
+
+    def boot_many(self, states: Sequence[ConfigState]) -> list[Boot]:
+        """One boot of each state (a state may appear more than once), ``backend.slots``
+        at a time, in the order given. Never raises for a failed boot; raises the
+        error of a check set to ``fatal`` once every boot in flight has reported."""
+        out: list[Boot] = []
+        pending = [s for s in states]
+        while pending:
+            batch, pending = pending[:max(1, self.backend.slots)], pending[max(1, self.backend.slots):]
+            batch = [s for s in batch if s.failed is None]
+            if not batch:
+                continue
+            self._wait_if_busy()
+            out += self._run_batch(batch)
+        return out
+
+    def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
+        sink = _LedgerSink(self)
+        requests = []
+        for st in batch:
+            pc = st.planned
+            seq = len(st.boots) + 1
+            self.obs.boot_started(pc, seq, self.spec.defaults.samples_per_boot)
+            boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
+                                        host_fingerprint=self.host_fp))
+            st.boots.append(boot)
+            log_path = self.log_dir / f"boot-{boot.id}.log"
+            boot.log_path = str(log_path)
+            req = self.plan.boot_request(pc, boot_id=boot.id, seq=seq, log_path=log_path)
+            sink.expect(req, boot, st)
+            requests.append(req)
+        self.ledger.commit()
+        try:
+            self.backend.run(requests, sink)
+        finally:
+            sink.close_unreported()  # boots that never reported (never started) say so
+            self.ledger.commit()
+        sink.raise_fatal()
+        return [sink.boots[r.boot_id][0] for r in requests]
+
+    def _fail(self, st: ConfigState, why: str, status: str = "boot_failed") -> None:
+        st.failed = st.failed or why
+        if st.row.status == "pending":
+            st.row.status, st.row.failure = status, st.failed
+        self.ledger.commit()
+
+    def _wait_if_busy(self) -> None:
+        """host_check retry: before the boot after a busy one, wait for a quiet host
+        (up to ``defaults.host_wait_s``); the re-boot itself comes later in the round."""
+        if not self._busy_before_next:
+            return
+        self._busy_before_next = False
+        d = self.spec.defaults
+        if d.host_wait_s <= 0:
+            return
+        quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=d.host_wait_s,
+                                              window_s=max(1.0, d.host_preflight_s), say=self.obs.message)
+        if not quiet:
+            self.obs.message(f"host still busy after {d.host_wait_s:.0f} s; booting anyway "
+                             f"({contention.summary_line(window)})")
+
+
+class _LedgerSink(Sink):
+    """A backend's reports, written to the ledger on the scheduler's thread."""
+
+    def __init__(self, sched: Scheduler):
+        self.sched = sched
+        self.ledger = sched.ledger
+        self.boots: dict[int, tuple[Boot, ConfigState]] = {}
+        self.written: dict[int, set[int]] = {}
+        self.reported: set[int] = set()
+        self.fatal: list[BootOutcome] = []
+
+    def expect(self, req: BootRequest, boot: Boot, st: ConfigState) -> None:
+        self.boots[req.boot_id] = (boot, st)
+        self.written[req.boot_id] = set()
+
+    def message(self, text: str) -> None:
+        self.sched.obs.message(text)
+
+    def started(self, req: BootRequest, port, argv, log_path) -> None:
+        boot, _ = self.boots[req.boot_id]
+        boot.port, boot.argv, boot.log_path = port, list(argv), log_path
+        self.ledger.commit()
+
+    def sample(self, req: BootRequest, s: SampleOutcome) -> None:
+        boot, st = self.boots[req.boot_id]
+        if s.seq in self.written[req.boot_id]:
+            return
+        self.written[req.boot_id].add(s.seq)
+        self.ledger.add(SampleRow(boot_id=boot.id, seq=s.seq, metrics=dict(s.metrics), requests=s.requests,
+                                  output_tokens=s.output_tokens, duration_s=s.duration_s, errors=s.errors))
+        self.sched.obs.sample_done(st.planned, s.seq, dict(s.metrics))
+
+    def finished(self, req: BootRequest, out: BootOutcome) -> None:
+        boot, st = self.boots[req.boot_id]
+        for s in out.samples:  # a remote backend reports its samples with the outcome
+            self.sample(req, s)
+        self.reported.add(req.boot_id)
+        boot.status, boot.failure = out.status, out.failure
+        boot.log_tail, boot.log_path = out.log_tail, out.log_path or boot.log_path
+        if out.port is not None:
+            boot.port = out.port
+        if out.argv:
+            boot.argv = list(out.argv)
+        boot.ready_s = out.ready_s
+        boot.host_fingerprint = out.host_fingerprint or boot.host_fingerprint
+        boot.provenance = dict(out.provenance)
+        boot.env_report = dict(out.env_report) if out.env_report is not None else None
+        boot.flag_report = dict(out.flag_report) if out.flag_report is not None else None
+        boot.server_info = dict(out.server_info) if out.server_info is not None else None
+        boot.marks, boot.source_problems = list(out.marks), list(out.source_problems)
+        boot.finished_at = out.finished_at or utcnow()
+        if out.status == "ok":
+            st.consecutive_failures = 0
+        elif out.status == "failed":
+            st.consecutive_failures += 1
+        if out.busy:
+            self.sched._busy_before_next = True
+        if out.config_failure:  # the same recipe fails the same way at this commit: not retried
+            st.failed = st.failed or out.config_failure
+            st.row.status, st.row.failure = out.config_status or "boot_failed", st.failed
+            if out.config_status == "build_failed":
+                st.row.log_tail = out.log_tail
+        elif st.failed is None and st.consecutive_failures > self.sched.spec.defaults.boot_retries:
+            self.sched._fail(st, f"{st.consecutive_failures} boots in a row failed")
+        if out.fatal:
+            self.fatal.append(out)
+        self.ledger.commit()
+        self.sched.obs.boot_finished(st.planned, boot)
+
+    def close_unreported(self) -> None:
+        for boot_id, (boot, st) in self.boots.items():
+            if boot_id not in self.reported and boot.status == "running":
+                boot.status, boot.failure = "interrupted", "the run stopped before this boot started"
+                boot.finished_at = utcnow()
+
+    def raise_fatal(self) -> None:
+        for out in self.fatal:
+            if out.fatal == "infrastructure":
+                raise InfrastructureError(out.failure)
+            raise UserError(out.failure or "a boot check failed")

@@ -1,0 +1,272 @@
+"""Commits into worktrees, without ever touching the user's checkout.
+
+The user's repository is only *read* (``rev-parse``, ``rev-list``). Commits are
+fetched into a bare mirror in the cache folder (a local clone: objects are
+hard-linked, not copied), and each commit gets its own detached ``git worktree``
+of that mirror. The user's HEAD, index, files and even ``.git/worktrees`` stay
+as they were, on success and on failure.
+
+A build runs once per (commit, interpreter, build argv, build env); its outcome
+and log are cached beside the worktree, so a commit that failed to build is a
+recorded skip and is not rebuilt on every boot. Each commit may have its own
+Python environment (``envs``), made over a base interpreter; the build cache is
+keyed on the interpreter, so a commit's build is never taken for another's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reported when used, not at import
+import git  # noqa: E402
+from filelock import FileLock, Timeout  # noqa: E402
+
+from ..boot import supervisor
+from .envs import CommitEnv, create_venv
+from ..errors import BuildFailed, CommitError, InfrastructureError
+from ..input.secrets import redact_argv
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("BISECT_HARNESS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "bisect-harness"
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_tail(path: Path | str, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file, or "" when it cannot be read."""
+    try:
+        return tail(Path(path).read_text(errors="replace"), lines)
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    ok: bool
+    log_path: Path
+    seconds: float
+    cached: bool
+
+
+class Workspace:
+    """One engine repository, its mirror and its worktrees under ``cache_dir``."""
+
+    def __init__(self, repo: Path, cache_dir: Path | None = None):
+        self.repo_path = Path(repo).resolve()
+        if shutil.which("git") is None and not os.environ.get("GIT_PYTHON_GIT_EXECUTABLE"):
+            raise InfrastructureError("git is not installed or not on PATH; install git to check out engine commits")
+        try:
+            self.user = git.Repo(self.repo_path)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise CommitError(f"engine.repo {self.repo_path} is not a git repository; "
+                              "point engine.repo at the engine's checkout") from None
+        ident = hashlib.sha256(str(self.repo_path).encode()).hexdigest()[:12]
+        self.root = (cache_dir or default_cache_dir()) / "repos" / f"{self.repo_path.name}-{ident}"
+        self.mirror_path = self.root / "mirror.git"
+        self.trees = self.root / "worktrees"
+        self.envs = self.root / "envs"
+        self._mirror: git.Repo | None = None
+
+    # ------------------------------------------------------------------ revisions (read-only on the user's repo)
+
+    def resolve(self, rev: str, *, where: str = "") -> str:
+        """A full sha for ``rev`` as the user's repository sees it now."""
+        try:
+            return self.user.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}").strip()
+        except git.GitCommandError:
+            place = f" ({where})" if where else ""
+            raise CommitError(
+                f"commit {rev!r}{place} does not exist in {self.repo_path}; use a sha, branch or tag "
+                "that `git log --oneline` shows there") from None
+
+    def commits_between(self, good: str, bad: str, *, first_parent: bool = False) -> list[str]:
+        """``good`` then every commit after it up to ``bad``, oldest first."""
+        args = ["--reverse", "--topo-order"]
+        if first_parent:
+            args.append("--first-parent")
+        try:
+            self.user.git.merge_base("--is-ancestor", good, bad)
+        except git.GitCommandError:
+            raise CommitError(f"good commit {good[:12]} is not an ancestor of bad commit {bad[:12]}; "
+                              "swap --good and --bad or pick commits on one line of history") from None
+        out = self.user.git.rev_list(*args, f"{good}..{bad}").split()
+        return [good] + out
+
+    def subject(self, sha: str) -> str:
+        try:
+            return self.user.commit(sha).summary
+        except (ValueError, git.BadName):
+            return ""
+
+    # ------------------------------------------------------------------ mirror and worktrees (cache only)
+
+    def _lock(self) -> FileLock:
+        """The cache's lock for this repository: the mirror, its fetches and its worktrees
+        are changed by one process at a time (several runs may share one cache)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
+
+    def mirror(self) -> git.Repo:
+        if self._mirror is None:
+            with _locked(self._lock()):
+                self._make_mirror()
+            self._mirror = git.Repo(self.mirror_path)
+        return self._mirror
+
+    def _make_mirror(self) -> None:
+        if not (self.mirror_path / "HEAD").exists():
+            tmp = self.root / f"mirror.tmp-{os.getpid()}"
+            try:
+                git.Repo.clone_from(str(self.repo_path), str(tmp), bare=True)
+                os.replace(tmp, self.mirror_path)
+            except (git.GitCommandError, OSError) as exc:
+                raise InfrastructureError(f"cannot mirror {self.repo_path} into the cache: {exc}") from None
+            finally:
+                if tmp.exists():
+                    _rmtree(tmp)
+
+    def _ensure_object(self, sha: str) -> None:
+        mirror = self.mirror()
+        try:
+            mirror.git.cat_file("-e", f"{sha}^{{commit}}")
+            return
+        except git.GitCommandError:
+            pass
+        try:
+            mirror.git.fetch("--no-tags", str(self.repo_path), "+refs/heads/*:refs/heads/*",
+                             "+refs/tags/*:refs/tags/*", "+HEAD:refs/harness/user-head")
+            mirror.git.cat_file("-e", f"{sha}^{{commit}}")
+        except git.GitCommandError:
+            try:  # an unreachable commit (detached work): fetch it by id
+                mirror.git.fetch("--no-tags", str(self.repo_path), sha)
+                mirror.git.cat_file("-e", f"{sha}^{{commit}}")
+            except git.GitCommandError as exc:
+                raise CommitError(f"commit {sha[:12]} could not be fetched from {self.repo_path}: "
+                                  f"{exc.stderr.strip()}") from None
+
+    def worktree(self, sha: str) -> Path:
+        """A clean detached checkout of ``sha`` in the cache (created on first use)."""
+        path = self.trees / sha
+        if (path / ".git").exists():
+            _touch(path)
+            return path
+        mirror = self.mirror()
+        with _locked(self._lock()):
+            if (path / ".git").exists():  # another run made it while we waited
+                _touch(path)
+                return path
+            self._ensure_object(sha)
+            self.trees.mkdir(parents=True, exist_ok=True)
+            try:
+                mirror.git.worktree("prune")
+                mirror.git.worktree("add", "--detach", "--force", str(path), sha)
+            except git.GitCommandError as exc:
+                raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
+        return path
+
+    # ------------------------------------------------------------------ environments (cache only)
+
+    def environment(self, sha: str, base_python: str) -> CommitEnv:
+        """The commit's own virtual environment over ``base_python`` (created on first use);
+        one per (commit, base interpreter). Raises ``BuildFailed`` when it cannot be made."""
+        ident = hashlib.sha256(base_python.encode()).hexdigest()[:8]
+        venv = self.envs / f"{sha}-{ident}"
+        self.envs.mkdir(parents=True, exist_ok=True)
+        with _locked(FileLock(str(venv.with_name(venv.name + ".lock")), timeout=LOCK_TIMEOUT_S)):
+            env = create_venv(base_python, venv)
+        _touch(venv)
+        return env
+
+    # ------------------------------------------------------------------ build
+
+    def build(self, sha: str, argv: Sequence[str] | None, env: Mapping[str, str], *,
+              timeout_s: float = 3600.0, python: str | None = None) -> BuildResult:
+        """Run the build argv in the commit's worktree once per interpreter (``python``,
+        the one ``{python}`` named and the build installs into); raise ``BuildFailed``
+        with the log tail."""
+        tree = self.worktree(sha)
+        if not argv:
+            return BuildResult(True, tree / ".harness-build.log", 0.0, True)
+        python = python or sys.executable
+        ident = hashlib.sha256(json.dumps([python, list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
+        marker = self.root / "builds" / f"{sha}-{ident}.json"
+        log_path = marker.with_suffix(".log")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        # One build of a (commit, interpreter, argv, env) at a time, across threads (parallel
+        # slots) and processes (two harnesses on one cache); the second finds the marker.
+        with _locked(FileLock(str(marker.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S + timeout_s)):
+            return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+
+    def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
+        if marker.exists():
+            info = json.loads(marker.read_text())
+            if not info["ok"]:
+                raise BuildFailed(f"build failed at {sha[:12]} (cached; exit {info['code']}): "
+                                  f"{' '.join(argv)}", log_tail=read_tail(log_path), log_path=str(log_path))
+            return BuildResult(True, log_path, info["seconds"], True)
+        start = time.monotonic()
+        with open(log_path, "wb") as log:
+            # Under a supervisor: a build's daemons and background jobs (`cmd &`, a compiler
+            # server) are killed with it, at its timeout, and if the harness dies.
+            try:
+                code = supervisor.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=timeout_s)
+            except supervisor.LaunchError as exc:
+                log.write(f"build command not found or not runnable: {argv[0]} ({exc})\n".encode())
+                code = 127
+            if code is None:
+                log.write(f"build timed out after {timeout_s:g}s\n".encode())
+                code = -1
+        seconds = time.monotonic() - start
+        tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: never half a marker
+        tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
+                                   "python": python, "worktree": str(tree)}))
+        os.replace(tmp, marker)
+        if code != 0:
+            raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
+                              log_tail=read_tail(log_path), log_path=str(log_path))
+        return BuildResult(True, log_path, seconds, False)
+
+
+#: Seconds a run waits for another run's mirror, worktree or environment creation.
+LOCK_TIMEOUT_S = 1800.0
+
+
+@contextlib.contextmanager
+def _locked(lock: FileLock) -> Iterator[None]:
+    try:
+        with lock:
+            yield
+    except Timeout:
+        raise InfrastructureError(f"another harness has held the cache lock {lock.lock_file} for "
+                                  f"{LOCK_TIMEOUT_S:.0f}s; wait for it to finish, or give this run its own "
+                                  "--cache-dir") from None
+
+
+def _touch(path: Path) -> None:
+    """Mark ``path`` as used now (``harness cache prune --older-than`` reads this)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,255 @@
+"""From a frozen spec to a plan: resolved commits, distinct configs, argv and env.
+
+Arms that are equal (same commit, env and flags) become one config and share
+their boots, so a HEAD baseline used by three hypotheses is booted once per round.
+A hypothesis that compares a config with itself (an A/A check) gets a second,
+independent replica of it, so its two sides never share a boot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from ..input import presets
+from ..boot import sources
+from ..boot.request import BootRequest, Checks, freeze
+from .checkout import Workspace, default_cache_dir
+from .envs import CommitEnv, resolve_python
+from ..errors import CommitError
+from ..model import Arm, Metric
+from ..input.spec import HypothesisSpec, Spec
+
+LOOPBACK = "127.0.0.1"
+TP_FLAGS = ("tp", "tp-size", "tensor-parallel-size")  # canonical spellings of the tensor parallel degree
+
+
+@dataclass(frozen=True)
+class PlannedConfig:
+    """One distinct boot recipe. ``key`` identifies it across runs (ledger reuse)."""
+
+    key: str
+    arm: Arm
+    replica: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.arm.describe() + (f" (replica {self.replica})" if self.replica else "")
+
+
+@dataclass(frozen=True)
+class PlannedHypothesis:
+    spec: HypothesisSpec
+    baseline: PlannedConfig
+    treatment: PlannedConfig
+    metric: Metric
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def is_aa(self) -> bool:
+        return self.baseline.arm.key() == self.treatment.arm.key()
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    repo: Path | None
+    configs: tuple[PlannedConfig, ...]
+    hypotheses: tuple[PlannedHypothesis, ...]
+    cache_dir: Path
+    base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
+
+    @property
+    def preset(self) -> presets.Preset:
+        return presets.get_preset(self.spec.engine.preset)
+
+    @property
+    def source(self):
+        """Where boots' servers come from: launched, or attached (``attach.source_for``)."""
+        from ..boot.attach import source_for
+
+        return source_for(self.spec)
+
+    @property
+    def base_python(self) -> str:
+        """The base environment's interpreter (``engine.python``, else the harness's own)."""
+        return self.base_interpreter or resolve_python(self.spec.engine.python)
+
+    def argv(self, config: PlannedConfig, *, port: int | str, worktree: Path | None,
+             python: str | None = None) -> list[str]:
+        """The launch argv for one boot: template plus flags, placeholders filled, no shell.
+        ``python`` is the commit's interpreter (``CommitEnv.python``); by default the base's,
+        or the literal ``{python}`` for a config whose commits each get their own."""
+        engine = self.spec.engine
+        template = presets.launch_argv(engine.launch, config.arm.flags, self.preset)
+        return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree,
+                                                                 python=python or self.python_for(config)))
+
+    def build_argv(self, worktree: Path | None, python: str | None = None) -> list[str] | None:
+        if not self.spec.engine.build:
+            return None
+        return presets.render_argv(list(self.spec.engine.build),
+                                   **self.placeholders(port="", worktree=worktree, python=python))
+
+    def cwd(self, worktree: Path | None, python: str | None = None) -> Path:
+        engine = self.spec.engine
+        if engine.cwd:
+            return Path(presets.render_argv([engine.cwd], **self.placeholders(port="", worktree=worktree,
+                                                                              python=python))[0])
+        return worktree if worktree is not None else self.spec.spec_dir
+
+    def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
+        return {"port": str(port), "host": LOOPBACK, "python": python or self.base_python,
+                "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
+                "spec_dir": str(self.spec.spec_dir)}
+
+    def workspace(self) -> Workspace | None:
+        """The engine repository's mirror and worktrees in the cache (None: no repository)."""
+        return Workspace(self.repo, self.cache_dir) if self.repo is not None else None
+
+    @classmethod
+    def for_engine(cls, spec: Spec, repo: Path | None, cache_dir: Path) -> "Plan":
+        """A plan of the engine alone: configs are made as they are needed (a bisection's
+        commits, a nightly's newest commit), with no hypotheses."""
+        return cls(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
+
+    @property
+    def per_commit_env(self) -> bool:
+        """Does each commit get its own environment (``engine.environment: venv``)?"""
+        return self.repo is not None and self.spec.engine.environment_mode == "venv"
+
+    def python_for(self, config: PlannedConfig) -> str:
+        """``{python}`` as known before a boot: the base interpreter, or the literal
+        ``{python}`` where each commit's own environment supplies it at boot time."""
+        return "{python}" if (self.per_commit_env and config.arm.commit is not None) else self.base_python
+
+    def shared_env(self) -> CommitEnv:
+        return CommitEnv(python=self.base_python, venv=None, base_python=self.base_python)
+
+    def devices_needed(self, config: PlannedConfig) -> int:
+        """GPUs one boot of ``config`` takes: its tensor parallel degree (``tp`` in any of
+        the preset's spellings), else 1."""
+        for flag, value in config.arm.flags.items():
+            if presets.canonical_flag(flag, self.preset) in TP_FLAGS:
+                try:
+                    return max(1, int(value))
+                except (TypeError, ValueError):
+                    return 1
+        return 1
+
+    def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
+        """The frozen recipe of one boot of ``config``; what depends on the host that runs
+        it (port, worktree, interpreter) stays a placeholder (``boot.request``)."""
+        spec, engine, preset, d = self.spec, self.spec.engine, self.preset, self.spec.defaults
+        flags = dict(config.arm.flags)
+        wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
+        keys = {f: presets.info_key(f, preset) for f in flags}
+        checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
+        env = {**preset.env, **config.arm.env}  # what the engine needs to be observable, then the arm
+        template = presets.launch_argv(engine.launch, flags, preset)
+        return BootRequest(
+            boot_id=boot_id, config_key=config.key, label=config.label, seq=seq, preset=preset.name,
+            commit=config.arm.commit, repo=str(self.repo) if self.repo is not None else None,
+            cache_dir=str(self.cache_dir), per_commit_env=self.per_commit_env, base_python=self.base_python,
+            argv=tuple(str(x) for x in template),
+            build_argv=tuple(str(x) for x in engine.build) if engine.build else None,
+            cwd=engine.cwd, spec_dir=str(spec.spec_dir),
+            env=freeze(env), arm_env=freeze(config.arm.env), flags=freeze(flags), flag_checks=checks,
+            health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
+            health_request_timeout_s=preset.health_request_timeout_s, settle_s=preset.settle_s,
+            server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
+            endpoint=config.arm.endpoint, api_key_env=engine.api_key_env,
+            metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
+            benchmark=spec.benchmark, samples=d.samples_per_boot,
+            checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
+                          thresholds=d.host_thresholds),
+            log_path=str(log_path), devices_needed=self.devices_needed(config))
+
+    def boot_env(self, config: PlannedConfig, commit_env: CommitEnv | None = None) -> dict[str, str]:
+        """The process env of a boot: ours, then the config's (engine base env merged into the
+        arm), with the commit's environment first on PATH."""
+        env = dict(os.environ)
+        env.update(self.preset.env)  # what the engine needs to be observable (e.g. vLLM's dev-mode info)
+        env.update(config.arm.env)
+        return commit_env.apply(env) if commit_env is not None else env
+
+
+def engine_fingerprint(spec: Spec) -> str:
+    """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
+    e = spec.engine
+    # Keys added later count only when set, so older files keep the config keys their ledgers hold.
+    bench = {k: v for k, v in spec.benchmark.__dict__.items() if not (k in ("tool", "tool_args") and not v)}
+    fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
+              "cwd": e.cwd, "bench": bench,
+              "samples_per_boot": spec.defaults.samples_per_boot,
+              "metrics": [repr(m) for m in e.metrics]}
+    # Only when written: files that leave them out keep the keys their ledgers already hold.
+    fields.update({k: v for k, v in (("python", e.python), ("environment", e.environment)) if v is not None})
+    if e.base_url is not None:  # attached: which server (the key's variable name, never the key)
+        fields.update(base_url=e.base_url, api_key_env=e.api_key_env)
+    payload = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def engine_repo(spec: Spec, cache_dir: Path) -> Path | None:
+    if spec.engine.base_url is not None:  # attached: a running server has no commits
+        return None
+    if spec.engine.repo is not None:
+        return spec.engine.repo
+    return presets.get_preset(spec.engine.preset).default_repo(cache_dir)  # the demo's history, or None
+
+
+def series_key(spec: Spec, arm: Arm) -> str:
+    """A config's identity without its commit: the same env, flags and engine over time."""
+    fields = {"env": dict(arm.env), "flags": dict(arm.flags)}
+    if arm.endpoint is not None:  # attached: each server is its own series
+        fields["endpoint"] = arm.endpoint
+    payload = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(f"{payload}:{engine_fingerprint(spec)}".encode()).hexdigest()[:20]
+
+
+def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
+    key = hashlib.sha256(f"{arm.key()}:{engine_fingerprint(spec)}:{replica}".encode()).hexdigest()[:20]
+    return PlannedConfig(key=key, arm=arm, replica=replica)
+
+
+def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags, where: str,
+                base_url: str | None = None) -> Arm:
+    sha = ws.resolve(commit, where=where) if (ws is not None and commit is not None) else commit
+    endpoint = (base_url or spec.engine.base_url) if spec.engine.base_url is not None else None
+    return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags}, endpoint=endpoint)
+
+
+def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True) -> Plan:
+    """Resolve every revision and dedupe configs. Raises CommitError naming the hypothesis key.
+
+    With ``resolve=False`` revisions stay as written (a dry run for another machine)."""
+    cache_dir = cache_dir or default_cache_dir()
+    repo = engine_repo(spec, cache_dir)
+    if repo is not None and resolve and not repo.exists():
+        raise CommitError(f"engine.repo: no such folder {repo}; point it at the engine's git checkout "
+                          "(relative to the hypotheses file), or remove it to test an installed server")
+    ws = Workspace(repo, cache_dir) if (repo is not None and resolve) else None
+    metrics = spec.metrics()
+    configs: dict[str, PlannedConfig] = {}
+    hyps: list[PlannedHypothesis] = []
+    for i, h in enumerate(spec.hypotheses):
+        where = f"hypothesis {h.id}"
+        base = resolve_arm(spec, ws, h.baseline.commit, h.baseline.env, h.baseline.flags, f"{where}, baseline.commit",
+                           base_url=h.baseline.base_url)
+        treat = resolve_arm(spec, ws, h.treatment.commit, h.treatment.env, h.treatment.flags,
+                            f"{where}, treatment.commit", base_url=h.treatment.base_url)
+        b = make_config(spec, base)
+        t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
+        b = configs.setdefault(b.key, b)
+        t = configs.setdefault(t.key, t)
+        hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
+    base_python = resolve_python(spec.engine.python) if resolve else (spec.engine.python or sys.executable)
+    return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
+                cache_dir=cache_dir, base_interpreter=base_python)

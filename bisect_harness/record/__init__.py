@@ -1,0 +1,1 @@
+"""The ledger (SQLite through SQLAlchemy) and the journal rendered from it alone."""

@@ -1,0 +1,332 @@
+"""The experiment journal: a markdown page rendered from the ledger alone.
+
+Everything on the page is read back from the database, so a journal can be
+rendered again at any time (``harness journal RUN``) and every number in it
+traces to rows: verdict -> boots -> samples, with each boot's provenance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import jinja2
+from sqlalchemy import select
+
+from ..boot import engine_identity
+from ..analysis import host_state, stats
+from ..input import metric_defs
+from .ledger import Bisection, Boot, Ledger, Run
+from ..analysis.drift import host_drift
+from ..boot.provenance import EnvReport, FlagReport
+from ..input.secrets import redact_text
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
+            return f"{x:.2e}"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _md(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _mean(vals: Sequence[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def _env_cell(report: dict | None) -> str:
+    """Did every requested env var reach every process of the server's tree?"""
+    if not report:
+        return "n/a"
+    rep = EnvReport.from_dict(report)
+    n = len(rep.processes)
+    if not rep.vars:
+        return f"(no env requested; {n} processes)"
+    if rep.ok:
+        return f"yes ({len(rep.vars)} vars in all {len(rep.readable_pids)} processes)"
+    bad = []
+    for v in rep.vars:
+        if not v.ok:
+            where = [rep.process(pid).name for pid in (*v.absent, *v.mismatched)]
+            bad.append(f"{v.name} missing in {len(where)} of {n} processes")
+    return "**NO**: " + _md("; ".join(bad) or rep.note or "no process could be read")
+
+
+def _flag_cell(report: dict | None) -> str:
+    """Did each requested flag show up in the server's effective arguments?"""
+    if not report:
+        return "n/a"
+    rep = FlagReport.from_dict(report)
+    if not rep.checks:
+        return "(no checkable flags)"
+    if rep.mismatched:
+        return "**NO**: " + _md("; ".join(f"{c.flag}: asked {c.requested!r}, server has {c.effective!r}"
+                                          for c in rep.mismatched))
+    text = f"yes ({len(rep.matched)} confirmed"
+    if rep.not_reported:
+        text += f", {len(rep.not_reported)} not reported: " + ", ".join(c.flag for c in rep.not_reported)
+    return _md(text + ")")
+
+
+def _checks_cell(warnings, drift) -> str:
+    """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
+    counts: dict[str, int] = {}
+    for w in warnings or []:
+        if w.startswith(engine_identity.WARNING_PREFIX):
+            counts["engine versions differ"] = counts.get("engine versions differ", 0) + 1
+            continue
+        if not w.startswith(("baseline boot ", "treatment boot ")):
+            continue
+        for mark in w.split(": ", 1)[-1].split(", "):
+            counts[mark] = counts.get(mark, 0) + 1
+    parts = [f"{mark} x{n}" for mark, n in sorted(counts.items())]
+    if drift:
+        parts.append(f"host drift ({len(drift)})")
+    for prefix, label in (("contention differed", "contention differs"), ("calibration (", "calibration noisy"),
+                          ("host busy before the first boot", "busy at preflight")):
+        n = sum(1 for w in warnings or [] if w.startswith(prefix))
+        if n:
+            parts.append(label if n == 1 else f"{label} x{n}")
+    return "**" + ", ".join(parts) + "**" if parts else "ok"
+
+
+def _sampling_text(d: dict) -> str:
+    """One line per boot: CPU load and, per GPU, clocks, temperature, power, throttling."""
+    def rng(stat: dict | None, unit: str) -> str:
+        if not stat:
+            return "n/a"
+        lo, hi = stat.get("min"), stat.get("max")
+        return f"{lo:.0f}-{hi:.0f}{unit}" if lo is not None and hi is not None else "n/a"
+
+    cpu = d.get("cpu", {})
+    parts = [f"{d.get('n_samples', 0)} samples over {d.get('duration_s', 0):.1f}s",
+             f"CPU busy {rng(cpu.get('cpu_percent'), '%')}", f"load1 {rng(cpu.get('load1'), '')}"]
+    for g in d.get("gpus", []):
+        st = g.get("stats", {})
+        throttle = ", ".join(g.get("throttle_reasons_seen", [])) or "none"
+        parts.append(f"GPU{g.get('index')}: SM {rng(st.get('sm_clock_mhz'), ' MHz')} "
+                     f"(max {g.get('sm_clock_max_mhz')}), {rng(st.get('temperature_c'), ' C')}, "
+                     f"{rng(st.get('power_w'), ' W')}, throttle: {throttle}")
+    if d.get("note"):
+        parts.append(d["note"])
+    return _md("; ".join(parts))
+
+
+def _host_line(host: dict) -> str:
+    if not host:
+        return "unknown"
+    gpus = host.get("gpus") or []
+    gpu = (f"{len(gpus)}x {gpus[0].get('name')}, driver {gpus[0].get('driver_version')}" if gpus
+           else host.get("gpu_note") or "no GPU")
+    return (f"{host.get('hostname', '?')}, {host.get('cpu_model', '?')} ({host.get('cpu_count_logical', '?')} cores), "
+            f"{gpu}, kernel {host.get('kernel', '?')}, boot id {str(host.get('boot_id', '?'))[:8]}")
+
+
+def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
+    """The journal's markdown for one run."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=False, lstrip_blocks=False)
+    template = env.get_template("journal.md.j2")
+    hyps = []
+    for h in run.hypotheses:
+        v = h.verdict
+        boot_rows = []
+        sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
+                 ("treatment", h.treatment, v.treatment_boot_ids if v else []))
+        used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
+        for side, cfg, used in sides:
+            for boot in cfg.boots:
+                if boot.run_id != run.id and boot.id not in used:
+                    continue
+                vals = [s.metrics.get(h.metric) for s in boot.samples]
+                vals = [float(x) for x in vals if x is not None]
+                if boot.status == "ok" and boot.id in used:
+                    used_boots[side].append(boot)
+                boot_rows.append({
+                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)"),
+                    "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
+                    "marks": ", ".join(boot.marks or []) or "-"})
+        drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
+                  "message": _md(d.message)}
+                 for d in host_drift(used_boots["baseline"], used_boots["treatment"])]
+        claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
+        same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
+        hyps.append({
+            "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
+            "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
+            "outcome": v.outcome if v else "not decided",
+            "ratio": _fmt(v.ratio, 4) if v else "n/a",
+            "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
+            "p": _fmt(v.p_value, 4) if v else "n/a",
+            "boots": f"{len(v.baseline_boot_ids)} / {len(v.treatment_boot_ids)}" if v else "0 / 0",
+            "baseline_label": h.baseline.label, "treatment_label": h.treatment.label,
+            "looks": len(h.verdicts), "test": v.test if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
+            "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
+            "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
+            "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
+            "same_host": same, "not_same": "; ".join(not_same),
+            "checks": _checks_cell(v.warnings if v else [], drift)})
+    configs = []
+    for c in run.configs:
+        boots = []
+        for b in c.boots:
+            details = []
+            if b.failure:
+                details.append(f"- failure: {b.failure}")
+            for p in b.source_problems or []:
+                details.append(f"- metric source: {p}")
+            refused = (b.provenance or {}).get("flag_not_accepted")
+            if refused:  # the commit's parser refused the argv: not a crash
+                details.append(f"- flag not accepted at this commit: `{refused['engine_message']}`"
+                               + "".join(f" ({n})" for n in refused.get("notes") or []))
+            not_applicable = (b.provenance or {}).get("sources_not_applicable")
+            if not_applicable:
+                details.append("- metric sources whose `when` excludes this config (not collected): "
+                               + ", ".join(not_applicable))
+            if b.env_report and not b.env_report.get("ok", True):
+                for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]:
+                    details.append(f"- env: `{line.strip()}`")
+            sampled = (b.provenance or {}).get("gpu_sampling")
+            if sampled:
+                details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
+            busy = host_state.boot_line(b)
+            if busy:
+                details.append(f"- contention during the benchmark: {_md(busy)}")
+            boots.append({
+                "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
+                "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
+                "marks": ", ".join(b.marks or []) or "-", "details": details,
+                "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
+        configs.append({
+            "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
+            "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "reported": _md(engine_identity.describe(c.boots)),
+            "python": _md(_environment_text(c.boots)),
+            "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
+            "log_tail": (c.log_tail or "").strip(), "boots": boots})
+    cals = []
+    for cal in run.calibrations:
+        cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
+    bisections = []
+    for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
+        bisections.append({**_bisection_view(bis, plots_dir),
+                           "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
+    return template.render(
+        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
+        hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
+        ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _environment_text(boots) -> str:
+    """The interpreter(s) a config's boots ran with, and whether each was the commit's own."""
+    seen = []
+    for b in boots:
+        env = (b.provenance or {}).get("environment")
+        if env:
+            text = (f"`{env['python']}` (the commit's own venv over `{env['base_python']}`)" if env["mode"] == "venv"
+                    else f"`{env['python']}` (shared by every commit)")
+            if text not in seen:
+                seen.append(text)
+    return "; ".join(seen)
+
+
+def _calibration_text(result: dict) -> str:
+    if not result:
+        return "not run"
+    if "error" in result:
+        return f"failed: {result['error']}"
+    if "contention" in result:  # the preflight: the host watched before the first boot
+        from ..boot.contention import Window, summary_line
+
+        text = f"host watched before the first boot: {summary_line(Window.from_dict(result['contention']))}"
+        if result.get("waited_s"):
+            text += f" (after waiting {result['waited_s']:.0f} s)"
+        crossed = result.get("crossed") or []
+        return text + ("; **busy**: " + "; ".join(c["message"] for c in crossed) if crossed else "; quiet")
+    if "measurements" in result:  # the figures, then the settings
+        figures = [f"{m['name']}@{m['device']} {_fmt(float(m['median']), 2)} {m['unit']} (spread {m['spread']:.1%} "
+                   f"over {len(m.get('values', []))} repetitions)" for m in result["measurements"]]
+        noisy = (result.get("judged") or {}).get("noisy") or []
+        settings = f"{result.get('device')}, {result.get('threads')} threads, {_fmt(result.get('elapsed_s'), 2)} s"
+        return "; ".join(figures) + f" [{settings}]" + ("; **" + "; ".join(noisy) + "**" if noisy else "")
+    parts = []
+    for k, v in result.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            parts.append(f"{k}={_fmt(float(v), 2)}")
+        elif isinstance(v, str) and len(v) < 40:
+            parts.append(f"{k}={v}")
+    return ", ".join(parts) or json.dumps(result, default=str)[:300]
+
+
+def _bisection_view(bis, plots_dir: Path | None) -> dict:
+    result = bis.result or {}
+    probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
+               "boots": len(p.values or []), "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
+               "note": "skipped" if p.skipped else (f"{p.reused} reused" if p.reused else "")}
+              for p in bis.probes]
+    cands = [{"commit": c["commit"][:12], "p": _fmt(c["probability"], 3)} for c in result.get("candidates", [])[:5]]
+    culprit = result.get("culprit")
+    if culprit:
+        summary = (f"Culprit: `{culprit[:12]}` with posterior probability {_fmt(result.get('probability'), 3)} "
+                   f"after {result.get('boots')} boots ({result.get('stopped', bis.status)}).")
+    elif bis.status == "running":
+        summary = "The bisection did not finish; `harness bisect` resumes it from the ledger."
+    else:
+        summary = (f"No single culprit ({result.get('stopped', bis.status)}); candidates below."
+                   + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
+    plot = None
+    if plots_dir is not None and bis.probes:
+        plot = _plot_bisection(bis, plots_dir)
+    if result.get("warnings"):
+        summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
+    return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
+            "probes": probes, "candidates": cands, "plot": plot}
+
+
+def _plot_bisection(bis, plots_dir: Path) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = {c: i for i, c in enumerate(bis.commits or [])}
+    xs, ys = [], []
+    for p in bis.probes:
+        for v in p.values or []:
+            if p.commit in order:
+                xs.append(order[p.commit])
+                ys.append(float(v))
+    if not xs:
+        return None
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    path = plots_dir / f"bisection-{bis.id}.png"
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    ax.plot(xs, ys, "o", alpha=0.7, label="boot mean")
+    culprit = (bis.result or {}).get("culprit")
+    if culprit in order:
+        ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
+    ax.set_xlabel("commit (order from good to bad)")
+    ax.set_ylabel(bis.metric)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
+
+
+def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
+    """Render and write ``<journal_dir>/<date>-run<id>.md`` (plots beside it)."""
+    journal_dir = Path(journal_dir)
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    text = redact_text(render(ledger, run, plots_dir=journal_dir))  # secrets never written (secrets.py)
+    path = journal_dir / f"{run.created_at.strftime('%Y-%m-%d')}-run{run.id}.md"
+    path.write_text(text)
+    return path

@@ -1,0 +1,425 @@
+"""The ledger: every run, config, boot, sample, verdict and bisection, append-only.
+
+Any SQLAlchemy URL works; the default is ``sqlite:///results.db``. Each sample is
+committed the moment it is measured, so a killed run loses nothing already
+measured, and a later run (or a resumed bisection) can reuse it.
+
+The schema carries a version number in ``meta``; a database written by a newer
+harness is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
+                        event, insert, inspect, select, update)
+from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from ..errors import InfrastructureError, UserError
+
+SCHEMA_VERSION = 2
+#: Seconds a SQLite connection waits for another process's write before giving up.
+BUSY_TIMEOUT_S = 60.0
+
+#: Forward migrations, applied in order to an older ledger on open. Each only adds;
+#: nothing recorded is ever rewritten or dropped.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE configs ADD COLUMN series VARCHAR(64)",  # nightly series: the config without its commit
+        "ALTER TABLE runs ADD COLUMN summary JSON"),           # kind-specific result (nightly)
+}
+
+
+def utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict: JSON, list: JSON, Any: JSON}
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), default="run")  # run | bisect
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running|done|alert|failed|interrupted
+    spec_path: Mapped[str] = mapped_column(Text)
+    spec_text: Mapped[str] = mapped_column(Text)
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    harness_version: Mapped[str] = mapped_column(String(32))
+    host: Mapped[dict] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    summary: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # kind-specific result (nightly)
+    configs: Mapped[list["Config"]] = relationship(back_populates="run")
+    hypotheses: Mapped[list["HypothesisRow"]] = relationship(back_populates="run", order_by="HypothesisRow.id")
+    calibrations: Mapped[list["Calibration"]] = relationship(order_by="Calibration.id", viewonly=True)
+
+    def calibration(self, phase: str = "before") -> dict | None:
+        """The run's calibration probe result of ``phase``, when it ran and succeeded."""
+        for cal in self.calibrations:
+            if cal.phase == phase and cal.result and "error" not in cal.result:
+                return cal.result
+        return None
+
+
+class Config(Base):
+    """One distinct server boot recipe within a run; ``key`` identifies it across runs."""
+
+    __tablename__ = "configs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    key: Mapped[str] = mapped_column(String(64), index=True)
+    series: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # the key without the commit
+    label: Mapped[str] = mapped_column(Text, default="")
+    commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    flags: Mapped[dict] = mapped_column(JSON, default=dict)
+    argv: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | ok | build_failed | boot_failed
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    run: Mapped[Run] = relationship(back_populates="configs")
+    boots: Mapped[list["Boot"]] = relationship(back_populates="config", order_by="Boot.id")
+
+
+class Boot(Base):
+    """One start of the server for one config: the unit of replication."""
+
+    __tablename__ = "boots"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"), index=True)
+    config_key: Mapped[str] = mapped_column(String(64), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[_dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running | ok | failed | excluded
+    failure: Mapped[str | None] = mapped_column(Text, nullable=True)
+    ready_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    argv: Mapped[list] = mapped_column(JSON, default=list)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    host_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    provenance: Mapped[dict] = mapped_column(JSON, default=dict)
+    env_report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    flag_report: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    server_info: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    marks: Mapped[list] = mapped_column(JSON, default=list)  # env_missing, flag_mismatch, source_unmatched, ...
+    source_problems: Mapped[list] = mapped_column(JSON, default=list)
+    config: Mapped[Config] = relationship(back_populates="boots")
+    run: Mapped[Run] = relationship()
+    samples: Mapped[list["SampleRow"]] = relationship(back_populates="boot", order_by="SampleRow.seq")
+
+
+class SampleRow(Base):
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    boot_id: Mapped[int] = mapped_column(ForeignKey("boots.id"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    requests: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    duration_s: Mapped[float] = mapped_column(Float)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    boot: Mapped[Boot] = relationship(back_populates="samples")
+
+
+class HypothesisRow(Base):
+    __tablename__ = "hypotheses"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    hid: Mapped[str] = mapped_column(Text)
+    statement: Mapped[str] = mapped_column(Text, default="")
+    metric: Mapped[str] = mapped_column(String(64))
+    expect: Mapped[str] = mapped_column(String(16))
+    min_effect: Mapped[float] = mapped_column(Float)
+    baseline_config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"))
+    treatment_config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"))
+    spec: Mapped[dict] = mapped_column(JSON, default=dict)
+    run: Mapped[Run] = relationship(back_populates="hypotheses")
+    baseline: Mapped[Config] = relationship(foreign_keys=[baseline_config_id])
+    treatment: Mapped[Config] = relationship(foreign_keys=[treatment_config_id])
+    verdicts: Mapped[list["VerdictRow"]] = relationship(back_populates="hypothesis", order_by="VerdictRow.id")
+
+    @property
+    def verdict(self) -> "VerdictRow | None":
+        """The latest verdict (earlier ones are the sequential looks)."""
+        return self.verdicts[-1] if self.verdicts else None
+
+
+class VerdictRow(Base):
+    """One look at a hypothesis; the last one of a hypothesis is its verdict."""
+
+    __tablename__ = "verdicts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    hypothesis_id: Mapped[int] = mapped_column(ForeignKey("hypotheses.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    outcome: Mapped[str] = mapped_column(String(16))
+    final: Mapped[bool] = mapped_column(Boolean)
+    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ci_high: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    test: Mapped[str] = mapped_column(Text, default="")
+    alpha: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    baseline_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
+    treatment_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
+    warnings: Mapped[list] = mapped_column(JSON, default=list)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)
+    hypothesis: Mapped[HypothesisRow] = relationship(back_populates="verdicts")
+
+
+class Calibration(Base):
+    __tablename__ = "calibrations"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    phase: Mapped[str] = mapped_column(String(16))  # before | after
+    host_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    host: Mapped[dict] = mapped_column(JSON, default=dict)
+    result: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Bisection(Base):
+    __tablename__ = "bisections"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    hypothesis_id: Mapped[int | None] = mapped_column(ForeignKey("hypotheses.id"), nullable=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    good: Mapped[str] = mapped_column(String(64))
+    bad: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    commits: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    probes: Mapped[list["Probe"]] = relationship(back_populates="bisection", order_by="Probe.id")
+
+
+class Probe(Base):
+    __tablename__ = "bisect_probes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bisection_id: Mapped[int] = mapped_column(ForeignKey("bisections.id"), index=True)
+    created_at: Mapped[_dt.datetime] = mapped_column(DateTime, default=utcnow)
+    commit: Mapped[str] = mapped_column(String(64))
+    boots_requested: Mapped[int] = mapped_column(Integer)
+    values: Mapped[list] = mapped_column(JSON, default=list)
+    reused: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[bool] = mapped_column(Boolean, default=False)
+    note: Mapped[str] = mapped_column(Text, default="")
+    bisection: Mapped[Bisection] = relationship(back_populates="probes")
+
+
+@dataclass(frozen=True)
+class BootValues:
+    """Boot-level view of a config's measurements for one metric."""
+
+    boot_ids: tuple[int, ...]
+    values: tuple[tuple[float, ...], ...]  # per boot, the sample values
+
+
+class Ledger:
+    """Thin session owner over the database. Methods commit before they return."""
+
+    def __init__(self, url: str = "sqlite:///results.db"):
+        self.url = url
+        try:
+            sqlite = make_url(url).get_backend_name() == "sqlite"
+            # An explicit busy timeout: a second harness waits for the first one's write
+            # instead of failing with "database is locked".
+            self.engine: Engine = create_engine(url, future=True,
+                                                connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+            if self.engine.dialect.name == "sqlite":
+                event.listen(self.engine, "connect", _sqlite_pragmas)
+            _while_locked(self._init_schema, self.engine)
+        except SQLAlchemyError as exc:
+            raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
+                            "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
+        self.session = Session(self.engine, expire_on_commit=False)
+        event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
+        from ..orchestrate.liveness import mark_stale
+
+        try:
+            mark_stale(self.session)
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+
+    def _init_schema(self) -> None:
+        """Create or upgrade the schema in one transaction, the version read before
+        anything is written. On SQLite the transaction takes the write lock first
+        (``BEGIN IMMEDIATE``), so processes opening one new ledger at once create it
+        once, and a migration killed half-way leaves the ledger as it was."""
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            version = None
+            if inspect(conn).has_table("meta"):
+                row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).first()
+                version = int(row[0]) if row is not None else None
+            if version is not None and version > SCHEMA_VERSION:
+                conn.rollback()
+                raise UserError(f"the ledger {self.url} has schema version {version}, newer than this harness "
+                                f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
+            Base.metadata.create_all(conn)
+            if version is None:
+                conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif version < SCHEMA_VERSION:
+                try:
+                    for target in range(version + 1, SCHEMA_VERSION + 1):
+                        for statement in MIGRATIONS.get(target, ()):
+                            conn.exec_driver_sql(statement)
+                    conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(SCHEMA_VERSION)))
+                except SQLAlchemyError as exc:
+                    conn.rollback()
+                    raise InfrastructureError(
+                        f"could not upgrade the ledger {self.url} from schema version {version} to "
+                        f"{SCHEMA_VERSION}: {exc}; the ledger was left as it was; back it up and retry, "
+                        "or use another --ledger") from None
+            conn.commit()
+
+    def close(self) -> None:
+        self.session.close()
+        self.engine.dispose()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def add(self, obj):
+        """Add and commit one row at once: nothing measured waits for the end of a run."""
+        try:
+            self.session.add(obj)
+            self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+        return obj
+
+    def commit(self) -> None:
+        try:
+            self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+
+    # ------------------------------------------------------------------ reads
+
+    def run(self, run_id: int) -> Run:
+        run = self.session.get(Run, run_id)
+        if run is None:
+            raise UserError(f"no run {run_id} in {self.url}; `harness ledger list` shows the runs")
+        return run
+
+    def runs(self, limit: int = 50) -> Sequence[Run]:
+        return self.session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
+
+    def latest_run(self) -> Run:
+        run = self.session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+        if run is None:
+            raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
+        return run
+
+    def boot_values(self, boots: Iterable[Boot], metric: str) -> BootValues:
+        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out."""
+        ids, values = [], []
+        for boot in boots:
+            if boot.status != "ok":
+                continue
+            vals = tuple(float(s.metrics[metric]) for s in boot.samples
+                         if metric in s.metrics and s.metrics[metric] is not None)
+            if vals:
+                ids.append(boot.id)
+                values.append(vals)
+        return BootValues(tuple(ids), tuple(values))
+
+    def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:
+        """Finished boots of the same config on the same host (any earlier run)."""
+        q = select(Boot).where(Boot.config_key == config_key, Boot.status == "ok")
+        if host_fingerprint is not None:
+            q = q.where(Boot.host_fingerprint == host_fingerprint)
+        return self.session.scalars(q.order_by(Boot.id)).all()
+
+    def nightly_history(self, series: str, *, before_run: int) -> list[tuple[Run, str, list[Boot]]]:
+        """Earlier nightly runs of one series, oldest first: (run, commit, ok boots)."""
+        q = (select(Config).join(Run, Run.id == Config.run_id)
+             .where(Config.series == series, Run.kind == "nightly", Run.id < before_run)
+             .order_by(Run.id))
+        out = []
+        for cfg in self.session.scalars(q).all():
+            ok = [b for b in cfg.boots if b.status == "ok"]
+            if ok:
+                out.append((cfg.run, cfg.commit, ok))
+        return out
+
+
+def _redact_before_flush(session, _flush_context, _instances) -> None:
+    from ..input.secrets import redact_row
+
+    for obj in (*session.new, *session.dirty):
+        redact_row(obj)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")  # before WAL: switching takes a lock
+    _while_locked(lambda: cur.execute("PRAGMA journal_mode=WAL"))
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def require_existing(url: str) -> str:
+    """``url`` when it names a ledger that exists; a read-only command must not make an
+    empty one where the user mistyped the path. Raises ``UserError`` naming --ledger."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:") and not os.path.isfile(db):
+            raise UserError(f"no ledger at {url} ({os.path.abspath(db)} does not exist); pass --ledger with the "
+                            "ledger a run wrote, e.g. --ledger sqlite:///results.db in the folder you ran from")
+    return url
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+def _while_locked(fn, engine: Engine | None = None):
+    """``fn()``, tried again while SQLite answers "database is locked" where it does not
+    wait on the busy timeout (switching a new file to WAL, or a lock taken while another
+    process recovers it), up to ``BUSY_TIMEOUT_S``."""
+    import random
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            return fn()
+        except (SQLAlchemyError, sqlite3.OperationalError) as exc:
+            if not _is_locked(exc) or time.monotonic() > deadline:
+                raise
+            if engine is not None:
+                engine.dispose()
+            time.sleep(0.02 + random.random() * 0.08)
