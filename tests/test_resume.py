@@ -216,8 +216,18 @@ def test_resume_refuses_a_plan_whose_configs_or_hypotheses_differ(setup):
     moved.key = "0" * 20  # a revision that names another commit now gives its config another key
     led.commit()
     led.session.refresh(run)
-    with pytest.raises(UserError, match=f"key {plan.configs[0].key}\\) is not one of run {run.id}'s configs"):
+    with pytest.raises(UserError, match=f"config {moved.label} \\(key 0{{20}}\\) is not planned by the file now"):
         check_plan(run, plan)
+    # A run with its hypotheses' rows that lacks a planned config.
+    lacking = _run(led, spec)
+    kept = [led.add(Config(run_id=lacking.id, key=pc.key, label=pc.label, commit=pc.arm.commit))
+            for pc in plan.configs[1:]]
+    for h in plan.hypotheses:
+        led.add(HypothesisRow(run_id=lacking.id, hid=h.id, metric="tok_s", expect="decrease", min_effect=0.1,
+                              baseline_config_id=kept[0].id, treatment_config_id=kept[-1].id))
+    led.session.refresh(lacking)
+    with pytest.raises(UserError, match=f"key {plan.configs[0].key}\\) is not one of run {lacking.id}'s configs"):
+        check_plan(lacking, plan)
 
 
 # ------------------------------------------------------------------ the loop, through the backend seam

@@ -29,6 +29,7 @@ from typing import Iterable, Mapping, Sequence
 from sqlalchemy import select
 
 from ..errors import UserError
+from ..planning.plan import make_config
 from ..record.ledger import Boot, Config, HypothesisRow, Ledger, Run, VerdictRow
 from ..record.resumed import RESUMED_KEY, journal_lines, resumes, run_line
 from . import liveness
@@ -94,23 +95,29 @@ def _resolved(path) -> Path | None:
 
 
 def check_plan(run: Run, plan) -> None:
-    """Refuse a resume whose plan no longer matches the run: every planned config must
-    have the run's config row of the same key (a revision such as ``HEAD`` that now
-    names another commit, or a changed engine, gives another key), and the
-    hypotheses kept (``--only``) must be the run's."""
-    rows = {c.key: c for c in run.configs}
-    for pc in plan.configs:
-        if pc.key not in rows:
-            raise UserError(
-                f"config {pc.label} (key {pc.key}) is not one of run {run.id}'s configs: a revision now names "
-                f"another commit, or the engine changed since; resuming would compare boots of different "
-                f"code. Start a new run without --resume")
-    planned = sorted(h.id for h in plan.hypotheses)
+    """Refuse a resume whose plan no longer matches the run: the run's configs must be
+    the planned ones (or their A/A replicas) and every planned config must have its
+    row (a revision such as ``HEAD`` that now names another commit, or a changed
+    engine, gives another key), and the hypotheses kept (``--only``) must be the
+    run's."""
+    ids = sorted(h.id for h in plan.hypotheses)
     recorded = sorted(h.hid for h in run.hypotheses) or sorted(((run.host or {}).get(OPTIONS_KEY) or {})
-                                                             .get("hypotheses") or planned)
-    if planned != recorded:
+                                                             .get("hypotheses") or ids)
+    if ids != recorded:
         raise UserError(f"run {run.id} holds hypotheses {', '.join(recorded)}; this command selects "
-                        f"{', '.join(planned) or 'none'}. Pass the same --only as the interrupted run")
+                        f"{', '.join(ids) or 'none'}. Pass the same --only as the interrupted run")
+    rows = {c.key: c for c in run.configs}
+    planned = {pc.key: pc for pc in plan.configs}
+    replicas = {make_config(plan.spec, h.baseline.arm, replica=2).key for h in plan.hypotheses}  # A/A check
+    why = ("a revision now names another commit, or the engine changed since; resuming would compare boots "
+           "of different code. Start a new run without --resume")
+    for key, row in rows.items():
+        if key not in planned and key not in replicas:
+            raise UserError(f"run {run.id}'s config {row.label} (key {key}) is not planned by the file now: {why}")
+    for pc in plan.configs:
+        # Configs are all made before the hypotheses' rows; a run stopped before those may lack some.
+        if pc.key not in rows and run.hypotheses:
+            raise UserError(f"config {pc.label} (key {pc.key}) is not one of run {run.id}'s configs: {why}")
 
 
 def split_boots(row: Config, host_fingerprint: str | None) -> tuple[list[Boot], list[Boot]]:

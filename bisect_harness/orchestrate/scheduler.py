@@ -243,8 +243,9 @@ class Scheduler:
 
             row = self.earlier_configs.pop(pc.key)
             counted, not_counted = split_boots(row, self.host_fp)
+            failed = (row.failure or row.status) if row.status not in ("pending", "ok") else None
             st = self.states[pc.key] = ConfigState(row=row, planned=pc, boots=counted, not_counted=not_counted,
-                                                   failed=(row.failure or row.status) if row.status not in ("pending", "ok") else None)
+                                                   failed=failed)
             for boot in reversed(counted):  # failures in a row at the end carry over to the retry limit
                 if boot.status != "failed":
                     break
