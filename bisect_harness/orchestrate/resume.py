@@ -151,7 +151,7 @@ def options(run: Run) -> dict:
 
 def earlier_order_seed(ledger: Ledger, run: Run) -> int | None:
     """The run's order seed: as recorded with the run, else from any of its verdicts."""
-    seed = (run.host or {}).get("order_seed", options(run).get("order_seed"))
+    seed = (run.host or {}).get("order_seed")
     if seed is not None:
         return int(seed)
     q = (select(VerdictRow).join(HypothesisRow, HypothesisRow.id == VerdictRow.hypothesis_id)
