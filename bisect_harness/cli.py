@@ -184,7 +184,7 @@ def run(
             from .orchestrate.resume import check_plan, find_run
 
             earlier = find_run(led, spec, resume_id)
-            check_plan(earlier, plan)
+            check_plan(earlier, plan, aa_check=aa_check)
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
                             aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier)
         try:

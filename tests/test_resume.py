@@ -210,6 +210,10 @@ def test_resume_refuses_a_plan_whose_configs_or_hypotheses_differ(setup):
                               baseline_config_id=rows[h.baseline.key].id, treatment_config_id=rows[h.treatment.key].id))
     led.session.refresh(run)
     check_plan(run, plan)  # the same plan: accepted
+    run.host = {"run_options": {"aa_check": False, "hypotheses": sorted(h.id for h in plan.hypotheses)}}
+    led.commit()
+    with pytest.raises(UserError, match=f"run {run.id} was started without an A/A check.*drop --aa-check"):
+        check_plan(run, plan, aa_check=True)
     with pytest.raises(UserError, match="this command selects head-regression. Pass the same --only"):
         check_plan(run, make_plan(spec.select(["head-regression"]), resolve=False))
     moved = rows[plan.configs[0].key]

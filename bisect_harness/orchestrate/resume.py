@@ -94,12 +94,17 @@ def _resolved(path) -> Path | None:
         return None
 
 
-def check_plan(run: Run, plan) -> None:
+def check_plan(run: Run, plan, *, aa_check: bool = False) -> None:
     """Refuse a resume whose plan no longer matches the run: the run's configs must be
     the planned ones (or their A/A replicas) and every planned config must have its
     row (a revision such as ``HEAD`` that now names another commit, or a changed
-    engine, gives another key), and the hypotheses kept (``--only``) must be the
-    run's."""
+    engine, gives another key), the hypotheses kept (``--only``) must be the
+    run's, and ``--aa-check`` is refused for a run started without one (whether
+    the run had one comes from the run, not from the resuming command)."""
+    recorded_aa = options(run).get("aa_check")
+    if aa_check and recorded_aa is False:
+        raise UserError(f"run {run.id} was started without an A/A check; a resume continues the run as it was "
+                        "started (an A/A check now would come after its looks): drop --aa-check")
     ids = sorted(h.id for h in plan.hypotheses)
     recorded = sorted(h.hid for h in run.hypotheses) or sorted(((run.host or {}).get(OPTIONS_KEY) or {})
                                                              .get("hypotheses") or ids)
