@@ -143,6 +143,10 @@ def run(
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
     backend: Optional[str] = BACKEND_OPT,
     slots: Optional[int] = SLOTS_OPT,
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="[RUN]",
+                                         help="Continue an interrupted or failed run of FILE (default: the newest) "
+                                         "in the same run: its boots on this host count, decided hypotheses "
+                                         "keep their verdicts."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from .record import journal
@@ -153,6 +157,8 @@ def run(
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
+    if dry_run and resume is not None:
+        raise UserError("--resume boots what an interrupted run still lacks; --dry-run boots nothing: drop one of them")
     if dry_run:
         from .input.dryrun import describe_plan
 
@@ -169,11 +175,18 @@ def run(
         return
     if check_flags:
         raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
+    resume_id = _resume_id(resume)
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
+        earlier = None
+        if resume is not None:  # the run to continue, refused before anything is written
+            from .orchestrate.resume import check_plan, find_run
+
+            earlier = find_run(led, spec, resume_id)
+            check_plan(earlier, plan, aa_check=aa_check)
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -459,6 +472,32 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
         Console().print(calibration.render_doctor_text(report), markup=False)
 
 
+#: ``--resume`` without a value: the newest interrupted or failed run of the file.
+RESUME_NEWEST = "newest"
+
+
+def _resume_id(value: str | None) -> int | None:
+    if value is None or value == RESUME_NEWEST:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"--resume {value!r}: give a run id (`harness ledger list` shows them), or no value for "
+                        "the newest interrupted run of the file") from None
+
+
+def _resume_value(argv: list[str]) -> list[str]:
+    """``--resume`` may come without a run id: give it ``newest``."""
+    out = []
+    for i, a in enumerate(argv):
+        out.append(a)
+        if a == "--resume":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            if not nxt.isdigit():
+                out.append(RESUME_NEWEST)
+    return out
+
+
 def _wait_quiet_value(argv: list[str]) -> list[str]:
     """``--wait-quiet`` may come without a value: give it the default (click options
     take a value or none, not either)."""
@@ -479,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     from .boot.server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
-    argv = _wait_quiet_value(list(sys.argv[1:] if argv is None else argv))
+    argv = _resume_value(_wait_quiet_value(list(sys.argv[1:] if argv is None else argv)))
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:

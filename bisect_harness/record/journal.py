@@ -21,6 +21,7 @@ from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
 from ..input.secrets import redact_text
+from . import resumed as _resume
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -142,6 +143,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
                  ("treatment", h.treatment, v.treatment_boot_ids if v else []))
         used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
+        before_resume = {i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []}
         for side, cfg, used in sides:
             for boot in cfg.boots:
                 if boot.run_id != run.id and boot.id not in used:
@@ -151,7 +153,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 if boot.status == "ok" and boot.id in used:
                     used_boots[side].append(boot)
                 boot_rows.append({
-                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)"),
+                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)")
+                    + (", from before the resume" if boot.id in before_resume else ""),
                     "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
                     "marks": ", ".join(boot.marks or []) or "-"})
         drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
@@ -173,7 +176,10 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
             "same_host": same, "not_same": "; ".join(not_same),
-            "checks": _checks_cell(v.warnings if v else [], drift)})
+            "checks": _checks_cell(v.warnings if v else [], drift),
+            "resumed": [_md(x) for x in _resume.journal_lines(
+                run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
+                [b.id for b in (*h.baseline.boots, *h.treatment.boots)])]})
     configs = []
     for c in run.configs:
         boots = []
@@ -220,6 +226,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         bisections.append({**_bisection_view(bis, plots_dir),
                            "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
     return template.render(
+        resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
