@@ -111,3 +111,144 @@ def test_journals_and_plots_are_committable_and_logs_are_not():
                          ("experiments/2026-11-30-demo-run7-h1.png", False), ("experiments/logs/run-7/boot-1.log", True)):
         proc = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT)
         assert proc.returncode == (0 if ignored else 1), rel
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@pytest.mark.slow
+def test_overall_progress_bar_counts_boots_against_the_budget(runs):
+    # the fixture's runs printed their progress to stderr (--json): the overall bar comes first
+    proc = harness("run", runs["spec"], "--no-calibration", "--ledger", f"sqlite:///{runs['root'] / 'p.db'}",
+                   "--journal-dir", runs["root"] / "p", "--json", cwd=runs["root"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "boots done / budget" in ln]
+    assert lines, proc.stderr[-3000:]
+    n_boots = len(query(runs["root"] / "p.db", "SELECT id FROM boots"))
+    assert re.search(rf"boots done / budget\s.*\b{n_boots}/4\b", lines[-1]), lines[-1]  # 2 configs x max 2 boots
+    first_boot = next(i for i, ln in enumerate(proc.stderr.splitlines()) if ln.startswith("boot "))
+    overall = next(i for i, ln in enumerate(proc.stderr.splitlines()) if "boots done / budget" in ln)
+    assert overall < first_boot
+
+
+@pytest.mark.slow
+def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
+    from bisect_harness.analysis.decide import Side, judge
+    from bisect_harness.input.spec import load_spec
+    from bisect_harness.model import Expect
+    from bisect_harness.record.ledger import Ledger
+    import dataclasses
+
+    a, b = runs["ids"]
+    proc = harness("compare", a, b, "--ledger", runs["url"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = last_json(proc.stdout)
+    assert (out["run_a"], out["run_b"]) == (a, b) and len(out["configs"]) == 2
+    with Ledger(runs["url"]) as led:
+        ra, rb = led.run(a), led.run(b)
+        spec = dataclasses.replace(load_spec(runs["spec"]), family_size=2)
+        for row in out["configs"]:
+            assert row["matched_by"] == "key"
+            ca = next(c for c in ra.configs if c.key == row["key"])
+            cb = next(c for c in rb.configs if c.key == row["key"])
+            want = judge(led, spec, Side("run A", list(ca.boots)), Side("run B", list(cb.boots)), metric="tok_s",
+                         expect=Expect.DECREASE, min_effect=0.05, hypothesis_id=0, force_final=True)
+            assert row["verdict"] == want["outcome"] and row["ratio"] == pytest.approx(want["ratio"])
+            assert row["p_value"] == pytest.approx(want["p_value"])
+            assert row["boots"] == {"a": len(want["baseline_boot_ids"]), "b": len(want["treatment_boot_ids"])}
+            assert row["warnings"] == want["warnings"]
+    text = harness("compare", a, b, "--ledger", runs["url"])
+    assert text.returncode == 0 and f"run {b} against run {a}" in text.stdout, text.stderr
+    bad = harness("compare", a, b, "--ledger", runs["url"], "--metric", "nope")
+    assert bad.returncode == 2 and "--metric 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    missing = harness("compare", a, 999, "--ledger", runs["url"])
+    assert missing.returncode == 2 and "no run 999" in missing.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_ledger_export_holds_every_boot_and_sample(runs, tmp_path, fmt):
+    proc = harness("ledger", "export", "--format", fmt, "--out", tmp_path, "--ledger", runs["url"])
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "csv":
+        with (tmp_path / "boots.csv").open() as fh:
+            boots = list(csv.DictReader(fh))
+        with (tmp_path / "samples.csv").open() as fh:
+            samples = list(csv.DictReader(fh))
+    else:
+        import pyarrow.parquet as pq
+
+        boots = pq.read_table(tmp_path / "boots.parquet").to_pylist()
+        samples = pq.read_table(tmp_path / "samples.parquet").to_pylist()
+    db_boots = query(runs["db"], "SELECT id, status, argv FROM boots ORDER BY id")
+    assert [(int(r["boot_id"]), r["status"]) for r in boots] == [(i, s) for i, s, _ in db_boots]
+    assert [json.loads(r["argv"]) for r in boots] == [json.loads(a) for _, _, a in db_boots]
+    db_samples = query(runs["db"], "SELECT id, boot_id, metrics FROM samples ORDER BY id")
+    assert len(samples) == len(db_samples)
+    for row, (sid, bid, metrics) in zip(samples, db_samples):
+        assert (int(row["sample_id"]), int(row["boot_id"])) == (sid, bid)
+        assert float(row["metric.tok_s"]) == pytest.approx(json.loads(metrics)["tok_s"], rel=1e-12)
+    wrong = harness("ledger", "export", "--format", "xlsx", "--out", tmp_path, "--ledger", runs["url"])
+    assert wrong.returncode == 2 and "--format 'xlsx'" in wrong.stderr
+
+
+def _examples() -> list[tuple[str, dict]]:
+    import yaml
+
+    out = [(str(p.relative_to(ROOT)), yaml.safe_load(p.read_text()))
+           for p in [ROOT / "hypotheses.yaml", *sorted((ROOT / "experiments").rglob("*.yaml"))]]
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for i, block in enumerate(re.findall(r"```ya?ml\n(.*?)```", doc.read_text(), re.S)):
+            data = yaml.safe_load(block)
+            if isinstance(data, dict) and "engine" in data and "hypotheses" in data:  # whole files, not fragments
+                out.append((f"{doc.name} block {i}", data))
+    return out
+
+
+def test_schema_is_the_loaders_keys_and_accepts_every_example():
+    import jsonschema
+
+    from bisect_harness.input import spec as loader
+
+    proc = harness("schema")
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    props = schema["properties"]
+    assert list(props) == list(loader._TOP)
+    assert set(props["engine"]["properties"]) == set(loader._ENGINE)
+    assert set(props["benchmark"]["properties"]) == set(loader._BENCH)
+    assert set(props["defaults"]["properties"]) == set(loader._DEFAULTS)
+    assert set(schema["$defs"]["hypothesis"]["properties"]) == set(loader._HYP)
+    assert set(schema["$defs"]["arm"]["properties"]) == set(loader._ARM)
+    validator = jsonschema.Draft202012Validator(schema)
+    examples = _examples()
+    assert len(examples) >= 4, [n for n, _ in examples]
+    for name, data in examples:
+        errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(data)]
+        assert not errors, (name, errors)
+    # and it refuses what the loader refuses
+    good = examples[0][1]
+    for broken in ({**good, "hypotheses": [{**good["hypotheses"][0], "expect": "sideways"}]},
+                   {**good, "defaults": {**good.get("defaults", {}), "samples_per_bot": 2}},
+                   {**good, "engine": {**good["engine"], "preset": "no-such-preset"}},
+                   {**good, "hypotheses": [{**good["hypotheses"][0], "min_effect": "ten percent"}]}):
+        assert list(validator.iter_errors(broken)), broken
+
+
+def test_version_and_shell_completion():
+    from bisect_harness import __version__
+
+    proc = harness("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"bisect-harness {__version__}"
+    # typer detects the shell from the parent processes; a test has none, so it names it (typer's own switch)
+    script = harness("--show-completion", "bash",
+                     env={**__import__("os").environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert script.returncode == 0 and "_HARNESS_COMPLETE" in script.stdout, script.stdout + script.stderr
+    import os
+    import sys
+
+    env = {**os.environ, "_HARNESS_COMPLETE": "complete_bash", "COMP_WORDS": "harness led", "COMP_CWORD": "1"}
+    done = subprocess.run([sys.executable, "-m", "bisect_harness.cli"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["ledger"], done
