@@ -302,7 +302,8 @@ def nightly(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+    budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
+    with Ledger(ledger) as led, _ProgressObserver(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,

@@ -261,9 +261,18 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     return template.render(
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, calibration_figures=cal_figures, bisections=bisections,
+        changepoint_lines=_changepoint_lines(run),
         run_command=reproduce.run_command(run, ledger.session.scalars(
             select(Bisection).where(Bisection.run_id == run.id)).all()),
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _changepoint_lines(run) -> list[str]:
+    """The nightly change-point pass (``harness nightly --changepoints``), when it ran."""
+    from .series import report_lines
+
+    report = (run.summary or {}).get("changepoints")
+    return [_md(line.strip()) for line in report_lines(report)] if report else []
 
 
 def _unit(h, spec_text: str) -> str:
