@@ -59,7 +59,13 @@ class _ProgressObserver:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
         self.task = None
-        self.overall = self.progress.add_task("boots done / budget", total=budget)
+        self.budget = budget
+        self.overall = None  # made with the run's first line or boot: bad input shows no empty bar
+
+    def _overall(self):
+        if self.overall is None:
+            self.overall = self.progress.add_task("boots done / budget", total=self.budget)
+        return self.overall
 
     def __enter__(self):
         self.progress.start()
@@ -72,9 +78,11 @@ class _ProgressObserver:
         self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
         from .record.progress import boot_budget
 
-        self.progress.update(self.overall, total=boot_budget(plan))
+        self.budget = boot_budget(plan)
+        self.progress.update(self._overall(), total=self.budget)
 
     def boot_started(self, config, attempt, samples) -> None:
+        self._overall()
         self.task = self.progress.add_task(escape(f"boot {attempt} {config.label[:60]}"), total=samples)
 
     def sample_done(self, config, index, metrics) -> None:
@@ -86,10 +94,11 @@ class _ProgressObserver:
             status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
             self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {status}"))
             self.task = None
-        self.progress.advance(self.overall)
-        total = self.progress.tasks[self.overall].total
-        if total is not None and self.progress.tasks[self.overall].completed > total:  # retries past the budget
-            self.progress.update(self.overall, total=self.progress.tasks[self.overall].completed)
+        overall = self._overall()
+        self.progress.advance(overall)
+        task = next(t for t in self.progress.tasks if t.id == overall)
+        if task.total is not None and task.completed > task.total:  # retries past the budget
+            self.progress.update(overall, total=task.completed)
 
     def verdict(self, hypothesis, verdict) -> None:
         if verdict.final:

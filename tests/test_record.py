@@ -252,3 +252,26 @@ def test_version_and_shell_completion():
     done = subprocess.run([sys.executable, "-m", "bisect_harness.cli"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.split() == ["ledger"], done
+
+
+def test_experiment_names_and_the_run_command_from_ledger_rows():
+    from types import SimpleNamespace as NS
+
+    from bisect_harness.record.reproduce import experiment_name, run_command
+
+    assert experiment_name("experiments/sglang-eagle3/hypotheses.yaml") == "sglang-eagle3"
+    assert experiment_name("/x/y/spec-decode tuning.yml") == "spec-decode-tuning"
+    assert experiment_name("hypotheses.yaml") == "hypotheses"
+
+    def hyp(hid, family):
+        return NS(hid=hid, verdicts=[NS(stats={"family_size": family})])
+
+    whole = NS(kind="run", spec_path="exp/hypotheses.yaml", summary=None, hypotheses=[hyp("a", 2), hyp("b", 2)])
+    assert run_command(whole) == "harness run exp/hypotheses.yaml"
+    some = NS(kind="run", spec_path="exp/hypotheses.yaml", summary=None, hypotheses=[hyp("b[tp=2]", 5)])
+    assert run_command(some) == "harness run exp/hypotheses.yaml --only b"
+    night = NS(kind="nightly", spec_path="n.yaml", summary={"commit": "abc123", "metric": "tok_s"}, hypotheses=[])
+    assert run_command(night) == "harness nightly n.yaml --rev abc123 --metric tok_s"
+    bis = NS(kind="bisect", spec_path="n.yaml", summary=None, hypotheses=[])
+    assert run_command(bis, [NS(good="g" * 40, bad="b" * 40, metric="decode_ms")]) == \
+        f"harness bisect n.yaml --good {'g' * 40} --bad {'b' * 40} --metric decode_ms"

@@ -40,6 +40,12 @@ def run_command(run, bisections=()) -> str:
     if run.kind == "bisect" and bisections:
         b = bisections[0]
         return f"harness bisect {spec} --good {b.good} --bad {b.bad} --metric {shlex.quote(b.metric)}"
+    # a run of some of the file's hypotheses (--only): its verdicts record the file's family size
+    family = max((int((v.stats or {}).get("family_size") or 0) for h in run.hypotheses for v in h.verdicts),
+                 default=0)
+    only = sorted({h.hid.split("[", 1)[0] for h in run.hypotheses})
+    if run.hypotheses and family > len(run.hypotheses):
+        return f"harness run {spec} " + " ".join(f"--only {shlex.quote(i)}" for i in only)
     return f"harness run {spec}"
 
 
