@@ -40,7 +40,7 @@ def runs(tmp_path_factory):
     second = harness("run", spec, "--no-calibration", "--ledger", f"sqlite:///{db}", "--journal-dir", jdir, "--json",
                      cwd=root, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    return {"root": root, "spec": spec, "db": db, "url": f"sqlite:///{db}", "jdir": jdir,
+    return {"root": root, "spec": spec, "db": db, "url": f"sqlite:///{db}", "jdir": jdir, "procs": [first, second],
             "ids": [last_json(first.stdout)["run_id"], last_json(second.stdout)["run_id"]]}
 
 
@@ -119,12 +119,10 @@ def test_journals_and_plots_are_committable_and_logs_are_not():
 @pytest.mark.slow
 def test_overall_progress_bar_counts_boots_against_the_budget(runs):
     # the fixture's runs printed their progress to stderr (--json): the overall bar comes first
-    proc = harness("run", runs["spec"], "--no-calibration", "--ledger", f"sqlite:///{runs['root'] / 'p.db'}",
-                   "--journal-dir", runs["root"] / "p", "--json", cwd=runs["root"], timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, run_id = runs["procs"][1], runs["ids"][1]
     lines = [ln for ln in proc.stderr.splitlines() if "boots done / budget" in ln]
     assert lines, proc.stderr[-3000:]
-    n_boots = len(query(runs["root"] / "p.db", "SELECT id FROM boots"))
+    n_boots = len(query(runs["db"], "SELECT id FROM boots WHERE run_id = ?", (run_id,)))
     assert re.search(rf"boots done / budget\s.*\b{n_boots}/4\b", lines[-1]), lines[-1]  # 2 configs x max 2 boots
     first_boot = next(i for i, ln in enumerate(proc.stderr.splitlines()) if ln.startswith("boot "))
     overall = next(i for i, ln in enumerate(proc.stderr.splitlines()) if "boots done / budget" in ln)

@@ -6,7 +6,10 @@ then judged by the verdict rule itself (``analysis.decide.judge``: the same
 boot-level statistics, the same warnings, host drift included), run A as the
 baseline and run B as the treatment, with alpha divided over the configs
 compared. The claim tested is "run B is worse by at least ``min_effect``" in the
-metric's own direction, unless ``expect`` says otherwise.
+metric's own direction, unless ``expect`` says otherwise. The one warning the
+verdict rule cannot give here is an attached server's (it reads the planned
+config, which the ledger does not hold); every boot mark, contention, calibration
+and host-drift warning is given.
 """
 
 from __future__ import annotations
