@@ -35,10 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+SPEC = ROOT / "hypotheses.yaml"
+
+
 def _bisect(tmp: Path, env: dict, name: str, trial: int, args: list[str]) -> dict:
     db = tmp / f"{name}-{trial}.db"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bisect_harness.cli", "bisect", str(ROOT / "hypotheses.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "bisect_harness.cli", "bisect", str(SPEC),
                            "--good", "HEAD~26", "--bad", "HEAD", "--ledger", f"sqlite:///{db}",
                            "--journal-dir", str(tmp / f"exp-{name}-{trial}"), "--json", *args],
                           env=env, cwd=tmp, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -66,11 +69,15 @@ def _warm(cache: Path, env: dict) -> str:
 
 
 def main() -> int:
+    global SPEC
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--slurm", action="store_true", help="also the Slurm backend, 1 and 2 jobs at once")
     ap.add_argument("--start-cluster", action="store_true", help="start the tests' local Slurm cluster first")
+    ap.add_argument("--spec", type=Path, default=SPEC, help="hypotheses file whose engine is bisected "
+                    "(experiments/demo-gpu/hypotheses.yaml on a GPU host: one GPU per slot)")
     args = ap.parse_args()
+    SPEC = args.spec.resolve()
     configs = [("local-1", ["--backend", "local", "--slots", "1"]),
                ("local-2", ["--backend", "local", "--slots", "2"])]
     if args.slurm or args.start_cluster:
@@ -113,7 +120,8 @@ def main() -> int:
             "culprit_right": sum(1 for r in ok if culprit and r["culprit"] == culprit),
             "errors": [r.get("stderr", "")[-300:] for r in rs if not r["ok"]],
         }
-    print(json.dumps({"planted_culprit": culprit, "cpus": len(os.sched_getaffinity(0)), "results": summary}))
+    print(json.dumps({"spec": SPEC.relative_to(ROOT).as_posix() if SPEC.is_relative_to(ROOT) else SPEC.name,
+                      "planted_culprit": culprit, "cpus": len(os.sched_getaffinity(0)), "results": summary}))
     return 0
 
 

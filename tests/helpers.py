@@ -87,20 +87,10 @@ def processes_under(root: Path) -> list[str]:
 
 
 def reapers_of(harness_pid: int) -> list[int]:
-    """Watchdog processes started for the harness with pid ``harness_pid`` that still run."""
-    out = []
-    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            cmd = proc.info["cmdline"] or []
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        if "bisect_harness._reaper" in cmd:
-            i = cmd.index("bisect_harness._reaper")
-            if len(cmd) > i + 1 and cmd[i + 1] == str(harness_pid):
-                out.append(proc.info["pid"])
-    return out
+    """Supervisor processes started by the harness with pid ``harness_pid`` that still run."""
+    from bisect_harness.boot.supervisor import supervisors_of
+
+    return supervisors_of(harness_pid)
 
 
 def git(repo: Path, *args: str) -> str:

@@ -145,7 +145,7 @@ def test_a_tool_dies_with_a_harness_killed_by_sigkill(tmp_path):
     finally:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
-    wait_for(lambda: not tools(), timeout=30, what="the watchdog to end the tool's group")
+    wait_for(lambda: not tools(), timeout=30, what="the supervisor to end the tool's tree")
 
 
 @pytest.mark.slow

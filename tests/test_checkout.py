@@ -102,3 +102,32 @@ def test_new_commits_are_fetched_into_the_mirror(repo, tmp_path):
     git(repo, "commit", "-q", "-m", "later")
     sha = ws.resolve("HEAD")
     assert (ws.worktree(sha) / "extra.txt").exists()
+
+
+def test_a_commit_builds_once_when_two_slots_ask_at_once(repo, tmp_path):
+    """Parallel slots boot two configs of one commit at the same moment: the build runs
+    once (the second waits on the build's lock and finds its marker), never twice into
+    one environment."""
+    import threading
+
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD")
+    counter = tmp_path / "builds-run.txt"
+    argv = [sys.executable, "-c", "import sys, time; open(sys.argv[1], 'a').write('x'); time.sleep(1.0)",
+            str(counter)]
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(ws.build(sha, argv, {"PATH": "/usr/bin:/bin"}))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert counter.read_text() == "x"
+    assert sorted(r.cached for r in results) == [False, True]

@@ -6,7 +6,7 @@ byte of it (``.git`` included) with HEAD, status, refs and worktrees. The real
 ``harness run`` is started on it in a session of its own; once the ledger holds
 a sample (a server is up, mid-benchmark) the harness is signalled. Afterwards:
 the exit status says what happened, the ledger keeps what was measured, no
-process runs inside the cache's worktrees, no watchdog lingers, and the
+process runs inside the cache's worktrees, no supervisor lingers, and the
 checkout is exactly as it was.
 """
 
@@ -145,13 +145,13 @@ def test_killed_harness_leaves_no_orphans_and_the_checkout_alone(tmp_path, dirty
         assert rc == -signal.SIGKILL
         # Nobody could record anything: the run row stays as it was, its samples kept.
         assert _run_status(db) == "running"
-        # The watchdog notices the harness is gone and takes the server group down.
+        # The supervisor notices the harness is gone and takes the server's tree down.
         try:
             wait_for(lambda: not processes_under(worktrees) and not reapers_of(proc.pid), timeout=15,
-                     what="the watchdog to stop the server group")
+                     what="the supervisor to stop the server's tree")
         except AssertionError:
             pytest.fail(f"left 15 s after SIGKILL: {processes_under(worktrees)}, "
-                        f"watchdogs {reapers_of(proc.pid)}")
+                        f"supervisors {reapers_of(proc.pid)}")
         assert time.monotonic() - killed_at < 15
         # The next open of the ledger sees the run's harness process is gone and says so.
         Ledger(f"sqlite:///{db}").close()

@@ -17,6 +17,7 @@ import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
 from bisect_harness.boot.server import ServerProcess, free_port, live_servers
+from bisect_harness.boot.supervisor import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,11 +235,8 @@ def start_harness(tmp_path, fake):
 
 
 def reaper_pids_of(harness_pid: int) -> list[int]:
-    out = []
-    for p in psutil.Process(harness_pid).children():
-        if "bisect_harness._reaper" in " ".join(p.cmdline()):
-            out.append(p.pid)
-    return out
+    """The supervisors (one per server) the harness started."""
+    return supervisors_of(harness_pid)
 
 
 def test_sigkill_of_harness_kills_server_group(tmp_path, fake):

@@ -32,16 +32,11 @@ import contextlib
 
 import json
 import math
-import os
 import shutil
 import subprocess
-import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
-
-import psutil
 
 from . import client
 from .client import SampleFailed as SampleToolError
@@ -370,52 +365,23 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path,
               timeout_s: float, grace_s: float = 5.0) -> tuple[int | None, float]:
-    """Run ``argv`` (no shell) in a process group of its own, output appended to
-    ``log_path``; at ``timeout_s`` (or on any exception, Ctrl-C included) the whole
-    group gets SIGTERM, then SIGKILL. A watchdog (``_reaper``) kills it if the harness
-    dies. Returns (exit code or None on timeout, seconds)."""
+    """Run ``argv`` (no shell) under a supervisor (``supervisor``: a session of its own,
+    every descendant owned), output appended to ``log_path``; at ``timeout_s`` (or on
+    any exception, Ctrl-C included, or the harness's death) the whole tree gets SIGTERM,
+    then SIGKILL. Returns (exit code or None on timeout, seconds)."""
     import time
 
-    from .. import _reaper
-    from .server import _make_preexec, _PRCTL, _reaper_env, disarm_reaper
+    from . import supervisor
+    from ..input.secrets import redact_argv, redact_text  # the log is written by us: no secrets in it
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    use_pdeathsig = _PRCTL is not None and threading.current_thread() is threading.main_thread()
     t0 = time.monotonic()
     with open(log_path, "ab") as log:
-        from ..input.secrets import redact_argv, redact_text  # the log is written by us: no secrets in it
-
         log.write(redact_text(f"$ {' '.join(redact_argv(argv))}\n").encode())
         log.flush()
         try:
-            proc = subprocess.Popen(list(argv), env=dict(env), cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                                    preexec_fn=_make_preexec(os.getpid()) if use_pdeathsig else None)
-        except OSError as exc:
+            rc = supervisor.run(argv, env=env, cwd=cwd, stdout=log, timeout_s=timeout_s, grace_s=grace_s)
+        except supervisor.LaunchError as exc:
             raise SampleToolError(f"could not start {argv[0]!r}: {exc}") from exc
-        me = psutil.Process()
-        reaper = subprocess.Popen(
-            [sys.executable, "-m", "bisect_harness._reaper", str(me.pid), repr(me.create_time()), str(proc.pid),
-             str(proc.pid), str(grace_s)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=_reaper_env())
-        known: dict[int, psutil.Process] = {}
-        rc: int | None = None
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            try:
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    known[child.pid] = child
-            except psutil.Error:
-                pass
-            _reaper.kill_tree(proc.pid, known, grace_s)  # the leader's exit does not end its group
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            disarm_reaper(reaper)
     return rc, time.monotonic() - t0
 

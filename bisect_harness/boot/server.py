@@ -2,19 +2,20 @@
 
 Every process we start is owned, whatever happens to the harness:
 
-- the server runs in a process group (and session) of its own, with stdout and
-  stderr in one log file per boot;
-- :meth:`ServerProcess.stop` SIGTERMs the whole group, waits, SIGKILLs it, and
-  also kills descendants that left the group with ``setsid`` (collected before
-  any signal is sent, and at every readiness poll);
+- the server runs under a supervisor process (:mod:`bisect_harness.boot.supervisor`,
+  a child subreaper) in a session of its own, with stdout and stderr in one log
+  file per boot; workers that double-fork or call ``setsid`` stay the
+  supervisor's descendants;
+- :meth:`ServerProcess.stop` has the supervisor SIGTERM every descendant, wait,
+  and SIGKILL what is left, listing the tree again until nothing remains;
 - a ``with`` block stops the server on any exception;
-- SIGINT and SIGTERM to the harness stop every live server first (handlers are
-  installed on the first start from the main thread, see
+- SIGINT, SIGTERM and SIGHUP to the harness stop every live server first (handlers
+  are installed on the first start from the main thread, see
   :func:`install_signal_handlers`); Ctrl-C still raises ``KeyboardInterrupt``;
-- SIGKILL of the harness: a watchdog process (``bisect_harness._reaper``, in a
-  session of its own) notices that the harness is gone and kills the group; on
-  Linux the leader also gets ``PR_SET_PDEATHSIG`` so it receives SIGTERM the
-  moment its parent dies.
+- SIGKILL of the harness: the supervisor sees its harness exit (a pidfd, and
+  end-of-file on the pipe from it) and kills the tree itself;
+- if the supervisor dies too, the next start of a harness on the same cache
+  kills what its record lists (:func:`bisect_harness.boot.supervisor.reap_leftovers`).
 
 Example::
 
@@ -28,28 +29,22 @@ Example::
 from __future__ import annotations
 
 import atexit
-import ctypes
-import ctypes.util
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
 import httpx
-import psutil
 
-from .. import _reaper
 from ..input.engine_flags import ARGPARSE_EXIT, argparse_rejection
 from ..errors import BootFailed, BootTimeout, FlagNotAccepted
+from .supervisor import LaunchError, Supervised
 
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 
-_PR_SET_PDEATHSIG = 1
 _TAIL_BYTES = 256 * 1024
 
 
@@ -77,8 +72,9 @@ def live_servers() -> list["ServerProcess"]:
         return list(_LIVE.values())
 
 
-def stop_all(grace_s: float = 10.0) -> None:
-    """Stop every live server (used by the signal handlers and at interpreter exit)."""
+def stop_all(grace_s: float | None = None) -> None:
+    """Stop every live server (used by the signal handlers and at interpreter exit);
+    ``grace_s`` None: each server's own ``grace_s``."""
     for server in reversed(live_servers()):
         server.stop(grace_s=grace_s)
 
@@ -106,7 +102,7 @@ def install_signal_handlers() -> bool:
     SIGINT then raises ``KeyboardInterrupt``; SIGTERM (and SIGHUP, unless ignored) calls the handler that was
     there before, or raises ``SystemExit(143)`` where that was the default.
     Only the main thread can install handlers: returns False elsewhere (the
-    watchdog process still covers that case). Idempotent.
+    supervisor still covers that case: it sees the harness exit). Idempotent.
     """
     global _HANDLERS_INSTALLED
     if _HANDLERS_INSTALLED:
@@ -127,29 +123,6 @@ atexit.register(stop_all)
 
 # --------------------------------------------------------------------------- process
 
-def _load_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
-
-
-def _make_preexec(parent_pid: int):
-    prctl = _PRCTL
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(111)
-
-    return preexec
-
 
 class ServerProcess:
     """One boot of an inference server: a process group we start, watch and end.
@@ -164,12 +137,17 @@ class ServerProcess:
     gone. Used as a context manager it starts on entry and always stops on exit.
     Each readiness probe may take up to ``health_request_timeout_s`` (SGLang's
     ``/health_generate`` runs a generation), never past the deadline.
+    ``grace_s`` is SIGTERM to SIGKILL when stopping (``stop()`` without an argument,
+    a signal to the harness, the harness's death). ``record`` is where the
+    supervisor keeps its record for the next start (None: the cache's
+    ``supervised/`` folder; False: none).
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
                  log_path: Path, base_url: str, health_path: str = "/health",
                  ready_timeout_s: float = 120, poll_interval_s: float = 0.25,
-                 health_request_timeout_s: float = 5.0):
+                 health_request_timeout_s: float = 5.0, grace_s: float = 10.0,
+                 record: Path | bool | None = None):
         if not argv:
             raise ValueError("argv is empty: nothing to launch")
         self.argv = [str(a) for a in argv]
@@ -183,11 +161,10 @@ class ServerProcess:
         if not health_request_timeout_s > 0:
             raise ValueError(f"health_request_timeout_s must be positive, got {health_request_timeout_s!r}")
         self.health_request_timeout_s = float(health_request_timeout_s)
-        self._proc: subprocess.Popen | None = None
-        self._pgid: int | None = None
+        self.grace_s = float(grace_s)
+        self._record = record
+        self._proc: Supervised | None = None
         self._log: IO[bytes] | None = None
-        self._reaper: subprocess.Popen | None = None
-        self._known: dict[int, psutil.Process] = {}
         self._lock = threading.RLock()
         self._stopped = False
         self.ready_after_s: float | None = None
@@ -196,13 +173,19 @@ class ServerProcess:
 
     @property
     def pid(self) -> int | None:
-        """The leader's pid, or None before :meth:`start`."""
+        """The server's own pid (the command we launched, the supervisor's child), or None
+        before :meth:`start`; the root of the tree whose environments provenance reads."""
         return self._proc.pid if self._proc is not None else None
 
     @property
     def pgid(self) -> int | None:
-        """The server's process group id (equal to the leader's pid)."""
-        return self._pgid
+        """The server's process group id (equal to its pid: it leads a session of its own)."""
+        return self.pid
+
+    @property
+    def supervisor_pid(self) -> int | None:
+        """The supervisor process's pid (the server's parent), or None before :meth:`start`."""
+        return self._proc.supervisor_pid if self._proc is not None else None
 
     @property
     def returncode(self) -> int | None:
@@ -242,47 +225,21 @@ class ServerProcess:
             install_signal_handlers()
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")
-            # PR_SET_PDEATHSIG fires when the *thread* that forked exits, so only
-            # use it from the main thread; the watchdog covers every other case.
-            use_pdeathsig = _PRCTL is not None and threading.current_thread() is threading.main_thread()
-            try:
-                self._proc = subprocess.Popen(
-                    self.argv, env=self.env, cwd=str(self.cwd),
-                    stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                    start_new_session=True, close_fds=True,
-                    preexec_fn=_make_preexec(os.getpid()) if use_pdeathsig else None)
-            except OSError as e:
-                self._log.close()
-                self._stopped = True
-                raise BootFailed(f"could not launch {self.argv[0]!r}: {e}. Check the launch command "
-                                 f"and that cwd {self.cwd} exists.", log_path=str(self.log_path)) from e
-            self._pgid = self._proc.pid  # start_new_session: the leader leads its group
-            with _LIVE_LOCK:
+            self._proc = Supervised(self.argv, env=self.env, cwd=self.cwd, stdout=self._log,
+                                    grace_s=self.grace_s, record=self._record)
+            with _LIVE_LOCK:  # before the supervisor exists: a signal from here on stops it
                 _LIVE[id(self)] = self
         try:
-            self._start_reaper()
+            try:
+                self._proc.start()
+            except LaunchError as e:
+                raise BootFailed(f"could not launch {self.argv[0]!r}: {e}. Check the launch command "
+                                 f"and that cwd {self.cwd} exists.", log_path=str(self.log_path)) from e
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _start_reaper(self) -> None:
-        me = psutil.Process()
-        self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "bisect_harness._reaper", str(me.pid), repr(me.create_time()),
-             str(self._pgid), str(self._proc.pid), "5"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, env=_reaper_env())
-
-    def _remember_descendants(self) -> None:
-        try:
-            leader = psutil.Process(self._proc.pid)
-            self._known.setdefault(leader.pid, leader)
-            for child in leader.children(recursive=True):
-                self._known.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
 
     def _wait_ready(self) -> None:
         url = self.base_url + self.health_path
@@ -290,7 +247,6 @@ class ServerProcess:
         deadline = started + self.ready_timeout_s
         with httpx.Client(trust_env=False) as http:
             while True:
-                self._remember_descendants()
                 rc = self._proc.poll()
                 if rc == ARGPARSE_EXIT:
                     self._log.flush()
@@ -319,87 +275,24 @@ class ServerProcess:
                     r = http.get(url, timeout=max(0.05, min(self.health_request_timeout_s, remaining)))
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
-                        self._remember_descendants()
                         return
                 except httpx.HTTPError:
                     pass
                 time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
 
-    def stop(self, grace_s: float = 10) -> None:
-        """SIGTERM the group, wait up to ``grace_s``, SIGKILL what is left. Idempotent.
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM every process of the server's tree, wait up to ``grace_s`` (None: the
+        server's ``grace_s``), SIGKILL what is left. Idempotent.
 
-        Descendants that escaped the group (their own session) are collected
-        before the first signal and killed the same way.
+        The supervisor lists its descendants again until none is left, so workers
+        that double-forked or left the session with ``setsid`` go too.
         """
         with self._lock:
             if self._stopped or self._proc is None:
                 return
-            self._remember_descendants()
-            self._signal_all(signal.SIGTERM)
-            if not self._wait_gone(grace_s):
-                self._signal_all(signal.SIGKILL)
-                self._wait_gone(5.0)
-            try:
-                self._proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self._disarm_reaper()
+            self._proc.stop(self.grace_s if grace_s is None else float(grace_s))
             if self._log is not None:
                 self._log.close()
             self._stopped = True
             with _LIVE_LOCK:
                 _LIVE.pop(id(self), None)
-
-    def _alive_known(self) -> list[psutil.Process]:
-        return _reaper.alive(self._known)
-
-    def _group_exists(self) -> bool:
-        return _reaper.group_alive(self._pgid)
-
-    def _signal_all(self, sig: int) -> None:
-        if self._proc.poll() is None or self._group_exists():
-            try:
-                os.killpg(self._pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for proc in self._alive_known():
-            try:
-                proc.send_signal(sig)  # psutil checks the pid was not recycled
-            except psutil.Error:
-                pass
-
-    def _wait_gone(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._proc.poll()  # reap the leader so it does not linger as a zombie
-            if not self._group_exists() and not self._alive_known():
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
-    def _disarm_reaper(self) -> None:
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            disarm_reaper(reaper)
-
-
-def disarm_reaper(reaper: subprocess.Popen) -> None:
-    """Tell a watchdog (``_reaper``) that its group was stopped by us: it exits without killing."""
-    try:
-        reaper.stdin.write(b"q")
-        reaper.stdin.close()
-        reaper.wait(timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        reaper.kill()
-        reaper.wait()
-
-
-def _reaper_env() -> dict[str, str]:
-    # The watchdog must import this package the way the harness did.
-    env = dict(os.environ)
-    import bisect_harness
-
-    pkg_root = str(Path(bisect_harness.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env

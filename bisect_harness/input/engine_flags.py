@@ -25,10 +25,7 @@ help arguments, in a process group of its own with a deadline.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -168,27 +165,20 @@ class CommitFlags:
 
 
 def run_help(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float) -> tuple[int | None, str]:
-    """Run a help argv in a process group of its own, with a deadline; (exit code, stdout+stderr).
-    The exit code is None when it ran past ``timeout_s`` (the group is killed)."""
-    proc = subprocess.Popen(list(argv), env=dict(env), cwd=str(cwd), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out.decode("utf-8", errors="replace")
-    except subprocess.TimeoutExpired:
+    """Run a help argv under a supervisor (its whole tree is gone on return, also on
+    Ctrl-C or the harness's death), with a deadline; (exit code, stdout+stderr). The
+    exit code is None when it ran past ``timeout_s``."""
+    import tempfile
+
+    from ..boot import supervisor
+
+    with tempfile.TemporaryFile() as out:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        out, _ = proc.communicate()
-        return None, out.decode("utf-8", errors="replace")
-    finally:
-        if proc.poll() is None:  # interrupted: take the group down with us
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            code = supervisor.run(list(argv), env=dict(env), cwd=cwd, stdout=out, timeout_s=timeout_s)
+        except supervisor.LaunchError as exc:
+            return 127, f"{argv[0]}: not found or not runnable ({exc})"
+        out.seek(0)
+        return code, out.read().decode("utf-8", errors="replace")
 
 
 def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -> list[CommitFlags]:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reporte
 import git  # noqa: E402
 from filelock import FileLock, Timeout  # noqa: E402
 
+from ..boot import supervisor
 from .envs import CommitEnv, create_venv
 from ..errors import BuildFailed, CommitError, InfrastructureError
 from ..input.secrets import redact_argv
@@ -207,28 +207,36 @@ class Workspace:
         ident = hashlib.sha256(json.dumps([python, list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
         marker = self.root / "builds" / f"{sha}-{ident}.json"
         log_path = marker.with_suffix(".log")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        # One build of a (commit, interpreter, argv, env) at a time, across threads (parallel
+        # slots) and processes (two harnesses on one cache); the second finds the marker.
+        with _locked(FileLock(str(marker.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S + timeout_s)):
+            return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+
+    def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
         if marker.exists():
             info = json.loads(marker.read_text())
             if not info["ok"]:
                 raise BuildFailed(f"build failed at {sha[:12]} (cached; exit {info['code']}): "
                                   f"{' '.join(argv)}", log_tail=read_tail(log_path), log_path=str(log_path))
             return BuildResult(True, log_path, info["seconds"], True)
-        marker.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         with open(log_path, "wb") as log:
+            # Under a supervisor: a build's daemons and background jobs (`cmd &`, a compiler
+            # server) are killed with it, at its timeout, and if the harness dies.
             try:
-                proc = subprocess.run(list(argv), cwd=tree, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, timeout=timeout_s, start_new_session=True)
-                code = proc.returncode
-            except FileNotFoundError:
-                log.write(f"build command not found: {argv[0]}\n".encode())
+                code = supervisor.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=timeout_s)
+            except supervisor.LaunchError as exc:
+                log.write(f"build command not found or not runnable: {argv[0]} ({exc})\n".encode())
                 code = 127
-            except subprocess.TimeoutExpired:
-                log.write(f"build timed out after {timeout_s:.0f}s\n".encode())
+            if code is None:
+                log.write(f"build timed out after {timeout_s:g}s\n".encode())
                 code = -1
         seconds = time.monotonic() - start
-        marker.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
-                                      "python": python, "worktree": str(tree)}))
+        tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: never half a marker
+        tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
+                                   "python": python, "worktree": str(tree)}))
+        os.replace(tmp, marker)
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
                               log_tail=read_tail(log_path), log_path=str(log_path))

@@ -120,6 +120,21 @@ def _query(python: str, timeout_s: float = 60.0) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _supervised(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """Run ``argv`` under a supervisor (nothing it starts outlives it); (code or None on timeout, output)."""
+    import tempfile
+
+    from ..boot import supervisor
+
+    with tempfile.TemporaryFile() as out:
+        try:
+            code = supervisor.run(argv, env=dict(os.environ), cwd=Path.cwd(), stdout=out, timeout_s=timeout_s)
+        except supervisor.LaunchError as exc:
+            return 127, f"{argv[0]}: not runnable ({exc})"
+        out.seek(0)
+        return code, out.read().decode("utf-8", errors="replace")
+
+
 def is_complete(venv: Path) -> bool:
     return (venv / MARKER).is_file() and (venv / "bin" / "python").exists()
 
@@ -143,11 +158,12 @@ def create_venv(base_python: str, venv: Path, *, timeout_s: float = 300.0) -> Co
         base = _query(base_python)
         argv = [base_python, "-m", "venv", "--without-pip", "--system-site-packages", str(tmp)]
         log.append("$ " + " ".join(argv))
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
-                              start_new_session=True)
-        log.append(proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            raise RuntimeError(f"python -m venv exited {proc.returncode}")
+        code, output = _supervised(argv, timeout_s)
+        log.append(output)
+        if code is None:
+            raise RuntimeError(f"python -m venv ran past {timeout_s:g} s")
+        if code != 0:
+            raise RuntimeError(f"python -m venv exited {code}")
         mine = _query(str(tmp / "bin" / "python"))
         # The base's own site folders (a venv base: its site-packages, which
         # --system-site-packages would skip), processed after the commit's own.

@@ -1,0 +1,292 @@
+"""The supervisor owns every descendant: real processes that double-fork and ``setsid``.
+
+The chaos test boots a fake engine (``chaos_engine.py``: workers that leave the
+session, double-fork, re-fork while being killed, ignore SIGTERM) from a small
+harness (``chaos_driver.py``: one ``ServerProcess``), then, at a random moment,
+SIGKILLs, SIGTERMs or SIGINTs the harness, lets it stop the server, lets the boot
+time out, or SIGKILLs the harness *and* its supervisor and starts again (the next
+start kills the leftovers). Every process of the engine carries a unique marker
+in its command line and environment; none may survive.
+
+``BISECT_HARNESS_CHAOS_TRIALS`` (default 30) and ``BISECT_HARNESS_CHAOS_SEED``
+choose the number of trials and the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bisect_harness.planning.checkout import Workspace
+from bisect_harness.errors import BuildFailed
+from bisect_harness.boot.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
+from helpers import git
+
+TESTS = Path(__file__).resolve().parent
+REPO_ROOT = TESTS.parent
+TRIALS = int(os.environ.get("BISECT_HARNESS_CHAOS_TRIALS", "30"))
+SEED = int(os.environ.get("BISECT_HARNESS_CHAOS_SEED", "20261130"))
+ENDINGS = ("SIGKILL", "SIGTERM", "SIGINT", "stop", "timeout", "SIGKILL harness and supervisor")
+
+
+def marked(marker: str) -> list[str]:
+    """Live processes (not zombies) with ``marker`` in their command line or environment."""
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or ())
+            if marker in cmd or proc.environ().get("CHAOS_MARK") == marker:
+                out.append(f"pid {proc.pid}: {cmd[:160]}")
+        except psutil.Error:
+            continue
+    return out
+
+
+def wait_gone(marker: str, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = marked(marker)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def wait_dead(pids: list[int], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in pids):
+        assert time.monotonic() < deadline, f"{pids} still run {timeout} s after SIGKILL"
+        time.sleep(0.01)
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def start_driver(folder: Path, marker: str, seed: int, mode: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    # A test run in the background of a script ignores SIGINT, and so would the driver
+    # until it installs its handlers: a handler here (not SIG_IGN) is SIG_DFL after exec.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _popen_driver(folder, marker, seed, mode, env)
+    finally:
+        if previous == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _popen_driver(folder: Path, marker: str, seed: int, mode: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TESTS / "chaos_driver.py"), str(folder), marker, str(seed), mode],
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(folder / "driver.err", "wb"), start_new_session=True)
+
+
+def one_trial(folder: Path, rng: random.Random, ending: str) -> tuple[list[str], float, bool]:
+    """Run one trial; return the marked processes still alive afterwards, its seconds, and
+    whether the engine had started when the harness was signalled (always True otherwise)."""
+    folder.mkdir()
+    marker = f"chaos-{uuid.uuid4().hex}"
+    mode = {"stop": "stop", "timeout": "timeout"}.get(ending, "wait")
+    t0 = time.monotonic()
+    live = True
+    killed: list[int] = []
+    driver = start_driver(folder, marker, rng.randrange(2**31), mode)
+    try:
+        if ending.startswith("SIG"):
+            if rng.random() < 0.5:
+                time.sleep(rng.uniform(0.0, 0.9))  # anywhere from the harness's imports to after "ready"
+            else:  # while the engine runs and its late worker may be forking
+                deadline = time.monotonic() + 30
+                while not (folder / "ready").exists() and driver.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.0, 0.4))
+            live = len(marked(marker)) > 1  # more than the driver: the engine has started
+            if ending == "SIGKILL harness and supervisor":
+                killed = supervisors_of(driver.pid)
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+                driver.kill()
+            else:
+                driver.send_signal(getattr(signal, ending))
+        try:
+            driver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(driver.pid, signal.SIGUSR1)  # the driver's faulthandler prints every thread's stack
+            time.sleep(1.0)
+            pytest.fail(f"the harness did not exit 30 s after {ending}: {marked(marker)}, supervisors "
+                        f"{supervisors_of(driver.pid)}\n{(folder / 'driver.err').read_text()[-6000:]}")
+        if ending == "SIGKILL harness and supervisor":
+            wait_dead(killed)  # a next start comes after the death, not while SIGKILL is delivered
+            reap_leftovers(folder / "supervised")  # what the next start of a harness does first
+        left = wait_gone(marker, 5.0)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    return left, time.monotonic() - t0, live
+
+
+@pytest.mark.slow
+def test_chaos_no_process_of_the_engine_survives(tmp_path):
+    rng = random.Random(SEED)
+    results = []
+    for trial in range(TRIALS):
+        ending = rng.choice(ENDINGS)
+        left, seconds, live = one_trial(tmp_path / f"trial-{trial}", rng, ending)
+        results.append({"trial": trial, "ending": ending, "survivors": len(left), "seconds": round(seconds, 2),
+                        "engine_started": live})
+        for proc in left:  # leave nothing for the next trial to trip over
+            psutil.Process(int(proc.split()[1].rstrip(":"))).kill()
+    survivors = sum(r["survivors"] for r in results)
+    print(json.dumps({"trials": TRIALS, "seed": SEED, "survivors": survivors,
+                      "trials_with_survivors": sum(1 for r in results if r["survivors"]),
+                      "trials_engine_started": sum(1 for r in results if r["engine_started"]),
+                      "by_ending": {e: sum(1 for r in results if r["ending"] == e) for e in ENDINGS},
+                      "mean_trial_s": round(sum(r["seconds"] for r in results) / max(1, TRIALS), 2)}))
+    assert survivors == 0, [r for r in results if r["survivors"]]
+
+
+def test_a_normal_stop_kills_double_forked_and_setsid_workers(tmp_path):
+    marker = f"chaos-{uuid.uuid4().hex}"
+    driver = start_driver(tmp_path, marker, 7, "wait")
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.err").read_text()
+            time.sleep(0.02)
+        time.sleep(0.4)  # the late worker exists too
+        server_pid = int((tmp_path / "ready").read_text())
+        # Workers that double-forked or left the session are the supervisor's, not init's.
+        (sup,) = supervisors_of(driver.pid)
+        tree = {p.pid for p in psutil.Process(sup).children(recursive=True)}
+        assert server_pid in tree and len(tree) >= 8
+        engine = {int(x.split()[1].rstrip(":")) for x in marked(marker)} - {driver.pid, sup}
+        assert engine <= tree
+        driver.send_signal(signal.SIGTERM)  # the harness's handler stops the server
+        assert driver.wait(timeout=20) == 143
+        assert wait_gone(marker, 0.5) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+
+
+def test_next_start_kills_what_a_dead_harness_and_supervisor_left(tmp_path):
+    marker = f"chaos-{uuid.uuid4().hex}"
+    driver = start_driver(tmp_path, marker, 11, "wait")
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.err").read_text()
+            time.sleep(0.02)
+        time.sleep(0.5)
+        (sup,) = supervisors_of(driver.pid)
+        os.kill(sup, signal.SIGKILL)
+        driver.kill()
+        driver.wait()
+        wait_dead([sup])
+        orphans = marked(marker)
+        assert orphans, "nothing was left to clean: the test would prove nothing"
+        assert reap_leftovers(tmp_path / "supervised") >= len(orphans)
+        assert wait_gone(marker, 2.0) == []
+        assert not list((tmp_path / "supervised").glob("*.json"))
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+
+
+def test_a_record_is_left_alone_while_its_harness_lives(tmp_path):
+    """Another harness's live tree on the same cache is never touched."""
+    marker = f"sup-{uuid.uuid4().hex}"
+    with open(tmp_path / "log", "wb") as log:
+        job = Supervised([sys.executable, "-c", "import time; time.sleep(60)", marker], env=dict(os.environ),
+                         cwd=tmp_path, stdout=log, record=tmp_path / "supervised").start()
+        try:
+            time.sleep(0.3)
+            assert list((tmp_path / "supervised").glob("*.json"))
+            assert reap_leftovers(tmp_path / "supervised") == 0
+            assert psutil.Process(job.pid).is_running()
+        finally:
+            job.stop(1.0)
+    assert wait_gone(marker, 0.5) == []
+    assert not list((tmp_path / "supervised").glob("*.json"))
+
+
+def test_what_a_finished_command_left_running_is_killed(tmp_path):
+    marker = f"sup-{uuid.uuid4().hex}"
+    with open(tmp_path / "log", "wb") as log:
+        sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(300)' {marker}"
+        rc = run(["sh", "-c", f"setsid {sleeper} >/dev/null 2>&1 & exit 7"], env=dict(os.environ),
+                 cwd=tmp_path, stdout=log, timeout_s=30, grace_s=1.0, record=False)
+    assert rc == 7
+    assert wait_gone(marker, 0.5) == []
+    assert "left running" in (tmp_path / "log").read_text()
+
+
+def test_a_command_that_cannot_start_is_a_launch_error(tmp_path):
+    with open(tmp_path / "log", "wb") as log, pytest.raises(LaunchError, match="no-such-command"):
+        run([str(tmp_path / "no-such-command")], env={}, cwd=tmp_path, stdout=log, timeout_s=5, record=False)
+
+
+def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
+    repo = tmp_path / "engine"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "README").write_text("x\n")
+    git(repo, "add", "README")
+    git(repo, "commit", "-qm", "one")
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    tag = f"{os.getpid() % 1000}{time.time_ns() % 10**6:06d}"
+    first, second = f"417.{tag}", f"418.{tag}"  # `sleep 417 & sleep 418`, told apart from anyone else's
+    ws = Workspace(repo, cache_dir=tmp_path / "cache")
+    t0 = time.monotonic()
+    with pytest.raises(BuildFailed, match="exit -1"):
+        ws.build(sha, ["sh", "-c", f"sleep {first} & sleep {second}"], dict(os.environ), timeout_s=1.0)
+    assert time.monotonic() - t0 < 10
+
+    def sleeps():
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[-1:] in ([first], [second])]
+
+    deadline = time.monotonic() + 0.5
+    while sleeps() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeps() == []
+    log = next((tmp_path / "cache").rglob("*.log")).read_text()
+    assert "timed out after 1s" in log
+
+
+def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
+    """Hosts without /proc (macOS) list the tree through psutil: same parents, sessions, liveness."""
+    from bisect_harness.boot import supervisor
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        with_proc = supervisor._descendants(os.getpid(), supervisor._table())
+        monkeypatch.setattr(supervisor, "_PROC", False)
+        without = supervisor._descendants(os.getpid(), supervisor._table())
+        assert child.pid in with_proc and child.pid in without
+        assert with_proc[child.pid][:2] == without[child.pid][:2] == (os.getpid(), child.pid)
+        assert supervisor._alive(child.pid, without[child.pid][2])
+        assert not supervisor._alive(child.pid, without[child.pid][2] + 1.0)
+    finally:
+        child.kill()
+        child.wait()
