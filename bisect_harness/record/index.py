@@ -47,5 +47,7 @@ def write_index(ledger, journal_dir: Path) -> Path:
     journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
     path = journal_dir / INDEX_NAME
-    path.write_text(render_index(ledger, journal_dir))
+    from ..input.secrets import redact_text
+
+    path.write_text(redact_text(render_index(ledger, journal_dir)))  # secrets never written (secrets.py)
     return path
