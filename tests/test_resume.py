@@ -117,7 +117,7 @@ def test_a_run_killed_halfway_resumes_counts_its_boots_and_keeps_the_budget(tmp_
     assert set(record["cut_short_boot_ids"]) == cut_short and record["previous_status"] == "interrupted"
 
     # The journal says which boots came from before the resume, per hypothesis and per boot.
-    (journal,) = (tmp_path / "exp").glob("*.md")
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert f"- **resumed**: at {record['at'].replace('T', ' ')} UTC, after the run was interrupted" in text
     assert f"{len(ok_before)} ok boots from before counted" in text  # two or more
