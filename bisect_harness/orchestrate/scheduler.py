@@ -159,6 +159,9 @@ class Scheduler:
         sets = getattr(self.backend, "sets", None)
         if sets:
             record["device_sets"] = [s.to_dict() for s in sets]
+        own = getattr(self.backend, "record", None)  # a backend's own description (Slurm: options, node)
+        if callable(own):
+            record.update(own())
         return record
 
     def finish_run(self, status: str = "done", error: str | None = None) -> None:
