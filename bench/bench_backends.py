@@ -89,11 +89,11 @@ def main() -> int:
         env = {**os.environ, "BISECT_HARNESS_CACHE": str(tmp / "cache")}
         if args.start_cluster:
             sys.path.insert(0, str(ROOT / "tests"))
-            from slurm_cluster import LocalCluster  # the tests' real slurmctld/slurmd/munged
+            from slurm_cluster import SlurmCluster  # the tests' real slurmctld/slurmd/munged
 
-            cluster = LocalCluster(tmp / "slurm")
+            cluster = SlurmCluster(tmp / "slurm", nodes=2, cpus=2)
             cluster.start()
-            env.update(cluster.env())
+            env["SLURM_CONF"] = str(cluster.conf)
         try:
             culprit = _warm(tmp / "cache", env)
             results: dict[str, list[dict]] = {name: [] for name, _ in configs}

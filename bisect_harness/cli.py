@@ -18,13 +18,14 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape  # every user string shown through Rich markup goes through it
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 from .errors import HarnessError, UserError
 from .input.secrets import redact_obj, redact_text
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
 demo_app = typer.Typer(no_args_is_help=True, help="The built-in demo engine (no GPU needed).")
 ledger_app = typer.Typer(no_args_is_help=True, help="Read the ledger (results.db).")
@@ -50,13 +51,21 @@ def _console(json_mode: bool) -> Console:
 
 
 class _ProgressObserver:
-    """Rich progress: one bar per boot, advanced per benchmark sample (an ``executor.Observer``)."""
+    """Rich progress (an ``executor.Observer``): one overall bar on top, boots done against
+    the run's budget of boots with an ETA, and one bar per boot, advanced per sample."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, budget: int | None = None):
         self.console = console
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=False)
+                                 TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
         self.task = None
+        self.budget = budget
+        self.overall = None  # made with the run's first line or boot: bad input shows no empty bar
+
+    def _overall(self):
+        if self.overall is None:
+            self.overall = self.progress.add_task("boots done / budget", total=self.budget)
+        return self.overall
 
     def __enter__(self):
         self.progress.start()
@@ -67,8 +76,13 @@ class _ProgressObserver:
 
     def run_started(self, run, plan) -> None:
         self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
+        from .record.progress import boot_budget
+
+        self.budget = boot_budget(plan)
+        self.progress.update(self._overall(), total=self.budget)
 
     def boot_started(self, config, attempt, samples) -> None:
+        self._overall()
         self.task = self.progress.add_task(escape(f"boot {attempt} {config.label[:60]}"), total=samples)
 
     def sample_done(self, config, index, metrics) -> None:
@@ -80,6 +94,11 @@ class _ProgressObserver:
             status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
             self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {status}"))
             self.task = None
+        overall = self._overall()
+        self.progress.advance(overall)
+        task = next(t for t in self.progress.tasks if t.id == overall)
+        if task.total is not None and task.completed > task.total:  # retries past the budget
+            self.progress.update(overall, total=task.completed)
 
     def verdict(self, hypothesis, verdict) -> None:
         if verdict.final:
@@ -143,6 +162,10 @@ def run(
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
     backend: Optional[str] = BACKEND_OPT,
     slots: Optional[int] = SLOTS_OPT,
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="[RUN]",
+                                         help="Continue an interrupted or failed run of FILE (default: the newest) "
+                                         "in the same run: its boots on this host count, decided hypotheses "
+                                         "keep their verdicts."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from .record import journal
@@ -153,6 +176,8 @@ def run(
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
+    if dry_run and resume is not None:
+        raise UserError("--resume boots what an interrupted run still lacks; --dry-run boots nothing: drop one of them")
     if dry_run:
         from .input.dryrun import describe_plan
 
@@ -169,11 +194,18 @@ def run(
         return
     if check_flags:
         raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
+    resume_id = _resume_id(resume)
     plan = make_plan(spec, cache_dir=cache_dir)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
+        earlier = None
+        if resume is not None:  # the run to continue, refused before anything is written
+            from .orchestrate.resume import check_plan, find_run
+
+            earlier = find_run(led, spec, resume_id)
+            check_plan(earlier, plan, aa_check=aa_check)
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier)
         try:
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
@@ -304,7 +336,7 @@ def bisect(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+    with Ledger(ledger) as led, _ProgressObserver(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
@@ -343,6 +375,8 @@ def nightly(
     wait_quiet: Optional[float] = WAIT_QUIET_OPT,
     backend: Optional[str] = BACKEND_OPT,
     slots: Optional[int] = SLOTS_OPT,
+    changepoints: bool = typer.Option(False, "--changepoints", help="Then look for level shifts over the whole "
+                                      "series (old ones no night flagged); reported, never an alert."),
 ) -> None:
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
@@ -354,20 +388,34 @@ def nightly(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+    budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
+    with Ledger(ledger) as led, _ProgressObserver(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
                                         calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
+        report = None
+        if changepoints:
+            from .record.series import change_point_report
+
+            report = change_point_report(led, executor.run, metric, alpha=alpha, min_effect=min_effect,
+                                         window=window)
+            executor.run.summary = {**(executor.run.summary or {}), "changepoints": report}
+            led.commit()
         console.print(f"journal: {journal.write(led, executor.run, journal_dir)}", markup=False)
     console.print(f"{outcome.status}: {outcome.reason}", markup=False)
+    if report is not None:
+        from .record.series import report_lines
+
+        for line in report_lines(report):
+            console.print(line, markup=False)
     for d in outcome.drift:
         console.print(f"  host drift: {d}", markup=False)
     for w in outcome.warnings:
         console.print(f"  warning: {w}", markup=False)
     if json_out:
-        print(json.dumps(outcome.to_json()))
+        print(json.dumps({**outcome.to_json(), **({"changepoints": report} if report is not None else {})}))
     if outcome.alert:
         raise typer.Exit(4)
 
@@ -523,6 +571,98 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
         Console().print(calibration.render_doctor_text(report), markup=False)
 
 
+#: ``--resume`` without a value: the newest interrupted or failed run of the file.
+RESUME_NEWEST = "newest"
+
+
+def _resume_id(value: str | None) -> int | None:
+    if value is None or value == RESUME_NEWEST:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"--resume {value!r}: give a run id (`harness ledger list` shows them), or no value for "
+                        "the newest interrupted run of the file") from None
+
+
+def _resume_value(argv: list[str]) -> list[str]:
+    """``--resume`` may come without a run id: give it ``newest``."""
+    out = []
+    for i, a in enumerate(argv):
+        out.append(a)
+        if a == "--resume":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            if not nxt.isdigit():
+                out.append(RESUME_NEWEST)
+    return out
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, help="Print the harness's version and exit.",
+                                       callback=lambda value: _print_version(value))) -> None:
+    """Hypothesis-driven regression bisection for LLM inference engines."""
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"bisect-harness {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command()
+def compare(
+    run_a: int = typer.Argument(..., metavar="RUN_A", help="The earlier run (the baseline)."),
+    run_b: int = typer.Argument(..., metavar="RUN_B", help="The later run (judged against RUN_A)."),
+    metric: str = typer.Option("tok_s", "--metric", help="Metric to compare."),
+    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative change that counts (0.05: 5%)."),
+    expect: Optional[str] = typer.Option(None, "--expect", help="increase or decrease: the claim about RUN_B. "
+                                         "Default: worse in the metric's own direction."),
+    ledger: str = LEDGER_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+) -> None:
+    """Each config measured in both runs, RUN_B against RUN_A, by the verdict rule (boot-level
+    statistics, host drift and every boot warning)."""
+    from .record.compare import compare_runs, render_lines
+    from .record.ledger import Ledger, require_existing
+
+    if expect is not None and expect not in ("increase", "decrease"):
+        raise UserError(f"--expect must be increase or decrease, got {expect!r}")
+    with Ledger(require_existing(ledger)) as led:
+        rows = compare_runs(led, run_a, run_b, metric=metric, expect=expect, min_effect=min_effect)
+        text = "\n".join(render_lines(rows, run_a, run_b))
+        if json_out:
+            _console(True).print(redact_text(text), markup=False)
+            print(json.dumps({"run_a": run_a, "run_b": run_b, "configs": [r.to_json() for r in rows]}))
+        else:
+            typer.echo(redact_text(text))
+
+
+@ledger_app.command("export")
+def ledger_export(
+    fmt: str = typer.Option("csv", "--format", help="csv or parquet."),
+    out: Path = typer.Option(Path("."), "--out", help="Folder for boots.<format> and samples.<format>."),
+    run: Optional[List[int]] = typer.Option(None, "--run", help="Only this run (repeatable); default every run."),
+    ledger: str = LEDGER_OPT,
+) -> None:
+    """Boots and samples as flat tables (one row per boot, one per sample, metrics as columns)."""
+    from .record.export import export
+    from .record.ledger import Ledger, require_existing
+
+    with Ledger(require_existing(ledger)) as led:
+        paths = export(led, out, fmt, run_ids=run or None)
+    for name, path in paths.items():
+        typer.echo(f"{name}: {path}")
+
+
+@app.command()
+def schema() -> None:
+    """The JSON Schema of hypotheses.yaml (for editors: completion and checks as you type)."""
+    from .input.schema import hypotheses_schema
+
+    typer.echo(json.dumps(hypotheses_schema(), indent=2))
+
+
 def _wait_quiet_value(argv: list[str]) -> list[str]:
     """``--wait-quiet`` may come without a value: give it the default (click options
     take a value or none, not either)."""
@@ -543,7 +683,7 @@ def main(argv: list[str] | None = None) -> None:
     from .boot.server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
-    argv = _wait_quiet_value(list(sys.argv[1:] if argv is None else argv))
+    argv = _resume_value(_wait_quiet_value(list(sys.argv[1:] if argv is None else argv)))
     try:
         app(args=argv, prog_name="harness", standalone_mode=True)
     except HarnessError as exc:

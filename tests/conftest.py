@@ -18,3 +18,6 @@ def harness_cache(tmp_path_factory):
         os.environ.pop("BISECT_HARNESS_CACHE", None)
     else:
         os.environ["BISECT_HARNESS_CACHE"] = old
+
+
+from slurm_cluster import slurm_cluster  # noqa: E402,F401 - a real Slurm cluster, for the tests that ask

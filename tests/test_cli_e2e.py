@@ -312,7 +312,7 @@ def test_build_failure_is_recorded_and_the_run_goes_on(tmp_path):
                      (history.head,))
     assert measured == [("ok", 1), ("ok", 1)]
 
-    (journal,) = (tmp_path / "exp").glob("*.md")
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert "**inconclusive**" in text
     section = text.split(f"- commit: {broken}", 1)[1].split("### config", 1)[0]

@@ -134,7 +134,7 @@ def test_boots_run_beside_a_burner_are_marked_host_busy_and_said_so(tmp_path):
                and f"{other} 0 of 2 boots busy" in w for w in warnings), warnings
     assert not any(f"boot {b}" in w for w in warnings for b in (1, 3, 4)), warnings
 
-    journal = next((tmp_path / "exp").glob("*.md")).read_text()
+    journal = next((tmp_path / "exp").glob("*-run*.md")).read_text()
     assert "The two sides ran on the same host state" not in journal
     assert f"but not in the same host state: 1 of 2 {side} boots ran on a busy host" in journal
     assert "host_busy x1" in journal and "contention differs" in journal

@@ -206,7 +206,7 @@ def test_refused_flag_is_recorded_as_not_accepted_not_a_crash(engine, tmp_path):
     samples = query(db, "SELECT s.metrics FROM samples s JOIN boots b ON b.id = s.boot_id")
     assert [json.loads(m)["batch_seen"] for (m,) in samples] == [4.0, 4.0]
 
-    (journal,) = (tmp_path / "exp").glob("*.md")
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert f"flag not accepted at this commit: `server.py: error: {AMBIGUOUS}`" in text
     assert "flag_not_accepted x1" in text

@@ -122,7 +122,7 @@ def test_ctrl_c_stops_every_server_keeps_samples_and_leaves_the_checkout_alone(t
     assert processes_under(worktrees) == []
     assert reapers_of(proc.pid) == []
     # The journal was still written, and says what happened.
-    (journal,) = (tmp_path / "exp").glob("*.md")
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
     assert "**status**: interrupted" in journal.read_text()
     assert diff_snapshots(before, snapshot_checkout(dirty_checkout)) == []
 
@@ -161,7 +161,7 @@ def test_killed_harness_leaves_no_orphans_and_the_checkout_alone(tmp_path, dirty
         assert rc == 128 + sig, stderr[-3000:]
         assert "Traceback" not in stderr
         assert _run_status(db) == "interrupted"
-        (journal,) = (tmp_path / "exp").glob("*.md")
+        (journal,) = (tmp_path / "exp").glob("*-run*.md")
         assert "**status**: interrupted" in journal.read_text()
         assert processes_under(worktrees) == []
         assert reapers_of(proc.pid) == []

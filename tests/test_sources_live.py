@@ -114,7 +114,7 @@ def live(tmp_path_factory) -> LiveRun:
     seconds = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    journals = list((root / "journal").glob("*.md"))
+    journals = list((root / "journal").glob("*-run*.md"))
     assert len(journals) == 1
     return LiveRun(hist, summary, ledger_url, journals[0].read_text(), seconds)
 

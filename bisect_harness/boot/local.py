@@ -243,6 +243,8 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     argv = _with_devices(req, argv, env)
     cwd = _cwd(req, worktree, cenv.python)
     b.port, b.argv = port, tuple(argv)
+    # what a person needs to run this boot again by hand (the journal's reproduction lines)
+    b.provenance["launch"] = {"cwd": str(cwd), "env": dict(req.env)}
     sink.started(req, port, tuple(argv), str(log_path))
     try:
         endpoint = source.endpoint(cfg, port)  # base_url and auth headers (never stored)

@@ -24,6 +24,7 @@ from ..boot import Backend
 from ..record.ledger import HypothesisRow, Ledger, Run, VerdictRow
 from ..model import Outcome
 from ..planning.plan import Plan, PlannedHypothesis, make_config
+from . import resume as resume_mod
 from .scheduler import ConfigState, Observer, Scheduler
 
 __all__ = ["Executor", "Observer", "ConfigState"]
@@ -34,7 +35,7 @@ class Executor:
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
                  calibrate: bool = True, aa_check: bool = False, order_seed: int | None = None,
-                 wait_quiet_s: float | None = None, backend: Backend | None = None):
+                 wait_quiet_s: float | None = None, backend: Backend | None = None, resume: Run | None = None):
         self.sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate,
                                order_seed=order_seed, wait_quiet_s=wait_quiet_s, backend=backend)
         self.plan = plan
@@ -42,6 +43,9 @@ class Executor:
         self.ledger = ledger
         self.obs = self.sched.obs
         self.aa_check = aa_check
+        self.resume = resume  # --resume: the interrupted run this one continues (resume.check_plan passed)
+        if resume is not None:
+            self.aa_check = aa_check or bool(resume_mod.options(resume).get("aa_check"))
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
 
@@ -72,10 +76,13 @@ class Executor:
     def execute(self) -> Run:
         """The whole experiment: calibrate, boot rounds until decided, calibrate again."""
         sched = self.sched
-        with sched.recording("run") as run:
+        with sched.recording("run", resume=self.resume) as run:
             self.obs.run_started(run, self.plan)
-            sched.record_calibration("before")
+            sched.record_calibration("before" if self.resume is None else "resume")
             rows = self._hypothesis_rows()
+            if self.resume is None:
+                resume_mod.record_options(self.ledger, run, aa_check=self.aa_check or self.spec.defaults.aa_check,
+                                          hypotheses=[h.id for h in self.plan.hypotheses])
             if self.spec.defaults.aa_check or self.aa_check:
                 self._aa_check(rows)
             self._sequential(rows)
@@ -85,7 +92,11 @@ class Executor:
 
     def _hypothesis_rows(self) -> dict[str, HypothesisRow]:
         rows = {}
+        earlier = {r.hid: r for r in self.run.hypotheses} if self.resume is not None else {}
         for h in self.plan.hypotheses:
+            if h.id in earlier:  # --resume: the row (and its looks) of the interrupted run
+                rows[h.id] = earlier[h.id]
+                continue
             rows[h.id] = self.ledger.add(HypothesisRow(
                 run_id=self.run.id, hid=h.id, statement=h.spec.statement, metric=h.metric.name,
                 expect=h.spec.expect.value, min_effect=h.spec.min_effect,
@@ -117,8 +128,9 @@ class Executor:
             if base.failed or replica.failed:
                 self.obs.message(f"A/A check of {base.planned.label}: could not be measured")
                 continue
-            a = self.ledger.boot_values(base.good_boots, metric).values
-            b = self.ledger.boot_values(replica.good_boots, metric).values
+            # The check's own boots: the first of each side (after --resume the baseline holds more).
+            a = self.ledger.boot_values(base.good_boots[:d.boots_per_arm], metric).values
+            b = self.ledger.boot_values(replica.good_boots[:d.boots_per_arm], metric).values
             if len(a) < 2 or len(b) < 2:
                 continue
             noise = stats.noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
@@ -139,8 +151,12 @@ class Executor:
         d = self.spec.defaults
         alpha_each = self.alpha_each()
         pending = []
+        earlier = resume_mod.looks_done(self.ledger, rows) if self.resume is not None else {}
         for h in self.plan.hypotheses:
-            if h.id in self.underpowered:  # the power check refused it up front: no boots spent
+            final, _ = earlier.get(h.id, (None, 0))
+            if final is not None:  # --resume: decided before the interruption; the verdict stands
+                self.obs.verdict(h, final)
+            elif h.id in self.underpowered:  # the power check refused it up front: no boots spent
                 v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
                                                final=True, test="A/A power check", alpha=alpha_each,
                                                reason=self.underpowered[h.id],
@@ -149,7 +165,11 @@ class Executor:
                 self.obs.verdict(h, v)
             else:
                 pending.append(h)
-        target = d.boots_per_arm
+        # --resume: continue at the first look not yet recorded; a hypothesis that had
+        # its look at that round before the interruption skips it (not looked at twice).
+        done = {h.id: earlier.get(h.id, (None, 0))[1] for h in pending}
+        target = d.boots_per_arm + min(done.values(), default=0)
+        skip = {hid: n - (target - d.boots_per_arm) for hid, n in done.items()}
         while pending:
             needed: list[ConfigState] = []
             for h in pending:
@@ -160,6 +180,10 @@ class Executor:
             self.sched.boot_round(needed, target)
             still = []
             for h in pending:
+                if skip.get(h.id, 0) > 0:
+                    skip[h.id] -= 1
+                    still.append(h)
+                    continue
                 verdict = self._look(h, rows[h.id], force_final=target >= d.max_boots_per_arm)
                 if not verdict.final:
                     still.append(h)

@@ -61,6 +61,9 @@ class ConfigState:
     failed: str | None = None
     boots: list[Boot] = field(default_factory=list)
     consecutive_failures: int = 0
+    # --resume: boots recorded before the interruption that do not count (cut short, or
+    # another host); kept for the journal and the numbering, never for a verdict or the cap.
+    not_counted: list[Boot] = field(default_factory=list)
 
     @property
     def good_boots(self) -> list[Boot]:
@@ -89,6 +92,8 @@ class Scheduler:
         self.order_seed = secrets.randbits(32) if order_seed is None else int(order_seed)
         self._order = random.Random(self.order_seed)
         self.wait_quiet_s = wait_quiet_s  # --wait-quiet: wait up to this long for a quiet host first
+        self.earlier_configs: dict[str, Config] = {}  # --resume: the interrupted run's config rows by key
+        self.resumed = False
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
 
     # ------------------------------------------------------------------ the run
@@ -101,13 +106,51 @@ class Scheduler:
         self.run = self.ledger.add(Run(
             kind=kind, spec_path=str(spec.path), spec_text=spec.text,
             spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
-            host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record()}))
+            host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record(),
+                  "order_seed": self.order_seed}))
         self.log_dir = self.log_dir / f"run-{self.run.id}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for pc in self.plan.configs:
             self.state_for(pc)
         self.preflight()
         return self.run
+
+    def continue_run(self, run: Run) -> Run:
+        """Take up the interrupted ``run`` again in the same row (``harness run --resume``):
+        its config rows with the boots that count on this host (``resume.split_boots``),
+        the order seed it used (the round order continues on a stream derived from it),
+        and a resume record in ``runs.host``. The caller has checked the run fits the plan
+        (``resume.check_plan``)."""
+        from . import resume
+
+        attach.api_key(self.spec.engine.api_key_env)
+        host, self.host_fp = this_host()
+        self.host = dict(host)
+        self.run, self.resumed = run, True
+        seed = resume.earlier_order_seed(self.ledger, run)
+        if seed is not None:
+            self.order_seed = seed
+        self.earlier_configs = {c.key: c for c in run.configs}
+        for pc in self.plan.configs:
+            self.state_for(pc)
+        counted = [b for st in self.states.values() for b in st.boots]
+        ignored = [b for st in self.states.values() for b in st.not_counted]
+        # Replica configs of an A/A check are adopted when the check asks for them; their boots count alike.
+        for row in self.earlier_configs.values():
+            c, n = resume.split_boots(row, self.host_fp)
+            counted, ignored = counted + c, ignored + n
+        rec = resume.begin(run, host_fingerprint=self.host_fp, hostname=self.host.get("hostname"), counted=counted,
+                           not_counted=ignored, order_seed=self.order_seed, backend=self.backend_record())
+        self._order = random.Random(rec["order_stream"])
+        self.ledger.commit()
+        self.log_dir = self.log_dir / f"run-{self.run.id}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.obs.message(f"resuming run {run.id} ({rec['previous_status']}): "
+                         f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
+                         f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
+                         f"{len(rec['cut_short_boot_ids'])} were cut short")
+        self.preflight()
+        return run
 
     def backend_record(self) -> dict:
         """Which backend booted this run's boots, and how many at once (``runs.host``)."""
@@ -116,6 +159,9 @@ class Scheduler:
         sets = getattr(self.backend, "sets", None)
         if sets:
             record["device_sets"] = [s.to_dict() for s in sets]
+        own = getattr(self.backend, "record", None)  # a backend's own description (Slurm: options, node)
+        if callable(own):
+            record.update(own())
         return record
 
     def finish_run(self, status: str = "done", error: str | None = None) -> None:
@@ -125,13 +171,15 @@ class Scheduler:
         self.run.error = error
         self.run.finished_at = utcnow()
         self.ledger.commit()
+        if self.resumed:  # rows read before the resume hold lists of boots and looks that grew since
+            self.ledger.session.expire_all()
 
     @contextlib.contextmanager
-    def recording(self, kind: str) -> Iterator[Run]:
-        """Start a run of ``kind``; if the body raises, the run row says how it ended
-        (``interrupted`` or ``failed``, with the error) before the error goes on. On
-        success the caller finishes the run with its own status."""
-        run = self.start_run(kind)
+    def recording(self, kind: str, resume: Run | None = None) -> Iterator[Run]:
+        """Start a run of ``kind`` (or continue ``resume``); if the body raises, the run
+        row says how it ended (``interrupted`` or ``failed``, with the error) before the
+        error goes on. On success the caller finishes the run with its own status."""
+        run = self.start_run(kind) if resume is None else self.continue_run(resume)
         try:
             yield run
         except (KeyboardInterrupt, SystemExit) as exc:
@@ -193,7 +241,19 @@ class Scheduler:
 
     def state_for(self, pc: PlannedConfig) -> ConfigState:
         st = self.states.get(pc.key)
-        if st is None:
+        if st is None and pc.key in self.earlier_configs:  # --resume: the interrupted run's row
+            from .resume import split_boots
+
+            row = self.earlier_configs.pop(pc.key)
+            counted, not_counted = split_boots(row, self.host_fp)
+            failed = (row.failure or row.status) if row.status not in ("pending", "ok") else None
+            st = self.states[pc.key] = ConfigState(row=row, planned=pc, boots=counted, not_counted=not_counted,
+                                                   failed=failed)
+            for boot in reversed(counted):  # failures in a row at the end carry over to the retry limit
+                if boot.status != "failed":
+                    break
+                st.consecutive_failures += 1
+        elif st is None:
             row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, series=series_key(self.spec, pc.arm),
                                          label=pc.label, commit=pc.arm.commit,
                                          env=dict(pc.arm.env), flags=dict(pc.arm.flags),
@@ -249,7 +309,7 @@ class Scheduler:
         requests = []
         for st in batch:
             pc = st.planned
-            seq = len(st.boots) + 1
+            seq = len(st.boots) + len(st.not_counted) + 1
             self.obs.boot_started(pc, seq, self.spec.defaults.samples_per_boot)
             boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                                         host_fingerprint=self.host_fp))

@@ -38,8 +38,8 @@ from ..input.secrets import redact_argv
 
 def default_cache_dir() -> Path:
     env = os.environ.get("BISECT_HARNESS_CACHE")
-    if env:
-        return Path(env).expanduser()
+    if env:  # absolute: git resolves a relative worktree path against the mirror, not this folder
+        return Path(env).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "bisect-harness"
 

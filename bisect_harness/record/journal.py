@@ -22,6 +22,9 @@ from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
 from ..input.secrets import redact_text
+from . import plots, reproduce
+from . import resumed as _resume
+from .index import journal_stem, write_index
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -136,13 +139,19 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
     template = env.get_template("journal.md.j2")
+    stem = journal_stem(run)
     hyps = []
+    logs: dict[tuple, tuple[list[str], str]] = {}
     for h in run.hypotheses:
         v = h.verdict
         boot_rows = []
+        points: list[plots.BootPoint] = []
+        side_means: dict[str, list[float]] = {"baseline": [], "treatment": []}
+        first_used: dict[str, Boot] = {}
         sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
                  ("treatment", h.treatment, v.treatment_boot_ids if v else []))
         used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
+        before_resume = {i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []}
         for side, cfg, used in sides:
             for boot in cfg.boots:
                 if boot.run_id != run.id and boot.id not in used:
@@ -151,8 +160,16 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 vals = [float(x) for x in vals if x is not None]
                 if boot.status == "ok" and boot.id in used:
                     used_boots[side].append(boot)
+                if vals:
+                    points.append(plots.BootPoint(side=side, boot_id=boot.id, round=boot.seq, values=tuple(vals),
+                                                  marked=bool(boot.marks), used=boot.id in used))
+                    if boot.id in used:
+                        side_means[side].append(_mean(vals))
+                if boot.id in used and side not in first_used:
+                    first_used[side] = boot
                 boot_rows.append({
-                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)"),
+                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)")
+                    + (", from before the resume" if boot.id in before_resume else ""),
                     "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
                     "marks": ", ".join(boot.marks or []) or "-"})
         drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
@@ -160,6 +177,17 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                  for d in host_drift(used_boots["baseline"], used_boots["treatment"])]
         claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
         same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
+        unit = _unit(h, run.spec_text)
+        plot = None
+        if plots_dir is not None:
+            drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{h.hid}.png",
+                                          title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
+            plot = drawn.name if drawn else None
+        pair = (h.baseline.commit, h.treatment.commit)
+        if pair not in logs:
+            logs[pair] = reproduce.commit_log(run.spec_text, run.spec_path, *pair)
+        means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
+                        if ms else "not recorded (no boot used)") for side, ms in side_means.items()}
         hyps.append({
             "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
             "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
@@ -175,7 +203,14 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
             "same_host": same, "not_same": "; ".join(not_same),
             "checks": _checks_cell(v.warnings if v else [], drift),
-            "layers": explain_view.layers_lines(v.stats if v else None)})
+            "layers": explain_view.layers_lines(v.stats if v else None),
+            "resumed": [_md(x) for x in _resume.journal_lines(
+                run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
+                [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
+            "plot": plot, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
+            "commands": [{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
+                         for side, b in sorted(first_used.items())],
+            "git_log": logs[pair][0], "git_note": logs[pair][1]})
     configs = []
     for c in run.configs:
         boots = []
@@ -202,6 +237,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             busy = host_state.boot_line(b)
             if busy:
                 details.append(f"- contention during the benchmark: {_md(busy)}")
+            details.append(f"- ran as: `{reproduce.boot_command(b)}`")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
                 "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
@@ -209,23 +245,53 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
         configs.append({
             "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
-            "argv": " ".join(c.argv or []), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+            "argv": " ".join(c.argv or []),
+            "ran_as": (f"boot {c.boots[0].id}: `{reproduce.boot_command(c.boots[0])}`" if c.boots
+                       else "not recorded (no boot started)"), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
             "reported": _md(engine_identity.describe(c.boots)),
             "python": _md(_environment_text(c.boots)),
             "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
             "log_tail": (c.log_tail or "").strip(), "boots": boots})
-    cals = []
+    cals, cal_figures = [], []
     for cal in run.calibrations:
         cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
+        for m in (cal.result or {}).get("measurements") or []:
+            vals = [float(x) for x in m.get("values") or []]
+            cal_figures.append({"phase": cal.phase, "name": _md(m.get("name")), "device": _md(m.get("device")),
+                                "median": _fmt(float(m["median"]), 2) if m.get("median") is not None else "n/a",
+                                "unit": _md(m.get("unit", "")), "spread": f"{m['spread']:.1%}" if m.get("spread")
+                                is not None else "n/a", "n": len(vals),
+                                "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
     bisections = []
     for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
-        bisections.append({**_bisection_view(bis, plots_dir),
+        bisections.append({**_bisection_view(bis, plots_dir, stem),
                            "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
     return template.render(
+        resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
-        hypotheses=hyps, configs=configs, calibrations=cals, bisections=bisections,
+        hypotheses=hyps, configs=configs, calibrations=cals, calibration_figures=cal_figures, bisections=bisections,
+        changepoint_lines=_changepoint_lines(run),
         explanations=explain_view.views(run.summary),
+        run_command=reproduce.run_command(run, ledger.session.scalars(
+            select(Bisection).where(Bisection.run_id == run.id)).all()),
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _changepoint_lines(run) -> list[str]:
+    """The nightly change-point pass (``harness nightly --changepoints``), when it ran."""
+    from .series import report_lines
+
+    report = (run.summary or {}).get("changepoints")
+    return [_md(line.strip()) for line in report_lines(report)] if report else []
+
+
+def _unit(h, spec_text: str) -> str:
+    """The metric's unit: as recorded with the hypothesis, else from the spec as written."""
+    stored = (h.spec or {}).get("metric_def") or {}
+    if stored.get("unit"):
+        return str(stored["unit"])
+    metric = metric_defs.lookup_metric(h.metric, spec_text)
+    return metric.unit if metric is not None and metric.unit else ""
 
 
 def _environment_text(boots) -> str:
@@ -269,7 +335,7 @@ def _calibration_text(result: dict) -> str:
     return ", ".join(parts) or json.dumps(result, default=str)[:300]
 
 
-def _bisection_view(bis, plots_dir: Path | None) -> dict:
+def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
     result = bis.result or {}
     probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
                "boots": len(p.values or []), "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
@@ -287,14 +353,14 @@ def _bisection_view(bis, plots_dir: Path | None) -> dict:
                    + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
     plot = None
     if plots_dir is not None and bis.probes:
-        plot = _plot_bisection(bis, plots_dir)
+        plot = _plot_bisection(bis, plots_dir, stem)
     if result.get("warnings"):
         summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
     return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
             "probes": probes, "candidates": cands, "plot": plot}
 
 
-def _plot_bisection(bis, plots_dir: Path) -> str | None:
+def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,14 +376,14 @@ def _plot_bisection(bis, plots_dir: Path) -> str | None:
     if not xs:
         return None
     plots_dir.mkdir(parents=True, exist_ok=True)
-    path = plots_dir / f"bisection-{bis.id}.png"
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110)
+    path = plots_dir / f"{stem}-bisection-{bis.id}.png"
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110, facecolor="white")
     ax.plot(xs, ys, "o", alpha=0.7, label="boot mean")
     culprit = (bis.result or {}).get("culprit")
     if culprit in order:
         ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
     ax.set_xlabel("commit (order from good to bad)")
-    ax.set_ylabel(bis.metric)
+    ax.set_ylabel(f"boot mean {bis.metric}")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
@@ -326,10 +392,12 @@ def _plot_bisection(bis, plots_dir: Path) -> str | None:
 
 
 def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
-    """Render and write ``<journal_dir>/<date>-run<id>.md`` (plots beside it)."""
+    """Render and write ``<journal_dir>/<date>-<experiment>-run<id>.md`` (plots beside it),
+    then rewrite the folder's ``index.md`` of every run in the ledger."""
     journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
     text = redact_text(render(ledger, run, plots_dir=journal_dir))  # secrets never written (secrets.py)
-    path = journal_dir / f"{run.created_at.strftime('%Y-%m-%d')}-run{run.id}.md"
+    path = journal_dir / f"{journal_stem(run)}.md"
     path.write_text(text)
+    write_index(ledger, journal_dir)
     return path

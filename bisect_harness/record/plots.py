@@ -1,0 +1,103 @@
+"""The journal's plots: PNG files drawn with matplotlib (Agg, no display needed).
+
+Each plot is drawn from ledger rows alone, on a white background, with axis
+labels and the metric's unit, so a journal folder can be committed and read on
+any markdown viewer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["BootPoint", "plot_hypothesis"]
+
+SIDE_STYLE = {"baseline": ("tab:blue", "o"), "treatment": ("tab:orange", "s")}
+
+
+@dataclass(frozen=True)
+class BootPoint:
+    """One boot of one side, as the plot needs it."""
+
+    side: str          # baseline | treatment
+    boot_id: int
+    round: int         # the boot's seq within its config: round r holds the r-th boot of each side
+    values: tuple[float, ...]
+    marked: bool       # the boot carries a mark (host_busy, env_missing, ...)
+    used: bool         # the verdict used it
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_hypothesis(points: Sequence[BootPoint], path: Path, *, title: str, metric: str, unit: str) -> Path | None:
+    """Two panels: boot means per side in boot order (rounds shaded, marked boots hollow,
+    unused boots grey) and every sample's value per side. None when no boot has a value."""
+    points = sorted((p for p in points if p.values), key=lambda p: p.boot_id)
+    if not points:
+        return None
+    plt = _pyplot()
+    ylabel = f"{metric} ({unit})" if unit else metric
+    fig, (ax, dist) = plt.subplots(1, 2, figsize=(9.5, 3.8), dpi=110, gridspec_kw={"width_ratios": [2.2, 1]},
+                                   facecolor="white")
+    xs = list(range(1, len(points) + 1))
+    # rounds: a shaded band over the boots of each round, labelled at the top
+    rounds: dict[int, list[int]] = {}
+    for x, p in zip(xs, points):
+        rounds.setdefault(p.round, []).append(x)
+    for i, (r, members) in enumerate(sorted(rounds.items())):
+        if i % 2 == 0:
+            ax.axvspan(min(members) - 0.45, max(members) + 0.45, color="0.92", zorder=0)
+        ax.text((min(members) + max(members)) / 2, 1.01, f"round {r}", transform=ax.get_xaxis_transform(),
+                ha="center", va="bottom", fontsize=7, color="0.35")
+    for side, (color, marker) in SIDE_STYLE.items():
+        mine = [(x, p) for x, p in zip(xs, points) if p.side == side]
+        if not mine:
+            continue
+        for kind, pick, face, edge in (("", lambda p: p.used and not p.marked, color, color),
+                                       (" (marked)", lambda p: p.used and p.marked, "white", color),
+                                       (" (not used)", lambda p: not p.used, "white", "0.55")):
+            sel = [(x, sum(p.values) / len(p.values)) for x, p in mine if pick(p)]
+            if sel:
+                ax.scatter([x for x, _ in sel], [y for _, y in sel], marker=marker, s=46, facecolors=face,
+                           edgecolors=edge, linewidths=1.6, label=side + kind, zorder=3)
+        used = [sum(p.values) / len(p.values) for _, p in mine if p.used]
+        if used:
+            ax.axhline(sum(used) / len(used), color=color, linestyle="--", linewidth=1, zorder=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(p.boot_id) for p in points], fontsize=7, rotation=90 if len(xs) > 24 else 0)
+    ax.set_xlabel("boot id, in boot order (dashed: mean of the boots used)")
+    ax.set_ylabel(f"boot mean {ylabel}")
+    ax.set_title(title, fontsize=10, pad=14)
+    ax.legend(loc="best", fontsize=7, framealpha=0.9)
+    ax.grid(axis="y", color="0.85", linewidth=0.6)
+    # the samples' distribution per side: a box over every used sample, every sample as a dot
+    sides = [s for s in SIDE_STYLE if any(p.side == s for p in points)]
+    for i, side in enumerate(sides, start=1):
+        color, marker = SIDE_STYLE[side]
+        vals = [v for p in points if p.side == side and p.used for v in p.values]
+        if vals:
+            dist.boxplot([vals], positions=[i], widths=0.5, showfliers=False,
+                         medianprops={"color": "black"}, boxprops={"color": color}, whiskerprops={"color": color},
+                         capprops={"color": color})
+            n = len(vals)
+            offsets = [(-0.18 + 0.36 * k / (n - 1)) if n > 1 else 0.0 for k in range(n)]
+            dist.scatter([i + o for o in offsets], vals, s=12, color=color, marker=marker, alpha=0.7, zorder=3)
+    dist.set_xticks(range(1, len(sides) + 1))
+    dist.set_xticklabels(sides)
+    dist.set_xlim(0.4, len(sides) + 0.6)
+    dist.set_ylabel(f"sample {ylabel}")
+    dist.set_title("samples of the boots used", fontsize=10, pad=14)
+    dist.grid(axis="y", color="0.85", linewidth=0.6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, facecolor="white")
+    plt.close(fig)
+    return path
