@@ -198,6 +198,21 @@ class SlurmCluster:
         out = self.run("squeue", "--noheader", "--format=%i")
         return out.stdout.split() if out.returncode == 0 else []
 
+    def active_jobs(self) -> list[str]:
+        """Ids of the jobs pending or running (not those completing after their end)."""
+        out = self.run("squeue", "--noheader", "--format=%i", "--states=PENDING,RUNNING")
+        return out.stdout.split() if out.returncode == 0 else []
+
+    def jobs_after(self, timeout_s: float = 30.0) -> list[str]:
+        """The jobs still held once those that finished have left the queue (a finished
+        job stays COMPLETING while its node cleans up), waiting up to ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = self.jobs()
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.25)
+
     # -- tear-down -----------------------------------------------------------
 
     def stop(self) -> None:

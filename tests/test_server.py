@@ -123,7 +123,13 @@ def test_exact_env_is_passed(tmp_path, fake):
                            base_url=f"http://127.0.0.1:{port}", ready_timeout_s=30)
     with server:
         proc_env = psutil.Process(server.pid).environ()
+    # exactly the caller's env, plus the supervisor's tree token (how the next start finds
+    # a process that escaped its supervisor's record: inherited through forks and sessions)
+    from bisect_harness.boot.supervisor import TREE_ENV
+
+    token = proc_env.pop(TREE_ENV)
     assert proc_env == env
+    assert token.split("-")[0] == str(server.supervisor_pid)
 
 
 def test_early_exit_raises_boot_failed_with_tail(tmp_path, fake):

@@ -128,7 +128,7 @@ def test_two_demo_boots_run_as_slurm_jobs_on_two_nodes(slurm_cluster, tmp_path):
     assert len({o.provenance["slurm"]["job_id"] for o in sink.outcomes.values()}) == 2
     assert {o.provenance["slurm"]["node"] for o in sink.outcomes.values()} == set(slurm_cluster.node_names)
     assert len({o.host_fingerprint for o in sink.outcomes.values()}) == 2
-    assert slurm_cluster.jobs() == []
+    assert slurm_cluster.jobs_after() == []
 
 
 def _job_processes(job_ids) -> list[str]:
@@ -178,7 +178,7 @@ def test_a_job_cancelled_while_booting_is_a_failed_boot_naming_its_slurm_state(s
     assert out.status == "failed" and out.config_failure is None  # re-booted by the scheduler, not a broken config
     assert f"Slurm job {cancelled[0]}" in out.failure and "CANCELLED" in out.failure, out.failure
     assert out.provenance["slurm"]["state"] == "CANCELLED" and out.provenance["slurm"]["job_id"] == cancelled[0]
-    assert slurm_cluster.jobs() == [] and _job_processes(cancelled) == []
+    assert slurm_cluster.active_jobs() == [] and _job_processes(cancelled) == []
 
 
 def test_an_interrupt_cancels_every_queued_and_running_job(slurm_cluster, tmp_path):
@@ -204,7 +204,7 @@ def test_an_interrupt_cancels_every_queued_and_running_job(slurm_cluster, tmp_pa
     assert {o.status for o in sink.outcomes.values()} == {"interrupted"}
     job_ids = [o.provenance["slurm"]["job_id"] for o in sink.outcomes.values()]
     assert set(seen) < set(job_ids) and all("cancelled" in o.failure for o in sink.outcomes.values())
-    assert slurm_cluster.jobs() == []  # nothing left queued or running
+    assert slurm_cluster.active_jobs() == []  # nothing left queued or running
     from helpers import wait_for
     wait_for(lambda: not _job_processes(job_ids), timeout=15, what="the cancelled jobs' processes to end")
 

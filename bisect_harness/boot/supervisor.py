@@ -114,6 +114,24 @@ def _table() -> dict[int, tuple[int, int, float, str]]:
     return out
 
 
+#: The variable every supervised command (and all it starts) carries: its supervisor's token.
+TREE_ENV = "BISECT_HARNESS_TREE"
+
+
+def _carrying(name: str, value: str, table: Mapping[int, tuple[int, int, float, str]]) -> list[int]:
+    """Processes whose environment holds ``name=value`` (those we may read)."""
+    needle = f"{name}={value}".encode()
+    out = []
+    for pid in table:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
 def _descendants(root: int, table: Mapping[int, tuple[int, int, float, str]]) -> dict[int, tuple[int, int, float, str]]:
     children: dict[int, list[int]] = {}
     for pid, st in table.items():
@@ -197,6 +215,9 @@ def reap_leftovers(registry: Path | None = None) -> int:
                 if leader is not None and procs.get(sid) != leader[2]:
                     continue  # the session id now belongs to a process we never saw
                 targets.update((pid, st[2]) for pid, st in table.items() if st[1] == sid and st[2] >= sup[1])
+            if rec.get("token"):  # whatever inherited the tree's token, wherever it went
+                targets.update((pid, table[pid][2]) for pid in _carrying(TREE_ENV, rec["token"], table)
+                               if table[pid][2] >= sup[1])
             for pid in list(targets):
                 targets.update((d, st[2]) for d, st in _descendants(pid, table).items())
             targets.pop(os.getpid(), None)
@@ -214,9 +235,9 @@ def reap_leftovers(registry: Path | None = None) -> int:
 
 
 class _Record:
-    def __init__(self, path: str | None, harness: tuple[int, int], me: tuple[int, int]):
+    def __init__(self, path: str | None, harness: tuple[int, int], me: tuple[int, int], token: str | None = None):
         self.path = Path(path) if path else None
-        self.head = {"version": 1, "harness": list(harness), "supervisor": list(me)}
+        self.head = {"version": 1, "harness": list(harness), "supervisor": list(me), "token": token}
         self.last: frozenset | None = None
 
     def update(self, tree: Mapping[int, tuple[int, int, float, str]]) -> None:
@@ -367,12 +388,16 @@ def main(args: Sequence[str]) -> int:
         return 0
     argv, grace_s, timeout_s = request["argv"], float(request["grace_s"]), request.get("timeout_s")
     me = os.getpid()
-    record = _Record(request.get("record"), (harness_pid, harness_st[2]), (me, _stat(me)[2]))
+    token = f"{me}-{_stat(me)[2]}"
+    record = _Record(request.get("record"), (harness_pid, harness_st[2]), (me, _stat(me)[2]), token)
     record.update({})
     try:
         # The environment comes in the request: this interpreter may have changed its own
-        # (PEP 538 sets LC_CTYPE under the C locale), and the command gets exactly the caller's.
-        child = subprocess.Popen(argv, env=request["env"], stdin=subprocess.DEVNULL, start_new_session=True,
+        # (PEP 538 sets LC_CTYPE under the C locale), and the command gets exactly the caller's,
+        # plus this tree's token: inherited through double forks and new sessions, it lets the
+        # next start find what escaped the record (a fork in the last moment before a SIGKILL).
+        env = dict(request["env"], **{TREE_ENV: token})
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                  close_fds=True)
     except OSError as exc:
         status.send(f"error {exc.errno or 0} {exc.strerror or exc}")
