@@ -36,6 +36,7 @@ from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, Us
 from ..record.ledger import utcnow
 from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
+from .server import stop_all
 
 __all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable"]
 
@@ -490,7 +491,7 @@ class LocalBackend:
                     raise payload
         except BaseException:
             cancel.set()  # boots stop at their next sample; servers stop as their threads unwind
-            _stop_servers_of(threads)
+            stop_all()  # every server this process launched; their threads unwind through failing requests
             for t in threads:
                 t.join(timeout=30)
             with contextlib.suppress(queue.Empty):
@@ -501,11 +502,3 @@ class LocalBackend:
                     elif kind == "sample":
                         sink.sample(req, payload)
             raise
-
-
-def _stop_servers_of(threads) -> None:
-    """Stop every server this process launched that is still running (their threads
-    then unwind through the benchmark's failing requests)."""
-    from .server import stop_all
-
-    stop_all()
