@@ -29,7 +29,13 @@ def test_single_cause_found_with_confidence():
     assert res.confident and not res.interactions and not res.opposite
     assert res.confidence["flag:--mode"].outcome == "confirmed"
     assert res.effect.outcome == "confirmed" and res.effect.ratio == pytest.approx(0.8, abs=0.03)
-    assert res.boots == len(calls) == sum(sum(t.boots) for t in res.tests)
+    assert res.boots == len(calls)
+    used = set()
+    for t in res.tests:  # each test names the boots of each side; a shared boot serves several tests
+        assert [calls[i] for i in t.baseline_calls] == [t.baseline] * t.boots[0]
+        assert [calls[i] for i in t.treatment_calls] == [t.treatment] * t.boots[1]
+        used |= set(t.baseline_calls) | set(t.treatment_calls)
+    assert used == set(range(len(calls)))
 
 
 def test_interaction_reported():

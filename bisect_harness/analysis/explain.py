@@ -40,12 +40,17 @@ same boots still sees it when the opposite member dominates.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+from scipy import special
+from scipy import stats as _st
+
 from ..model import Expect, Outcome
-from . import stats
+from . import blocks, stats
 
 __all__ = ["Difference", "Test", "Explanation", "explain", "Measure"]
 
@@ -81,12 +86,15 @@ class Test:
     boots: tuple  # boots per side
     reason: str
     opposite: Optional[str] = None  # the same boots' verdict in the other direction
+    baseline_calls: tuple = ()  # which measure() calls (0-based, in order) made each side's boots
+    treatment_calls: tuple = ()
 
     def to_json(self) -> dict:
         return {"purpose": self.purpose, "baseline": sorted(self.baseline), "treatment": sorted(self.treatment),
                 "expect": self.expect, "outcome": self.outcome, "ratio": self.ratio,
                 "ci": list(self.ci) if self.ci else None, "p_value": self.p_value, "boots": list(self.boots),
-                "reason": self.reason, "opposite": self.opposite}
+                "reason": self.reason, "opposite": self.opposite,
+                "baseline_calls": list(self.baseline_calls), "treatment_calls": list(self.treatment_calls)}
 
 
 @dataclass(frozen=True)
@@ -134,104 +142,179 @@ class _Search:
         self.measure, self.worse, self.min_effect = measure, worse, min_effect
         self.better = Expect.INCREASE if worse is Expect.DECREASE else Expect.DECREASE
         self.design, self.alpha = design, alpha
+        self.max_rounds = max(design.max_boots, 3)
+        # Every leave-out decision (either way, at any look, of any of at most 2n groups)
+        # shares alpha: Bonferroni, so the chance of any wrong claim or clearance stays
+        # below alpha over the whole search.
+        self.block_thr = alpha / (2 * 2 * len(self.names) * (self.max_rounds - 1))
         self.rng = random.Random(seed)
         self.tests: list[Test] = []
         self.boots = 0
 
-    def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect,
-                both_ways: bool = False) -> Test:
-        """Paired rounds (random order inside each) until the rule decides or the budget ends.
-        ``both_ways`` also judges the other direction on the same boots, each at alpha/2."""
-        a = self.alpha / 2 if both_ways else self.alpha
-        other = Expect.INCREASE if expect is Expect.DECREASE else Expect.DECREASE
-        bb: list = []
-        tb: list = []
-        while True:
-            for side in self.rng.sample((0, 1), 2):
-                (bb if side == 0 else tb).append(list(self.measure(base if side == 0 else treat)))
-                self.boots += 1
-            v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design, alpha=a)
-            o = stats.evaluate(bb, tb, expect=other, min_effect=self.min_effect, design=self.design,
-                               alpha=a) if both_ways else None
-            # Both ways: stop at a confirmation either way, or when both directions are final.
-            done = v.final if o is None else (v.outcome is Outcome.CONFIRMED or o.outcome is Outcome.CONFIRMED
-                                              or (v.final and o.final))
-            if done:
-                t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
-                         (len(bb), len(tb)), v.reason, o.outcome.value if o else None)
-                self.tests.append(t)
-                return t
+    def _boot(self, config: frozenset) -> tuple[int, list]:
+        samples = list(self.measure(config))
+        self.boots += 1
+        return self.boots - 1, samples
 
-    def leave_out(self, group: frozenset) -> Test:
-        return self.compare("leave out", self.all, self.all - group, self.better, both_ways=True)
+    def paired(self, specs: Sequence[tuple]) -> list[Test]:
+        """Paired tests ``(purpose, base, treat, expect, both_ways)`` run side by side: each
+        round boots every config an unfinished test needs once, in a random order, so a
+        config shared by several tests (the fast one, say) is booted once per round for
+        all of them. Each test is the harness's sequential rule on its own rounds."""
+        state = [dict(bb=[], tb=[], bc=[], tc=[], done=None) for _ in specs]
+        while any(s["done"] is None for s in state):
+            need: list = []
+            for (_, base, treat, _, _), s in zip(specs, state):
+                if s["done"] is None:
+                    need += [c for c in (base, treat) if c not in need]
+            got = {c: self._boot(c) for c in self.rng.sample(need, len(need))}
+            for (purpose, base, treat, expect, both), s in zip(specs, state):
+                if s["done"] is not None:
+                    continue
+                for arm, calls, c in ((s["bb"], s["bc"], base), (s["tb"], s["tc"], treat)):
+                    calls.append(got[c][0])
+                    arm.append(got[c][1])
+                a = self.alpha / 2 if both else self.alpha
+                other = Expect.INCREASE if expect is Expect.DECREASE else Expect.DECREASE
+                v = stats.evaluate(s["bb"], s["tb"], expect=expect, min_effect=self.min_effect,
+                                   design=self.design, alpha=a)
+                o = stats.evaluate(s["bb"], s["tb"], expect=other, min_effect=self.min_effect,
+                                   design=self.design, alpha=a) if both else None
+                done = v.final if o is None else (v.outcome is Outcome.CONFIRMED or o.outcome is Outcome.CONFIRMED
+                                                  or (v.final and o.final))
+                if done:
+                    s["done"] = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
+                                     (len(s["bb"]), len(s["tb"])), v.reason, o.outcome.value if o else None,
+                                     tuple(s["bc"]), tuple(s["tc"]))
+        out = [s["done"] for s in state]
+        self.tests.extend(out)
+        return out
+
+    def _judge(self, c: blocks.Contrast) -> tuple[str, str, Optional[str], float, tuple]:
+        """(status, outcome, opposite, p, ci) of one leave-out contrast; status is
+        ``matters``, ``opposite``, ``cleared`` or ``open``."""
+        thr = self.block_thr
+        dd = self.better.sign * c.estimate
+        e_b = stats._log_effect(self.better, self.min_effect)
+        e_w = stats._log_effect(self.worse, self.min_effect)
+        p_b = float(special.stdtr(c.df, -dd / c.se))
+        p_w = float(special.stdtr(c.df, dd / c.se))
+        better = p_b <= thr and dd >= e_b
+        worse = p_w <= thr and -dd >= e_w
+        not_better = float(special.stdtr(c.df, (dd - e_b) / c.se)) <= thr
+        not_worse = float(special.stdtr(c.df, (-dd - e_w) / c.se)) <= thr
+        half = float(_st.t.isf(thr, c.df)) * c.se
+        ci = (math.exp(c.estimate - half), math.exp(c.estimate + half))
+        if better:
+            status, outcome, opp = "matters", Outcome.CONFIRMED, Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
+        elif worse:
+            status, outcome, opp = "opposite", Outcome.REFUTED, Outcome.CONFIRMED
+        else:
+            status = "cleared" if (not_better and not_worse) else "open"
+            outcome = Outcome.REFUTED if not_better else Outcome.INCONCLUSIVE
+            opp = Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
+        return status, outcome.value, opp.value, p_b, ci
+
+    def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
+        """Leave each group out of the slow config, all groups in one block of rounds
+        against the slow config booted between them (:mod:`blocks`). A group stops
+        being booted once decided; the block ends when every group is decided or at
+        ``max_rounds``. No decision before a group's third boot: with two, one
+        spoiled boot cannot be told from an effect."""
+        seq: list[tuple] = []
+        calls: dict = {k: [] for k in range(-1, len(groups))}
+        open_ = set(range(len(groups)))
+        done: dict = {}
+        for rnd in range(1, self.max_rounds + 1):
+            keys = blocks.round_order(sorted(open_), -1, self.rng)
+            for k in keys:
+                idx, smp = self._boot(self.all if k == -1 else self.all - frozenset(groups[k]))
+                seq.append((k, math.log(float(np.mean(smp)))))
+                calls[k].append(idx)
+            fitted = blocks.fit(seq, -1, min_boots=3)
+            for k in sorted(open_):
+                c = fitted.get(k)
+                if c is None:
+                    continue
+                status, outcome, opp, p, ci = self._judge(c)
+                if status == "open" and rnd < self.max_rounds:
+                    continue
+                ratio = math.exp(c.estimate)
+                where = (f"{c.boots} boots against the slow config booted between them, robust pooled fit, "
+                         f"{c.df:.0f} error df, threshold p <= {self.block_thr:.2g} per direction and look")
+                reason = (f"{'Decided' if status != 'open' else 'Budget spent, undecided'}: leaving it out gives "
+                          f"{ratio:.4f}x the slow config, interval {ci[0]:.4f}x..{ci[1]:.4f}x, "
+                          f"p={p:.2g} ({where}).")
+                done[k] = (status, Test("leave out", self.all, self.all - frozenset(groups[k]), self.better.value,
+                                        outcome, ratio, ci, p, (len(calls[-1]), len(calls[k])), reason, opp,
+                                        tuple(calls[-1]), tuple(calls[k])))
+                open_.discard(k)
+            if not open_:
+                break
+        out = [done[k] for k in range(len(groups))]
+        self.tests.extend(t for _, t in out)
+        return out
+
+    def first_groups(self) -> list[tuple]:
+        """Singletons up to 16 differences; above, groups of a power of two so that the
+        first block holds 8 to 16 of them (a few causes among many: most groups clear)."""
+        n = len(self.names)
+        size = 1 if n <= 16 else 2 ** int(math.log2(n / 8))
+        return [self.names[i:i + size] for i in range(0, n, size)]
 
     def run(self) -> Explanation:
-        slowdown = self.compare("slowdown", frozenset(), self.all, self.worse)
+        slowdown = self.paired([("slowdown", frozenset(), self.all, self.worse, False)])[0]
         if slowdown.outcome != Outcome.CONFIRMED.value:
             return Explanation(slowdown, (), {}, (), (), (), None, None, tuple(self.tests), self.boots)
         members: list[str] = []
         conf: dict = {}
         opposite: list[str] = []
         undecided: list[str] = []
-        # Order the differences as given; split each group that matters in two halves.
-        # When a group matters and its first half is cleared, the second half must hold
-        # what made the group matter: it is split without a test of its own (its parts
-        # are still tested; a member is only ever named by its own test).
-        todo: list[tuple] = [(self.names, None, 0)]
-        cleared_first: set = set()
-        matters: set = set()  # parents shown to matter (the whole set, a confirmed group, an implied one)
-        parent = 0
-        while todo:
-            group, pid, idx = todo.pop(0)
-            if pid is None:  # the whole set: leaving all out is the slowdown test itself
-                t = None
-            elif idx == 1 and pid in cleared_first and len(group) > 1:
-                t = None
-            else:
-                t = self.leave_out(frozenset(group))
-            if t is not None and t.outcome != Outcome.CONFIRMED.value:
-                if t.opposite == Outcome.CONFIRMED.value:
-                    if len(group) == 1:
-                        opposite.append(group[0])
-                        continue
-                elif t.outcome == Outcome.REFUTED.value and t.opposite in (Outcome.REFUTED.value, None):
-                    if idx == 0 and pid in matters:
-                        cleared_first.add(pid)
-                    continue  # cleared: no member moves the slow config by min_effect either way
+        if len(self.names) == 1:
+            members, conf = [self.names[0]], {self.names[0]: slowdown}
+            groups: list = []
+        else:
+            groups = self.first_groups()
+        while groups:
+            nxt: list = []
+            for g, (status, t) in zip(groups, self.leave_out_level(groups)):
+                if status == "cleared":
+                    continue
+                if len(g) > 1:  # a group that matters, masks a cause, or stayed open: split it
+                    nxt += [g[:len(g) // 2], g[len(g) // 2:]]
+                elif status == "matters":
+                    members.append(g[0])
+                    conf[g[0]] = t
+                elif status == "opposite":
+                    opposite.append(g[0])
                 else:
-                    if len(group) == 1:
-                        undecided.append(group[0])
-                        continue
-                    # Undecided group: split it anyway, a smaller group may decide.
-            if len(group) == 1:
-                members.append(group[0])
-                conf[group[0]] = t if t is not None else slowdown  # one difference: the slowdown is its test
-                continue
-            parent += 1
-            if t is None or t.outcome == Outcome.CONFIRMED.value:
-                matters.add(parent)
-            mid = len(group) // 2
-            todo += [(group[:mid], parent, 0), (group[mid:], parent, 1)]
-        members_f = frozenset(members)
+                    undecided.append(g[0])
+            groups = nxt
+        members.sort(key=self.names.index)
         effect = residual = None
         interactions: list[tuple] = []
         if members:
-            # The whole set is the slowdown test already: its boots stand for it.
-            effect = slowdown if members_f == self.all else self.compare("minimal set vs fast", frozenset(),
-                                                                        members_f, self.worse)
-            if members_f != self.all:
-                residual = self.compare("minimal set vs slow", members_f, self.all, self.worse)
+            m_f = frozenset(members)
+            specs = []
+            if m_f != self.all:
+                specs += [("minimal set vs fast", frozenset(), m_f, self.worse, False),
+                          ("minimal set vs slow", m_f, self.all, self.worse, False)]
             if len(members) > 1:
-                inert = []
-                for m in members:
-                    alone = self.compare("alone vs fast", frozenset(), frozenset([m]), self.worse)
-                    if alone.outcome == Outcome.REFUTED.value:
-                        inert.append(m)
-                for a, b in itertools.combinations(inert, 2):
-                    pair = (slowdown if frozenset([a, b]) == self.all else
-                            self.compare("pair vs fast", frozenset(), frozenset([a, b]), self.worse))
-                    if pair.outcome == Outcome.CONFIRMED.value:
-                        interactions.append((a, b))
+                specs += [("alone vs fast", frozenset(), frozenset([m]), self.worse, False) for m in members]
+            res = self.paired(specs) if specs else []
+            if m_f != self.all:
+                effect, residual, res = res[0], res[1], res[2:]
+            else:
+                effect = slowdown  # the whole set is the slowdown test already: its boots stand for it
+            inert = [m for m, t in zip(members, res) if t.outcome == Outcome.REFUTED.value]
+            pairs = [p for p in itertools.combinations(inert, 2)]
+            tested = self.paired([("pair vs fast", frozenset(), frozenset(p), self.worse, False)
+                                  for p in pairs if frozenset(p) != self.all])
+            it = iter(tested)
+            for p in pairs:
+                t = slowdown if frozenset(p) == self.all else next(it)
+                if t.outcome == Outcome.CONFIRMED.value:
+                    interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
                            tuple(undecided), effect, residual, tuple(self.tests), self.boots)
 

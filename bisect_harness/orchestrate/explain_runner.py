@@ -117,15 +117,9 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
     res = explain([x.name for x in diffs], measure, worse=metric.worse, min_effect=min_effect, design=design,
                   alpha=alpha, seed=sched.order_seed)
-    # Each test consumed its boots in order: attach the boot ids of both of its sides.
-    tests, pos = [], 0
-    for t in res.tests:
-        n = sum(t.boots)
-        mine = calls[pos:pos + n]
-        pos += n
-        tests.append({**t.to_json(),
-                      "baseline_boot_ids": [b for s, b in mine if s == t.baseline],
-                      "treatment_boot_ids": [b for s, b in mine if s == t.treatment]})
+    # Each test names the measure() calls that made each side's boots (a shared boot serves several).
+    tests = [{**t.to_json(), "baseline_boot_ids": [calls[i][1] for i in t.baseline_calls],
+              "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
     record = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
               "alpha_per_test": alpha, "hypothesis_id": hypothesis_id,
               "differences": [x.to_json() for x in diffs], **res.to_json(), "tests": tests}
