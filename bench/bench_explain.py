@@ -26,7 +26,7 @@ of the pair): ``exact``, ``superset`` (every true member and more), ``wrong`` (a
 else). ``confident_wrong``: a set other than the true one (wrong, or a superset: an inert
 difference named as a cause) reported as confident (nothing left undecided).
 ``mean_boots``: boots over all configurations. ``ota_fixed_for_80``: the smallest fixed
-boots per side (of 3, 5, 8) at which one-at-a-time is exactly right in >= 80% of trials,
+boots per side (of 3, 5, 8, 12, 16, 24) at which one-at-a-time is exactly right in >= 80% of trials,
 and ``ota_boots_for_80`` its mean boots; ``boots_ratio`` = explain's mean boots / that.
 
 Goals (the issue's): exact >= 0.9 with boots_ratio <= 1; confident_wrong <= 0.01.
@@ -53,7 +53,7 @@ from bisect_harness.analysis.explain import explain  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
 
 MIN_EFFECT = 0.05
-FIXED = (3, 5, 8)
+FIXED = (3, 5, 8, 12, 16, 24)
 ALPHA = 0.01
 
 

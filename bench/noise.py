@@ -19,7 +19,8 @@ Models (keys are stable; benches report under them):
 * ``bimodal``: 20% of boots land in a second mode 8% slow (llama.cpp's two-mode
   boots in ``boots.csv``: about 46 and 60 tok/s).
 * ``drift``: a linear drift of -0.1% per boot of host time (a host that warms, or
-  gets quieter, during the search).
+  gets quieter, during the search), which stops at -30% (after 300 boots: a long
+  search would otherwise drive the level below zero).
 * ``bursts``: an on/off neighbour (a two-state Markov chain over host time, mean
   burst 6 boots, on a quarter of the time); boots inside a burst run 25% slow with
   a CV of 8%, as the busy-host trace in ``boots.csv`` does (400-950 tok/s).
@@ -45,7 +46,7 @@ SAMPLES_PER_BOOT = 3
 UNEQUAL_FACTOR = 6.0
 TAIL_P, TAIL_SLOW = 0.05, 0.20
 BIMODAL_P, BIMODAL_SLOW = 0.20, 0.08
-DRIFT_PER_BOOT = -0.001
+DRIFT_PER_BOOT, DRIFT_FLOOR = -0.001, 0.70
 BURST_MEAN_LEN, BURST_ON_FRACTION, BURST_SLOW, BURST_CV = 6.0, 0.25, 0.25, 0.08
 
 
@@ -83,7 +84,7 @@ class Host:
         elif m == "bimodal" and rng.random() < BIMODAL_P:
             f *= 1.0 - BIMODAL_SLOW
         elif m == "drift":
-            f *= 1.0 + DRIFT_PER_BOOT * self.t
+            f *= max(DRIFT_FLOOR, 1.0 + DRIFT_PER_BOOT * self.t)
         elif m == "bursts" and self._advance_burst():
             f *= 1.0 - BURST_SLOW + BURST_CV * rng.standard_normal()
         return f

@@ -12,25 +12,41 @@ where the answer is close.
 The search (adaptive group testing, the leave-out form of ddmin):
 
 1. **Slowdown.** slow (all differences) against fast (none), expect the slow one
-   worse by ``min_effect``. Not confirmed: nothing to explain, stop.
-2. **Leave-out splitting.** A group ``G`` *matters* when reverting it from the slow
+   worse by ``min_effect``: the harness's paired sequential rule. Not confirmed:
+   nothing to explain, stop.
+2. **Leave-out blocks.** A group ``G`` *matters* when reverting it from the slow
    config (config ``D \\ G``) makes it better by ``min_effect``. Testing by leaving
    out, not by adding alone, is what finds interactions: reverting either member
-   of a pair that is slow only together removes the pair's effect. A group that
-   matters is split in two and each half tested; a group refuted is cleared with
-   every member; a singleton that matters is a member of the explanation. The
-   same boots test the opposite direction (reverting ``G`` makes it *worse*):
-   such singletons are reported as differences with the opposite sign.
+   of a pair that is slow only together removes the pair's effect. The groups of
+   one level are tested together in a block (:mod:`blocks`): each round boots every
+   undecided group's config once, with the slow config booted between chunks of
+   them, and each group is compared with the slow config where it ran, by a robust
+   fit whose noise is pooled over the whole block. A group that matters is split
+   in two for the next level; a group cleared (shown to move the slow config by
+   less than ``min_effect`` either way) is cleared with every member; a singleton
+   that matters is a member; a singleton shown to make the slow config *worse*
+   when left out is a difference with the opposite sign. Up to 16 differences start
+   as singletons; above, in groups of a power of two, 8 to 16 groups.
+   Every decision of every block (either direction, at any look, of the ``n``
+   singletons or at most ``2n`` groups) shares ``alpha`` by Bonferroni: the chance that the search claims an
+   inert difference or clears one that matters is at most ``alpha`` in all, on
+   the model's assumptions; off them, ``bench/bench_explain.py`` measures it.
 3. **Sufficiency.** The members together (config ``C``) against fast: the
    minimal set's effect size, and against slow (does ``C`` account for all of it).
 4. **Alone.** Each member alone against fast. A member whose effect alone is
    refuted, yet matters when left out, acts only with another member; pairs of
    such members are tested together and reported as interactions.
+   Steps 3 and 4 run as a block against the fast config, as the leave-out tests
+   do against the slow one (their own Bonferroni share of ``alpha`` over the
+   block's configs); the minimal set against slow is a paired test, since the two
+   configs differ in many differences and may differ in noise.
 
 Each member's confidence is its leave-out test's: outcome, ratio, interval and
-p-value at the look that decided it. A group left inconclusive at the budget is
-neither split nor cleared: its members are reported as undecided, never as
-members (the search claims nothing it did not decide).
+p-value at the look that decided it. A group left undecided at the budget is split
+anyway (a smaller group may decide); a singleton left undecided is reported as
+undecided, never as a member (the search claims nothing it did not decide).
+Every test names the ``measure`` calls behind each of its sides, so a boot shared
+by several tests is counted once in ``boots`` and traced from each.
 
 Known limit: a group holding a cause and an opposite-sign difference of about the
 same size reads as inert when left out together; the opposite-sign test on the
@@ -136,17 +152,25 @@ class Explanation:
 
 class _Search:
     def __init__(self, names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
-                 design: stats.Design, alpha: float, seed: int):
+                 design: stats.Design, alpha: float, seed: int, block_rounds: Optional[int] = None):
         self.names = tuple(names)
         self.all = frozenset(names)
         self.measure, self.worse, self.min_effect = measure, worse, min_effect
         self.better = Expect.INCREASE if worse is Expect.DECREASE else Expect.DECREASE
         self.design, self.alpha = design, alpha
-        self.max_rounds = max(design.max_boots, 3)
-        # Every leave-out decision (either way, at any look, of any of at most 2n groups)
-        # shares alpha: Bonferroni, so the chance of any wrong claim or clearance stays
-        # below alpha over the whole search.
-        self.block_thr = alpha / (2 * 2 * len(self.names) * (self.max_rounds - 1))
+        # A block may run twice the paired budget: it spends rounds only on configs still
+        # open, and a noisy host needs them. It looks at every round from the third to
+        # the eighth, then at every second one (fewer looks, less alpha split).
+        self.max_rounds = max(block_rounds or 2 * design.max_boots, 3)
+        self.looks = sorted({r for r in range(3, self.max_rounds + 1) if r <= 8 or r % 2 == 0}
+                            | {self.max_rounds})
+        # Every leave-out decision (either way, at any look from the third round on, of
+        # any group the search can test: n singletons, or at most 2n groups when it starts
+        # from larger ones) shares alpha: Bonferroni, so the chance of any wrong claim or
+        # clearance stays below alpha over the whole search.
+        n_groups = len(self.first_groups())
+        self.max_groups = len(self.names) if n_groups == len(self.names) else 2 * len(self.names)
+        self.block_thr = alpha / (2 * self.max_groups * len(self.looks))
         self.rng = random.Random(seed)
         self.tests: list[Test] = []
         self.boots = 0
@@ -190,21 +214,23 @@ class _Search:
         self.tests.extend(out)
         return out
 
-    def _judge(self, c: blocks.Contrast) -> tuple[str, str, Optional[str], float, tuple]:
-        """(status, outcome, opposite, p, ci) of one leave-out contrast; status is
-        ``matters``, ``opposite``, ``cleared`` or ``open``."""
-        thr = self.block_thr
-        dd = self.better.sign * c.estimate
+    def _levels(self, thr: float, c: blocks.Contrast) -> tuple:
         e_b = stats._log_effect(self.better, self.min_effect)
         e_w = stats._log_effect(self.worse, self.min_effect)
+        half = float(_st.t.isf(thr, c.df)) * c.se
+        return e_b, e_w, (math.exp(c.estimate - half), math.exp(c.estimate + half))
+
+    def _judge_leave_out(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
+        """(status, outcome, opposite, p, ci) of one leave-out contrast; status is
+        ``matters``, ``opposite``, ``cleared`` or ``open``."""
+        e_b, e_w, ci = self._levels(thr, c)
+        dd = self.better.sign * c.estimate
         p_b = float(special.stdtr(c.df, -dd / c.se))
         p_w = float(special.stdtr(c.df, dd / c.se))
         better = p_b <= thr and dd >= e_b
         worse = p_w <= thr and -dd >= e_w
         not_better = float(special.stdtr(c.df, (dd - e_b) / c.se)) <= thr
         not_worse = float(special.stdtr(c.df, (-dd - e_w) / c.se)) <= thr
-        half = float(_st.t.isf(thr, c.df)) * c.se
-        ci = (math.exp(c.estimate - half), math.exp(c.estimate + half))
         if better:
             status, outcome, opp = "matters", Outcome.CONFIRMED, Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
         elif worse:
@@ -215,45 +241,71 @@ class _Search:
             opp = Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
         return status, outcome.value, opp.value, p_b, ci
 
-    def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
-        """Leave each group out of the slow config, all groups in one block of rounds
-        against the slow config booted between them (:mod:`blocks`). A group stops
-        being booted once decided; the block ends when every group is decided or at
-        ``max_rounds``. No decision before a group's third boot: with two, one
-        spoiled boot cannot be told from an effect."""
+    def _judge_worse(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
+        """A config against the fast one, one direction: is it worse by ``min_effect``?"""
+        _, e_w, ci = self._levels(thr, c)
+        dd = self.worse.sign * c.estimate
+        p = float(special.stdtr(c.df, -dd / c.se))
+        if p <= thr and dd >= e_w:
+            return "confirmed", Outcome.CONFIRMED.value, None, p, ci
+        if float(special.stdtr(c.df, (dd - e_w) / c.se)) <= thr:
+            return "refuted", Outcome.REFUTED.value, None, p, ci
+        return "open", Outcome.INCONCLUSIVE.value, None, p, ci
+
+    def block(self, control: frozenset, items: Sequence[tuple[str, frozenset]], *, expect: Expect,
+              thr: float, judge) -> list[tuple[str, Test]]:
+        """Configs ``items`` ((purpose, config)) against ``control`` in one block of rounds
+        (:mod:`blocks`): each round boots every undecided config once, the control booted
+        between chunks of them. A config stops being booted once ``judge`` decides it;
+        the block ends when every config is decided or at ``max_rounds``. No decision
+        before a config's third boot: with two, one spoiled boot cannot be told from an
+        effect."""
         seq: list[tuple] = []
-        calls: dict = {k: [] for k in range(-1, len(groups))}
-        open_ = set(range(len(groups)))
+        calls: dict = {k: [] for k in range(-1, len(items))}
+        open_ = set(range(len(items)))
         done: dict = {}
+        name = "the slow config" if control == self.all else "the fast config" if not control else "the control"
         for rnd in range(1, self.max_rounds + 1):
-            keys = blocks.round_order(sorted(open_), -1, self.rng)
-            for k in keys:
-                idx, smp = self._boot(self.all if k == -1 else self.all - frozenset(groups[k]))
+            for k in blocks.round_order(sorted(open_), -1, self.rng):
+                idx, smp = self._boot(control if k == -1 else items[k][1])
                 seq.append((k, math.log(float(np.mean(smp)))))
                 calls[k].append(idx)
+            if rnd not in self.looks:
+                continue
             fitted = blocks.fit(seq, -1, min_boots=3)
             for k in sorted(open_):
                 c = fitted.get(k)
                 if c is None:
                     continue
-                status, outcome, opp, p, ci = self._judge(c)
+                status, outcome, opp, p, ci = judge(c, thr)
                 if status == "open" and rnd < self.max_rounds:
                     continue
                 ratio = math.exp(c.estimate)
-                where = (f"{c.boots} boots against the slow config booted between them, robust pooled fit, "
-                         f"{c.df:.0f} error df, threshold p <= {self.block_thr:.2g} per direction and look")
-                reason = (f"{'Decided' if status != 'open' else 'Budget spent, undecided'}: leaving it out gives "
-                          f"{ratio:.4f}x the slow config, interval {ci[0]:.4f}x..{ci[1]:.4f}x, "
-                          f"p={p:.2g} ({where}).")
-                done[k] = (status, Test("leave out", self.all, self.all - frozenset(groups[k]), self.better.value,
-                                        outcome, ratio, ci, p, (len(calls[-1]), len(calls[k])), reason, opp,
-                                        tuple(calls[-1]), tuple(calls[k])))
+                where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
+                         f"{c.df:.0f} error df, threshold p <= {thr:.2g} per direction and look")
+                reason = (f"{'Decided' if status != 'open' else 'Budget spent, undecided'}: "
+                          f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
+                done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,
+                                        (len(calls[-1]), len(calls[k])), reason, opp, tuple(calls[-1]),
+                                        tuple(calls[k])))
                 open_.discard(k)
             if not open_:
                 break
-        out = [done[k] for k in range(len(groups))]
+        out = [done[k] for k in range(len(items))]
         self.tests.extend(t for _, t in out)
         return out
+
+    def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
+        return self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
+                          thr=self.block_thr, judge=self._judge_leave_out)
+
+    def side_block(self, items: Sequence[tuple[str, frozenset]]) -> list[Test]:
+        """Configs near the fast one against it, each expected worse: their own
+        Bonferroni share of ``alpha`` (over the block's configs and looks)."""
+        if not items:
+            return []
+        thr = self.alpha / (len(items) * len(self.looks))
+        return [t for _, t in self.block(frozenset(), items, expect=self.worse, thr=thr, judge=self._judge_worse)]
 
     def first_groups(self) -> list[tuple]:
         """Singletons up to 16 differences; above, groups of a power of two so that the
@@ -295,24 +347,21 @@ class _Search:
         interactions: list[tuple] = []
         if members:
             m_f = frozenset(members)
-            specs = []
-            if m_f != self.all:
-                specs += [("minimal set vs fast", frozenset(), m_f, self.worse, False),
-                          ("minimal set vs slow", m_f, self.all, self.worse, False)]
+            items = [("minimal set vs fast", m_f)] if m_f != self.all else []
             if len(members) > 1:
-                specs += [("alone vs fast", frozenset(), frozenset([m]), self.worse, False) for m in members]
-            res = self.paired(specs) if specs else []
+                items += [("alone vs fast", frozenset([m])) for m in members]
+            side = self.side_block(items)
             if m_f != self.all:
-                effect, residual, res = res[0], res[1], res[2:]
+                effect, side = side[0], side[1:]
+                residual = self.paired([("minimal set vs slow", m_f, self.all, self.worse, False)])[0]
             else:
                 effect = slowdown  # the whole set is the slowdown test already: its boots stand for it
-            inert = [m for m, t in zip(members, res) if t.outcome == Outcome.REFUTED.value]
-            pairs = [p for p in itertools.combinations(inert, 2)]
-            tested = self.paired([("pair vs fast", frozenset(), frozenset(p), self.worse, False)
-                                  for p in pairs if frozenset(p) != self.all])
-            it = iter(tested)
+            inert = [m for m, t in zip(members, side) if t.outcome == Outcome.REFUTED.value]
+            pairs = list(itertools.combinations(inert, 2))
+            tested = iter(self.side_block([("pair vs fast", frozenset(p)) for p in pairs
+                                           if frozenset(p) != self.all]))
             for p in pairs:
-                t = slowdown if frozenset(p) == self.all else next(it)
+                t = slowdown if frozenset(p) == self.all else next(tested)
                 if t.outcome == Outcome.CONFIRMED.value:
                     interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
@@ -321,18 +370,20 @@ class _Search:
 
 def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
             design: stats.Design = stats.Design(min_boots=3, max_boots=8, analysis="paired"),
-            alpha: float = 0.01, seed: int = 0) -> Explanation:
+            alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None) -> Explanation:
     """Find a minimal set of ``names`` (the differences) that makes the slow config slow.
 
     ``measure(subset)`` boots the fast config with ``subset``'s differences set to their
     slow values and returns that boot's samples. ``worse`` is the metric's bad direction
     (``Expect.DECREASE`` for tok/s), ``min_effect`` the smallest relative change that
     counts. ``alpha`` is each test's error (each leave-out test splits it over its two
-    directions); ``seed`` orders each round's two boots.
+    directions); ``seed`` orders each round's boots. ``design`` decides the paired
+    tests; ``block_rounds`` caps each block of leave-out or side tests (default twice
+    ``design.max_boots``: a block spends rounds only on the configs still open).
     """
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"explain: the differences must be distinct and at least one, got {list(names)!r}")
     if not 0 < min_effect < 1:
         raise ValueError(f"explain: min_effect must be in (0, 1), got {min_effect!r}")
     return _Search(names, measure, worse=worse, min_effect=min_effect, design=design, alpha=alpha,
-                   seed=seed).run()
+                   seed=seed, block_rounds=block_rounds).run()
