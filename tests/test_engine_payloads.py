@@ -217,6 +217,48 @@ def test_vllm_metrics_counters_with_engine_label():
         srv.close()
 
 
+def test_sglang_metrics_fixture_is_what_its_generator_writes(tmp_path):
+    """The fixture comes from prometheus_client (make_sglang_metrics.py), not from hand edits."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "metrics.txt"
+    subprocess.run([sys.executable, str(ENGINES / "make_sglang_metrics.py"), "--out", str(out)], check=True,
+                   capture_output=True, timeout=60)
+    assert out.read_text() == (ENGINES / "sglang-0.5.23-metrics.txt").read_text()
+
+
+def test_sglang_example_prometheus_sources_read_the_0_5_23_metrics():
+    """Every /metrics source of the SGLang example finds its series in SGLang 0.5.23's body."""
+    import yaml
+
+    example = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
+    entries = [d for d in yaml.safe_load(example.read_text())["engine"]["metrics"] if d["from"] == "prometheus"]
+    assert entries, "the SGLang example declares no /metrics source"
+    srv = engine_server(lambda n: {}, lambda n: _metrics_text("sglang-0.5.23-metrics.txt", float(n)))
+    try:
+        sources = [parse_source(d, f"m[{i}]") for i, d in enumerate(entries)]
+        col = SourceCollector(sources, srv.url, None)
+        col.begin_sample()
+        v = col.end_sample([], 1.0)
+        assert col.problems() == []
+        assert set(v) == {d["name"] for d in entries}
+        assert all(x > 0 for x in v.values())
+    finally:
+        srv.close()
+
+
+def test_sglang_metrics_histograms_have_the_source_buckets():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families((ENGINES / "sglang-0.5.23-metrics.txt").read_text())}
+    assert fams["sglang:time_to_first_token_seconds"].type == "histogram"
+    itl = [s.labels["le"] for s in fams["sglang:inter_token_latency_seconds"].samples if s.name.endswith("_bucket")]
+    assert itl[:3] == ["0.002", "0.004", "0.006"] and itl[-2:] == ["8.0", "+Inf"] and len(itl) == 24
+    assert fams["sglang:generation_tokens"].type == "counter"
+    assert not any(s.name.endswith("_created") for f in fams.values() for s in f.samples)  # multiprocess mode
+
+
 # --------------------------------------------------------------------------- streams, through the real client
 
 
