@@ -279,7 +279,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     collector.begin_sample()
                     detail = bench.sample(i)
                     result = detail.result
-                    extra = collector.end_sample(detail.responses, result.duration_s)
+                    extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = SampleOutcome(seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}),
                                       requests=result.requests, output_tokens=result.output_tokens,
                                       duration_s=result.duration_s, errors=result.errors)
