@@ -257,8 +257,10 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                          health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
                          health_request_timeout_s=req.health_request_timeout_s) as server:
             b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
-            if req.settle_s:
-                time.sleep(req.settle_s)  # the engine's own warmup after its health check passes
+            if req.settle_s:  # the engine's own warmup after its health check passes (0 when attached)
+                t_settle = time.monotonic()
+                time.sleep(req.settle_s)
+                b.provenance["settle_s"] = round(time.monotonic() - t_settle, 3)
             info = _verify(b, req, server, base_url, endpoint.headers)
             if b.status == "fatal":
                 raise _Stop()

@@ -162,7 +162,9 @@ class Plan:
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
             env=freeze(env), arm_env=freeze(config.arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
-            health_request_timeout_s=preset.health_request_timeout_s, settle_s=preset.settle_s,
+            health_request_timeout_s=preset.health_request_timeout_s,
+            # the preset's pause is for a server that just started; an attached one is already warm
+            settle_s=preset.settle_s if config.arm.endpoint is None else 0.0,
             server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
             endpoint=config.arm.endpoint, api_key_env=engine.api_key_env,
             metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
