@@ -38,7 +38,8 @@ from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 from .server import stop_all
 
-__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable"]
+__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable",
+           "checkout", "placeholders", "working_dir", "process_env"]
 
 LOOPBACK = "127.0.0.1"
 
