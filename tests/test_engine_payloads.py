@@ -217,6 +217,48 @@ def test_vllm_metrics_counters_with_engine_label():
         srv.close()
 
 
+def test_sglang_metrics_fixture_is_what_its_generator_writes(tmp_path):
+    """The fixture comes from prometheus_client (make_sglang_metrics.py), not from hand edits."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "metrics.txt"
+    subprocess.run([sys.executable, str(ENGINES / "make_sglang_metrics.py"), "--out", str(out)], check=True,
+                   capture_output=True, timeout=60)
+    assert out.read_text() == (ENGINES / "sglang-0.5.23-metrics.txt").read_text()
+
+
+def test_sglang_example_prometheus_sources_read_the_0_5_23_metrics():
+    """Every /metrics source of the SGLang example finds its series in SGLang 0.5.23's body."""
+    import yaml
+
+    example = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
+    entries = [d for d in yaml.safe_load(example.read_text())["engine"]["metrics"] if d["from"] == "prometheus"]
+    assert entries, "the SGLang example declares no /metrics source"
+    srv = engine_server(lambda n: {}, lambda n: _metrics_text("sglang-0.5.23-metrics.txt", float(n)))
+    try:
+        sources = [parse_source(d, f"m[{i}]") for i, d in enumerate(entries)]
+        col = SourceCollector(sources, srv.url, None)
+        col.begin_sample()
+        v = col.end_sample([], 1.0)
+        assert col.problems() == []
+        assert set(v) == {d["name"] for d in entries}
+        assert all(x > 0 for x in v.values())
+    finally:
+        srv.close()
+
+
+def test_sglang_metrics_histograms_have_the_source_buckets():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families((ENGINES / "sglang-0.5.23-metrics.txt").read_text())}
+    assert fams["sglang:time_to_first_token_seconds"].type == "histogram"
+    itl = [s.labels["le"] for s in fams["sglang:inter_token_latency_seconds"].samples if s.name.endswith("_bucket")]
+    assert itl[:3] == ["0.002", "0.004", "0.006"] and itl[-2:] == ["8.0", "+Inf"] and len(itl) == 24
+    assert fams["sglang:generation_tokens"].type == "counter"
+    assert not any(s.name.endswith("_created") for f in fams.values() for s in f.samples)  # multiprocess mode
+
+
 # --------------------------------------------------------------------------- streams, through the real client
 
 
@@ -258,6 +300,77 @@ def test_vllm_completions_stream_counts_the_servers_tokens(engines_streams):
         col.begin_sample()
         assert col.end_sample(detail.responses, detail.result.duration_s) == {}
         assert "spec_verify_ct" in col.problems()[0]
+
+
+def test_vllm_final_chunk_spec_decode_figures_through_the_real_client(engines_streams):
+    """vLLM 0.33 puts per-request spec-decode figures in the final usage chunk
+    (metrics.speculative_decoding); ``chunk: last`` reads them."""
+    with engines_streams.Replay("vllm-0.33.0-completions-spec.sse") as replay:
+        bench = BenchmarkSpec(api="completions", model="m", prompt_tokens=8, output_tokens=6, requests_per_sample=3,
+                              concurrency=1, warmup_requests=0)
+        detail = measure_sample_detail(replay.base_url, bench)
+        assert len(detail.last_chunks) == 3 and detail.last_chunks[0]["choices"] == []
+        sources = [parse_source(d, f"m[{i}]") for i, d in enumerate([
+            {"name": "accept_len", "from": "response", "chunk": "last", "better": "higher",
+             "field": "metrics.speculative_decoding.mean_acceptance_length"},
+            {"name": "draft_rate", "from": "response", "chunk": "last", "better": "higher",
+             "field": "metrics.speculative_decoding.draft_acceptance_rate"},
+            {"name": "accepted", "from": "response", "chunk": "last", "better": "higher",
+             "field": "metrics.speculative_decoding.num_accepted_draft_tokens"},
+            # the merged fields do not hold the chunk's metrics: today's default is unchanged
+            {"name": "merged", "from": "response", "better": "higher",
+             "field": "metrics.speculative_decoding.mean_acceptance_length"},
+        ])]
+        col = SourceCollector(sources, replay.base_url, None)
+        col.begin_sample()
+        v = col.end_sample(detail.responses, detail.result.duration_s, detail.last_chunks)
+        assert v == {"accept_len": 2.0, "draft_rate": 0.5, "accepted": 3.0}
+        probs = col.problems()
+        assert len(probs) == 1 and "response source 'merged'" in probs[0] and "missing in 3" in probs[0]
+
+
+def test_last_chunk_source_averages_over_requests_and_reports_the_missing(engines_streams):
+    src = parse_source({"name": "acc", "from": "response", "chunk": "last", "better": "higher",
+                        "field": "metrics.speculative_decoding.mean_acceptance_length"}, "m[0]")
+    with engines_streams.Replay("sglang-0.5.23-generate-eagle3.sse") as replay:
+        # SGLang's last /generate chunk has no such field: a problem naming it, never a zero
+        bench = BenchmarkSpec(api="generate", model="m", prompt_tokens=8, output_tokens=6, requests_per_sample=2,
+                              concurrency=1, warmup_requests=0)
+        detail = measure_sample_detail(replay.base_url, bench)
+        col = SourceCollector([src], replay.base_url, None)
+        col.begin_sample()
+        assert col.end_sample(detail.responses, 1.0, detail.last_chunks) == {}
+        assert "missing in 2 and not numeric in 0 of 2 last chunks" in col.problems()[0]
+    chunk = lambda x: {"choices": [], "metrics": {"speculative_decoding": {"mean_acceptance_length": x}}}
+    col = SourceCollector([src], "http://127.0.0.1:9", None)
+    col.begin_sample()
+    assert col.end_sample([{}, {}, {}], 1.0, [chunk(2.0), chunk(3.0), {"choices": []}]) == {"acc": 2.5}
+    assert "missing in 1 and not numeric in 0 of 3" in col.problems()[0]
+    assert "last chunk" in src.describe()
+
+
+@pytest.mark.parametrize("entry,key,words", [
+    ({"chunk": "first", "field": "usage.completion_tokens"}, "m[0].chunk", "unknown chunk 'first'; one of: merged, last"),
+    ({"chunk": ["last"], "field": "usage.completion_tokens"}, "m[0].chunk", "unknown chunk"),
+    ({"chunk": "last", "field": "accept_length"}, "m[0].field", "derived"),
+    ({"chunk": "last"}, "m[0].field", "missing 'field'"),
+])
+def test_response_chunk_option_errors_name_the_key(entry, key, words):
+    from bisect_harness.errors import SpecError
+
+    with pytest.raises(SpecError) as exc:
+        parse_source({"name": "x", "from": "response", "better": "higher", **entry}, "m[0]")
+    assert exc.value.key == key and words in str(exc.value)
+
+
+def test_merged_response_source_repr_is_unchanged_by_the_chunk_option():
+    """plan.engine_fingerprint hashes the sources' repr: a merged source keeps its
+    old repr (configs keep their keys), a last-chunk source has its own."""
+    d = {"name": "a", "from": "response", "field": "spec_accept_rate", "better": "higher"}
+    merged, explicit = parse_source(d, "m"), parse_source({**d, "chunk": "merged"}, "m")
+    last = parse_source({**d, "chunk": "last"}, "m")
+    assert repr(merged) == repr(explicit) and repr(merged).startswith("ResponseSource(") and "chunk" not in repr(merged)
+    assert repr(last).startswith("LastChunkSource(") and repr(last) != repr(merged)
 
 
 # --------------------------------------------------------------------------- sources that apply to some configs

@@ -293,3 +293,60 @@ def test_argparse_rejection_reads_the_engines_error_line():
         .endswith("invalid choice: 'bf17' (choose from auto)")
     assert argparse_rejection("RuntimeError: error: CUDA out of memory") is None
     assert argparse_rejection("") is None
+
+
+HELP_WITNESS = '''import argparse, json, os, sys
+p = argparse.ArgumentParser()
+p.add_argument("--host")
+p.add_argument("--port")
+p.add_argument("--batch", type=int)
+if any(a.startswith("--help") for a in sys.argv):  # vLLM's preset asks --help=all
+    with open(os.environ["SEEN_FILE"], "a") as f:  # where and how the flag check ran this --help
+        f.write(json.dumps({"cwd": os.getcwd(), "python": sys.executable, "arm": os.environ.get("ARM_VAR"),
+                            "preset_env": os.environ.get("VLLM_SERVER_DEV_MODE")}) + "\\n")
+    p.print_help()
+    sys.exit(0)
+p.parse_args()
+'''
+
+
+@pytest.mark.slow
+def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
+    """The flag check takes each commit's worktree, environment, placeholders, working
+    folder and process env from the boot request, through run_boot's own functions."""
+    from pathlib import Path
+
+    from bisect_harness.boot import local
+    from bisect_harness.input.engine_flags import check_plan_flags
+    from bisect_harness.input.spec import load_spec
+    from bisect_harness.planning.plan import make_plan
+
+    repo = tmp_path / "engine"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for n in (1, 2):
+        (repo / "server.py").write_text(HELP_WITNESS + f"# revision {n}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"revision {n}")
+    seen = tmp_path / "seen.jsonl"
+    spec = load_spec(write_spec(
+        tmp_path / "hypotheses.yaml",
+        engine={"preset": "vllm", "repo": "engine", "cwd": "{worktree}/sub",
+                "build": ["{python}", "-c", "import os; os.makedirs('sub', exist_ok=True)"],
+                "launch": ["{python}", "{worktree}/server.py", "--host", "{host}", "--port", "{port}"],
+                "env": {"SEEN_FILE": str(seen)}},
+        hypotheses=[{"id": "h", "baseline": {"commit": "HEAD~1", "env": {"ARM_VAR": "a"}, "flags": {"batch": 4}},
+                     "treatment": {"commit": "HEAD", "env": {"ARM_VAR": "b"}, "flags": {"batch": 4}},
+                     "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]))
+    plan = make_plan(spec, cache_dir=tmp_path / "cache")
+    report = check_plan_flags(plan, timeout_s=60)
+    assert [r.error for r in report] == ["", ""] and all(r.options >= 3 for r in report)
+    assert all(problems == () for r in report for problems in r.problems.values())
+    lines = [json.loads(x) for x in seen.read_text().splitlines()]
+    assert [x["arm"] for x in lines] == ["a", "b"] and {x["preset_env"] for x in lines} == {"1"}
+    for c, got in zip(plan.configs, lines):
+        req = plan.boot_request(c, boot_id=1, seq=1, log_path=tmp_path / "b.log")
+        worktree, cenv = local.checkout(req)  # what run_boot gets for this boot (cached: the same)
+        assert Path(got["cwd"]) == worktree / "sub" and got["python"] == cenv.python
+        assert cenv.venv is not None  # each commit its own environment
+    assert lines[0]["python"] != lines[1]["python"]

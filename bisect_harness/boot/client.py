@@ -163,6 +163,7 @@ class RequestRecord:
     usage: Mapping[str, Any] | None = None
     meta_info: Mapping[str, Any] | None = None
     token_gaps_s: tuple[float, ...] = ()  # per-token ITL values (module docstring: percentiles)
+    last_chunk: Mapping[str, Any] | None = None  # the stream's last JSON object (``from: response, chunk: last``)
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -193,6 +194,12 @@ class SampleDetail:
     def responses(self) -> list[dict[str, Any]]:
         """:meth:`RequestRecord.response_fields` of each successful request, in order."""
         return [r.response_fields() for r in self.requests if r.ok]
+
+    @property
+    def last_chunks(self) -> list[Mapping[str, Any]]:
+        """The last JSON chunk of each successful request's stream (``{}`` where none), in
+        the order of :attr:`responses`."""
+        return [r.last_chunk or {} for r in self.requests if r.ok]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -271,7 +278,7 @@ def _error_text(obj: Any) -> str:
 class _Stream:
     """Per-request parse state: output chunk times and token counts."""
 
-    __slots__ = ("api", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done")
+    __slots__ = ("api", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done", "last")
 
     def __init__(self, api: str) -> None:
         self.api = api
@@ -282,6 +289,7 @@ class _Stream:
         self.prev_text = ""
         self.prev_ct = 0
         self.done = False
+        self.last: dict | None = None
 
     def handle(self, event: str | None, data: bytes, now: float) -> None:
         if data[:6] == b"[DONE]":
@@ -299,6 +307,7 @@ class _Stream:
             return
         if obj.get("error") is not None or obj.get("object") == "error":
             raise _StreamError(f"server error in stream: {_error_text(obj)}")
+        self.last = obj
         if self.api == "generate":
             self._generate(obj, now)
         else:
@@ -396,7 +405,7 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
         tpot_s=(e2e - ttft) / (tokens - 1) if tokens > 1 else None,
         output_tokens=tokens, counted_tokens=counted, chunks=len(times),
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
-        usage=st.usage, meta_info=st.meta,
+        usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else ())
 
 

@@ -38,7 +38,8 @@ from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 from .server import stop_all
 
-__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable"]
+__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable",
+           "checkout", "placeholders", "working_dir", "process_env"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -219,16 +220,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     log_path = Path(req.log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
-        if req.commit is not None and req.repo is not None:
-            ws = Workspace(Path(req.repo), Path(req.cache_dir))
-            worktree = ws.worktree(req.commit)
-            if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
-                cenv = ws.environment(req.commit, req.base_python)
-            places = _placeholders(req, port="", worktree=worktree, python=cenv.python)
-            if req.build_argv:
-                ws.build(req.commit, presets.render_argv(list(req.build_argv), **places),
-                         _env(req, cenv), python=cenv.python)
+        worktree, cenv = checkout(req)
         b.provenance["environment"] = cenv.to_dict()
     except BuildFailed as exc:
         b.status, b.failure, b.log_tail, b.log_path = "failed", str(exc), exc.log_tail, exc.log_path
@@ -239,10 +231,10 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     source = _source(req)
     cfg = _Config(req.endpoint)
     port = source.port(cfg)
-    env = _env(req, cenv)
-    argv = presets.render_argv(list(req.argv), **_placeholders(req, port=port, worktree=worktree, python=cenv.python))
+    env = process_env(req, cenv)
+    argv = presets.render_argv(list(req.argv), **placeholders(req, port=port, worktree=worktree, python=cenv.python))
     argv = _with_devices(req, argv, env)
-    cwd = _cwd(req, worktree, cenv.python)
+    cwd = working_dir(req, worktree, cenv.python)
     b.port, b.argv = port, tuple(argv)
     # what a person needs to run this boot again by hand (the journal's reproduction lines)
     b.provenance["launch"] = {"cwd": str(cwd), "env": dict(req.env)}
@@ -257,8 +249,10 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                          health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
                          health_request_timeout_s=req.health_request_timeout_s) as server:
             b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
-            if req.settle_s:
-                time.sleep(req.settle_s)  # the engine's own warmup after its health check passes
+            if req.settle_s:  # the engine's own warmup after its health check passes (0 when attached)
+                t_settle = time.monotonic()
+                time.sleep(req.settle_s)
+                b.provenance["settle_s"] = round(time.monotonic() - t_settle, 3)
             info = _verify(b, req, server, base_url, endpoint.headers)
             if b.status == "fatal":
                 raise _Stop()
@@ -279,7 +273,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     collector.begin_sample()
                     detail = bench.sample(i)
                     result = detail.result
-                    extra = collector.end_sample(detail.responses, result.duration_s)
+                    extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = SampleOutcome(seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}),
                                       requests=result.requests, output_tokens=result.output_tokens,
                                       duration_s=result.duration_s, errors=result.errors)
@@ -331,19 +325,43 @@ class _Stop(Exception):
     """A boot check with ``fatal``: stop this boot (the scheduler stops the run)."""
 
 
-def _placeholders(req: BootRequest, *, port, worktree: Path | None, python: str) -> dict[str, str]:
+# What a request's boot runs with, on this host. ``run_boot`` and the dry-run's flag
+# check (``engine_flags.check_plan_flags``) both use these, so ``--check-flags`` runs
+# each commit's --help exactly where and how its boots will run.
+
+
+def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
+    """The worktree of ``req``'s commit (None without one) and the environment it runs in;
+    the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
+    worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
+    if req.commit is not None and req.repo is not None:
+        ws = Workspace(Path(req.repo), Path(req.cache_dir))
+        worktree = ws.worktree(req.commit)
+        if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
+            cenv = ws.environment(req.commit, req.base_python)
+        if req.build_argv:
+            places = placeholders(req, port="", worktree=worktree, python=cenv.python)
+            ws.build(req.commit, presets.render_argv(list(req.build_argv), **places),
+                     process_env(req, cenv), python=cenv.python)
+    return worktree, cenv
+
+
+def placeholders(req: BootRequest, *, port, worktree: Path | None, python: str) -> dict[str, str]:
+    """The values of ``{port}``, ``{host}``, ``{python}``, ``{worktree}`` and ``{spec_dir}``."""
     return {"port": str(port), "host": LOOPBACK, "python": python,
             "worktree": str(worktree if worktree is not None else req.spec_dir), "spec_dir": req.spec_dir}
 
 
-def _cwd(req: BootRequest, worktree: Path | None, python: str) -> Path:
+def working_dir(req: BootRequest, worktree: Path | None, python: str) -> Path:
+    """Where the server (and its build, help and bench tool) runs: ``engine.cwd``
+    rendered, else the worktree, else the spec's folder."""
     if req.cwd:
-        return Path(presets.render_argv([req.cwd], **_placeholders(req, port="", worktree=worktree,
-                                                                    python=python))[0])
+        return Path(presets.render_argv([req.cwd], **placeholders(req, port="", worktree=worktree,
+                                                                   python=python))[0])
     return worktree if worktree is not None else Path(req.spec_dir)
 
 
-def _env(req: BootRequest, cenv: CommitEnv | None) -> dict[str, str]:
+def process_env(req: BootRequest, cenv: CommitEnv | None) -> dict[str, str]:
     """The process env of a boot: this host's, then the config's (preset env, then the
     arm's), with the commit's environment first on PATH."""
     env = dict(os.environ)

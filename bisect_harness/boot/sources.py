@@ -25,6 +25,9 @@ Kinds (``from:``):
   as written and then under ``meta_info`` (SGLang's per-request info), averaged
   over the window's requests. ``field: accept_length`` is derived: the sum of
   completion tokens over the sum of ``spec_verify_ct`` (tokens per verify cycle).
+  With ``chunk: last`` the field is looked up in the last JSON chunk of each
+  request's stream instead (vLLM 0.33's final usage chunk carries
+  ``metrics.speculative_decoding.mean_acceptance_length``), averaged the same way.
 * ``log``: a regex with a named group ``value`` applied to the lines the boot's
   log gained during the window, reduced by ``reduce`` (mean, median, last,
   count, sum, min, max; default mean).
@@ -67,6 +70,7 @@ __all__ = [
     "PrometheusSource",
     "ServerInfoSource",
     "ResponseSource",
+    "LastChunkSource",
     "LogSource",
     "SampleWindow",
     "SourceCollector",
@@ -80,6 +84,7 @@ __all__ = [
 
 ACCEPT_LENGTH = "accept_length"
 PROMETHEUS_KINDS = ("delta", "rate", "gauge")
+RESPONSE_CHUNKS = ("merged", "last")
 LOG_REDUCERS = ("mean", "median", "last", "count", "sum", "min", "max")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*")
 
@@ -318,12 +323,26 @@ class ResponseSource(MetricSource):
 
     field: str = ""
     kind_name: ClassVar[str] = "response"
-    keys: ClassVar[tuple[str, ...]] = ("field",)
+    keys: ClassVar[tuple[str, ...]] = ("field", "chunk")
     reads_responses: ClassVar[bool] = True
 
     @classmethod
     def from_entry(cls, d, key, name, better, description):
         fld = _str(d, "field", key)
+        chunk = d.get("chunk", "merged")
+        if chunk not in RESPONSE_CHUNKS:
+            raise SpecError(f"unknown chunk {chunk!r}; one of: {', '.join(RESPONSE_CHUNKS)} (merged: the fields "
+                            "the client keeps of each response, meta_info and usage; last: the last JSON chunk "
+                            "of each request's stream)", key=f"{key}.chunk")
+        if chunk == "last":
+            if fld == ACCEPT_LENGTH:
+                raise SpecError(f"field {ACCEPT_LENGTH} is derived from the merged response fields, not read from "
+                                "a chunk; drop 'chunk: last', or name the chunk's own field, e.g. "
+                                "metrics.speculative_decoding.mean_acceptance_length (vLLM)", key=f"{key}.field")
+            unit = _str(d, "unit", key, required=False, default="")
+            return LastChunkSource(metric=Metric(name, unit, better, description or f"field {fld} of the last "
+                                                 "chunk of each request's stream, mean over a sample's requests"),
+                                   field=fld)
         unit = _str(d, "unit", key, required=False, default=_DEFAULT_UNITS.get(fld, ""))
         return cls(metric=Metric(name, unit, better, description or f"response field {fld}, mean "
                                  "over a sample's requests"), field=fld)
@@ -341,19 +360,23 @@ class ResponseSource(MetricSource):
             return None
         if self.field == ACCEPT_LENGTH:
             return self._accept_length(window, responses)
-        values, missing, bad = [], 0, []
-        for r in responses:
-            v = _response_field(r, self.field)
+        return self._mean(window, [_response_field(r, self.field) for r in responses], "responses")
+
+    def _mean(self, window, found: Sequence[Any], where: str) -> float | None:
+        """Mean of the values found (``_MISSING`` where a request had none); a miss
+        saying how many were missing or not numeric."""
+        values, missing, bad = [], 0, 0
+        for v in found:
             if v is _MISSING:
                 missing += 1
                 continue
             try:
                 values.append(_as_float(v))
             except ValueError:
-                bad.append(v)
+                bad += 1
         if missing or bad:
-            window.miss(self, f"field {self.field!r} missing in {missing} and not numeric in {len(bad)} of "
-                              f"{len(responses)} responses")
+            window.miss(self, f"field {self.field!r} missing in {missing} and not numeric in {bad} of "
+                              f"{len(found)} {where}")
         if not values:
             return None
         return math.fsum(values) / len(values)
@@ -381,6 +404,33 @@ class ResponseSource(MetricSource):
                 window.miss(self, "spec_verify_ct is 0 in every response: speculative decoding did not run")
             return None
         return tokens / verifies
+
+
+@dataclass(frozen=True)
+class LastChunkSource(ResponseSource):
+    """``from: response, chunk: last``: a field (dotted path) of the last JSON chunk
+    of each request's stream, averaged over the window's requests.
+
+    A class of its own (not a ``chunk`` field) so a merged source's repr, which
+    ``plan.engine_fingerprint`` hashes, stays what it was; this one's differs.
+    """
+
+    def how(self) -> str:
+        return f"field {self.field} of the last chunk of each request's stream, mean over each sample window"
+
+    def collect(self, window):
+        chunks = window.last_chunks
+        if not chunks:
+            window.miss(self, "the sample had no responses")
+            return None
+        found = []
+        for chunk in chunks:
+            try:
+                found.append(lookup(chunk, self.field))
+            except KeyError:
+                found.append(_MISSING)
+        return self._mean(window, found, "last chunks (vLLM sends per-request metrics in its final usage "
+                                         "chunk only with --per-request-spec-decode-metrics)")
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -683,12 +733,15 @@ class SourceCollector:
             s.before_window(self._window)
         self._t_begin = time.monotonic()
 
-    def end_sample(self, responses: Sequence[Mapping], duration_s: float) -> dict[str, float]:
+    def end_sample(self, responses: Sequence[Mapping], duration_s: float,
+                   last_chunks: Sequence[Mapping] = ()) -> dict[str, float]:
         """Close the window; one float per source that produced a value.
 
         ``responses`` are the window's per-request response JSON objects (for a
         stream, the merged final object); ``duration_s`` is the client's sample
-        window, used for ``rate`` when the scrape timing is unavailable.
+        window, used for ``rate`` when the scrape timing is unavailable;
+        ``last_chunks`` the last JSON chunk of each request's stream, for
+        ``chunk: last`` sources.
         """
         if not self._in_sample:
             raise RuntimeError("end_sample() without begin_sample()")
@@ -696,7 +749,7 @@ class SourceCollector:
         self._samples += 1
         elapsed = time.monotonic() - self._t_begin
         window = self._window
-        window.close(responses, elapsed if elapsed > 0 else duration_s)
+        window.close(responses, elapsed if elapsed > 0 else duration_s, last_chunks)
         out: dict[str, float] = {}
         for s in self.sources:
             value = s.collect(window)
@@ -736,14 +789,16 @@ class SampleWindow:
     def __init__(self, collector: SourceCollector):
         self._c = collector
         self.responses: Sequence[Mapping] = ()
+        self.last_chunks: Sequence[Mapping] = ()
         self.seconds = 0.0  # the window's length: between the scrapes, else the client's
         self._before: Any = _UNREAD
         self._after: Any = _UNREAD
         self._info: Any = _UNREAD
         self._lines: Any = _UNREAD
 
-    def close(self, responses: Sequence[Mapping], seconds: float) -> None:
+    def close(self, responses: Sequence[Mapping], seconds: float, last_chunks: Sequence[Mapping] = ()) -> None:
         self.responses = tuple(responses)
+        self.last_chunks = tuple(last_chunks)
         self.seconds = seconds
 
     @property

@@ -25,6 +25,7 @@ help arguments, in a process group of its own with a deadline.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,35 +188,33 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
 
     Each commit is checked out, given its environment and built as a boot would
     (the build is cached, so the boots reuse it); a commit that fails to build is
-    reported with the build's message instead of options.
+    reported with the build's message instead of options. Worktree, environment,
+    placeholders, working folder and process env come from each config's boot
+    request through the functions ``boot.local.run_boot`` uses, so the help runs
+    where and how the boots will.
     """
-    from ..planning.checkout import Workspace
+    from ..boot import local
     from ..errors import BuildFailed
+    from .presets import render_argv
 
     preset = plan.preset
-    ws = Workspace(plan.repo, plan.cache_dir) if plan.repo is not None else None
     by_commit: dict[str | None, list] = {}
     for c in plan.configs:
         by_commit.setdefault(c.arm.commit, []).append(c)
     out: list[CommitFlags] = []
     for commit, configs in by_commit.items():
-        worktree, cenv = None, plan.shared_env()
+        # a request per config, as the scheduler makes them (no log: nothing boots here)
+        reqs = [plan.boot_request(c, boot_id=0, seq=0, log_path=Path(os.devnull)) for c in configs]
+        req = reqs[0]
         help_argv: tuple[str, ...] = ()
         try:
-            if commit is not None and ws is not None:
+            if req.commit is not None and req.repo is not None:
                 say(f"checking flags at {commit[:12]}: worktree, environment and build")
-                worktree = ws.worktree(commit)
-                if plan.per_commit_env:
-                    cenv = ws.environment(commit, plan.base_python)
-                build = plan.build_argv(worktree, cenv.python)
-                if build:
-                    ws.build(commit, build, plan.boot_env(configs[0], cenv), python=cenv.python)
-            from .presets import render_argv
-
-            help_argv = tuple(render_argv(list(plan.spec.engine.launch) + list(preset.help_args),
-                                          **plan.placeholders(port=0, worktree=worktree, python=cenv.python)))
-            rc, text = run_help(help_argv, env=plan.boot_env(configs[0], cenv), cwd=plan.cwd(worktree, cenv.python),
-                                timeout_s=timeout_s)
+            worktree, cenv = local.checkout(req)
+            places = local.placeholders(req, port=0, worktree=worktree, python=cenv.python)
+            help_argv = tuple(render_argv(list(plan.spec.engine.launch) + list(preset.help_args), **places))
+            rc, text = run_help(help_argv, env=local.process_env(req, cenv),
+                                cwd=local.working_dir(req, worktree, cenv.python), timeout_s=timeout_s)
         except BuildFailed as exc:
             out.append(CommitFlags(commit, help_argv, error=f"build failed: {exc}"))
             continue
@@ -230,8 +229,8 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
             out.append(CommitFlags(commit, help_argv, error=f"the help argv {why}: {tail}"))
             continue
         problems = {}
-        for c in configs:
-            argv = plan.argv(c, port=0, worktree=worktree, python=cenv.python)
+        for c, r in zip(configs, reqs):
+            argv = render_argv(list(r.argv), **local.placeholders(r, port=0, worktree=worktree, python=cenv.python))
             problems[c.key] = tuple(check_argv(argv, options))
         out.append(CommitFlags(commit, help_argv, options=len(options), problems=problems))
     return out

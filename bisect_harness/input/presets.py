@@ -107,7 +107,8 @@ class Preset:
     ``env`` is a base environment the preset needs (under the file's own env).
     ``health_request_timeout_s`` bounds one readiness probe (SGLang's probe runs a
     generation); ``settle_s`` is a pause after the probe first passes and before
-    the first request, for warmup the server does on its own.
+    the first request, for warmup the server does on its own after a launch (an
+    attached server, ``engine.base_url``, is already running: no pause).
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from ..input import presets
 from ..boot import sources
 from ..boot.request import BootRequest, Checks, freeze
 from .checkout import Workspace, default_cache_dir
-from .envs import CommitEnv, resolve_python
+from .envs import resolve_python
 from ..errors import CommitError
 from ..model import Arm, Metric
 from ..input.spec import HypothesisSpec, Spec
@@ -91,19 +90,6 @@ class Plan:
         return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree,
                                                                  python=python or self.python_for(config)))
 
-    def build_argv(self, worktree: Path | None, python: str | None = None) -> list[str] | None:
-        if not self.spec.engine.build:
-            return None
-        return presets.render_argv(list(self.spec.engine.build),
-                                   **self.placeholders(port="", worktree=worktree, python=python))
-
-    def cwd(self, worktree: Path | None, python: str | None = None) -> Path:
-        engine = self.spec.engine
-        if engine.cwd:
-            return Path(presets.render_argv([engine.cwd], **self.placeholders(port="", worktree=worktree,
-                                                                              python=python))[0])
-        return worktree if worktree is not None else self.spec.spec_dir
-
     def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
         return {"port": str(port), "host": LOOPBACK, "python": python or self.base_python,
                 "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
@@ -128,9 +114,6 @@ class Plan:
         """``{python}`` as known before a boot: the base interpreter, or the literal
         ``{python}`` where each commit's own environment supplies it at boot time."""
         return "{python}" if (self.per_commit_env and config.arm.commit is not None) else self.base_python
-
-    def shared_env(self) -> CommitEnv:
-        return CommitEnv(python=self.base_python, venv=None, base_python=self.base_python)
 
     def devices_needed(self, config: PlannedConfig) -> int:
         """GPUs one boot of ``config`` takes: its tensor parallel degree (``tp`` in any of
@@ -162,7 +145,9 @@ class Plan:
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
             env=freeze(env), arm_env=freeze(config.arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
-            health_request_timeout_s=preset.health_request_timeout_s, settle_s=preset.settle_s,
+            health_request_timeout_s=preset.health_request_timeout_s,
+            # the preset's pause is for a server that just started; an attached one is already warm
+            settle_s=preset.settle_s if config.arm.endpoint is None else 0.0,
             server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
             endpoint=config.arm.endpoint, api_key_env=engine.api_key_env,
             metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
@@ -170,14 +155,6 @@ class Plan:
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
             log_path=str(log_path), devices_needed=self.devices_needed(config))
-
-    def boot_env(self, config: PlannedConfig, commit_env: CommitEnv | None = None) -> dict[str, str]:
-        """The process env of a boot: ours, then the config's (engine base env merged into the
-        arm), with the commit's environment first on PATH."""
-        env = dict(os.environ)
-        env.update(self.preset.env)  # what the engine needs to be observable (e.g. vLLM's dev-mode info)
-        env.update(config.arm.env)
-        return commit_env.apply(env) if commit_env is not None else env
 
 
 def engine_fingerprint(spec: Spec) -> str:
