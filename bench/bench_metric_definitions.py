@@ -32,8 +32,13 @@ Figures per sample (names as in docs/hypotheses-format.md, "What each number mea
 Ratios (median over the samples of each kind): the ones that measure the same
 thing (goal within 1%) and the ones that do not, whose gap names what lies
 between them; ``decode_span_gap_ms`` and ``e2e_gap_ms`` are the mean per-request
-differences (client minus engine) of the decode span and of the whole request. The counter's increase is checked against the client's token
-count (``tokens_match``). The last line is one JSON object.
+differences (client minus engine) of the decode span and of the whole request.
+``first_chunk_lag_ms`` and ``last_chunk_lag_ms`` say where a decode span gap comes
+from: per request, the client's stamp of its first (last) output chunk minus the
+engine's ready time of the first (last) token, both on the host's monotonic clock
+(``RequestRecord.sent_at``, ``engine_timing.first_token_at``/``last_token_at``);
+their difference is ``-decode_span_gap_ms``. The counter's increase is checked
+against the client's token count (``tokens_match``). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ def sample_figures(detail: client.SampleDetail, counter: dict[str, float]) -> di
     """One sample's figures from the client's records and the engine's own timing."""
     ok = [r for r in detail.requests if r.ok]
     timing = [(r.usage or {}).get("engine_timing") or {} for r in ok]
-    missing = sum(1 for t in timing if "decode_s" not in t)
+    missing = sum(1 for t in timing if "first_token_at" not in t)
     if missing:
         raise SystemExit(f"{missing} response(s) carried no usage.engine_timing: is the demo engine current?")
     tokens = sum(r.output_tokens for r in ok)
@@ -111,6 +116,10 @@ def sample_figures(detail: client.SampleDetail, counter: dict[str, float]) -> di
                                   sum(t["decode_cycles"] for t in timing)),
         "decode_span_gap_ms": 1e3 * statistics.fmean(r.decode_s - t["decode_s"] for r, t in zip(ok, timing)),
         "e2e_gap_ms": 1e3 * statistics.fmean(r.e2e_s - t["server_s"] for r, t in zip(ok, timing)),
+        "first_chunk_lag_ms": 1e3 * statistics.fmean(r.sent_at + r.ttft_s - t["first_token_at"]
+                                                     for r, t in zip(ok, timing)),
+        "last_chunk_lag_ms": 1e3 * statistics.fmean(r.sent_at + r.ttft_s + r.decode_s - t["last_token_at"]
+                                                    for r, t in zip(ok, timing)),
         "tokens_match": float(counter.get("gen_tokens", -1) == tokens),
         "window_s": detail.result.duration_s,
     }
@@ -193,6 +202,8 @@ def main(argv=None) -> int:
                   f"cycle {_fmt(med['engine_cycle_ms'], 4)} ms, decode span client-engine "
                   f"{_fmt(med['decode_span_gap_ms'], 3)} ms, e2e client-engine {_fmt(med['e2e_gap_ms'], 3)} ms, "
                   f"tokens match {med['tokens_match']}")
+            print(f"    token ready -> client stamp: first chunk {_fmt(med['first_chunk_lag_ms'], 3)} ms, "
+                  f"last chunk {_fmt(med['last_chunk_lag_ms'], 3)} ms")
             print("    same thing:  " + ", ".join(f"{k} {_fmt(ratios[k])}" for k in SAME))
             print("    not the same: " + ", ".join(f"{k} {_fmt(ratios[k])}" for k in APART))
     summary = {"device": args.device, "samples": args.samples, "requests": args.requests,
