@@ -29,11 +29,23 @@ Figures per sample (names as in docs/hypotheses-format.md, "What each number mea
   per-request end-to-end times, as the client saw them and as the server did
   (``server_s``: request handed to the workers -> last token back).
 
-Ratios (median over the samples of each kind): the ones that measure the same
-thing (goal within 1%) and the ones that do not, whose gap names what lies
-between them; ``decode_span_gap_ms`` and ``e2e_gap_ms`` are the mean per-request
-differences (client minus engine) of the decode span and of the whole request. The counter's increase is checked against the client's token
-count (``tokens_match``). The last line is one JSON object.
+Ratios (per sample, of two figures of its requests, then the median over the
+samples of each kind): the ones that measure the same thing (goal within 1%) and
+the ones that do not, whose gap names what lies between them. Gaps, per sample
+(medians printed):
+
+- ``decode_span_gap_ms`` and ``e2e_gap_ms``: the mean per-request differences
+  (client minus engine) of the decode span and of the whole request;
+- ``first_chunk_lag_ms`` and ``last_chunk_lag_ms``: where a decode span gap comes
+  from. Per request, the client's stamp of its first (last) output chunk minus the
+  engine's ready time of its first (last) token, both on the host's monotonic clock
+  (``RequestRecord.sent_at``, ``engine_timing.first_token_at``/``last_token_at``);
+  their difference is ``-decode_span_gap_ms``;
+- ``scrape_window_extra_ms``: the counter's seconds (between the scrapes) minus the
+  client's sample window.
+
+The counter's increase is checked against the client's token count
+(``tokens_match``). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -61,6 +73,9 @@ from bisect_harness.model import BenchmarkSpec  # noqa: E402
 from bisect_harness.input.presets import get_preset  # noqa: E402
 from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
 from bisect_harness.boot.sources import SourceCollector, parse_source  # noqa: E402
+# What a run has loaded before its first sample window (numpy.ma among it, which the
+# client's first percentile would import inside the first window: 5 ms here).
+import bisect_harness.orchestrate.executor  # noqa: E402,F401
 
 DEMO = get_preset("demo")
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -92,7 +107,7 @@ def sample_figures(detail: client.SampleDetail, counter: dict[str, float]) -> di
     """One sample's figures from the client's records and the engine's own timing."""
     ok = [r for r in detail.requests if r.ok]
     timing = [(r.usage or {}).get("engine_timing") or {} for r in ok]
-    missing = sum(1 for t in timing if "decode_s" not in t)
+    missing = sum(1 for t in timing if "first_token_at" not in t)
     if missing:
         raise SystemExit(f"{missing} response(s) carried no usage.engine_timing: is the demo engine current?")
     tokens = sum(r.output_tokens for r in ok)
@@ -111,7 +126,15 @@ def sample_figures(detail: client.SampleDetail, counter: dict[str, float]) -> di
                                   sum(t["decode_cycles"] for t in timing)),
         "decode_span_gap_ms": 1e3 * statistics.fmean(r.decode_s - t["decode_s"] for r, t in zip(ok, timing)),
         "e2e_gap_ms": 1e3 * statistics.fmean(r.e2e_s - t["server_s"] for r, t in zip(ok, timing)),
+        "first_chunk_lag_ms": 1e3 * statistics.fmean(r.sent_at + r.ttft_s - t["first_token_at"]
+                                                     for r, t in zip(ok, timing)),
+        "last_chunk_lag_ms": 1e3 * statistics.fmean(r.sent_at + r.ttft_s + r.decode_s - t["last_token_at"]
+                                                    for r, t in zip(ok, timing)),
         "tokens_match": float(counter.get("gen_tokens", -1) == tokens),
+        # The counter's seconds (between the scrapes) minus the client's sample window:
+        # the client's own work before its first request and after its last stream.
+        "scrape_window_extra_ms": 1e3 * (_ratio(counter.get("gen_tokens", math.nan),
+                                                counter.get("gen_tok_rate", math.nan)) - detail.result.duration_s),
         "window_s": detail.result.duration_s,
     }
 
@@ -143,7 +166,10 @@ def run_mode(tree: Path, flags: list[str], bench: BenchmarkSpec, samples: int, l
     for kind, figs in rows.items():
         med = {k: statistics.median(f[k] for f in figs) for k in figs[0]}
         med["tokens_match"] = all(f["tokens_match"] == 1.0 for f in figs)
-        ratios = {name: _ratio(med[a], med[b]) for name, (a, b) in {**SAME, **APART}.items()}
+        # Each ratio pairs two figures of the same sample's requests; then the median
+        # over samples (a ratio of the figures' medians could pair two samples).
+        ratios = {name: statistics.median(_ratio(f[a], f[b]) for f in figs)
+                  for name, (a, b) in {**SAME, **APART}.items()}
         out[kind] = {"median": med, "ratios": ratios}
     return out
 
@@ -193,6 +219,9 @@ def main(argv=None) -> int:
                   f"cycle {_fmt(med['engine_cycle_ms'], 4)} ms, decode span client-engine "
                   f"{_fmt(med['decode_span_gap_ms'], 3)} ms, e2e client-engine {_fmt(med['e2e_gap_ms'], 3)} ms, "
                   f"tokens match {med['tokens_match']}")
+            print(f"    token ready -> client stamp: first chunk {_fmt(med['first_chunk_lag_ms'], 3)} ms, "
+                  f"last chunk {_fmt(med['last_chunk_lag_ms'], 3)} ms; scrape window - sample window "
+                  f"{_fmt(med['scrape_window_extra_ms'], 3)} ms")
             print("    same thing:  " + ", ".join(f"{k} {_fmt(ratios[k])}" for k in SAME))
             print("    not the same: " + ", ".join(f"{k} {_fmt(ratios[k])}" for k in APART))
     summary = {"device": args.device, "samples": args.samples, "requests": args.requests,

@@ -423,6 +423,17 @@ def test_decode_tok_s_is_first_to_last_chunk_and_tok_s_is_end_to_end():
     assert r.metrics["tok_s"] <= 8 / (0.20 + 7 * 0.05)  # the 0.2 s TTFT is inside tok_s only
 
 
+def test_each_request_says_when_it_was_sent_on_the_clock_of_its_stamps():
+    with Replay("vllm_completions.sse", first_delay=0.05, delay=0.01) as srv:
+        before = time.perf_counter()
+        detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=2))
+        after = time.perf_counter()
+    first, second = detail.requests
+    assert before < first.sent_at < first.sent_at + first.ttft_s + first.decode_s < first.sent_at + first.e2e_s
+    assert first.sent_at + first.e2e_s <= second.sent_at < second.sent_at + second.e2e_s < after
+    assert second.sent_at - first.sent_at == pytest.approx(second.start_s - first.start_s, abs=1e-6)
+
+
 def test_boot_session_resolves_the_model_once_outside_every_sample():
     with Replay("vllm_completions.sse") as srv:
         with boot_session(srv.base_url, spec(model=None)) as (http, bench):

@@ -267,6 +267,44 @@ def test_too_long_request_is_a_400(head_server):
     assert "context length" in r.json()["error"]["message"]
 
 
+def test_too_long_streaming_request_is_a_400_not_a_stream(head_server):
+    # The workers check a request before they accept it; only an accepted one opens a stream.
+    body = {"prompt": "w1", "max_tokens": 100000, "stream": True}
+    with head_server.client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 400
+        assert "context length" in json.loads(r.read())["error"]["message"]
+    gen = {"text": "w1", "sampling_params": {"max_new_tokens": 100000}, "stream": True}
+    assert head_server.client.post("/generate", json=gen).status_code == 400
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/generate"])
+def test_stream_headers_go_out_before_the_prefill_and_each_chunk_after_its_token(head_server, route):
+    # A long prompt makes the prefill take many times what sending headers takes.
+    prompt = " ".join(f"w{1 + i % 500}" for i in range(1200))
+    if route == "/generate":
+        body = {"text": prompt, "stream": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    else:
+        body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+    stamps, events = [], []
+    sent = time.perf_counter()
+    with head_server.client.stream("POST", route, json=body) as r:
+        headers_in = time.perf_counter()
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+                events.append(json.loads(line[len("data: "):]))
+    done = [e for e in events if "engine_timing" in (e.get("usage") or e.get("meta_info") or {})]
+    timing = (done[0].get("usage") or done[0]["meta_info"])["engine_timing"]
+    # One clock on both sides (the host's monotonic clock): the headers came before the
+    # first token was ready, so the first token's chunk went out alone, like the others.
+    assert sent < headers_in < timing["first_token_at"] < stamps[0]
+    assert timing["first_token_at"] + timing["decode_s"] == pytest.approx(timing["last_token_at"])
+    assert timing["last_token_at"] < stamps[5]  # the sixth token's chunk came after it was ready
+
+
 def test_server_info_reports_effective_args(head_server):
     info = head_server.client.get("/server_info").json()
     assert info["tp"] == 1

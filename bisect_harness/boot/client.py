@@ -164,6 +164,11 @@ class RequestRecord:
     meta_info: Mapping[str, Any] | None = None
     token_gaps_s: tuple[float, ...] = ()  # per-token ITL values (module docstring: percentiles)
     last_chunk: Mapping[str, Any] | None = None  # the stream's last JSON object (``from: response, chunk: last``)
+    # time.perf_counter() when it was sent, the clock of every time above (on Linux the
+    # host's CLOCK_MONOTONIC): its first chunk came at sent_at + ttft_s, its last at
+    # that + decode_s, comparable with a server's own stamps on the same host. 0.0 on
+    # a failed request.
+    sent_at: float = 0.0
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -406,7 +411,7 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
         output_tokens=tokens, counted_tokens=counted, chunks=len(times),
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
-        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else ())
+        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0)
 
 
 def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:

@@ -216,6 +216,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _start_sse(self) -> None:
+        """Send the stream's headers: once the workers accept the request, before its
+        prefill. The first token's chunk then goes out alone, like every later one;
+        sent with it, the headers delayed it (the client parses them before it reads
+        the chunk) and the client's decode span came out shorter than the engine's."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -301,6 +305,11 @@ class Handler(BaseHTTPRequestHandler):
                 "model": app.args.model_name}
         text_parts, done, started = [], None, False
         for event in app.generate(request):
+            if event["event"] == "accepted":
+                if stream:
+                    self._start_sse()
+                    started = True
+                continue
             if event["event"] == "error":
                 if started:
                     self._sse({"error": {"message": event["message"]}})
@@ -314,9 +323,6 @@ class Handler(BaseHTTPRequestHandler):
             text = tokenizer.decode(event["ids"])
             text_parts.append(text)
             if stream:
-                if not started:
-                    self._start_sse()
-                    started = True
                 self._sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None,
                                                 "finish_reason": None}]})
         usage = {"prompt_tokens": done["prompt_tokens"], "completion_tokens": done["completion_tokens"],
@@ -328,8 +334,6 @@ class Handler(BaseHTTPRequestHandler):
                                                        "finish_reason": done["finish_reason"]}],
                                   "usage": usage})
             return
-        if not started:
-            self._start_sse()
         self._sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
                                         "finish_reason": done["finish_reason"]}]})
         if usage_wanted:
@@ -360,6 +364,11 @@ class Handler(BaseHTTPRequestHandler):
 
         verify_ct = 0
         for event in app.generate(request):
+            if event["event"] == "accepted":
+                if stream:
+                    self._start_sse()
+                    started = True
+                continue
             if event["event"] == "error":
                 if started:
                     self._sse({"error": {"message": event["message"]}})
@@ -370,8 +379,6 @@ class Handler(BaseHTTPRequestHandler):
             if event["event"] == "done":
                 finish = {"type": event["finish_reason"]}
                 if stream:
-                    if not started:
-                        self._start_sse()
                     self._sse(payload(finish, event["spec_verify_ct"], event["timing"]))
                     self._end_sse()
                 else:
@@ -381,9 +388,6 @@ class Handler(BaseHTTPRequestHandler):
             if event.get("kind") == "verify":
                 verify_ct += 1
             if stream:
-                if not started:
-                    self._start_sse()
-                    started = True
                 self._sse(payload(None, verify_ct))
 
 
@@ -419,7 +423,9 @@ class App:
         last token ready, over ``decode_tokens`` tokens), ``decode_cycles_s`` (the sum of
         the ``decode_cycles`` cycles' compute alone), ``server_s`` (the request handed to
         the workers -> its done event back here), and ``decode_tok_s`` = decode_tokens /
-        decode_s where both are positive.
+        decode_s where both are positive; ``first_token_at`` and ``last_token_at`` are
+        the first and last token's ready times on the worker's ``time.perf_counter``
+        (the host's monotonic clock on Linux), whose difference is ``decode_s``.
         """
         st = self.stats
         t_server = time.perf_counter()

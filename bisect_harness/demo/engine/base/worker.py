@@ -1,7 +1,9 @@
 """One tensor-parallel worker process, started by serve.py.
 
 Protocol: one JSON request per line on stdin (every rank gets every request);
-rank 0 answers with JSON event lines on stdout. Logs go to stderr. The worker
+rank 0 answers with JSON event lines on stdout: ``accepted`` once the request
+is valid (before its prefill), ``tokens`` as each batch of tokens is ready, then
+``done`` with the request's timing; or ``error`` instead of all of them. Logs go to stderr. The worker
 exits when stdin reaches end-of-file or when its parent dies.
 """
 
@@ -105,6 +107,10 @@ class Engine:
             probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
             return int(torch.multinomial(probs, 1, generator=gen).item())
 
+        # The request is valid: say so before the prefill, so the server sends its
+        # response headers now and the first token's chunk goes out alone, like
+        # every later one (SGLang and vLLM send theirs before the first token too).
+        emit({"event": "accepted"})
         m = self.model
         t0 = time.perf_counter()
         logits = m.forward(torch.tensor(prompt, device=self.device),
@@ -152,8 +158,11 @@ class Engine:
             pos += len(new)
         if not ignore_eos and out and out[-1] == EOS:
             finish = "stop"
+        # The two stamps themselves too (time.perf_counter: on Linux the host's
+        # CLOCK_MONOTONIC, which a client on the same host reads as well).
         timing = {"prefill_s": prefill_s, "decode_s": t_last - t_first, "decode_tokens": len(out) - 1,
-                  "decode_cycles": cycles, "decode_cycles_s": cycles_s}
+                  "decode_cycles": cycles, "decode_cycles_s": cycles_s,
+                  "first_token_at": t_first, "last_token_at": t_last}
         emit({"event": "done", "prompt_tokens": len(prompt), "completion_tokens": len(out),
               "spec_verify_ct": verify_ct, "finish_reason": finish, "timing": timing})
 
