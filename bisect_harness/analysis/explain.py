@@ -25,12 +25,17 @@ The search (adaptive group testing, the leave-out form of ddmin):
    in two for the next level; a group cleared (shown to move the slow config by
    less than ``min_effect`` either way) is cleared with every member; a singleton
    that matters is a member; a singleton shown to make the slow config *worse*
-   when left out is a difference with the opposite sign. Up to 16 differences start
+   when left out is a difference with the opposite sign. Every block decision
+   about a config must also hold with any one of its boots left out: no decision
+   rests on one boot (in ``bench/bench_explain.py``, deciding without this check
+   named inert differences as causes, and lost causes, under stalls and bursts).
+   Up to 16 differences start
    as singletons; above, in groups of a power of two, 8 to 16 groups.
-   Every decision of every block (either direction, at any look, of the ``n``
-   singletons or at most ``2n`` groups) shares ``alpha`` by Bonferroni: the chance that the search claims an
-   inert difference or clears one that matters is at most ``alpha`` in all, on
-   the model's assumptions; off them, ``bench/bench_explain.py`` measures it.
+   The decisions that shape the set (a group matters, a group is cleared: at any
+   look, of the ``n`` singletons or at most ``2n`` groups) share ``alpha`` by
+   Bonferroni: the chance that the search claims an inert difference or clears one
+   that matters is at most ``alpha`` in all, on the model's assumptions; off them,
+   ``bench/bench_explain.py`` measures it.
 3. **Sufficiency.** The members together (config ``C``) against fast: the
    minimal set's effect size, and against slow (does ``C`` account for all of it).
 4. **Alone.** Each member alone against fast. A member whose effect alone is
@@ -58,7 +63,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -159,18 +164,21 @@ class _Search:
         self.better = Expect.INCREASE if worse is Expect.DECREASE else Expect.DECREASE
         self.design, self.alpha = design, alpha
         # A block may run twice the paired budget: it spends rounds only on configs still
-        # open, and a noisy host needs them. It looks at every round from the third to
-        # the eighth, then at every second one (fewer looks, less alpha split).
+        # open, and a noisy host needs them. It looks at rounds 3, 4, 5, 6, then at every
+        # second round to 12, then every fourth (fewer looks, less alpha split).
         self.max_rounds = max(block_rounds or 2 * design.max_boots, 3)
-        self.looks = sorted({r for r in range(3, self.max_rounds + 1) if r <= 8 or r % 2 == 0}
-                            | {self.max_rounds})
-        # Every leave-out decision (either way, at any look from the third round on, of
-        # any group the search can test: n singletons, or at most 2n groups when it starts
-        # from larger ones) shares alpha: Bonferroni, so the chance of any wrong claim or
-        # clearance stays below alpha over the whole search.
+        self.looks = sorted({r for r in range(3, self.max_rounds + 1)
+                             if r <= 6 or (r <= 12 and r % 2 == 0) or r % 4 == 0} | {self.max_rounds})
+        # The leave-out decisions that shape the set share alpha by Bonferroni over every
+        # look and every group the search can test (n singletons, or at most 2n groups
+        # when it starts from larger ones), so the chance of naming an inert difference
+        # or clearing one that matters stays below alpha over the whole search. A group
+        # can be wrong only one way: an inert one by "matters" (its test of no effect),
+        # one that matters by "cleared" (its test of an effect of min_effect); the
+        # opposite-sign claims, which do not change the set, get their own alpha.
         n_groups = len(self.first_groups())
         self.max_groups = len(self.names) if n_groups == len(self.names) else 2 * len(self.names)
-        self.block_thr = alpha / (2 * self.max_groups * len(self.looks))
+        self.block_thr = alpha / (self.max_groups * len(self.looks))
         self.rng = random.Random(seed)
         self.tests: list[Test] = []
         self.boots = 0
@@ -278,6 +286,8 @@ class _Search:
                 if c is None:
                     continue
                 status, outcome, opp, p, ci = judge(c, thr)
+                if status != "open" and not self._stable(seq, k, thr, judge, status):
+                    status, outcome = "open", Outcome.INCONCLUSIVE.value
                 if status == "open" and rnd < self.max_rounds:
                     continue
                 ratio = math.exp(c.estimate)
@@ -294,6 +304,17 @@ class _Search:
         out = [done[k] for k in range(len(items))]
         self.tests.extend(t for _, t in out)
         return out
+
+    @staticmethod
+    def _stable(seq: Sequence[tuple], k, thr: float, judge, status: str) -> bool:
+        """No decision rests on one boot: the decision ``status`` about config ``k``
+        (matters, cleared, opposite; slower or not) must also be reached with any one
+        of its boots left out."""
+        for i in [i for i, (kk, _) in enumerate(seq) if kk == k]:
+            c = blocks.fit(seq[:i] + seq[i + 1:], -1, min_boots=2).get(k)
+            if c is None or judge(c, thr)[0] != status:
+                return False
+        return True
 
     def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
         return self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
