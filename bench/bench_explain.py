@@ -29,7 +29,15 @@ difference named as a cause) reported as confident (nothing left undecided).
 boots per side (of 3, 5, 8, 12, 16, 24) at which one-at-a-time is exactly right in >= 80% of trials,
 and ``ota_boots_for_80`` its mean boots; ``boots_ratio`` = explain's mean boots / that.
 
-Goals (the issue's): exact >= 0.9 with boots_ratio <= 1; confident_wrong <= 0.01.
+``mean_boots_to_set``: the boots of the slowdown and leave-out tests alone, the part
+of the search that names the set (the side tests after it, the minimal set against
+fast and slow, each member alone, pairs, measure what one-at-a-time testing never
+reports), and ``boots_to_set_ratio`` against the same baseline. ``ota_wrong_at_80``:
+one-at-a-time's wrong sets at that budget, every one of them claimed (it has no
+"undecided").
+
+Goals (the issue's): exact >= 0.9 with boots_ratio <= 1; confident_wrong <= 0.01
+(``goal_met``; ``goal_met_on_set`` reads the boots goal on the set-finding part).
 The last printed line is one JSON object with every figure.
 """
 
@@ -113,7 +121,7 @@ def run(trials: int, sizes, models, seed: int) -> dict:
             acc = {"exact": 0, "superset": 0, "wrong": 0}
             conf_wrong = 0
             interactions_found = 0
-            boots = []
+            boots, to_set = [], []
             ota = {f: {"exact": 0, "boots": []} for f in FIXED}
             for trial in range(trials):
                 names, singles, pair = scenario(n, rng)
@@ -128,6 +136,10 @@ def run(trials: int, sizes, models, seed: int) -> dict:
                 conf_wrong += kind != "exact" and res.confident
                 interactions_found += any(set(p) == set(pair) for p in res.interactions)
                 boots.append(res.boots)
+                # The boots that named the set: the slowdown and the leave-out tests (the
+                # side tests after them measure what one-at-a-time testing never reports).
+                to_set.append(len({i for t in res.tests if t.purpose in ("slowdown", "leave out")
+                                   for i in t.baseline_calls + t.treatment_calls}))
                 for f in FIXED:
                     h2 = Host(model, np.random.default_rng([seed, n, trial, 2, f]))
                     found, b = one_at_a_time(names, h2, singles, pair, f, np.random.default_rng([seed, trial, f]))
@@ -135,19 +147,27 @@ def run(trials: int, sizes, models, seed: int) -> dict:
                     ota[f]["boots"].append(b)
             cell = {k: v / trials for k, v in acc.items()}
             cell.update(confident_wrong=conf_wrong / trials, interaction_found=interactions_found / trials,
-                        mean_boots=float(np.mean(boots)))
+                        mean_boots=float(np.mean(boots)), mean_boots_to_set=float(np.mean(to_set)))
             cell["one_at_a_time"] = {str(f): {"exact": ota[f]["exact"] / trials,
                                               "mean_boots": float(np.mean(ota[f]["boots"]))} for f in FIXED}
             ok = [f for f in FIXED if ota[f]["exact"] / trials >= 0.8]
             cell["ota_fixed_for_80"] = ok[0] if ok else None
             cell["ota_boots_for_80"] = float(np.mean(ota[ok[0]]["boots"])) if ok else None
             cell["boots_ratio"] = cell["mean_boots"] / cell["ota_boots_for_80"] if ok else None
+            cell["boots_to_set_ratio"] = cell["mean_boots_to_set"] / cell["ota_boots_for_80"] if ok else None
+            # One-at-a-time claims every set it finds (it has no "undecided"): its wrong sets
+            # at that budget are all confident ones.
+            cell["ota_wrong_at_80"] = 1 - ota[ok[0]]["exact"] / trials if ok else None
             cell["goal_met"] = bool(cell["exact"] >= 0.9 and cell["confident_wrong"] <= 0.01
                                     and (cell["boots_ratio"] is None or cell["boots_ratio"] <= 1.0))
+            cell["goal_met_on_set"] = bool(cell["exact"] >= 0.9 and cell["confident_wrong"] <= 0.01
+                                           and (cell["boots_to_set_ratio"] is None
+                                                or cell["boots_to_set_ratio"] <= 1.0))
             out.setdefault(model, {})[str(n)] = cell
             print(f"{model:>16} n={n:>2}: exact {cell['exact']:.2f} superset {cell['superset']:.2f} "
                   f"wrong {cell['wrong']:.2f} confident-wrong {cell['confident_wrong']:.2f} "
-                  f"boots {cell['mean_boots']:.0f} vs one-at-a-time@80% {cell['ota_boots_for_80']}",
+                  f"boots {cell['mean_boots']:.0f} (to the set {cell['mean_boots_to_set']:.0f}) vs one-at-a-time@80% "
+                  f"{cell['ota_boots_for_80']} (wrong {cell['ota_wrong_at_80']})",
                   file=sys.stderr)
     return out
 
@@ -164,6 +184,7 @@ def main() -> None:
     res = run(a.trials, [int(s) for s in a.sizes.split(",")], models, a.seed)
     print(json.dumps({"trials": a.trials, "seed": a.seed, "min_effect": MIN_EFFECT, "alpha_per_test": ALPHA,
                       "models": res, "all_goals_met": all(c["goal_met"] for m in res.values() for c in m.values()),
+                      "all_goals_met_on_set": all(c["goal_met_on_set"] for m in res.values() for c in m.values()),
                       "seconds": round(time.time() - t0, 1)}, sort_keys=True))
 
 
