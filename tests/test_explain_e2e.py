@@ -2,7 +2,7 @@
 
 The demo runs every plain decode step twice when ``--attention-mode decode`` and
 ``NCCL_PROTO=Simple`` are both set; either alone changes nothing. The slow arm sets
-both (and an inert NCCL variable too); the search must name exactly the pair, record
+both; the search must name exactly the pair, record
 every configuration it booted in ``runs.summary`` with the boots behind each verdict,
 and the journal must show the search.
 """
