@@ -282,7 +282,8 @@ def explain(
     slow: str = typer.Option(..., "--slow", help="The slow config: HID.baseline or HID.treatment."),
     min_effect: Optional[float] = typer.Option(None, "--min-effect", help="Smallest relative change that counts "
                                                "(default: the slow arm's hypothesis' min_effect)."),
-    alpha: float = typer.Option(0.01, "--alpha", help="Error of each test of the search."),
+    alpha: float = typer.Option(0.01, "--alpha", help="Error of the slowdown test, and of the whole set: the "
+                                "leave-out decisions share it (Bonferroni over tests and looks)."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
