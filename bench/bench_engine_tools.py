@@ -1,6 +1,6 @@
 """SGLang's real ``bench_serving`` beside the harness's own client, on one demo boot.
 
-    python bench/bench_engine_tools.py [--wheel-dir DIR] [--samples 4] [--requests 8]
+    python bench/bench_engine_tools.py [--wheel-dir DIR] [--device cpu|cuda] [--samples 4] [--requests 8]
         [--prompt-tokens 32] [--output-tokens 64] [--concurrency 2] [--api generate|completions]
         [--sglang-version 0.5.23] [--quick]
 
@@ -237,11 +237,15 @@ def run(args, tmp: Path) -> dict:
                     NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", PYTHONWARNINGS="ignore")
 
     port = free_port()
-    argv = [a.format(python=sys.executable, host="127.0.0.1", port=port) for a in DEMO.launch] + ["--device", "cpu"]
+    argv = [a.format(python=sys.executable, host="127.0.0.1", port=port) for a in DEMO.launch]
+    argv += ["--device", args.device]
     base = f"http://127.0.0.1:{port}"
     endpoint = Endpoint(base, host="127.0.0.1", port=port)
     pairs: list[dict] = []
-    with ServerProcess(argv, env=dict(os.environ), cwd=tree, log_path=tmp / "server.log", base_url=base,
+    # NVLink multicast off, as the other benches boot the demo on a GPU host
+    server_env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                  "NVSHMEM_DISABLE_NVLS": "1"}
+    with ServerProcess(argv, env=server_env, cwd=tree, log_path=tmp / "server.log", base_url=base,
                        health_path=DEMO.health_path, ready_timeout_s=DEMO.ready_timeout_s):
         ours = sample_runner(ours_spec, endpoint, python=sys.executable, env=os.environ, cwd=tmp,
                              log_path=tmp / "ours.log")
@@ -287,6 +291,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wheel-dir", help="install sglang and the light deps from this folder only (no network)")
     ap.add_argument("--sglang-version", default="0.5.23")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the demo engine's --device")
     ap.add_argument("--samples", type=int, default=4, help="pairs of sample windows (ours, the tool)")
     ap.add_argument("--requests", type=int, default=8, help="requests per sample")
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -312,13 +317,14 @@ def main(argv=None) -> int:
 
             shutil.rmtree(tmp, ignore_errors=True)
     r, m = res["ratios_tool_over_ours"], res["medians"]
-    print(f"\nmedian ratio tool/ours over {args.samples} pairs (api {args.api}, {args.requests} requests x "
+    print(f"\nmedian ratio tool/ours over {args.samples} pairs (device {args.device}, api {args.api}, "
+          f"{args.requests} requests x "
           f"{args.output_tokens} tokens, concurrency {args.concurrency}):")
     for f in FIGURES:
         print(f"  {f:12s} {r[f]:.4f}   (ours {m['ours'][f]:.3f}, tool {m['tool'][f]:.3f})")
     print(f"  same token counts: {res['tokens_equal']}, errors {res['errors']}, wall per sample: ours "
           f"{res['ours_wall_s_median']:.2f} s, tool {res['tool_wall_s_median']:.2f} s")
-    summary = {"api": args.api, "samples": args.samples, "requests": args.requests,
+    summary = {"device": args.device, "api": args.api, "samples": args.samples, "requests": args.requests,
                "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
                "concurrency": args.concurrency, "machine": platform.machine(),
                "seconds": round(time.monotonic() - started, 1), "installed": res["installed"],
