@@ -55,9 +55,11 @@ What differs by definition (read from ``sglang/benchmark/serving.py`` 0.5.23):
 
 - ``tok_s`` <- ``output_throughput``: the server-reported output tokens
   (``meta_info.completion_tokens`` / ``usage``) over ``benchmark_duration``, from
-  just before the first request task is made to the end of the gather, after the
-  warmup and a 1 s sleep; ours: the same tokens over the sample window. Same
-  definition; the tool's window holds its asyncio task set-up.
+  just before the first request task is made (after the warmup and a 1 s sleep) to
+  after a blocking ``GET /server_info`` that follows the last response (for the
+  ``sglang*`` backends, to read ``avg_spec_accept_length``); ours: the same tokens
+  over the sample window, first request sent to last stream closed. So the tool's
+  window also holds that round trip and its asyncio task set-up.
 - TTFT: the tool stamps its start before ``session.post`` on a new
   ``aiohttp.ClientSession`` made per request, so every TTFT holds a TCP connect;
   ours reuses one keep-alive connection pool per boot. The tool stamps the first
