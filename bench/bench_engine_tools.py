@@ -87,6 +87,12 @@ the compiled ``vllm._C`` extension: the engine itself, not a client. Running it
 would mean installing vLLM with torch (a GPU host's job), so ``vllm-bench-serve``
 stays tested through the stand-in (tests/bench_tool_standin.py).
 
+What the runs showed (docs/hypotheses-format.md has the figures): the means agree
+within the host's noise; the p99 TTFT of ours runs higher because the demo engine
+admits one request at a time under a lock that is not first-come-first-served, and
+our client's next request (on a pooled connection) sometimes overtakes the one
+waiting, where the tool's (a new connection per request) arrives later.
+
 The last line is one JSON object: the per-pair median ratios, both sides' medians
 and the setup used.
 """
