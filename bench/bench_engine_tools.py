@@ -2,7 +2,7 @@
 
     python bench/bench_engine_tools.py [--wheel-dir DIR] [--device cpu|cuda] [--samples 4] [--requests 8]
         [--prompt-tokens 32] [--output-tokens 64] [--concurrency 2] [--api generate|completions]
-        [--sglang-version 0.5.23] [--quick]
+        [--sglang-version 0.5.23] [--quick] [--keep]
 
 CI does not run this bench: it needs SGLang's released wheel. With ``--wheel-dir DIR``
 everything is installed from DIR alone (``pip --no-index --find-links DIR``), so the
@@ -11,9 +11,11 @@ run needs no network; fill DIR once with::
     pip download --no-deps -d DIR sglang==0.5.23 aiohttp aiohappyeyeballs aiosignal \\
         frozenlist multidict propcache yarl msgspec pybase64 pyzmq
 
-Without ``--wheel-dir`` the bench's setup fetches the same packages from the package
-index (the only traffic that leaves the host; the benchmark itself talks to
-127.0.0.1 only). Nothing is installed into the interpreter's site-packages: the
+(add any of orjson, tqdm, requests, urllib3, certifi, charset-normalizer and idna
+that the interpreter lacks; the bench itself needs transformers and tokenizers, the
+project's ``test`` extra). Without ``--wheel-dir`` the bench's setup fetches the
+same packages from the package index (the only traffic that leaves the host; the
+benchmark itself talks to 127.0.0.1 only). Nothing is installed into the interpreter's site-packages: the
 wheel goes to a throwaway ``pip install --no-deps --target`` folder in the bench's
 temporary directory, with only those light client libraries that the interpreter
 lacks (never torch or any CUDA package).
@@ -114,7 +116,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_harness.boot import client  # noqa: E402
 from bisect_harness.boot.benchtools import Endpoint, sample_runner  # noqa: E402
 from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
@@ -127,7 +128,9 @@ DEMO = get_preset("demo")
 #: dependencies (pip name, import name). All are small pure or binary wheels.
 LIGHT_DEPS = [("aiohttp", "aiohttp"), ("aiohappyeyeballs", "aiohappyeyeballs"), ("aiosignal", "aiosignal"),
               ("frozenlist", "frozenlist"), ("multidict", "multidict"), ("propcache", "propcache"),
-              ("yarl", "yarl"), ("msgspec", "msgspec"), ("pybase64", "pybase64"), ("pyzmq", "zmq")]
+              ("yarl", "yarl"), ("msgspec", "msgspec"), ("pybase64", "pybase64"), ("pyzmq", "zmq"),
+              ("orjson", "orjson"), ("tqdm", "tqdm"), ("requests", "requests"), ("urllib3", "urllib3"),
+              ("certifi", "certifi"), ("charset-normalizer", "charset_normalizer"), ("idna", "idna")]
 #: Figures compared, ours and the tool's, under the harness's names.
 FIGURES = ("tok_s", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
            "itl_p99_ms", "tpot_p99_ms")
@@ -227,7 +230,7 @@ def _median(values) -> float:
 
 
 def run(args, tmp: Path) -> dict:
-    shim, pythonpath, installed = install_tool(tmp, args.sglang_version,
+    _shim, pythonpath, installed = install_tool(tmp, args.sglang_version,
                                                Path(args.wheel_dir).resolve() if args.wheel_dir else None)
     tokdir = write_tokenizer(tmp / "demo-tokenizer")
     hist = create_demo_repo(tmp / "engine")
