@@ -71,6 +71,27 @@ def test_result_keys_become_our_metrics():
     assert get_tool("sglang-bench-serving").metrics(sg)["ttft_p50_ms"] == 2.0
 
 
+def test_a_real_sglang_bench_serving_result_is_read():
+    # Written by the real `python -m sglang.bench_serving` of the released wheel sglang-0.5.23
+    # (sglang/benchmark/serving.py, benchmark(): one JSON line appended per run to --output-file),
+    # run by bench/bench_engine_tools.py with the harness's argv against the demo engine: two runs
+    # appended to one file. The last line is the run; every mapped key is there, in ms and tok/s.
+    fixture = Path(__file__).parent / "fixtures" / "engines" / "sglang-0.5.23-bench_serving.jsonl"
+    tool = get_tool("sglang-bench-serving")
+    lines = [json.loads(ln) for ln in fixture.read_text().splitlines()]
+    data = tool.read(fixture)
+    assert len(lines) == 2 and data == lines[-1] and data != lines[0]
+    m = tool.metrics(data)
+    assert set(m) == set(tool.keys) and all(isinstance(v, float) and v == v for v in m.values())
+    assert m["tok_s"] == data["output_throughput"] == pytest.approx(data["total_output_tokens"] / data["duration"])
+    assert m["ttft_p50_ms"] == data["median_ttft_ms"] and m["itl_p99_ms"] == data["p99_itl_ms"]
+    assert m["e2e_ms"] == data["mean_e2e_latency_ms"]
+    # in ms (not s): a demo boot's TTFT lies between 1 ms and 10 s; a token's time is below a request's
+    assert 1.0 < m["ttft_ms"] < 10_000 and m["ttft_ms"] <= m["ttft_p99_ms"] and m["tpot_ms"] < m["e2e_ms"]
+    assert (data["backend"], data["dataset_name"], data["random_range_ratio"]) == ("sglang", "random-ids", 1.0)
+    assert data["completed"] == 8 and "failed" not in data  # ToolRunner counts errors as requests - completed
+
+
 def test_spec_checks_the_tool(tmp_path):
     def parse(bench, metrics="[]"):
         return parse_spec(textwrap.dedent(f"""\
