@@ -71,8 +71,8 @@ def test_the_commit_and_the_pair_are_named_and_the_commit_is_bisected(ran):
     assert "env:NCCL_DEBUG" not in record["members"] + record["opposite"]
     bis = record["bisection"]
     assert bis["culprit"] == ran["hist"].events["regression"], bis
-    (culprit,), = query(ran["db"], "SELECT culprit FROM bisections WHERE id = ?", (bis["id"],))
-    assert culprit == ran["hist"].events["regression"]
+    (status, result), = query(ran["db"], "SELECT status, result FROM bisections WHERE id = ?", (bis["id"],))
+    assert json.loads(result)["culprit"] == ran["hist"].events["regression"], status
 
 
 def test_the_journal_shows_the_explanation_and_the_bisection(ran):
