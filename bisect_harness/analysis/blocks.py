@@ -161,7 +161,7 @@ def fit(seq: Sequence[tuple], control, *, min_boots: int = 3) -> dict:
     small = math.sqrt(n / (n - p))
     beta = np.linalg.lstsq(X, y, rcond=None)[0]
     s = 0.0
-    for _ in range(200):  # Huber: convex, so one answer whatever the start
+    for _ in range(200):  # Huber (convex at a given scale: no local answers to land in)
         r = y - X @ beta
         s = float(np.median(np.abs(r)) / 0.6745 * small)
         if not s > 0:

@@ -4,10 +4,11 @@ Pure search over a seam. Two configs differ in a list of *differences* (each env
 variable, each flag, the commit range as one more). A configuration of the
 search is a subset ``S`` of them: the fast config with the differences of ``S``
 set to their slow values. ``measure(S)`` boots that configuration once and
-returns the boot's samples of the metric; every decision below is made by the
-harness's verdict rule (:func:`stats.evaluate`, sequential, paired rounds), so a
-test stops at its first look when the answer is clear and spends its budget only
-where the answer is close.
+returns the boot's samples of the metric. Every decision below is sequential: the
+paired ones by the harness's verdict rule (:func:`stats.evaluate`), the others by a
+block of many configs against one control (:mod:`blocks`), so a test stops at its
+first look when the answer is clear and spends its budget only where the answer is
+close.
 
 The search (adaptive group testing, the leave-out form of ddmin):
 
@@ -174,8 +175,9 @@ class _Search:
         # when it starts from larger ones), so the chance of naming an inert difference
         # or clearing one that matters stays below alpha over the whole search. A group
         # can be wrong only one way: an inert one by "matters" (its test of no effect),
-        # one that matters by "cleared" (its test of an effect of min_effect); the
-        # opposite-sign claims, which do not change the set, get their own alpha.
+        # one that matters by "cleared" or "opposite" (both reject its test of an effect of
+        # min_effect). An inert group called "opposite" does not change the set: those
+        # claims are a family of their own, at the same level.
         n_groups = len(self.first_groups())
         self.max_groups = len(self.names) if n_groups == len(self.names) else 2 * len(self.names)
         self.block_thr = alpha / (self.max_groups * len(self.looks))
@@ -188,39 +190,25 @@ class _Search:
         self.boots += 1
         return self.boots - 1, samples
 
-    def paired(self, specs: Sequence[tuple]) -> list[Test]:
-        """Paired tests ``(purpose, base, treat, expect, both_ways)`` run side by side: each
-        round boots every config an unfinished test needs once, in a random order, so a
-        config shared by several tests (the fast one, say) is booted once per round for
-        all of them. Each test is the harness's sequential rule on its own rounds."""
-        state = [dict(bb=[], tb=[], bc=[], tc=[], done=None) for _ in specs]
-        while any(s["done"] is None for s in state):
-            need: list = []
-            for (_, base, treat, _, _), s in zip(specs, state):
-                if s["done"] is None:
-                    need += [c for c in (base, treat) if c not in need]
-            got = {c: self._boot(c) for c in self.rng.sample(need, len(need))}
-            for (purpose, base, treat, expect, both), s in zip(specs, state):
-                if s["done"] is not None:
-                    continue
-                for arm, calls, c in ((s["bb"], s["bc"], base), (s["tb"], s["tc"], treat)):
-                    calls.append(got[c][0])
-                    arm.append(got[c][1])
-                a = self.alpha / 2 if both else self.alpha
-                other = Expect.INCREASE if expect is Expect.DECREASE else Expect.DECREASE
-                v = stats.evaluate(s["bb"], s["tb"], expect=expect, min_effect=self.min_effect,
-                                   design=self.design, alpha=a)
-                o = stats.evaluate(s["bb"], s["tb"], expect=other, min_effect=self.min_effect,
-                                   design=self.design, alpha=a) if both else None
-                done = v.final if o is None else (v.outcome is Outcome.CONFIRMED or o.outcome is Outcome.CONFIRMED
-                                                  or (v.final and o.final))
-                if done:
-                    s["done"] = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
-                                     (len(s["bb"]), len(s["tb"])), v.reason, o.outcome.value if o else None,
-                                     tuple(s["bc"]), tuple(s["tc"]))
-        out = [s["done"] for s in state]
-        self.tests.extend(out)
-        return out
+    def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect) -> Test:
+        """One paired test: rounds of one boot of each config, in a random order, until
+        the harness's sequential rule decides or the budget ends."""
+        bb: list = []
+        tb: list = []
+        bc: list = []
+        tc: list = []
+        while True:
+            for c in self.rng.sample((base, treat), 2):
+                idx, smp = self._boot(c)
+                (bc if c is base else tc).append(idx)
+                (bb if c is base else tb).append(smp)
+            v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
+                               alpha=self.alpha)
+            if v.final:
+                t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
+                         (len(bb), len(tb)), v.reason, None, tuple(bc), tuple(tc))
+                self.tests.append(t)
+                return t
 
     def _levels(self, thr: float, c: blocks.Contrast) -> tuple:
         e_b = stats._log_effect(self.better, self.min_effect)
@@ -272,7 +260,7 @@ class _Search:
         calls: dict = {k: [] for k in range(-1, len(items))}
         open_ = set(range(len(items)))
         done: dict = {}
-        name = "the slow config" if control == self.all else "the fast config" if not control else "the control"
+        name = "the slow config" if control == self.all else "the fast config"
         for rnd in range(1, self.max_rounds + 1):
             for k in blocks.round_order(sorted(open_), -1, self.rng):
                 idx, smp = self._boot(control if k == -1 else items[k][1])
@@ -292,7 +280,8 @@ class _Search:
                     continue
                 ratio = math.exp(c.estimate)
                 where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
-                         f"{c.df:.0f} error df, threshold p <= {thr:.2g} per direction and look")
+                         f"{c.df:.0f} error df, {c.segments_left_out} host block(s) left out as unsettled, "
+                         f"threshold p <= {thr:.2g} per direction and look")
                 reason = (f"{'Decided' if status != 'open' else 'Budget spent, undecided'}: "
                           f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
                 done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,
@@ -336,7 +325,7 @@ class _Search:
         return [self.names[i:i + size] for i in range(0, n, size)]
 
     def run(self) -> Explanation:
-        slowdown = self.paired([("slowdown", frozenset(), self.all, self.worse, False)])[0]
+        slowdown = self.compare("slowdown", frozenset(), self.all, self.worse)
         if slowdown.outcome != Outcome.CONFIRMED.value:
             return Explanation(slowdown, (), {}, (), (), (), None, None, tuple(self.tests), self.boots)
         members: list[str] = []
@@ -374,7 +363,7 @@ class _Search:
             side = self.side_block(items)
             if m_f != self.all:
                 effect, side = side[0], side[1:]
-                residual = self.paired([("minimal set vs slow", m_f, self.all, self.worse, False)])[0]
+                residual = self.compare("minimal set vs slow", m_f, self.all, self.worse)
             else:
                 effect = slowdown  # the whole set is the slowdown test already: its boots stand for it
             inert = [m for m, t in zip(members, side) if t.outcome == Outcome.REFUTED.value]
@@ -397,8 +386,10 @@ def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect
     ``measure(subset)`` boots the fast config with ``subset``'s differences set to their
     slow values and returns that boot's samples. ``worse`` is the metric's bad direction
     (``Expect.DECREASE`` for tok/s), ``min_effect`` the smallest relative change that
-    counts. ``alpha`` is each test's error (each leave-out test splits it over its two
-    directions); ``seed`` orders each round's boots. ``design`` decides the paired
+    counts. ``alpha`` is the error of each paired test (the slowdown, the minimal set
+    against slow) and of each family of block decisions (the leave-out decisions of
+    the whole search share it; so do the side tests of one block); ``seed`` orders
+    each round's boots. ``design`` decides the paired
     tests; ``block_rounds`` caps each block of leave-out or side tests (default twice
     ``design.max_boots``: a block spends rounds only on the configs still open).
     """

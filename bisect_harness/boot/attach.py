@@ -35,12 +35,12 @@ import httpx
 
 from .benchtools import Endpoint
 from ..errors import BootFailed, BootTimeout, UserError
+from ..input.presets import LOOPBACK
 from ..input.secrets import redact_text
 
 __all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_warnings",
            "ATTACHED_WARNING"]
 
-LOOPBACK = "127.0.0.1"
 ATTACHED_WARNING = "attached server"
 
 

@@ -41,7 +41,6 @@ from .server import stop_all
 __all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable",
            "checkout", "placeholders", "working_dir", "process_env"]
 
-LOOPBACK = "127.0.0.1"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -348,8 +347,7 @@ def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
 
 def placeholders(req: BootRequest, *, port, worktree: Path | None, python: str) -> dict[str, str]:
     """The values of ``{port}``, ``{host}``, ``{python}``, ``{worktree}`` and ``{spec_dir}``."""
-    return {"port": str(port), "host": LOOPBACK, "python": python,
-            "worktree": str(worktree if worktree is not None else req.spec_dir), "spec_dir": req.spec_dir}
+    return presets.placeholder_values(port=port, worktree=worktree, python=python, spec_dir=req.spec_dir)
 
 
 def working_dir(req: BootRequest, worktree: Path | None, python: str) -> Path:

@@ -422,6 +422,17 @@ def flags_to_argv(flags: Mapping[str, Any], preset: Preset) -> list[str]:
 _PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def placeholder_values(*, port, worktree, python: str, spec_dir) -> dict[str, str]:
+    """The values of ``{port}``, ``{host}``, ``{python}``, ``{worktree}`` and ``{spec_dir}``
+    for :func:`render_argv`: a boot's, or the plan's for a dry run. Without a worktree
+    (no repository) ``{worktree}`` is the spec's folder."""
+    return {"port": str(port), "host": LOOPBACK, "python": python,
+            "worktree": str(worktree if worktree is not None else spec_dir), "spec_dir": str(spec_dir)}
+
+
 def render_argv(template: Iterable[Any], **values: Any) -> list[str]:
     """Substitute ``{name}`` placeholders in each argv element; never a shell.
 

@@ -22,7 +22,6 @@ from ..errors import CommitError
 from ..model import Arm, Metric
 from ..input.spec import HypothesisSpec, Spec
 
-LOOPBACK = "127.0.0.1"
 TP_FLAGS = ("tp", "tp-size", "tensor-parallel-size")  # canonical spellings of the tensor parallel degree
 
 
@@ -91,9 +90,8 @@ class Plan:
                                                                  python=python or self.python_for(config)))
 
     def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
-        return {"port": str(port), "host": LOOPBACK, "python": python or self.base_python,
-                "worktree": str(worktree if worktree is not None else self.spec.spec_dir),
-                "spec_dir": str(self.spec.spec_dir)}
+        return presets.placeholder_values(port=port, worktree=worktree, python=python or self.base_python,
+                                          spec_dir=self.spec.spec_dir)
 
     def workspace(self) -> Workspace | None:
         """The engine repository's mirror and worktrees in the cache (None: no repository)."""
