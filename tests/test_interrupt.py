@@ -53,6 +53,12 @@ def _sample_count(db: Path) -> int:
         return 0
 
 
+def _hangup_as_from_a_terminal() -> None:
+    """The harness keeps an ignored SIGHUP ignored (a run under ``nohup`` outlives its
+    terminal); a test run under ``nohup`` would pass that on, so start as a terminal does."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, checkout: Path) -> tuple[subprocess.Popen, Path, Path]:
     spec = write_spec(
         tmp_path / "hypotheses.yaml", engine={"preset": "demo", "repo": checkout.name}, benchmark=SMALL_BENCH,
@@ -65,7 +71,8 @@ def _start(tmp_path: Path, checkout: Path) -> tuple[subprocess.Popen, Path, Path
         proc = subprocess.Popen(
             [*HARNESS, "run", str(spec), "--no-calibration", "--ledger", f"sqlite:///{db}",
              "--journal-dir", str(tmp_path / "exp"), "--json"],
-            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+            preexec_fn=_hangup_as_from_a_terminal)
     return proc, db, tmp_path / "harness.err"
 
 
