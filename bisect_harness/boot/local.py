@@ -42,7 +42,6 @@ __all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch
            "checkout", "placeholders", "working_dir", "process_env"]
 
 
-
 # --------------------------------------------------------------------------- helpers
 
 
