@@ -83,3 +83,20 @@ def test_one_difference_is_its_own_slowdown():
     res = explain(["commit"], measure, worse=Expect.DECREASE, min_effect=0.05)
     assert res.members == ("commit",) and res.confidence["commit"] is res.slowdown
     assert res.to_json()["confidence"]["commit"]["outcome"] == "confirmed"
+
+
+def test_groups_that_cannot_be_cleared_stop_early_and_split():
+    # 32 differences start as 8 groups of 4. At a 6% boot-to-boot CV no group can be
+    # shown inert (within 5%) in 16 rounds, so waiting buys nothing: a group stops at
+    # its first look, open, and is split. The cause is still found; the inert singletons
+    # that cannot be cleared either are left undecided, never claimed.
+    names = [f"env:V{i:02d}" for i in range(32)]
+    measure, calls = fake(lambda s: 100 * (0.75 if "env:V05" in s else 1.0), seed=6, cv=0.06)
+    res = explain(names, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("env:V05",)
+    groups = [t for t in res.tests if t.purpose == "leave out" and len(set(names) - t.treatment) > 1]
+    assert groups and all(t.boots[1] < 16 for t in groups)
+    stopped = [t for t in groups if t.reason.startswith("Stopped undecided")]
+    assert stopped and all(t.outcome == "inconclusive" for t in stopped)
+    singles = [t for t in res.tests if t.purpose == "leave out" and len(set(names) - t.treatment) == 1]
+    assert len(singles) == 32  # every group was split down to its singletons

@@ -50,7 +50,12 @@ The search (adaptive group testing, the leave-out form of ddmin):
 Each member's confidence is its leave-out test's: outcome, ratio, interval and
 p-value at the look that decided it. A group left undecided at the budget is split
 anyway (a smaller group may decide); a singleton left undecided is reported as
-undecided, never as a member (the search claims nothing it did not decide).
+undecided, never as a member (the search claims nothing it did not decide). Since a
+group that matters and one left open are both split, only a clearing changes the
+search: a group stops, open, at the first look at which even an estimate of exactly
+no effect could not clear it within the budget (on a host too noisy to clear
+anything, waiting out the budget at every level cost more than one-at-a-time
+testing in ``bench/bench_explain.py``; stopping claims nothing, so it spends no alpha).
 Every test names the ``measure`` calls behind each of its sides, so a boot shared
 by several tests is counted once in ``boots`` and traced from each.
 
@@ -248,14 +253,26 @@ class _Search:
             return "refuted", Outcome.REFUTED.value, None, p, ci
         return "open", Outcome.INCONCLUSIVE.value, None, p, ci
 
+    def _clearable(self, c: blocks.Contrast, thr: float) -> bool:
+        """Could this contrast still be cleared by ``max_rounds``? Only if an estimate of
+        exactly 0 would be, at the standard error its boots so far project to the cap
+        (shrinking as one over the root of its boots), read with the normal quantile
+        (below the t one at any degrees of freedom: in the contrast's favour)."""
+        margin = min(stats._log_effect(self.better, self.min_effect), stats._log_effect(self.worse, self.min_effect))
+        se_cap = c.se * math.sqrt(c.boots / self.max_rounds)
+        return float(_st.norm.isf(thr)) * se_cap < margin
+
     def block(self, control: frozenset, items: Sequence[tuple[str, frozenset]], *, expect: Expect,
-              thr: float, judge) -> list[tuple[str, Test]]:
+              thr: float, judge, only_clearing: Sequence[bool] = ()) -> list[tuple[str, Test]]:
         """Configs ``items`` ((purpose, config)) against ``control`` in one block of rounds
         (:mod:`blocks`): each round boots every undecided config once, the control booted
         between chunks of them. A config stops being booted once ``judge`` decides it;
         the block ends when every config is decided or at ``max_rounds``. No decision
         before a config's third boot: with two, one spoiled boot cannot be told from an
-        effect."""
+        effect. A config whose ``only_clearing`` is true (a group of the leave-out search:
+        only a clearing changes what the search does next) also stops, open, once it can
+        no longer be cleared within the budget (:meth:`_clearable`): more boots would buy
+        nothing."""
         seq: list[tuple] = []
         calls: dict = {k: [] for k in range(-1, len(items))}
         open_ = set(range(len(items)))
@@ -276,13 +293,18 @@ class _Search:
                 status, outcome, opp, p, ci = judge(c, thr)
                 if status != "open" and not self._stable(seq, k, thr, judge, status):
                     status, outcome = "open", Outcome.INCONCLUSIVE.value
-                if status == "open" and rnd < self.max_rounds:
+                futile = (status == "open" and rnd < self.max_rounds and k < len(only_clearing)
+                          and only_clearing[k] and not self._clearable(c, thr))
+                if status == "open" and rnd < self.max_rounds and not futile:
                     continue
                 ratio = math.exp(c.estimate)
                 where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
                          f"{c.df:.0f} error df, {c.segments_left_out} host block(s) left out as unsettled, "
                          f"threshold p <= {thr:.2g} per direction and look")
-                reason = (f"{'Decided' if status != 'open' else 'Budget spent, undecided'}: "
+                head = ("Decided" if status != "open" else
+                        f"Stopped undecided at round {rnd}: the noise leaves no clearing possible within "
+                        f"{self.max_rounds} rounds, so the group is split" if futile else "Budget spent, undecided")
+                reason = (f"{head}: "
                           f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
                 done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,
                                         (len(calls[-1]), len(calls[k])), reason, opp, tuple(calls[-1]),
@@ -307,7 +329,8 @@ class _Search:
 
     def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
         return self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
-                          thr=self.block_thr, judge=self._judge_leave_out)
+                          thr=self.block_thr, judge=self._judge_leave_out,
+                          only_clearing=[len(g) > 1 for g in groups])
 
     def side_block(self, items: Sequence[tuple[str, frozenset]]) -> list[Test]:
         """Configs near the fast one against it, each expected worse: their own
