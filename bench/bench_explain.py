@@ -25,6 +25,9 @@ Accuracy of the reported set against the true one (the single causes and both me
 of the pair): ``exact``, ``superset`` (every true member and more), ``wrong`` (anything
 else). ``confident_wrong``: a set other than the true one (wrong, or a superset: an inert
 difference named as a cause) reported as confident (nothing left undecided).
+``wrong_other_claim``: a search that claimed anything else that is false here (a
+difference of the opposite sign, a member of the pair slower alone, an interaction
+other than the pair); ``any_wrong_claim``: either kind of wrong claim.
 ``mean_boots``: boots over all configurations. ``ota_fixed_for_80``: the smallest fixed
 boots per side (of 3, 5, 8, 12, 16, 24) at which one-at-a-time is exactly right in >= 80% of trials,
 and ``ota_boots_for_80`` its mean boots; ``boots_ratio`` = explain's mean boots / that.
@@ -119,7 +122,7 @@ def run(trials: int, sizes, models, seed: int) -> dict:
         for n in sizes:
             rng = np.random.default_rng([seed, n, MODELS.index(model)])
             acc = {"exact": 0, "superset": 0, "wrong": 0}
-            conf_wrong = 0
+            conf_wrong = other_wrong = any_wrong = 0
             interactions_found = 0
             boots, to_set = [], []
             ota = {f: {"exact": 0, "boots": []} for f in FIXED}
@@ -134,6 +137,15 @@ def run(trials: int, sizes, models, seed: int) -> dict:
                 kind = classify(set(res.members), truth)
                 acc[kind] += 1
                 conf_wrong += kind != "exact" and res.confident
+                # Claims beside the set, each false by construction: no difference here has
+                # the opposite sign, a member of the pair is not slower alone, and the only
+                # interaction is the pair.
+                other = (bool(res.opposite)
+                         or any(t.purpose == "alone vs fast" and t.outcome == Outcome.CONFIRMED.value
+                                and t.treatment <= set(pair) for t in res.tests)
+                         or any(set(p) != set(pair) for p in res.interactions))
+                other_wrong += other
+                any_wrong += other or (kind != "exact" and res.confident)
                 interactions_found += any(set(p) == set(pair) for p in res.interactions)
                 boots.append(res.boots)
                 # The boots that named the set: the slowdown and the leave-out tests (the
@@ -146,7 +158,8 @@ def run(trials: int, sizes, models, seed: int) -> dict:
                     ota[f]["exact"] += found == truth
                     ota[f]["boots"].append(b)
             cell = {k: v / trials for k, v in acc.items()}
-            cell.update(confident_wrong=conf_wrong / trials, interaction_found=interactions_found / trials,
+            cell.update(confident_wrong=conf_wrong / trials, wrong_other_claim=other_wrong / trials,
+                        any_wrong_claim=any_wrong / trials, interaction_found=interactions_found / trials,
                         mean_boots=float(np.mean(boots)), mean_boots_to_set=float(np.mean(to_set)))
             cell["one_at_a_time"] = {str(f): {"exact": ota[f]["exact"] / trials,
                                               "mean_boots": float(np.mean(ota[f]["boots"]))} for f in FIXED}
@@ -166,6 +179,7 @@ def run(trials: int, sizes, models, seed: int) -> dict:
             out.setdefault(model, {})[str(n)] = cell
             print(f"{model:>16} n={n:>2}: exact {cell['exact']:.2f} superset {cell['superset']:.2f} "
                   f"wrong {cell['wrong']:.2f} confident-wrong {cell['confident_wrong']:.2f} "
+                  f"other wrong claims {cell['wrong_other_claim']:.2f} "
                   f"boots {cell['mean_boots']:.0f} (to the set {cell['mean_boots_to_set']:.0f}) vs one-at-a-time@80% "
                   f"{cell['ota_boots_for_80']} (wrong {cell['ota_wrong_at_80']})",
                   file=sys.stderr)

@@ -56,6 +56,9 @@ def test_opposite_sign_difference():
     res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
     assert res.members == ("commit",)
     assert res.opposite == ("env:V3",)
+    # The block's "slower" tail is not trusted alone: fresh paired boots confirm it.
+    check = [t for t in res.tests if t.purpose == "opposite sign"]
+    assert [(sorted(res.tests[0].treatment - t.treatment), t.outcome) for t in check] == [(["env:V3"], "confirmed")]
 
 
 def test_no_slowdown_nothing_claimed():

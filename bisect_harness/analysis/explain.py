@@ -26,7 +26,10 @@ The search (adaptive group testing, the leave-out form of ddmin):
    in two for the next level; a group cleared (shown to move the slow config by
    less than ``min_effect`` either way) is cleared with every member; a singleton
    that matters is a member; a singleton shown to make the slow config *worse*
-   when left out is a difference with the opposite sign. Every block decision
+   when left out is a candidate for the opposite sign, claimed only when a paired
+   test of fresh boots (slow against slow without it) confirms it: in that tail the
+   block's p-values run 8 to 21 times too small on hosts whose bad boots are slow
+   (``bench/bench_blocks.py``). Every block decision
    about a config must also hold with any one of its boots left out: no decision
    rests on one boot (in ``bench/bench_explain.py``, deciding without this check
    named inert differences as causes, and lost causes, under stalls and bursts).
@@ -45,7 +48,9 @@ The search (adaptive group testing, the leave-out form of ddmin):
    Steps 3 and 4 run as a block against the fast config, as the leave-out tests
    do against the slow one (their own Bonferroni share of ``alpha`` over the
    block's configs); the minimal set against slow is a paired test, since the two
-   configs differ in many differences and may differ in noise.
+   configs differ in many differences and may differ in noise. So is each pair:
+   an interaction is a "slower" claim, the tail in which a block's p-values run too
+   small on hosts whose bad boots are slow (the pairs share ``alpha``).
 
 Each member's confidence is its leave-out test's: outcome, ratio, interval and
 p-value at the look that decided it. A group left undecided at the budget is split
@@ -195,9 +200,11 @@ class _Search:
         self.boots += 1
         return self.boots - 1, samples
 
-    def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect) -> Test:
+    def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect, *,
+                alpha: Optional[float] = None) -> Test:
         """One paired test: rounds of one boot of each config, in a random order, until
-        the harness's sequential rule decides or the budget ends."""
+        the harness's sequential rule decides (at ``alpha``, default the search's) or
+        the budget ends."""
         bb: list = []
         tb: list = []
         bc: list = []
@@ -208,7 +215,7 @@ class _Search:
                 (bc if c is base else tc).append(idx)
                 (bb if c is base else tb).append(smp)
             v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
-                               alpha=self.alpha)
+                               alpha=self.alpha if alpha is None else alpha)
             if v.final:
                 t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
                          (len(bb), len(tb)), v.reason, None, tuple(bc), tuple(tc))
@@ -354,6 +361,7 @@ class _Search:
         members: list[str] = []
         conf: dict = {}
         opposite: list[str] = []
+        candidates: list[str] = []  # worse when left out, on a block's test: confirmed below
         undecided: list[str] = []
         if len(self.names) == 1:
             members, conf = [self.names[0]], {self.names[0]: slowdown}
@@ -371,11 +379,19 @@ class _Search:
                     members.append(g[0])
                     conf[g[0]] = t
                 elif status == "opposite":
-                    opposite.append(g[0])
+                    candidates.append(g[0])
                 else:
                     undecided.append(g[0])
             groups = nxt
+        for d in sorted(candidates, key=self.names.index):
+            t = self.compare("opposite sign", self.all, self.all - {d}, self.worse,
+                             alpha=self.alpha / len(candidates))
+            if t.outcome == Outcome.CONFIRMED.value:
+                opposite.append(d)
+            elif t.outcome == Outcome.INCONCLUSIVE.value:
+                undecided.append(d)
         members.sort(key=self.names.index)
+        undecided.sort(key=self.names.index)
         effect = residual = None
         interactions: list[tuple] = []
         if members:
@@ -391,10 +407,12 @@ class _Search:
                 effect = slowdown  # the whole set is the slowdown test already: its boots stand for it
             inert = [m for m, t in zip(members, side) if t.outcome == Outcome.REFUTED.value]
             pairs = list(itertools.combinations(inert, 2))
-            tested = iter(self.side_block([("pair vs fast", frozenset(p)) for p in pairs
-                                           if frozenset(p) != self.all]))
+            # An interaction is claimed in the slower tail, where a block's p-values run
+            # too small on hosts whose bad boots are slow (bench/bench_blocks.py): each
+            # pair is a paired test of its own, the pairs sharing alpha by Bonferroni.
             for p in pairs:
-                t = slowdown if frozenset(p) == self.all else next(tested)
+                t = slowdown if frozenset(p) == self.all else self.compare(
+                    "pair vs fast", frozenset(), frozenset(p), self.worse, alpha=self.alpha / len(pairs))
                 if t.outcome == Outcome.CONFIRMED.value:
                     interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
@@ -410,8 +428,9 @@ def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect
     slow values and returns that boot's samples. ``worse`` is the metric's bad direction
     (``Expect.DECREASE`` for tok/s), ``min_effect`` the smallest relative change that
     counts. ``alpha`` is the error of each paired test (the slowdown, the minimal set
-    against slow) and of each family of block decisions (the leave-out decisions of
-    the whole search share it; so do the side tests of one block); ``seed`` orders
+    against slow) and of each family of decisions (the leave-out decisions of the
+    whole search share it; so do the side tests of one block, the opposite-sign
+    checks, and the pairs' tests); ``seed`` orders
     each round's boots. ``design`` decides the paired
     tests; ``block_rounds`` caps each block of leave-out or side tests (default twice
     ``design.max_boots``: a block spends rounds only on the configs still open).
