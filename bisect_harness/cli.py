@@ -273,6 +273,8 @@ def _print_explanation(console: Console, out) -> None:
         console.print(f"  opposite sign: {name}", markup=False)
     for name in res.undecided:
         console.print(f"  undecided: {name}", markup=False)
+    for name in res.sign_open:
+        console.print(f"  no cause, sign open: {name}", markup=False)
 
 
 @app.command()

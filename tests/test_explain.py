@@ -103,3 +103,40 @@ def test_groups_that_cannot_be_cleared_stop_early_and_split():
     assert stopped and all(t.outcome == "inconclusive" for t in stopped)
     singles = [t for t in res.tests if t.purpose == "leave out" and len(set(names) - t.treatment) == 1]
     assert len(singles) == 32  # every group was split down to its singletons
+    # The inert singletons are never claimed: undecided, or shown to hold no cause.
+    assert set(res.undecided) | set(res.sign_open) == set(names) - {"env:V05"}
+
+
+def test_no_cause_with_its_sign_open_is_neither_undecided_nor_split():
+    # V3 makes the slow config 4.5% faster: left out, the slow config is shown not to get
+    # 5% better (no cause), but neither shown 5% worse (opposite) nor within 5% (cleared)
+    # in any budget. The set is settled for it: it is reported with its sign open, not as
+    # an undecided member, and the set is claimed.
+    def levels(s):
+        mu = 100 * (0.8 if "commit" in s else 1.0)
+        return mu * (1.045 if "env:V3" in s else 1.0)
+    measure, _ = fake(levels, seed=3)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("commit",) and res.sign_open == ("env:V3",)
+    assert res.confident and not res.undecided and not res.opposite
+    v3 = next(t for t in res.tests if t.purpose == "leave out" and t.treatment == frozenset(NAMES) - {"env:V3"})
+    assert v3.outcome == "refuted" and v3.opposite == "inconclusive" and v3.reason.startswith("Budget spent")
+    assert res.to_json()["sign_open"] == ["env:V3"]
+    # On a noisier host no budget could clear V3 or show it opposite: once shown to hold
+    # no cause it stops at once, its sign open.
+    measure, _ = fake(levels, seed=5, cv=0.02)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("commit",) and res.sign_open == ("env:V3",)
+    v3 = next(t for t in res.tests if t.purpose == "leave out" and t.treatment == frozenset(NAMES) - {"env:V3"})
+    assert v3.outcome == "refuted" and v3.boots[1] < 16 and "no cause shown, its sign open" in v3.reason
+    # A group whose test ends this way is not split: 32 differences start in groups of
+    # four; the one holding V03 (4.5% the other way) stops with the set settled for it.
+    names = [f"env:V{i:02d}" for i in range(32)]
+
+    def levels32(s):
+        return 100 * (0.8 if "env:V20" in s else 1.0) * (1.045 if "env:V03" in s else 1.0)
+    measure, _ = fake(levels32, seed=4)
+    res = explain(names, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("env:V20",) and res.sign_open == tuple(names[0:4])
+    assert not any(t.purpose == "leave out" and len(set(names) - t.treatment) < 4
+                   and set(names) - t.treatment <= set(names[0:4]) for t in res.tests)

@@ -55,12 +55,24 @@ The search (adaptive group testing, the leave-out form of ddmin):
 Each member's confidence is its leave-out test's: outcome, ratio, interval and
 p-value at the look that decided it. A group left undecided at the budget is split
 anyway (a smaller group may decide); a singleton left undecided is reported as
-undecided, never as a member (the search claims nothing it did not decide). Since a
-group that matters and one left open are both split, only a clearing changes the
-search: a group stops, open, at the first look at which even an estimate of exactly
+undecided, never as a member (the search claims nothing it did not decide). A group
+whose test ended with half of a clearing, shown to hold no cause (left out, the slow
+config is not better by ``min_effect``, with any one boot left out too) but not shown
+free of the opposite sign, is not split: the set is settled for it, and its members
+are reported as ``sign_open``, neither claimed nor cleared that way (on the two-mode
+host at 32 differences, splitting such groups cost 12% of the search's boots and
+settled nothing about the set). Since a
+group that matters and one left open are both split, only a clearing (or that half
+of one) changes the search: a group stops, open, at the first look at which even an estimate of exactly
 no effect could not clear it within the budget (on a host too noisy to clear
 anything, waiting out the budget at every level cost more than one-at-a-time
 testing in ``bench/bench_explain.py``; stopping claims nothing, so it spends no alpha).
+A singleton shown to hold no cause stops, its sign open, at the first look at which
+it could be neither cleared nor shown of the opposite sign by the budget, even with
+its estimate moved a standard error either way. (Stopping any singleton that could
+settle nothing more cut another 8% of the boots on the two-mode host at 32
+differences, but lost true causes whose first boots drew low: exact answers fell from
+0.97 to 0.80 on the bursty host at 8 differences and to 0.73 at 32.)
 Every test names the ``measure`` calls behind each of its sides, so a boot shared
 by several tests is counted once in ``boots`` and traced from each.
 
@@ -134,7 +146,9 @@ class Explanation:
     """The answer: ``members`` the minimal set (names), ``confidence`` each member's
     leave-out test, ``interactions`` pairs slow only together, ``opposite`` differences
     that make the slow config faster, ``undecided`` members of groups the budget left
-    open, ``tests`` every configuration tried in order, ``boots`` all boots spent."""
+    open, ``sign_open`` differences shown to hold no cause whose opposite sign the
+    budget left open (neither claimed nor cleared that way), ``tests`` every
+    configuration tried in order, ``boots`` all boots spent."""
 
     slowdown: Test
     members: tuple
@@ -142,6 +156,7 @@ class Explanation:
     interactions: tuple
     opposite: tuple
     undecided: tuple
+    sign_open: tuple
     effect: Optional[Test]
     residual: Optional[Test]
     tests: tuple
@@ -160,7 +175,8 @@ class Explanation:
         return {"slowdown": self.slowdown.to_json(), "members": list(self.members),
                 "confidence": {k: v.to_json() for k, v in self.confidence.items()},
                 "interactions": [list(p) for p in self.interactions], "opposite": list(self.opposite),
-                "undecided": list(self.undecided), "effect": self.effect.to_json() if self.effect else None,
+                "undecided": list(self.undecided), "sign_open": list(self.sign_open),
+                "effect": self.effect.to_json() if self.effect else None,
                 "residual": self.residual.to_json() if self.residual else None,
                 "tests": [t.to_json() for t in self.tests], "boots": self.boots,
                 "confident": self.confident}
@@ -269,6 +285,22 @@ class _Search:
         se_cap = c.se * math.sqrt(c.boots / self.max_rounds)
         return float(_st.norm.isf(thr)) * se_cap < margin
 
+    def _settles_nothing(self, c: blocks.Contrast, thr: float, judge, outcome: str) -> bool:
+        """Would this open test settle nothing more by ``max_rounds`` (still open, its
+        outcome still ``outcome``: undecided, or shown to hold no cause), with its estimate
+        moved one standard error either way? Projected like :meth:`_clearable` (standard
+        error shrunk to the cap, normal quantile). Taken at the estimate alone, without
+        the move, this stopped true causes whose few boots had drawn low: 3 of 30
+        searches on the two-mode host at 8 differences lost a member
+        (``bench/bench_explain.py``); with the move it still did on the bursty host, so
+        only a test already shown to hold no cause stops this way."""
+        se_cap = c.se * math.sqrt(c.boots / self.max_rounds)
+        for shift in (-c.se, c.se):
+            proj = blocks.Contrast(c.estimate + shift, se_cap, 1e9, self.max_rounds)
+            if judge(proj, thr)[:2] != ("open", outcome):
+                return False
+        return True
+
     def block(self, control: frozenset, items: Sequence[tuple[str, frozenset]], *, expect: Expect,
               thr: float, judge, only_clearing: Sequence[bool] = ()) -> list[tuple[str, Test]]:
         """Configs ``items`` ((purpose, config)) against ``control`` in one block of rounds
@@ -279,7 +311,10 @@ class _Search:
         effect. A config whose ``only_clearing`` is true (a group of the leave-out search:
         only a clearing changes what the search does next) also stops, open, once it can
         no longer be cleared within the budget (:meth:`_clearable`): more boots would buy
-        nothing."""
+        nothing. One whose ``only_clearing`` is false (a singleton of the leave-out
+        search) and that is shown to hold no cause stops, open, once it would settle
+        nothing more by the budget even with its estimate moved a standard error either
+        way (:meth:`_settles_nothing`)."""
         seq: list[tuple] = []
         calls: dict = {k: [] for k in range(-1, len(items))}
         open_ = set(range(len(items)))
@@ -298,19 +333,35 @@ class _Search:
                 if c is None:
                     continue
                 status, outcome, opp, p, ci = judge(c, thr)
-                if status != "open" and not self._stable(seq, k, thr, judge, status):
-                    status, outcome = "open", Outcome.INCONCLUSIVE.value
+                unstable = status != "open" and not self._stable(seq, k, thr, judge, status)
+                if unstable:
+                    status = "open"
                 futile = (status == "open" and rnd < self.max_rounds and k < len(only_clearing)
-                          and only_clearing[k] and not self._clearable(c, thr))
+                          and (not self._clearable(c, thr) if only_clearing[k]
+                               else outcome == Outcome.REFUTED.value
+                               and self._settles_nothing(c, thr, judge, outcome)))
                 if status == "open" and rnd < self.max_rounds and not futile:
                     continue
                 ratio = math.exp(c.estimate)
                 where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
                          f"{c.df:.0f} error df, {c.segments_left_out} host block(s) left out as unsettled, "
                          f"threshold p <= {thr:.2g} per direction and look")
-                head = ("Decided" if status != "open" else
+                # An open test may still have settled one half: no effect in the expected
+                # direction (a leave-out group shown to hold no cause). That half, too, must
+                # hold with any one boot left out.
+                if (status == "open" and outcome == Outcome.REFUTED.value
+                        and not self._stable(seq, k, thr, lambda cc, tt: (judge(cc, tt)[1],), outcome)):
+                    outcome = Outcome.INCONCLUSIVE.value
+                elif unstable and outcome != Outcome.REFUTED.value:
+                    outcome = Outcome.INCONCLUSIVE.value
+                if (unstable and opp == Outcome.REFUTED.value
+                        and not self._stable(seq, k, thr, lambda cc, tt: (judge(cc, tt)[2],), opp)):
+                    opp = Outcome.INCONCLUSIVE.value
+                head = ("Decided" if status != "open" else "Budget spent, undecided" if not futile else
                         f"Stopped undecided at round {rnd}: the noise leaves no clearing possible within "
-                        f"{self.max_rounds} rounds, so the group is split" if futile else "Budget spent, undecided")
+                        f"{self.max_rounds} rounds, so the group is split" if only_clearing[k] else
+                        f"Stopped at round {rnd}, no cause shown, its sign open: with its estimate one standard "
+                        f"error either way, the test would settle nothing more within {self.max_rounds} rounds")
                 reason = (f"{head}: "
                           f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
                 done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,
@@ -357,12 +408,13 @@ class _Search:
     def run(self) -> Explanation:
         slowdown = self.compare("slowdown", frozenset(), self.all, self.worse)
         if slowdown.outcome != Outcome.CONFIRMED.value:
-            return Explanation(slowdown, (), {}, (), (), (), None, None, tuple(self.tests), self.boots)
+            return Explanation(slowdown, (), {}, (), (), (), (), None, None, tuple(self.tests), self.boots)
         members: list[str] = []
         conf: dict = {}
         opposite: list[str] = []
         candidates: list[str] = []  # worse when left out, on a block's test: confirmed below
         undecided: list[str] = []
+        sign_open: list[str] = []
         if len(self.names) == 1:
             members, conf = [self.names[0]], {self.names[0]: slowdown}
             groups: list = []
@@ -372,6 +424,9 @@ class _Search:
             nxt: list = []
             for g, (status, t) in zip(groups, self.leave_out_level(groups)):
                 if status == "cleared":
+                    continue
+                if status == "open" and t.outcome == Outcome.REFUTED.value:  # no cause in it; its sign open
+                    sign_open.extend(g)
                     continue
                 if len(g) > 1:  # a group that matters, masks a cause, or stayed open: split it
                     nxt += [g[:len(g) // 2], g[len(g) // 2:]]
@@ -416,7 +471,8 @@ class _Search:
                 if t.outcome == Outcome.CONFIRMED.value:
                     interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
-                           tuple(undecided), effect, residual, tuple(self.tests), self.boots)
+                           tuple(undecided), tuple(sorted(sign_open, key=self.names.index)), effect, residual,
+                           tuple(self.tests), self.boots)
 
 
 def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
