@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bisect_harness.demo import create_demo_repo
 
@@ -223,3 +224,25 @@ def test_demo_plan_with_an_unknown_revision_names_the_hypothesis(demo, tmp_path)
     assert "no-such-branch" in proc.stderr and "head-regression" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert_nothing_written(work)
+
+
+def test_the_readme_experiment_plans_its_bisection_and_its_explanation(demo, tmp_path):
+    # The repository's own hypotheses.yaml (README's main command), pointed at a demo
+    # repository made here: it bisects the HEAD regression and explains the tuned launch.
+    spec = yaml.safe_load((ROOT / "hypotheses.yaml").read_text())
+    spec["engine"]["repo"] = str(demo.path)
+    path = tmp_path / "hypotheses.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = harness(["run", str(path), "--dry-run", "--json"], work)
+    assert proc.returncode == 0, proc.stderr
+    plan = last_json(proc.stdout)
+    assert_nothing_written(work)
+    hyps = {h["id"]: h for h in plan["hypotheses"]}
+    assert hyps["head-regression"]["bisect"] and not hyps["head-regression"]["explain"]
+    tuned = hyps["tuned-launch"]
+    assert tuned["explain"] and tuned["metric"] == "decode_tok_s"
+    configs = {c["key"]: c for c in plan["configs"]}
+    assert configs[tuned["treatment"]]["env"] == {"NCCL_PROTO": "Simple", "NCCL_DEBUG": "WARN"}
+    assert configs[tuned["treatment"]]["commit"] == configs[tuned["baseline"]]["commit"] == demo.head
