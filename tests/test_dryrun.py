@@ -188,15 +188,20 @@ hypotheses:
 """
 
 
-def test_demo_plan_resolves_revisions_to_full_shas(demo, tmp_path):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(DEMO_SPEC.format(repo=demo.path, base="HEAD~26"))
+def planned(spec: Path, tmp_path: Path) -> tuple[dict, Path]:
+    """``harness run SPEC --dry-run --json`` from an empty working folder: (the plan, that folder)."""
     work = tmp_path / "work"
     work.mkdir()
     proc = harness(["run", str(spec), "--dry-run", "--json"], work)
     assert proc.returncode == 0, proc.stderr
-    plan = last_json(proc.stdout)
     assert_nothing_written(work)
+    return last_json(proc.stdout), work
+
+
+def test_demo_plan_resolves_revisions_to_full_shas(demo, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(DEMO_SPEC.format(repo=demo.path, base="HEAD~26"))
+    plan, work = planned(spec, tmp_path)
     configs = {c["key"]: c for c in plan["configs"]}
     hyps = {h["id"]: h for h in plan["hypotheses"]}
     assert len(configs) == 3, "HEAD plain is shared by both hypotheses"
@@ -233,12 +238,7 @@ def test_the_readme_experiment_plans_its_bisection_and_its_explanation(demo, tmp
     spec["engine"]["repo"] = str(demo.path)
     path = tmp_path / "hypotheses.yaml"
     path.write_text(yaml.safe_dump(spec))
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = harness(["run", str(path), "--dry-run", "--json"], work)
-    assert proc.returncode == 0, proc.stderr
-    plan = last_json(proc.stdout)
-    assert_nothing_written(work)
+    plan, _ = planned(path, tmp_path)
     hyps = {h["id"]: h for h in plan["hypotheses"]}
     assert hyps["head-regression"]["bisect"] and not hyps["head-regression"]["explain"]
     tuned = hyps["tuned-launch"]
