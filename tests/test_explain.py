@@ -138,5 +138,9 @@ def test_no_cause_with_its_sign_open_is_neither_undecided_nor_split():
     measure, _ = fake(levels32, seed=4)
     res = explain(names, measure, worse=Expect.DECREASE, min_effect=0.05)
     assert res.members == ("env:V20",) and res.sign_open == tuple(names[0:4])
+    # Every test that ended with no cause shown says so, and only those.
+    for t in res.tests:
+        if t.purpose == "leave out":
+            assert ("no cause shown" in t.reason) == (t.outcome == "refuted" and not t.reason.startswith("Decided"))
     assert not any(t.purpose == "leave out" and len(set(names) - t.treatment) < 4
                    and set(names) - t.treatment <= set(names[0:4]) for t in res.tests)

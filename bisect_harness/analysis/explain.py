@@ -287,7 +287,7 @@ class _Search:
 
     def _settles_nothing(self, c: blocks.Contrast, thr: float, judge, outcome: str) -> bool:
         """Would this open test settle nothing more by ``max_rounds`` (still open, its
-        outcome still ``outcome``: undecided, or shown to hold no cause), with its estimate
+        outcome still ``outcome``, such as shown to hold no cause), with its estimate
         moved one standard error either way? Projected like :meth:`_clearable` (standard
         error shrunk to the cap, normal quantile). Taken at the estimate alone, without
         the move, this stopped true causes whose few boots had drawn low: 3 of 30
@@ -336,32 +336,39 @@ class _Search:
                 unstable = status != "open" and not self._stable(seq, k, thr, judge, status)
                 if unstable:
                     status = "open"
-                futile = (status == "open" and rnd < self.max_rounds and k < len(only_clearing)
-                          and (not self._clearable(c, thr) if only_clearing[k]
-                               else outcome == Outcome.REFUTED.value
-                               and self._settles_nothing(c, thr, judge, outcome)))
+                # An open test may still have settled one half: no effect in the expected
+                # direction (a leave-out group shown to hold no cause). That half, too, must
+                # hold with any one boot left out; checked only where it ends a test.
+                def half_holds() -> bool:
+                    return self._stable(seq, k, thr, lambda cc, tt: (judge(cc, tt)[1],), Outcome.REFUTED.value)
+                futile = half_checked = False
+                if status == "open" and rnd < self.max_rounds and k < len(only_clearing):
+                    if only_clearing[k]:
+                        futile = not self._clearable(c, thr)
+                    elif outcome == Outcome.REFUTED.value and self._settles_nothing(c, thr, judge, outcome):
+                        futile = half_checked = half_holds()
                 if status == "open" and rnd < self.max_rounds and not futile:
                     continue
                 ratio = math.exp(c.estimate)
                 where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
                          f"{c.df:.0f} error df, {c.segments_left_out} host block(s) left out as unsettled, "
                          f"threshold p <= {thr:.2g} per direction and look")
-                # An open test may still have settled one half: no effect in the expected
-                # direction (a leave-out group shown to hold no cause). That half, too, must
-                # hold with any one boot left out.
-                if (status == "open" and outcome == Outcome.REFUTED.value
-                        and not self._stable(seq, k, thr, lambda cc, tt: (judge(cc, tt)[1],), outcome)):
-                    outcome = Outcome.INCONCLUSIVE.value
-                elif unstable and outcome != Outcome.REFUTED.value:
+                if status == "open" and outcome != Outcome.INCONCLUSIVE.value and not (
+                        outcome == Outcome.REFUTED.value and (half_checked or half_holds())):
                     outcome = Outcome.INCONCLUSIVE.value
                 if (unstable and opp == Outcome.REFUTED.value
                         and not self._stable(seq, k, thr, lambda cc, tt: (judge(cc, tt)[2],), opp)):
                     opp = Outcome.INCONCLUSIVE.value
-                head = ("Decided" if status != "open" else "Budget spent, undecided" if not futile else
-                        f"Stopped undecided at round {rnd}: the noise leaves no clearing possible within "
-                        f"{self.max_rounds} rounds, so the group is split" if only_clearing[k] else
-                        f"Stopped at round {rnd}, no cause shown, its sign open: with its estimate one standard "
-                        f"error either way, the test would settle nothing more within {self.max_rounds} rounds")
+                no_cause = status == "open" and outcome == Outcome.REFUTED.value
+                head = ("Decided" if status != "open" else
+                        ("Budget spent" if not futile else f"Stopped at round {rnd}") + ", no cause shown, its sign open"
+                        if no_cause else "Budget spent, undecided" if not futile else
+                        f"Stopped undecided at round {rnd}")
+                if futile:
+                    head += (f": the noise leaves no clearing possible within {self.max_rounds} rounds"
+                             + ("" if no_cause else ", so the group is split") if only_clearing[k] else
+                             ": with its estimate one standard error either way, the test would settle nothing "
+                             f"more within {self.max_rounds} rounds")
                 reason = (f"{head}: "
                           f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
                 done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,

@@ -67,8 +67,7 @@ def views(summary: dict | None) -> list[dict]:
         for n in rec["opposite"]:
             notes.append(f"opposite sign: leaving `{n}` out makes the slow config slower still.")
         for n in rec["undecided"]:
-            notes.append(f"undecided: `{n}`'s test ended undecided (its budget spent, or stopped where it "
-                         "could settle nothing by then); it is neither claimed nor cleared.")
+            notes.append(f"undecided: `{n}`'s test ended undecided; it is neither claimed nor cleared.")
         for n in rec.get("sign_open") or []:
             notes.append(f"sign open: `{n}` is shown to hold no cause (left out, the slow config is not "
                          f"{rec['min_effect']:.0%} better), but its test ended before it was shown free of "
