@@ -22,7 +22,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 from rich.table import Table
 
-from .errors import HarnessError, UserError
+from .errors import HarnessError, InfrastructureError, UserError
+from .model import NOT_MEASURED, shown_outcome
 from .input.secrets import redact_obj, redact_text
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -120,11 +121,23 @@ def _verdict_table(run) -> Table:
             t.add_row(escape(h.hid), escape(h.metric), "not decided", "", "", "", "", "")
             continue
         ci = f"[{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else "n/a"
-        t.add_row(escape(h.hid), escape(h.metric), v.outcome, f"{v.ratio:.4f}" if v.ratio is not None else "n/a", escape(ci),
+        t.add_row(escape(h.hid), escape(h.metric), shown_outcome(v), f"{v.ratio:.4f}" if v.ratio is not None else "n/a", escape(ci),
                   f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
                   f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
-                  escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")]).strip("*")))
+                  escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")],
+                                      (v.stats or {}).get("checks")).strip("*")))
     return t
+
+
+def _checks_json(v) -> dict:
+    """What the verdict's boots checked: counts per check and a word (``ok`` / ``unchecked`` / the marks)."""
+    from .record.journal import _checks_cell
+
+    if v is None:
+        return {"word": "unchecked", "counts": None}
+    counts = (v.stats or {}).get("checks")
+    word = _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")], counts)
+    return {"word": word.strip("*"), "counts": counts}
 
 
 def run_summary(run) -> dict:
@@ -133,13 +146,15 @@ def run_summary(run) -> dict:
     for h in run.hypotheses:
         v = h.verdict
         out.append({
-            "id": h.hid, "verdict": v.outcome if v else "inconclusive", "metric": h.metric,
+            "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
+            "measured": bool(v) and v.test != NOT_MEASURED,
             "effect": v.ratio if v else None,
             "ci": [v.ci_low, v.ci_high] if v and v.ci_low is not None else None,
             "p_value": v.p_value if v else None,
             "boots": {"baseline": len(v.baseline_boot_ids) if v else 0,
                       "treatment": len(v.treatment_boot_ids) if v else 0},
             "reason": v.reason if v else "no verdict recorded",
+            "checks": _checks_json(v),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}
 
@@ -188,6 +203,16 @@ def run(
             print(json.dumps(obj))
         else:
             typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
+        failed_help = obj.get("flags_help_failed") or []
+        if failed_help:
+            import shlex
+
+            first = failed_help[0]
+            where = f"at commit {first['commit'][:12]}" if first["commit"] else "for the installed server"
+            raise UserError(f"--check-flags: the help argv `{shlex.join(first['help_argv'])}` could not be read "
+                            f"{where} ({first['error'].splitlines()[0]}); so no flag was checked. Make the launch "
+                            "runnable (engine.launch, engine.python: the interpreter whose bin holds the engine's "
+                            "command) and check again")
         if obj.get("flags_refused"):
             raise UserError("a planned flag is not accepted at some commit (see the flag check above); rename it "
                             "for that commit or drop that hypothesis before booting")
@@ -218,6 +243,21 @@ def run(
         console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
             print(json.dumps(run_summary(the_run)))
+        _fail_if_not_measured(the_run, journal_dir / "logs")
+
+
+def _fail_if_not_measured(run, log_dir: Path) -> None:
+    """A hypothesis whose side never booted ends the run with exit 3 (the machine or a
+    tool failed), naming the launch argv and the first failure; all else was recorded."""
+    never = [(h.hid, h.verdict.reason) for h in run.hypotheses
+             if h.verdict is not None and h.verdict.test == NOT_MEASURED]
+    if not never:
+        return
+    lines = "\n".join(f"  {hid}: {reason}" for hid, reason in never)
+    raise InfrastructureError(
+        f"{len(never)} of {len(run.hypotheses)} hypotheses not measured: a config never booted\n{lines}\n"
+        f"Run the launch argv by hand, or read the boot logs in {log_dir}; fix engine.launch, engine.python "
+        "or the build, and run again (every boot, failed ones too, is in the ledger)")
 
 
 @contextlib.contextmanager

@@ -40,6 +40,18 @@ class Outcome(str, enum.Enum):
     INCONCLUSIVE = "inconclusive"
 
 
+#: The test of an inconclusive verdict row whose side never booted (no good boot:
+#: every launch failed, or the commit never built): shown as "not measured".
+NOT_MEASURED = "not measured"
+
+
+def shown_outcome(verdict) -> str:
+    """What a verdict table shows: the outcome, or "not measured" for a side that never booted."""
+    if verdict is None:
+        return "not decided"
+    return NOT_MEASURED if verdict.test == NOT_MEASURED else verdict.outcome
+
+
 @dataclass(frozen=True)
 class Metric:
     """A named quantity with a unit and a direction."""

@@ -252,9 +252,11 @@ def test_wrong_or_missing_key(tmp_path, servers):
     db = tmp_path / "b.db"
     proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
                    "--journal-dir", tmp_path / "exp", cwd=tmp_path, env={**env, "MY_SERVING_KEY": wrong}, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # every boot refused: not measured, exit 3, the first failure named
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "not measured" in proc.stderr and "401" in proc.stderr
     (h,) = last_json(proc.stdout)["hypotheses"]
-    assert h["verdict"] == "inconclusive"
+    assert h["verdict"] == "not measured" and h["measured"] is False
     failures = [f for (f,) in query(db, "SELECT failure FROM boots")]
     assert failures and all("401" in f and "MY_SERVING_KEY" in f and "engine.api_key_env" in f for f in failures)
     assert wrong.encode() not in db.read_bytes() and wrong not in proc.stdout + proc.stderr

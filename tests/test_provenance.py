@@ -23,8 +23,9 @@ VAR = "BH_TEST_NCCL_TUNING"
 CHILD = textwrap.dedent("""
     import json, subprocess, sys, time
     env = json.loads(sys.argv[1])
+    prelude = sys.argv[2] if len(sys.argv) > 2 else ""
     gc = subprocess.Popen([sys.executable, "-c",
-                           "import sys, time; print('ready', flush=True); time.sleep(60)"],
+                           prelude + "; import sys, time; print('ready', flush=True); time.sleep(60)"],
                           env=env, stdout=subprocess.PIPE, text=True)
     assert gc.stdout.readline().strip() == "ready"
     print(gc.pid, flush=True)
@@ -37,9 +38,9 @@ def tree():
     """Start child+grandchild in their own session; yield (child_pid, grandchild_pid)."""
     procs = []
 
-    def start(grandchild_env):
+    def start(grandchild_env, prelude: str = "pass"):
         env = dict(os.environ, **{VAR: "2"})
-        p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(grandchild_env)],
+        p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(grandchild_env), prelude],
                              env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
         procs.append(p)
         line = p.stdout.readline().strip()
@@ -87,6 +88,49 @@ def test_env_other_value_is_a_mismatch(tree):
     again = EnvReport.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again == report
     assert not again.ok
+
+
+# What vLLM's workers do (vllm/utils/system_utils.py set_process_title) and SGLang's
+# scheduler too: the real setproctitle package renames the process.
+RENAME = "import setproctitle; setproctitle.setproctitle('VLLM::EngineCore')"
+
+
+def test_a_worker_renamed_by_setproctitle_is_unverified_not_missing(tree):
+    pytest.importorskip("setproctitle")
+    child, grandchild = tree(None, RENAME)
+    report = env_report(child, {VAR: "2"})
+    gc = report.process(grandchild)
+    assert not gc.readable and gc.cause == "overwritten" and gc.unverified
+    (var,) = report.vars
+    assert var.matched == (child,) and var.absent == () and var.mismatched == {}
+    assert report.state == "unverified" and not report.ok
+    assert "unreadable in 1 of 2 processes" in report.unverified_text()
+    assert "setproctitle" in report.describe() and "UNVERIFIED" in report.describe()
+    again = EnvReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.state == "unverified" and again.to_dict()["state"] == "unverified"
+
+
+def test_spt_noenv_keeps_a_renamed_worker_readable(tree):
+    pytest.importorskip("setproctitle")
+    child, grandchild = tree(dict(os.environ, **{VAR: "2", "SPT_NOENV": "1"}), RENAME)
+    report = env_report(child, {VAR: "2"})
+    assert report.process(grandchild).readable
+    assert "VLLM::EngineCore" in " ".join(psutil_cmdline(grandchild))
+    assert report.state == "ok"
+
+
+def test_an_empty_environment_is_read_as_empty_not_overwritten(tree):
+    child, grandchild = tree({})
+    report = env_report(child, {VAR: "2"})
+    assert report.process(grandchild).readable
+    assert report.vars[0].absent == (grandchild,)
+    assert report.state == "missing"
+
+
+def psutil_cmdline(pid: int) -> list[str]:
+    import psutil
+
+    return psutil.Process(pid).cmdline()
 
 
 def test_env_report_for_a_process_that_is_gone():

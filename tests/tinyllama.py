@@ -60,10 +60,14 @@ def build_tokenizer():
     return tok
 
 
-def build_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
+def build_tiny_llama(path: str | Path, *, seed: int = 0, hidden_size: int = 32, heads: int = 4,
+                     kv_heads: int = 2, layers: int = 2) -> Path:
     """Write a tiny random Llama and its tokenizer to ``path``; return the path.
 
     >>> build_tiny_llama(tmp_path / "tiny")     # doctest: +SKIP
+
+    vLLM's CPU attention takes head sizes of 32 and up (``hidden_size / heads``):
+    ``build_tiny_llama(path, hidden_size=128, heads=2, kv_heads=2)``.
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -74,11 +78,11 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
     special_ids = [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,

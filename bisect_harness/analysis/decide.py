@@ -6,11 +6,18 @@ the boots it used); :func:`judge_night` is nightly's rule for one night against
 the nights before. The executor's hypothesis loop, ``harness compare`` and
 ``harness nightly`` all decide through here; the statistics themselves live in
 ``stats``.
+
+A side that never booted (no good boot at all: every launch failed, or its
+commit never built) gives no verdict to speak of: the row is ``inconclusive``
+with the test :data:`NOT_MEASURED`, and :func:`shown_outcome` reads it as "not
+measured" wherever a verdict is shown; :func:`never_booted` says why, naming the
+launch argv and the first failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Callable, Mapping, Sequence
 
 from ..boot import attach, engine_identity
@@ -18,10 +25,25 @@ from . import host_state, stats
 from ..boot.local import jsonable
 from .drift import host_drift
 from ..record.ledger import Boot, Ledger
-from ..model import Expect, Outcome
+from ..model import NOT_MEASURED, Expect, Outcome, shown_outcome
 from ..input.spec import Spec
 
-__all__ = ["design", "alpha_each", "judge", "side_warnings", "judge_night", "Side"]
+__all__ = ["design", "alpha_each", "judge", "side_warnings", "judge_night", "Side", "NOT_MEASURED",
+           "never_booted", "shown_outcome", "checks_done"]
+
+def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | None:
+    """Why a side with no good boot could not be measured (its launch argv and first
+    failure), or None when it has a good boot or did not fail."""
+    if failed is None or any(b.status == "ok" for b in boots):
+        return None
+    tried = [b for b in boots if b.status == "failed"]
+    if not tried:
+        return f"{name} never booted: {failed}"
+    first = tried[0]
+    argv = f"; launch argv: {shlex.join(str(a) for a in first.argv)}" if first.argv else ""
+    n = len(tried)
+    return (f"{name} never booted ({n} boot{'s' if n != 1 else ''} failed; the first: "
+            f"{(first.failure or failed).strip()}{argv})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +80,15 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
 
     def undecided(reason: str, **ids) -> dict:
         return dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                    alpha=alpha, reason=reason, warnings=warnings, stats={"family_size": spec.multiplicity}, **ids)
+                    alpha=alpha, reason=reason, warnings=warnings,
+                    stats={"family_size": spec.multiplicity,
+                           "checks": checks_done([*baseline.boots, *treatment.boots])}, **ids)
 
+    never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
+    if never:
+        out = undecided("not measured: " + "; ".join(never))
+        out["test"] = NOT_MEASURED
+        return out
     failed = [s for s in (baseline, treatment) if s.failed]
     if failed:
         which = " and ".join(f"{s.name} ({s.failed})" for s in failed)
@@ -86,8 +115,28 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
         ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
         p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
         stats=jsonable({**dataclasses.asdict(res), "family_size": spec.multiplicity,
+                        "checks": checks_done([*bgood, *tgood]),
                         "family_alpha": spec.defaults.alpha, "rounds": rounds, "order_seed": order_seed,
                         **({"device_blocks": blocks} if blocks else {})}), **ids)
+
+
+def checks_done(boots: Sequence[Boot]) -> dict[str, int]:
+    """How many of ``boots`` (the good ones) had each check answer: the env check
+    (a requested var, every process read), the flag check (a flag the server
+    reported back), the mechanism check (evidence read). A verdict whose boots
+    answered none of them is *unchecked*, never "ok"."""
+    out = {"env": 0, "flags": 0, "mechanisms": 0}
+    for b in boots:
+        if b.status != "ok":
+            continue
+        env = b.env_report or {}
+        if env.get("vars") and env.get("state", "ok" if env.get("ok") else "missing") != "unverified":
+            out["env"] += 1
+        if any(c.get("status") in ("matched", "mismatched") for c in (b.flag_report or {}).get("checks", [])):
+            out["flags"] += 1
+        if any(m.get("state") in ("engaged", "not_engaged") for m in (b.provenance or {}).get("mechanisms", [])):
+            out["mechanisms"] += 1
+    return out
 
 
 def _block(boot: Boot) -> str | None:

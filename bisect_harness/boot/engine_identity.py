@@ -20,7 +20,7 @@ __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion",
            "mixed_versions", "describe"]
 
 #: Top-level server-info keys that name the running code.
-IDENTITY_KEYS = ("version", "commit", "git_commit", "git_sha")
+IDENTITY_KEYS = ("version", "commit", "git_commit", "git_sha", "build_info")  # build_info: llama.cpp /props
 #: vLLM's version endpoint (and any server that answers it with ``{"version": ...}``).
 VERSION_PATH = "/version"
 WARNING_PREFIX = "engine version"

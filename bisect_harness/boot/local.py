@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from . import attach, benchtools, contention, engine_identity, provenance
+from . import attach, benchtools, contention, engine_identity, mechanisms, provenance, sources
 from ..input import engine_flags, presets
 from ..analysis import host_state
 from ..planning.checkout import Workspace, read_tail
@@ -170,8 +170,11 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
     flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, _v, k, _m in req.flag_checks},
                                       compare={f: m for f, _v, _k, m in req.flag_checks})
     b.env_report, b.flag_report = (env_rep.to_dict() if env_rep else None), flag_rep.to_dict()
-    if env_rep is not None and not env_rep.ok:
+    if env_rep is not None and env_rep.state == "missing":
         b.marks.append("env_missing")
+    elif env_rep is not None and env_rep.state == "unverified" and env_rep.vars:
+        # not shown missing, not shown present: a mark of its own, never excluded or fatal
+        b.marks.append("env_unverified")
     if not flag_rep.ok:
         b.marks.append("flag_mismatch")
     for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
@@ -185,6 +188,51 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
             b.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
                          f"or set {key}: mark to measure and flag such boots)")
     return info
+
+
+_LOG_READ_MAX = 8 << 20  # bytes of a boot log read for mechanism evidence: its head and its tail
+
+
+def _log_text(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(0)
+            if size <= _LOG_READ_MAX:
+                data = f.read()
+            else:
+                data = f.read(_LOG_READ_MAX // 2)
+                f.seek(size - _LOG_READ_MAX // 2)
+                data += b"\n" + f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def _mechanism_check(b: _Boot, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path) -> None:
+    """After the samples: did each mechanism the boot's flags claim engage, by the
+    engine's own evidence (``boot.mechanisms``)? A flag accepted whose mechanism did
+    not engage marks the boot ``mechanism_not_engaged``."""
+    preset = presets.get_preset(req.preset)
+    if not preset.mechanisms:
+        return
+    flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
+    if not any(m.claimed_by(flags) for m in preset.mechanisms):
+        return
+    metrics = None
+    try:
+        r = httpx.get(base_url + req.metrics_path, timeout=10.0, headers=dict(headers), trust_env=False)
+        if r.status_code == 200 and len(r.content) <= sources.METRICS_MAX_BYTES:
+            metrics = sources.parse_prometheus(r.text)
+    except (httpx.HTTPError, ValueError):
+        metrics = None
+    info = fetch_server_info(base_url, req.server_info_paths, headers=headers)  # read again: after the requests
+    results = mechanisms.check(preset.mechanisms, flags, metrics=metrics, server_info=info,
+                               log_text=_log_text(log_path))
+    b.provenance["mechanisms"] = [r.to_dict() for r in results]
+    if any(r.state == "not_engaged" for r in results):
+        b.marks.append(mechanisms.NOT_ENGAGED)
 
 
 def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
@@ -278,6 +326,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     b.samples.append(s)
                     sink.sample(req, s)
             b.provenance.update(bench.provenance())
+            _mechanism_check(b, req, base_url, endpoint.headers, log_path)
             b.source_problems = list(collector.problems())
             if b.source_problems:
                 b.marks.append("source_unmatched")

@@ -605,6 +605,15 @@ def _response_field(resp: Mapping, path: str) -> Any:
     return _MISSING
 
 
+#: The largest ``/metrics`` body read for mechanism evidence (bytes); a larger one is not believed.
+METRICS_MAX_BYTES = 16 << 20
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """``(sample name, labels, value)`` of a Prometheus text exposition."""
+    return _parse_prometheus(text)
+
+
 def _parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -84,6 +84,8 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
         obj["flag_check"] = [c.to_dict() for c in flag_check]
         obj["flags_refused"] = any(c.refused for c in flag_check)
         obj["flags_unchecked"] = [c.commit for c in flag_check if c.error]
+        obj["flags_help_failed"] = [{"commit": c.commit, "help_argv": list(c.help_argv), "error": c.error}
+                                    for c in flag_check if c.help_failed]
     return "\n".join(lines), obj
 
 

@@ -153,6 +153,14 @@ class CommitFlags:
     options: int = 0                      # how many options the help named
     error: str = ""                       # why the help could not be read (build failed, no options, ...)
     problems: Mapping[str, tuple[FlagProblem, ...]] = field(default_factory=dict)  # config key -> problems
+    help_failed: bool = False             # the help argv itself could not run or named no option
+
+    @property
+    def help_text(self) -> str:
+        """The help argv as a person would type it."""
+        import shlex
+
+        return shlex.join(self.help_argv) if self.help_argv else "(no help argv)"
 
     @property
     def refused(self) -> dict[str, tuple[FlagProblem, ...]]:
@@ -161,7 +169,7 @@ class CommitFlags:
 
     def to_dict(self) -> dict:
         return {"commit": self.commit, "help_argv": list(self.help_argv), "options": self.options,
-                "error": self.error,
+                "error": self.error, "help_failed": self.help_failed,
                 "configs": {k: [p.to_dict() for p in ps] for k, ps in self.problems.items()}}
 
 
@@ -219,14 +227,15 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
             out.append(CommitFlags(commit, help_argv, error=f"build failed: {exc}"))
             continue
         except OSError as exc:
-            out.append(CommitFlags(commit, help_argv, error=f"could not run the help argv: {exc}"))
+            out.append(CommitFlags(commit, help_argv, error=f"could not run the help argv: {exc}",
+                                   help_failed=True))
             continue
         options = help_options(text)
         if rc is None or not options:
             why = (f"ran past {timeout_s:g} s" if rc is None else
                    f"exited {rc} naming no --option")
             tail = "\n".join(text.strip().splitlines()[-5:])
-            out.append(CommitFlags(commit, help_argv, error=f"the help argv {why}: {tail}"))
+            out.append(CommitFlags(commit, help_argv, error=f"the help argv {why}: {tail}", help_failed=True))
             continue
         problems = {}
         for c, r in zip(configs, reqs):

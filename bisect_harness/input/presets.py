@@ -41,6 +41,10 @@ What each engine really serves (checked against their sources):
   speculative config with every field it resolved (0.33.0), hence the preset's
   compare modes. ``vllm serve --help`` lists config groups only; ``--help=all``
   lists every flag.
+* Both rename their processes with ``setproctitle``, whose default writes the
+  title over each process's environ block (``/proc/PID/environ`` reads as NULs):
+  their presets set ``SPT_NOENV=1`` so the env check can read what each worker
+  started with.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
+from ..boot.mechanisms import Counter, InfoField, LogLine, Mechanism
 from ..errors import UserError
 
 __all__ = [
@@ -109,6 +114,10 @@ class Preset:
     generation); ``settle_s`` is a pause after the probe first passes and before
     the first request, for warmup the server does on its own after a launch (an
     attached server, ``engine.base_url``, is already running: no pause).
+    ``mechanisms`` are the mechanisms well-known flags claim to engage, each with
+    the evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): a boot
+    that sets such a flag is checked after its samples, and one whose mechanism did
+    not engage is marked ``mechanism_not_engaged``.
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -133,6 +142,7 @@ class Preset:
     help_args: tuple[str, ...] = ("--help",)
     flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    mechanisms: tuple = ()
     description: str = ""
 
     #: True when :meth:`default_repo` can make the engine's repository, so a file
@@ -235,6 +245,25 @@ _SGLANG = register_preset(Preset(
         "cuda-graph-bs": "SGLang 0.5.22 split --cuda-graph-bs into --cuda-graph-bs-decode and "
                          "--cuda-graph-bs-prefill; server info reports cuda_graph_config.decode.bs",
     },
+    # SGLang renames its processes with setproctitle (sglang::scheduler ...), which would
+    # overwrite their environ blocks: SPT_NOENV keeps them readable for the env check.
+    env={"SPT_NOENV": "1"},
+    mechanisms=(
+        Mechanism("speculative decoding", ("speculative-algorithm",), (
+            # sglang/srt/managers/scheduler_components/internal_state.py (0.5.23): the
+            # scheduler's running accept length, only while a spec algorithm runs
+            InfoField("internal_states.0.avg_spec_accept_length", lambda v: _positive(v)),
+            LogLine(engaged=r"avg_spec_accept_length=\d"),
+        ), source="sglang 0.5.23 /server_info internal_states[0].avg_spec_accept_length"),
+        Mechanism("CUDA graphs", ("cuda-graph-max-bs", "cuda-graph-max-bs-decode", "cuda-graph-bs",
+                                  "cuda-graph-bs-decode", "speculative-attention-mode"), (
+            InfoField("disable_cuda_graph", lambda v: (not v) if v is True else None,
+                      " (--disable-cuda-graph wins)"),
+            # sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py (0.5.23)
+            LogLine(engaged=r"Capture target (?:decode|verify) .*graph end",
+                    disengaged=r"Disable (?:decode|verify) CUDA graph"),
+        ), source="sglang 0.5.23 cuda_graph_setup.py 'Capture target decode cuda graph end' log line"),
+    ),
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 ))
 
@@ -283,8 +312,20 @@ _VLLM = register_preset(Preset(
     # Other flags live somewhere in the nested config; guessing would report
     # false mismatches, so they are not checked.
     info_key_rule=None,
-    # /server_info is a development endpoint in vLLM.
-    env={"VLLM_SERVER_DEV_MODE": "1"},
+    # /server_info is a development endpoint in vLLM. vLLM renames its processes with
+    # setproctitle (VLLM::EngineCore, VLLM::Worker: vllm/utils/system_utils.py), which
+    # would overwrite their environ blocks: SPT_NOENV keeps them readable.
+    env={"VLLM_SERVER_DEV_MODE": "1", "SPT_NOENV": "1"},
+    mechanisms=(
+        Mechanism("speculative decoding", ("speculative-config",), (
+            # vllm/v1/spec_decode/metrics.py: counters that move once a draft is proposed
+            Counter("vllm:spec_decode_num_draft_tokens"),
+        ), source="vLLM 0.32 /metrics vllm:spec_decode_num_draft_tokens_total"),
+        Mechanism("CUDA graphs", ("compilation-config", "cuda-graph-sizes", "enforce-eager"), (
+            InfoField("vllm_config.compilation_config.cudagraph_mode", lambda v: _cudagraph_mode(v)),
+        ), source="vLLM 0.32 /server_info?config_format=json compilation_config.cudagraph_mode",
+            claims=lambda v: v is not True and _claims_graphs(v)),
+    ),
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
 
@@ -300,6 +341,41 @@ _OPENAI = register_preset(Preset(
                 "the server has no /health",
 ))
 
+_LLAMACPP = register_preset(Preset(
+    name="llamacpp",
+    # --metrics turns /metrics on: the spec-decode counters are the evidence that
+    # drafting engaged, and llamacpp:tokens_predicted_total a server-side token count.
+    launch=("llama-server", "--host", "{host}", "--port", "{port}", "--metrics"),
+    health_path="/health",
+    ready_timeout_s=600.0,
+    # tools/server/server-context.cpp get_res_props: build_info, total_slots,
+    # model_path, endpoint_metrics; no other launch argument is echoed back.
+    server_info_paths=("/props",),
+    false_style="omit",
+    underscores_to_dashes=True,
+    aliases={"m": "model", "md": "model-draft", "spec-draft-model": "model-draft", "c": "ctx-size",
+             "np": "parallel", "fa": "flash-attn", "ngl": "n-gpu-layers", "gpu-layers": "n-gpu-layers",
+             "t": "threads", "b": "batch-size", "ub": "ubatch-size"},
+    info_keys={"model": "model_path", "parallel": "total_slots", "metrics": "endpoint_metrics"},
+    info_key_rule=None,
+    help_args=("--help",),
+    mechanisms=(
+        Mechanism("speculative decoding", ("model-draft", "spec-type"), (
+            # tools/server/server-task.cpp to_metrics (llama.cpp in llama-cpp-python 0.3.36)
+            Counter("llamacpp:spec_decode_num_draft_tokens_total"),
+            # server-context.cpp: printed when a slot that drafted finishes
+            LogLine(engaged=r"draft acceptance rate = "),
+        ), source="llama.cpp server /metrics llamacpp:spec_decode_num_draft_tokens_total (--metrics)"),
+        Mechanism("flash attention", ("flash-attn",), (
+            # src/llama-context.cpp: 'llama_context: flash_attn = enabled|disabled|auto'
+            LogLine(engaged=r"flash_attn\s+=\s+enabled",
+                    disengaged=r"flash_attn\s+=\s+disabled|flash_attn is not compatible|disabling flash attention"),
+        ), source="llama.cpp src/llama-context.cpp 'flash_attn = enabled' log line",
+            claims=lambda v: v is True or str(v).lower() in ("on", "enabled", "1", "true")),
+    ),
+    description="llama.cpp: llama-server with --metrics; readiness by /health, server info /props",
+))
+
 _DEMO = register_preset(DemoPreset(
     name="demo",
     launch=("{python}", "serve.py", "--host", "{host}", "--port", "{port}"),
@@ -311,6 +387,33 @@ _DEMO = register_preset(DemoPreset(
     info_key_rule="underscore",
     description="the built-in demo engine (a small torch model over HTTP)",
 ))
+
+
+def _positive(value) -> bool | None:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return None
+
+
+def _cudagraph_mode(value) -> bool | None:
+    """vLLM's CUDAGraphMode as server info writes it (``"NONE"``, ``"CUDAGraphMode.NONE"``,
+    ``0``, ``[2, 0]``): engaged unless NONE."""
+    if value is None:
+        return None
+    text = str(value).upper()
+    return not (text.endswith("NONE") or text in ("0", "[0, 0]"))
+
+
+def _claims_graphs(value) -> bool:
+    """``enforce-eager: false`` and a compilation config that names a cudagraph mode
+    other than NONE claim CUDA graphs."""
+    if value is False:
+        return True
+    if isinstance(value, Mapping):
+        mode = value.get("cudagraph_mode")
+        return mode is not None and "NONE" not in str(mode).upper()
+    return value is not None and value is not True
 
 
 def get_preset(name: str) -> Preset:

@@ -86,12 +86,18 @@ class CommitEnv:
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with this environment's ``bin`` first on PATH (console scripts such
-        as ``vllm`` resolve to the commit's), and ``VIRTUAL_ENV`` set."""
+        as ``vllm`` resolve to the commit's), and ``VIRTUAL_ENV`` set. A shared
+        environment puts its interpreter's folder first (``engine.python`` a venv's
+        ``bin/python``: a preset's ``vllm serve`` then runs that venv's ``vllm``)."""
         out = dict(env)
         if self.venv is not None:
             out["VIRTUAL_ENV"] = str(self.venv)
-            out["PATH"] = os.pathsep.join(p for p in (str(self.venv / "bin"), out.get("PATH", "")) if p)
+            first = str(self.venv / "bin")
             out.pop("PYTHONHOME", None)
+        else:
+            first = os.path.dirname(self.python)
+        path = [p for p in out.get("PATH", "").split(os.pathsep) if p and p != first]
+        out["PATH"] = os.pathsep.join([first, *path])
         return out
 
     def to_dict(self) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..model import shown_outcome
 from .reproduce import experiment_name
 
 __all__ = ["INDEX_NAME", "journal_stem", "render_index", "write_index"]
@@ -32,7 +33,7 @@ def render_index(ledger, journal_dir: Path) -> str:
              "", "| run | date (UTC) | experiment | kind | status | verdicts | journal |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
-        verdicts = "; ".join(f"`{h.hid}` {h.verdict.outcome if h.verdict else 'not decided'}"
+        verdicts = "; ".join(f"`{h.hid}` {shown_outcome(h.verdict)}"
                              for h in r.hypotheses)
         if r.kind == "nightly" and r.summary:
             verdicts = verdicts or f"nightly {r.summary.get('status', 'not recorded')}"

@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from ..boot import engine_identity
+from ..boot import engine_identity, mechanisms
 from ..analysis import host_state, stats
 from ..input import metric_defs
 from . import explain_view
@@ -22,6 +22,7 @@ from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
 from ..input.secrets import redact_text
+from ..model import shown_outcome
 from . import plots, reproduce
 from . import resumed as _resume
 from .index import journal_stem, write_index
@@ -53,8 +54,11 @@ def _env_cell(report: dict | None) -> str:
     n = len(rep.processes)
     if not rep.vars:
         return f"(no env requested; {n} processes)"
-    if rep.ok:
+    if rep.state == "ok":
         return f"yes ({len(rep.vars)} vars in all {len(rep.readable_pids)} processes)"
+    if rep.state == "unverified":
+        seen = f"; present in all {len(rep.readable_pids)} readable" if rep.readable_pids else ""
+        return "**unverified**: " + _md(rep.unverified_text() + seen)
     bad = []
     for v in rep.vars:
         if not v.ok:
@@ -69,7 +73,7 @@ def _flag_cell(report: dict | None) -> str:
         return "n/a"
     rep = FlagReport.from_dict(report)
     if not rep.checks:
-        return "(no checkable flags)"
+        return "unchecked (no checkable flags)"
     if rep.mismatched:
         return "**NO**: " + _md("; ".join(f"{c.flag}: asked {c.requested!r}, server has {c.effective!r}"
                                           for c in rep.mismatched))
@@ -79,8 +83,27 @@ def _flag_cell(report: dict | None) -> str:
     return _md(text + ")")
 
 
-def _checks_cell(warnings, drift) -> str:
-    """The verdict table's summary of what the boot checks found: marks by kind, host drift."""
+def checks_word(checked: dict | None) -> str:
+    """``ok (env, flags)``: what the boots' checks answered; ``unchecked`` when none did
+    (no env requested, no flag reported back, no mechanism evidence). ``None``: a
+    verdict recorded before the harness counted its checks."""
+    if checked is None:
+        return "ok"
+    done = [k for k in ("env", "flags", "mechanisms") if checked.get(k)]
+    return f"ok ({', '.join(done)})" if done else "unchecked"
+
+
+def _mechanism_cell(results) -> str:
+    """Did what the boot's flags claim engage? ``-`` when no flag claimed a mechanism."""
+    if not results:
+        return "-"
+    words = {"engaged": "yes", "not_engaged": "**NO**", "unknown": "unchecked"}
+    return _md(", ".join(f"{r['name']}: {words[r['state']]}" for r in results))
+
+
+def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
+    """The verdict table's summary of what the boot checks found: marks by kind, host
+    drift; else what was checked and passed, or ``unchecked``."""
     counts: dict[str, int] = {}
     for w in warnings or []:
         if w.startswith(engine_identity.WARNING_PREFIX):
@@ -98,7 +121,7 @@ def _checks_cell(warnings, drift) -> str:
         n = sum(1 for w in warnings or [] if w.startswith(prefix))
         if n:
             parts.append(label if n == 1 else f"{label} x{n}")
-    return "**" + ", ".join(parts) + "**" if parts else "ok"
+    return "**" + ", ".join(parts) + "**" if parts else checks_word(checked)
 
 
 def _sampling_text(d: dict) -> str:
@@ -191,7 +214,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         hyps.append({
             "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
             "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
-            "outcome": v.outcome if v else "not decided",
+            "outcome": shown_outcome(v),
             "ratio": _fmt(v.ratio, 4) if v else "n/a",
             "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
             "p": _fmt(v.p_value, 4) if v else "n/a",
@@ -202,7 +225,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
             "same_host": same, "not_same": "; ".join(not_same),
-            "checks": _checks_cell(v.warnings if v else [], drift),
+            "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
             "layers": explain_view.layers_lines(v.stats if v else None),
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
@@ -231,6 +254,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             if b.env_report and not b.env_report.get("ok", True):
                 for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]:
                     details.append(f"- env: `{line.strip()}`")
+            engaged = (b.provenance or {}).get("mechanisms")
+            if engaged:  # what the flags claim to engage, by the engine's own evidence
+                details.append("- mechanisms: " + _md(mechanisms.summary(engaged)))
             sampled = (b.provenance or {}).get("gpu_sampling")
             if sampled:
                 details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
@@ -241,6 +267,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
                 "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
+                "mechanisms": _mechanism_cell((b.provenance or {}).get("mechanisms")),
                 "marks": ", ".join(b.marks or []) or "-", "details": details,
                 "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
         configs.append({

