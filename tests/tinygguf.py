@@ -34,9 +34,11 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def build_tiny_gguf(path: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 2, kv_heads: int = 2,
-                    ff: int = 128, ctx: int = 512, seed: int = 0, keep_layers: int | None = None) -> Path:
+                    ff: int = 128, ctx: int = 512, seed: int = 0, keep_layers: int | None = None,
+                    f16: bool = False) -> Path:
     """Write the model to ``path``. The weights are drawn for ``layers`` layers from
-    ``seed``; ``keep_layers`` writes only the first of them (a truncated copy)."""
+    ``seed``; ``keep_layers`` writes only the first of them (a truncated copy);
+    ``f16`` stores the matrices as float16 (norms stay float32, as llama.cpp's converter does)."""
     import gguf
 
     path = Path(path)
@@ -47,7 +49,7 @@ def build_tiny_gguf(path: str | Path, *, layers: int = 2, hidden: int = 64, head
     kept = layers if keep_layers is None else keep_layers
 
     def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.05).astype(np.float16 if f16 else np.float32)
 
     tensors: list[tuple[str, np.ndarray]] = [("token_embd.weight", w(n_vocab, hidden))]
     for i in range(layers):
@@ -63,7 +65,7 @@ def build_tiny_gguf(path: str | Path, *, layers: int = 2, hidden: int = 64, head
         if i < kept:
             tensors += block
     head = w(n_vocab, hidden)
-    head[:3] = 0.0  # the special tokens never win: random weights would end a stream at once
+    head[:3] = 0  # the special tokens never win: random weights would end a stream at once
     tensors += [("output_norm.weight", np.ones(hidden, np.float32)), ("output.weight", head)]
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -76,7 +78,7 @@ def build_tiny_gguf(path: str | Path, *, layers: int = 2, hidden: int = 64, head
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_dimension_count(hd)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
