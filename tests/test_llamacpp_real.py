@@ -50,7 +50,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{SERVER.parent}{os.pathsep}{os.environ['PATH']}"}
 
 
-def _engine(target: Path) -> dict:
+def _engine(target: Path | str) -> dict:
     return {"preset": "llamacpp", "ready_timeout_s": 60,
             "flags": {"model": str(target), "ctx-size": 1024, "threads": 1, "parallel": 1},
             "metrics": [
@@ -67,6 +67,7 @@ BENCH = {"prompt_tokens": 16, "output_tokens": 64, "concurrency": 1, "requests_p
 
 def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
     target, draft = models
+    (tmp_path / "target.gguf").symlink_to(target)  # named as a user does, beside the file: {spec_dir}
     hyps = [
         {"id": "md-only", "baseline": {}, "treatment": {"flags": {"model-draft": str(draft)}},
          "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
@@ -74,8 +75,8 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
                                                                       "spec-type": "draft-simple"}},
          "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
     ]
-    spec = write_spec(tmp_path / "h.yaml", engine=_engine(target), benchmark=BENCH, hypotheses=hyps,
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2})
+    spec = write_spec(tmp_path / "h.yaml", engine=_engine("{spec_dir}/target.gguf"), benchmark=BENCH,
+                      hypotheses=hyps, defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2})
     db = tmp_path / "r.db"
     r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
                 "--journal-dir", tmp_path / "experiments", cwd=tmp_path, env=_env(), timeout=600)
@@ -92,8 +93,10 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
         by_kind[kind].append((marks, prov, flag_rep))
         # the engine's version per boot: /props build_info
         assert prov["engine_version"]["values"].get("server_info.build_info"), prov["engine_version"]
+        # the model's path compared as the server got it ({spec_dir} rendered), and the slots
         checked = {c["flag"]: c["status"] for c in flag_rep["checks"]}
-        assert checked.get("model") == "matched" and checked.get("parallel") == "matched", checked
+        assert checked.get("model") == "matched" and checked.get("parallel") == "matched", flag_rep
+        assert "flag_mismatch" not in marks
     assert all(len(v) == 2 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
     for marks, prov, _ in by_kind["plain"]:
         assert "mechanism_not_engaged" not in marks and "mechanisms" not in prov

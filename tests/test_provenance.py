@@ -119,6 +119,17 @@ def test_spt_noenv_keeps_a_renamed_worker_readable(tree):
     assert report.state == "ok"
 
 
+def test_a_partly_overwritten_block_shows_what_survived_and_leaves_the_rest_unseen():
+    """What vLLM 0.32's VLLM::EngineCore looked like without SPT_NOENV: the title's NUL
+    padding over the first entries, the later ones intact (14 of 40 seen)."""
+    from bisect_harness.boot.provenance.env import parse_environ
+
+    env, overwritten = parse_environ(b"\0" * 300 + b"HOME=/root\0NCCL_ALGO=Ring\0")
+    assert env == {"HOME": "/root", "NCCL_ALGO": "Ring"} and overwritten
+    assert parse_environ(b"VLLM::EngineCore tail\0A=1\0") == ({"A": "1"}, True)  # title text spilled over
+    assert parse_environ(b"A=1\0B=\0") == ({"A": "1", "B": ""}, False)
+
+
 def test_an_empty_environment_is_read_as_empty_not_overwritten(tree):
     child, grandchild = tree({})
     report = env_report(child, {VAR: "2"})

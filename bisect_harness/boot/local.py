@@ -157,8 +157,19 @@ class _Boot:
             samples=tuple(self.samples), started_at=self.started_at, finished_at=utcnow(), busy=self.busy)
 
 
-def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[str, str]) -> dict | None:
-    """Did the env reach every worker, did the flags take effect? Mark, exclude or stop."""
+def _rendered(value: Any, places: Mapping[str, str]) -> Any:
+    """A flag's value as the server got it: placeholders (``{spec_dir}/m.gguf``) substituted."""
+    if isinstance(value, str):
+        return presets.render_argv([value], **places)[0]
+    if isinstance(value, (list, tuple)):
+        return [_rendered(v, places) for v in value]
+    return value
+
+
+def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[str, str],
+            places: Mapping[str, str]) -> dict | None:
+    """Did the env reach every worker, did the flags take effect? Mark, exclude or stop.
+    A flag's requested value is compared as rendered into the argv."""
     checks = req.checks
     info = fetch_server_info(base_url, req.server_info_paths, headers=headers)
     b.server_info = info
@@ -166,7 +177,7 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
     b.provenance["engine_version"] = reported.to_dict()
     # An attached server has no process of ours (pid None) and no env of ours to check.
     env_rep = provenance.env_report(server.pid, dict(req.arm_env)) if server.pid is not None else None
-    checkable = {f: v for f, v, _k, _m in req.flag_checks}
+    checkable = {f: _rendered(v, places) for f, v, _k, _m in req.flag_checks}
     flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, _v, k, _m in req.flag_checks},
                                       compare={f: m for f, _v, _k, m in req.flag_checks})
     b.env_report, b.flag_report = (env_rep.to_dict() if env_rep else None), flag_rep.to_dict()
@@ -278,7 +289,8 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     cfg = _Config(req.endpoint)
     port = source.port(cfg)
     env = process_env(req, cenv)
-    argv = presets.render_argv(list(req.argv), **placeholders(req, port=port, worktree=worktree, python=cenv.python))
+    places = placeholders(req, port=port, worktree=worktree, python=cenv.python)
+    argv = presets.render_argv(list(req.argv), **places)
     argv = _with_devices(req, argv, env)
     cwd = working_dir(req, worktree, cenv.python)
     b.port, b.argv = port, tuple(argv)
@@ -299,7 +311,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                 t_settle = time.monotonic()
                 time.sleep(req.settle_s)
                 b.provenance["settle_s"] = round(time.monotonic() - t_settle, 3)
-            info = _verify(b, req, server, base_url, endpoint.headers)
+            info = _verify(b, req, server, base_url, endpoint.headers, places)
             if b.status == "fatal":
                 raise _Stop()
             bench.warmup()

@@ -10,11 +10,14 @@ The classic failure: tensor-parallel workers started with a scrubbed env, so
 Real engines rename their processes: vLLM (``VLLM::EngineCore``, ``VLLM::Worker``)
 and SGLang (``sglang::scheduler``) call ``setproctitle``, which by default writes the
 new title over the memory that holds the process's argv *and* its environ block, so
-``/proc/PID/environ`` then reads as NUL bytes (or the title's tail): the environment
-a process started with is gone from view, not absent. Such a block is told apart
-from an empty environment (a zero-length block) and reported as *overwritten*:
-the check answers ``unverified`` ("unreadable in N processes"), never ``missing``
-and never a pass. ``SPT_NOENV=1`` tells ``setproctitle`` to leave environ alone
+``/proc/PID/environ`` then reads as NUL bytes, or NUL bytes up to where the title's
+padding stopped and the later entries intact (vLLM 0.32's ``VLLM::EngineCore`` shows
+14 of 40 variables): the environment a process started with is partly or wholly
+gone from view, not absent. Such a block (an empty entry, or an entry with no
+``=``) is told apart from an empty environment (a zero-length block) and reported
+as *overwritten*: a variable still seen in it counts; one not seen is *unseen*,
+and the check answers ``unverified`` ("unreadable in N processes"), never
+``missing`` and never a pass. ``SPT_NOENV=1`` tells ``setproctitle`` to leave environ alone
 (the title is then limited to the argv area); the presets of engines that use it
 set it, so the check can answer.
 """
@@ -64,6 +67,7 @@ class ProcessEnv:
     readable: bool
     error: str = ""
     cause: str = ""
+    overwritten: bool = False  # readable, but a process title overwrote part of the block
 
     @property
     def unverified(self) -> bool:
@@ -84,6 +88,7 @@ class VarReport:
     matched: tuple[int, ...]
     mismatched: Mapping[int, str]
     absent: tuple[int, ...]
+    unseen: tuple[int, ...] = ()  # not in a block a process title partly overwrote: unverified
 
     @property
     def ok(self) -> bool:
@@ -92,13 +97,13 @@ class VarReport:
     def to_dict(self) -> dict:
         return {"name": self.name, "requested": self.requested, "matched": list(self.matched),
                 "mismatched": {str(k): v for k, v in self.mismatched.items()},
-                "absent": list(self.absent)}
+                "absent": list(self.absent), "unseen": list(self.unseen)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "VarReport":
         return cls(name=d["name"], requested=d["requested"], matched=tuple(d["matched"]),
                    mismatched={int(k): v for k, v in d["mismatched"].items()},
-                   absent=tuple(d["absent"]))
+                   absent=tuple(d["absent"]), unseen=tuple(d.get("unseen", ())))
 
 
 @dataclass(frozen=True)
@@ -136,10 +141,15 @@ class EnvReport:
         return tuple(p for p in self.processes if p.unverified)
 
     @property
+    def unseen_pids(self) -> tuple[int, ...]:
+        """Processes whose partly overwritten block does not show a requested var."""
+        return tuple(sorted({pid for v in self.vars for pid in v.unseen}))
+
+    @property
     def state(self) -> str:
         if not all(v.ok for v in self.vars):
             return "missing"
-        if not self.readable_pids or self.unverified:
+        if not self.readable_pids or self.unverified or self.unseen_pids:
             return "unverified"
         return "ok"
 
@@ -149,10 +159,10 @@ class EnvReport:
 
     def unverified_text(self) -> str:
         """``unreadable in N of M processes (VLLM::EngineCore: environ block overwritten ...)``."""
-        bad = self.unverified
+        bad = [*self.unverified, *(self.process(pid) for pid in self.unseen_pids)]
         if not bad and not self.readable_pids:
             return self.note or f"no process of {len(self.processes)} could be read"
-        causes = sorted({f"{p.name}: {p.error}" for p in bad})
+        causes = sorted({f"{p.name}: {p.error or OVERWRITTEN}" for p in bad})
         return (f"unreadable in {len(bad)} of {len(self.processes)} processes ("
                 + "; ".join(causes[:3]) + (f"; +{len(causes) - 3} more" if len(causes) > 3 else "") + ")")
 
@@ -172,6 +182,9 @@ class EnvReport:
             lines.append(f"  note: {self.note}")
         for p in self.unverified:
             lines.append(f"  pid {p.pid} ({p.name}) unreadable: {p.error}")
+        for v in self.vars:
+            for pid in v.unseen:
+                lines.append(f"  {v.name} not seen in pid {pid} ({self.process(pid).name}): {OVERWRITTEN}")
         for v in self.vars:
             if v.ok:
                 continue
@@ -219,9 +232,10 @@ def _tree(root: psutil.Process) -> list[tuple[psutil.Process, int]]:
     return out
 
 
-def _environ(proc: psutil.Process) -> dict[str, str]:
-    """The environment ``proc`` started with. On Linux the raw block is read, so a
-    block that a process title overwrote (no ``KEY=VALUE`` entry, yet not empty)
+def _environ(proc: psutil.Process) -> tuple[dict[str, str], bool]:
+    """The environment ``proc`` started with, and whether a process title overwrote
+    part of its block (an empty entry, or one with no ``=``: ``execve`` writes neither).
+    On Linux the raw block is read; one that holds no entry at all, yet is not empty,
     raises :class:`_Overwritten` instead of reading as an empty environment."""
     try:
         with open(f"/proc/{proc.pid}/environ", "rb") as f:
@@ -229,18 +243,34 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
     except FileNotFoundError:
         if not psutil.pid_exists(proc.pid):
             raise psutil.NoSuchProcess(proc.pid) from None
-        return dict(proc.environ())  # not Linux: psutil's own reader
+        return dict(proc.environ()), False  # not Linux: psutil's own reader
     except PermissionError:
         raise psutil.AccessDenied(proc.pid) from None
-    entries = [e for e in raw.split(b"\0") if e]
-    if raw and (not entries or b"=" not in entries[0]):
+    env, overwritten = parse_environ(raw)
+    if overwritten and not env:
         raise _Overwritten()
+    return env, overwritten
+
+
+def parse_environ(raw: bytes) -> tuple[dict[str, str], bool]:
+    """The ``KEY=VALUE`` entries of a raw ``/proc/PID/environ`` block, and whether a
+    process title overwrote part or all of it (an empty entry, or one without ``=``).
+
+    >>> parse_environ(b"A=1\\0B=2\\0")
+    ({'A': '1', 'B': '2'}, False)
+    >>> parse_environ(b"\\0\\0\\0B=2\\0")      # the title's NUL padding, then what survived
+    ({'B': '2'}, True)
+    """
+    if not raw:
+        return {}, False
+    parts = (raw[:-1] if raw.endswith(b"\0") else raw).split(b"\0")
+    overwritten = any(not e or b"=" not in e for e in parts)
     env: dict[str, str] = {}
-    for e in entries:
+    for e in parts:
         key, sep, value = e.decode("utf-8", "surrogateescape").partition("=")
-        if sep:
+        if sep and key:
             env[key] = value
-    return env
+    return env, overwritten
 
 
 def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
@@ -265,6 +295,7 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
 
     processes: list[ProcessEnv] = []
     envs: dict[int, Mapping[str, str]] = {}
+    partial: set[int] = set()
     for proc, depth in members:
         try:
             name = proc.name()
@@ -284,8 +315,10 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 raise psutil.ZombieProcess(proc.pid)
-            envs[proc.pid] = _environ(proc)
-            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, True))
+            envs[proc.pid], partly = _environ(proc)
+            if partly:
+                partial.add(proc.pid)
+            processes.append(ProcessEnv(proc.pid, ppid, name, cmdline, depth, True, overwritten=partly))
         except _Overwritten:
             unreadable("overwritten", OVERWRITTEN)
         except psutil.ZombieProcess:
@@ -301,16 +334,17 @@ def env_report(root_pid: int, requested: Mapping[str, str]) -> EnvReport:
 
     vars_: list[VarReport] = []
     for var, want in requested.items():
-        matched, absent, mismatched = [], [], {}
+        matched, absent, unseen, mismatched = [], [], [], {}
         for pid, env in envs.items():
             if var not in env:
-                absent.append(pid)
+                (unseen if pid in partial else absent).append(pid)
             elif env[var] == want:
                 matched.append(pid)
             else:
                 mismatched[pid] = env[var]
-        vars_.append(VarReport(var, want, tuple(matched), mismatched, tuple(absent)))
+        vars_.append(VarReport(var, want, tuple(matched), mismatched, tuple(absent), tuple(unseen)))
     return EnvReport(root_pid=root_pid, processes=tuple(processes), vars=tuple(vars_), note=note)
 
 
-__all__ = ["ENV_STATES", "EnvReport", "OVERWRITTEN", "ProcessEnv", "UNREADABLE_CAUSES", "VarReport", "env_report"]
+__all__ = ["ENV_STATES", "EnvReport", "OVERWRITTEN", "ProcessEnv", "UNREADABLE_CAUSES", "VarReport", "env_report",
+           "parse_environ"]
