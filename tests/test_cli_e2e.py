@@ -288,11 +288,13 @@ def test_build_failure_is_recorded_and_the_run_goes_on(tmp_path):
                      "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}])
     db = tmp_path / "r.db"
     proc = _run(tmp_path, spec)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Traceback" not in proc.stderr
+    # the baseline never built, so it never booted: not measured, exit 3, the build named
+    assert proc.returncode == 3, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "not measured" in proc.stderr
     (h,) = last_json(proc.stdout)["hypotheses"]
-    assert h["verdict"] == "inconclusive"
+    assert h["verdict"] == "not measured" and h["measured"] is False
     assert h["boots"] == {"baseline": 0, "treatment": 0}  # no verdict statistic without both sides
+    assert "baseline never booted" in h["reason"]
     assert "build failed" in h["reason"] and broken[:12] in h["reason"]
 
     (status,), = query(db, "SELECT status FROM runs")

@@ -34,8 +34,8 @@ __all__ = ["design", "alpha_each", "judge", "side_warnings", "judge_night", "Sid
 def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | None:
     """Why a side with no good boot could not be measured (its launch argv and first
     failure), or None when it has a good boot or did not fail."""
-    if failed is None or any(b.status == "ok" for b in boots):
-        return None
+    if failed is None or any(b.status in ("ok", "excluded") for b in boots):
+        return None  # it booted (a boot a check left out booted too)
     tried = [b for b in boots if b.status == "failed"]
     if not tried:
         return f"{name} never booted: {failed}"
