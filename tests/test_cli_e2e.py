@@ -316,6 +316,6 @@ def test_build_failure_is_recorded_and_the_run_goes_on(tmp_path):
 
     (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
-    assert "**inconclusive**" in text
+    assert "**not measured**" in text
     section = text.split(f"- commit: {broken}", 1)[1].split("### config", 1)[0]
     assert "- status: build_failed" in section and "```text" in section and "KeyError" in section
