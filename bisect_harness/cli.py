@@ -254,6 +254,10 @@ def _fail_if_not_measured(run, log_dir: Path) -> None:
     if not never:
         return
     lines = "\n".join(f"  {hid}: {reason}" for hid, reason in never)
+    if all("flag not accepted" in reason for _hid, reason in never):  # the argv is wrong: bad input
+        raise UserError(f"{len(never)} of {len(run.hypotheses)} hypotheses not measured: the engine refused a "
+                        f"flag\n{lines}\nRename the flag for that commit (harness run FILE --dry-run "
+                        "--check-flags finds these before any boot) and run again")
     raise InfrastructureError(
         f"{len(never)} of {len(run.hypotheses)} hypotheses not measured: a config never booted\n{lines}\n"
         f"Run the launch argv by hand, or read the boot logs in {log_dir}; fix engine.launch, engine.python "

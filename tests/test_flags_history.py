@@ -181,10 +181,11 @@ def test_refused_flag_is_recorded_as_not_accepted_not_a_crash(engine, tmp_path):
     db = tmp_path / "r.db"
     proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}", "--journal-dir",
                    tmp_path / "exp", "--cache-dir", tmp_path / "cache", cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the engine refused the flag at that commit: not measured, and bad input (exit 2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
     verdict = last_json(proc.stdout)["hypotheses"][0]
     new_sha = git(engine, "rev-parse", "HEAD").strip()
-    assert verdict["verdict"] == "inconclusive"
+    assert verdict["verdict"] == "not measured"
     assert f"flag not accepted at commit {new_sha[:12]}: server.py: error: {AMBIGUOUS}" in verdict["reason"]
     assert any("flag_not_accepted" in w for w in verdict["warnings"])
     assert "flag not accepted at commit" in " ".join(proc.stderr.split())  # the verdict line, unwrapped

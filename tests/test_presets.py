@@ -24,7 +24,7 @@ def test_get_preset_known_and_unknown():
         get_preset("sglangg")
     msg = str(exc.value)
     assert "'sglangg'" in msg
-    for name in ("demo", "openai", "sglang", "vllm"):
+    for name in ("demo", "openai", "sglang", "vllm", "llamacpp"):
         assert name in msg
 
 
@@ -38,7 +38,10 @@ def test_preset_contents():
     assert o.launch == ()
     assert d.launch == ("{python}", "serve.py", "--host", "{host}", "--port", "{port}")
     assert d.build == ("{python}", "build.py") and d.server_info_paths == ("/server_info",)
-    assert set(PRESETS) == {"sglang", "vllm", "openai", "demo"}
+    assert set(PRESETS) == {"sglang", "vllm", "llamacpp", "openai", "demo"}
+    ll = get_preset("llamacpp")
+    assert ll.launch[0] == "llama-server" and "--metrics" in ll.launch and ll.server_info_paths == ("/props",)
+    assert v.env["SPT_NOENV"] == "1" and s.env["SPT_NOENV"] == "1"  # renamed processes stay readable
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -222,7 +225,7 @@ def test_vllm_model_comes_right_after_serve():
 
 
 def test_presets_are_registered_by_name_and_describe_themselves():
-    assert set(PRESETS) == {"sglang", "vllm", "openai", "demo"}
+    assert set(PRESETS) == {"sglang", "vllm", "llamacpp", "openai", "demo"}
     assert all(PRESETS[name].name == name for name in PRESETS)
     with pytest.raises(TypeError):
         PRESETS["mine"] = get_preset("openai")  # a read-only view: add a preset with register_preset

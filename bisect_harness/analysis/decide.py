@@ -42,8 +42,10 @@ def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | 
     first = tried[0]
     argv = f"; launch argv: {shlex.join(str(a) for a in first.argv)}" if first.argv else ""
     n = len(tried)
-    return (f"{name} never booted ({n} boot{'s' if n != 1 else ''} failed; the first: "
-            f"{(first.failure or failed).strip()}{argv})")
+    why = (first.failure or failed).strip()
+    if failed not in why and "in a row failed" not in failed:  # the config's own reason (a refused flag, a build)
+        why = f"{failed}; {why}"
+    return f"{name} never booted ({n} boot{'s' if n != 1 else ''} failed; the first: {why}{argv})"
 
 
 @dataclasses.dataclass(frozen=True)
