@@ -149,6 +149,7 @@ def _v1_ledger(db: Path) -> None:
     Ledger(f"sqlite:///{db}").close()
     con = sqlite3.connect(db)
     con.executescript("DROP INDEX ix_configs_series; ALTER TABLE configs DROP COLUMN series; ALTER TABLE runs DROP COLUMN summary; "
+                      "ALTER TABLE bisect_probes DROP COLUMN purpose; ALTER TABLE bisect_probes DROP COLUMN boot_ids; "
                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
     con.close()
 

@@ -76,7 +76,16 @@ A commit that was skipped (failed to build or boot) and never measured cannot be
 told apart from the next commit: such a run of skipped commits and the commit after
 it form one block; when a block of several commits holds ``confidence`` of the mass,
 the answer is that set (``ambiguous-skips``), as ``git bisect`` reports "only
-skipped commits left to test".
+skipped commits left to test". A set is checked head to head like a single
+commit: its last member against the parent of its first. Where that parent (or
+the last member) can no longer be booted, the set widens over it to the nearest
+bootable commit, as asv's ``find`` steps over a commit that does not build; the
+answer is the widened set, verified or not. A head-to-head test whose commit
+becomes unmeasurable is ``abandoned`` (counted as not passed).
+
+A round may come back with nothing for a commit (an empty list: every boot this
+time failed or was left out, but the commit is not unmeasurable): the search
+asks again; its caller's budget bounds that.
 
 Everything here is pure: no I/O, no logging, no clock. The state is the list of
 observations and paired rounds, so a search rebuilt from them continues exactly
@@ -141,10 +150,34 @@ class StopReason(str, enum.Enum):
     NOT_REPRODUCED = "not-reproduced"
     #: an endpoint could not be measured at all (skipped with no boots)
     ENDPOINT_UNMEASURABLE = "endpoint-unmeasurable"
-    #: one commit holds ``confidence`` of the mass but the head-to-head test against
-    #: its parent did not show the change (or the one test a search makes was spent
-    #: on another commit); it is not reported as the culprit
+    #: one commit (or set) holds ``confidence`` of the mass but the head-to-head test
+    #: against its parent did not show the change, could not be booted, or the
+    #: search's tests were spent on other commits; it is not reported as the culprit
     UNVERIFIED = "unverified"
+    #: a round could boot nothing and the search could not move on (the runner's
+    #: guard against asking for the same round for ever)
+    STALLED = "stalled"
+
+    @property
+    def meaning(self) -> str:
+        """The stop reason in words, for the journal and the CLI."""
+        return _STOP_MEANING[self]
+
+
+_STOP_MEANING = {
+    StopReason.RUNNING: "the search has not finished",
+    StopReason.CONFIDENT: "one commit holds the posterior mass and its change against its parent was shown "
+                          "head to head",
+    StopReason.AMBIGUOUS_SKIPS: "a set of commits holds the posterior mass (unmeasurable commits and the "
+                                "commit after them cannot be told apart); the set's change against the parent "
+                                "of its first member was shown head to head",
+    StopReason.BUDGET: "the boot budget was spent before an answer",
+    StopReason.NOT_REPRODUCED: "the endpoints, in fresh paired rounds, did not show the expected change",
+    StopReason.ENDPOINT_UNMEASURABLE: "an endpoint could not be measured after its retries",
+    StopReason.UNVERIFIED: "the most probable commit (or set) was not shown to differ from its parent head to "
+                           "head: not reported as the culprit",
+    StopReason.STALLED: "a round could boot nothing and the search could not move on",
+}
 
 
 @dataclass(frozen=True)
@@ -172,7 +205,8 @@ class PairedTest:
 
     ``decision``: ``passed`` (the change is shown), ``failed`` (the last look did
     not pass, or the mean went the wrong way after ``2 min_pairs + 2`` pairs: stopped
-    for futility, which only lowers the error rate) or ``open``."""
+    for futility, which only lowers the error rate), ``abandoned`` (one of its two
+    commits became unmeasurable before it decided) or ``open``."""
 
     pairs: int
     mean: float
@@ -419,7 +453,9 @@ class BisectionSearch:
         self._cache = None
 
     def observe_round(self, probes: Sequence[Probe], results: Sequence[Sequence[float] | None]) -> None:
-        """Feed the values of a round from ``next_round()``, in its order (None skips).
+        """Feed the values of a round from ``next_round()``, in its order: a list of
+        boot values, an empty list (nothing usable this time; asked again), or None
+        (the commit is unmeasurable: skipped for good).
 
         A paired round whose two boots both came back is recorded as a pair."""
         probes, results = list(probes), list(results)
@@ -429,6 +465,9 @@ class BisectionSearch:
         for probe, values in zip(probes, results):
             if values is None:
                 self.skip(probe.commit, "measure returned None")
+                checked.append(None)
+            elif len(values) == 0:
+                self._position(probe.commit)
                 checked.append(None)
             else:
                 i, vals = self._checked(probe.commit, values)
@@ -722,7 +761,24 @@ class BisectionSearch:
 
     def _gate_test(self, g: int) -> PairedTest:
         parent, k = self._gates[g]
-        return self._paired(parent, k, self._verify_alpha * GATE_SHARES[g], 3, self._max_verify_pairs)
+        t = self._paired(parent, k, self._verify_alpha * GATE_SHARES[g], 3, self._max_verify_pairs)
+        if t.decision == "open" and (parent in self._skipped or k in self._skipped):
+            return PairedTest(t.pairs, t.mean, t.p_value, t.alpha_per_look, "abandoned")
+        return t
+
+    def _gate_target(self, block: list[int]) -> tuple[int, int] | None:
+        """The pair a block's head-to-head test boots: its last member against the
+        parent of its first, each widened over commits that can no longer be booted
+        (None when no bootable pair is left)."""
+        n = len(self._commits)
+        g, h = block[0] - 1, block[-1]
+        while g > 0 and g in self._skipped:
+            g -= 1
+        while h < n - 1 and h in self._skipped:
+            h += 1
+        if g in self._skipped or h in self._skipped:
+            return None
+        return g, h
 
     def _endpoint_test(self) -> PairedTest:
         return self._paired(0, len(self._commits) - 1, 1.0 - self._confidence,
@@ -794,27 +850,31 @@ class BisectionSearch:
                 return done(StopReason.BUDGET)
             return go(self._pair_round(parent, k, "verify"))
         if mass[best] >= self._confidence:
-            if len(blocks[best]) > 1:
-                return done(StopReason.AMBIGUOUS_SKIPS)
-            k = blocks[best][0]
+            block = blocks[best]
             if not self._verify:
-                return done(StopReason.CONFIDENT)
-            target = (k - 1, k)
+                return done(StopReason.CONFIDENT if len(block) == 1 else StopReason.AMBIGUOUS_SKIPS)
+            target = self._gate_target(block)
+            if target is None:
+                return done(StopReason.UNVERIFIED)
+            state["set"] = list(range(target[0] + 1, target[1] + 1))
+            state["set_mass"] = float(p[state["set"]].sum())
+            answer = StopReason.CONFIDENT if len(state["set"]) == 1 else StopReason.AMBIGUOUS_SKIPS
             if target in self._gates:
-                decision = tests[self._gates.index(target)].decision
-                return done(StopReason.CONFIDENT if decision == "passed" else StopReason.UNVERIFIED)
-            if len(self._gates) >= len(GATE_SHARES) or k - 1 in self._skipped or k in self._skipped:
+                g = self._gates.index(target)
+                state["verify_test"] = tests[g]
+                return done(answer if tests[g].decision == "passed" else StopReason.UNVERIFIED)
+            if len(self._gates) >= len(GATE_SHARES):
                 return done(StopReason.UNVERIFIED)
             self._gates.append(target)
             vt = self._gate_test(len(self._gates) - 1)
             state["verify_test"] = vt
             if vt.decision == "passed":
-                return done(StopReason.CONFIDENT)
-            if vt.decision == "failed":
+                return done(answer)
+            if vt.decision in ("failed", "abandoned"):
                 return done(StopReason.UNVERIFIED)
             if left < 2:
                 return done(StopReason.BUDGET)
-            return go(self._pair_round(k - 1, k, "verify"))
+            return go(self._pair_round(*target, "verify"))
         if left <= 0:
             return done(StopReason.BUDGET)
         # 3. Probabilistic bisection: the probe-able commit nearest the posterior median.
@@ -894,11 +954,12 @@ class BisectionSearch:
         mg, mb, sd = st["stats"]
         order = np.argsort(-p, kind="stable")
         candidates = tuple(Candidate(self._commits[k], float(p[k])) for k in order if p[k] >= 1e-4)
-        block = tuple(self._commits[k] for k in blocks[best])
+        members = st.get("set") or blocks[best]
+        block = tuple(self._commits[k] for k in members)
         culprit = block[0] if reason is StopReason.CONFIDENT else None
         return BisectResult(
             culprit=culprit,
-            probability=mass[best],
+            probability=st.get("set_mass", mass[best]),
             candidates=candidates,
             candidate_set=block,
             boots_used=self.boots_used,

@@ -64,11 +64,6 @@ def _test_json(test: PairedTest | None) -> dict | None:
             "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
 
 
-def _boot_means(ledger: Ledger, boots, metric: str) -> list[float]:
-    """One value per usable boot: the mean of its samples (what the search observes)."""
-    return [sum(v) / len(v) for v in ledger.boot_values(boots, metric).values]
-
-
 def engine_workspace(spec: Spec, metric: str, cache_dir: Path | None, purpose: str
                      ) -> tuple[Metric, Workspace, Path, Path]:
     """The metric and the engine's workspace for a command that walks commits, or a
@@ -93,7 +88,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
     reused_total = 0
     observed: dict[str, list[float]] = {}
     for sha, pc in configs.items():
-        values = _boot_means(ledger, ledger.reusable_boots(pc.key, sched.host_fp), metric)
+        values = ledger.boot_values(ledger.reusable_boots(pc.key, sched.host_fp), metric).means()
         if values:
             observed[sha] = values
             reused_total += len(values)
@@ -102,71 +97,49 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
     for sha, values in observed.items():
         search.observe(sha, values)
         ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
-                         note=sched.ws.subject(sha) if sched.ws else ""))
+                         note=sched.ws.subject(sha) if sched.ws else "", purpose="reused"))
     new_boots = 0
-    stalled = False
-    while not stalled and (rnd := search.next_round()) is not None:
+    stop: StopReason | None = None
+    while (rnd := search.next_round()) is not None:
+        if new_boots >= max_boots:
+            stop = StopReason.BUDGET
+            break
         # A round's probes are booted in the order the search gives (interleaved in
         # time: a probe beside an anchor, the two sides of a paired round), one boot
         # of each probe per pass; a pass runs at once where the backend has slots
-        # (on 8 single-GPU slots, 8 commits are probed together).
+        # (on 8 single-GPU slots, 8 commits are probed together). The measuring call
+        # owns retries and the failure policy; the budget counts every boot.
         states = [sched.state_for(configs[probe.commit]) for probe in rnd]
-        before = [len(st.boots) for st in states]
-        got: list[list[float]] = [[] for _ in rnd]
-        left = [probe.boots for probe in rnd]
-        rebooted = [0] * len(rnd)
-        while True:
-            todo = [k for k, st in enumerate(states) if left[k] > 0 and not st.failed]
-            if not todo:
-                break
-            for k in todo:
-                left[k] -= 1
-            for k, boot in zip(todo, sched.boot_many([states[k] for k in todo])):
-                st = states[k]
-                new_boots += 1
-                if boot.status == "ok":
-                    got[k] += _boot_means(ledger, [boot], metric)
-                elif sched.retries(boot) and rebooted[k] < rnd[k].boots and new_boots < max_boots:
-                    rebooted[k] += 1  # host_check retry: a busy boot is booted again, within the budget
-                    left[k] += 1
-                elif st.consecutive_failures > spec.defaults.boot_retries:
-                    st.failed = st.failed or boot.failure or "boot failed"
+        got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots)
+        booked = sum(m.booted for m in got)
+        new_boots += booked
         results: list[list[float] | None] = []
-        for k, probe in enumerate(rnd):
-            st = states[k]
+        for probe, m in zip(rnd, got):
             note = sched.ws.subject(probe.commit) if sched.ws else ""
             if probe.purpose != "probe":
                 note = f"{note} | {probe.purpose}"
-            if st.failed and not got[k]:
-                results.append(None)
-                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
-                                 values=[], skipped=True, note=f"{note} | {st.failed}"))
-            elif got[k]:
-                results.append(got[k])
-                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
-                                 values=got[k], note=note))
-            elif len(st.boots) == before[k]:
-                stalled = True  # nothing could be measured and nothing changed: stop rather than spin
-                break
-            else:
-                results.append(None)
-                ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
-                                 values=[], skipped=True, note=f"{note} | no usable boots"))
-        if not stalled:
-            search.observe_round(rnd, results)
-        else:
-            for probe, values in zip(rnd, results):
-                if values is not None:
-                    search.observe(probe.commit, values)
+            if m.unmeasurable:
+                search.skip(probe.commit, m.unmeasurable)  # stepped over for good: its block widens the set
+                note = f"{note} | unmeasurable: {m.unmeasurable}"
+            elif m.usable < m.asked:
+                note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
+            results.append(None if m.unmeasurable and not m.values else list(m.values))
+            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                             values=list(m.values), skipped=results[-1] is None, note=note,
+                             purpose=probe.purpose, boot_ids=sorted(m.boot_ids + m.failed_ids + m.left_out_ids)))
+        search.observe_round(rnd, results)
+        if booked == 0 and not any(r is None for r in results):
+            stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
+            break
     res: BisectResult = search.result()
     outcome = BisectOutcome(
         culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
-        skipped=tuple(s for s, _ in res.skipped), stopped=res.stopped.value, bisection_id=bis.id,
+        skipped=tuple(s for s, _ in res.skipped), stopped=(stop or res.stopped).value, bisection_id=bis.id,
         warnings=tuple(_host_warnings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test))
-    bis.status = "done" if res.stopped != StopReason.RUNNING else "running"
+    bis.status = "done" if (stop or res.stopped) != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome

@@ -100,18 +100,14 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
 
     def measure(subset: frozenset) -> list[float]:
         st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
-        for _ in range(spec.defaults.boot_retries + 1):
-            if st.failed:
-                break
-            boots = sched.boot_many([st])
-            if boots and boots[0].status == "ok":
-                v = ledger.boot_values([boots[0]], metric.name)
-                if v.values:
-                    calls.append((subset, boots[0].id))
-                    return list(v.values[0])
+        m, = sched.measure([st], 1, metric=metric.name)  # retried under the one failure policy
+        if m.samples:
+            calls.append((subset, m.boot_ids[0]))
+            return list(m.samples[0])
         raise UserError(f"explain: configuration {st.planned.label or sorted(subset)} could not be measured "
-                        f"({st.failed or 'no usable boot of ' + metric.name}); see the boot logs, then fix that "
-                        "config or drop the difference from one arm")
+                        f"({m.unmeasurable or m.short or 'no usable boot of ' + metric.name}); see the boot logs, "
+                        "then fix that config or drop the difference from one arm (every boot so far is in the "
+                        "ledger)")
 
     d = spec.defaults
     design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)

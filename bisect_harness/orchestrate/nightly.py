@@ -114,8 +114,7 @@ def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, w
     budget = ex.spec.defaults.max_boots_per_arm
 
     def more() -> list[list[float]]:
-        while len(st.boots) < budget and st.failed is None:
-            ex.boot(st)
+        ex.measure([st], max(0, budget - len(st.good_boots)), metric=metric, budget=max(0, budget - len(st.boots)))
         return [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
 
     shift = judge_night([n[2] for n in nights], newest, more, worse=worse, min_effect=min_effect, alpha=alpha,

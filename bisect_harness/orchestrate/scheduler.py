@@ -1,22 +1,38 @@
-"""The scheduler of boots: runs, config states, rounds, budgets, recording.
+"""The scheduler of boots: runs, config states, the one measuring call, recording.
 
-``harness run`` (the hypothesis loop in ``executor``), ``harness bisect`` and
-``harness nightly`` all boot through one :class:`Scheduler`:
+``harness run`` (the hypothesis loop in ``executor``), ``harness bisect``,
+``harness explain`` and ``harness nightly`` all boot through one
+:class:`Scheduler`, and all of them through one call, :meth:`Scheduler.measure`:
 
     sched = Scheduler(plan, ledger, log_dir=..., backend=LocalBackend(slots=2))
-    with sched.recording("run"):           # the run row; interrupted/failed on the way out
-        st = sched.state_for(config)        # a config row, made once per run
-        sched.boot_round([st_a, st_b], 3)   # each up to 3 good boots, shuffled order each pass
-        sched.boot_many([st_a, st_b])       # one more boot each, at once where slots allow
+    with sched.recording("run"):                    # the run row; interrupted/failed on the way out
+        st = sched.state_for(config)                 # a config row, made once per run
+        m, = sched.measure([st], 3, metric="tok_s")  # 3 more usable boots: values, boot ids, failures
+        sched.measure([st_a, st_b], 1, budget=10)    # one usable boot each, at once where slots allow
     sched.finish_run("done")
 
 A boot goes out as a frozen request (``plan.boot_request``) to the backend and
 comes back as a frozen outcome; the scheduler alone writes the ledger: the boot
 row before the boot starts (its id names the log), each sample the moment the
-backend reports it, the outcome when it ends. A config whose build fails or whose
-flag is refused is marked failed and never booted again; one that fails
-``boot_retries + 1`` times in a row, or cannot reach its good boots within the
-cap, is marked failed too.
+backend reports it, the outcome when it ends.
+
+The failure policy, decided here once for every command (``docs/design.md``):
+
+* A boot that **fails** is booted again before it counts against its config.
+  A config is **unmeasurable** when its recipe fails (the build, a refused flag:
+  the same recipe fails the same way, so it is never retried), when its first
+  ``boot_retries + 1`` boots all fail, or, once it has booted ok (so it is known
+  to boot), when ``MEASURED_FAILURES_IN_A_ROW * (boot_retries + 1)`` boots in a
+  row fail. A transient failure of a measured config (out of memory, a port in
+  use, an NCCL timeout) therefore never ends a search.
+* A boot **left out** by a boot check (``host_check: retry`` on a busy host) is
+  booted again, up to as many extra boots as were asked for in the call.
+* One call books at most ``budget`` boots (failed and left-out ones included),
+  so a caller's budget bounds every loop; a config of the hypothesis loop that
+  cannot reach its usable boots within ``cap`` boots is unmeasurable.
+* Every call returns one :class:`Measurement` per config asked for: the boot
+  means of the metric, the boot ids, what failed, what was left out, and why
+  the config is unmeasurable if it is. Callers decide from that alone.
 """
 
 from __future__ import annotations
@@ -40,7 +56,12 @@ from ..errors import HarnessError, InfrastructureError, UserError
 from ..record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
 from ..planning.plan import Plan, PlannedConfig, series_key
 
-__all__ = ["Observer", "ConfigState", "Scheduler"]
+__all__ = ["Observer", "ConfigState", "Measurement", "Scheduler", "MEASURED_FAILURES_IN_A_ROW"]
+
+#: a config that has booted ok is unmeasurable only after this many times
+#: ``boot_retries + 1`` failed boots in a row (at 10% random failures and one
+#: retry, six in a row happen once in a million tries)
+MEASURED_FAILURES_IN_A_ROW = 3
 
 
 class Observer:
@@ -68,6 +89,43 @@ class ConfigState:
     @property
     def good_boots(self) -> list[Boot]:
         return [b for b in self.boots if b.status == "ok"]
+
+    def failures_allowed(self, boot_retries: int) -> int:
+        """Failed boots in a row that make this config unmeasurable (the policy above)."""
+        tries = boot_retries + 1
+        return tries * MEASURED_FAILURES_IN_A_ROW if self.good_boots else tries
+
+
+@dataclass
+class Measurement:
+    """What one :meth:`Scheduler.measure` call got for one config.
+
+    ``values`` holds one float per usable boot of this call (the mean of its
+    samples of ``metric``), in boot order, beside its ``boot_ids``; ``failed_ids``
+    and ``left_out_ids`` are this call's boots that failed or that a boot check
+    left out; ``unmeasurable`` says why the config cannot be measured (after its
+    retries), else None; ``short`` is set when the call stopped below the
+    asked-for boots for another reason (its budget, or its spare boots spent).
+    ``samples`` holds each usable boot's samples behind its value."""
+
+    key: str
+    asked: int
+    values: list[float] = field(default_factory=list)
+    samples: list[tuple[float, ...]] = field(default_factory=list)
+    boot_ids: list[int] = field(default_factory=list)
+    failed_ids: list[int] = field(default_factory=list)
+    left_out_ids: list[int] = field(default_factory=list)
+    unmeasurable: str | None = None
+    short: str | None = None
+
+    @property
+    def booted(self) -> int:
+        """Boots this call booted for this config (usable, failed and left out)."""
+        return len(self.boot_ids) + len(self.failed_ids) + len(self.left_out_ids)
+
+    @property
+    def usable(self) -> int:
+        return len(self.boot_ids)
 
 
 class Scheduler:
@@ -268,22 +326,91 @@ class Scheduler:
 
     # ------------------------------------------------------------------ boots
 
-    def boot_round(self, states: Sequence[ConfigState], target: int) -> None:
-        """Boot each config up to ``target`` good boots, one boot each per pass, in a
-        seeded random order per pass; a pass's boots run at once where the backend has
-        the slots for them."""
-        retries = self.spec.defaults.boot_retries
-        cap = self.spec.defaults.max_boots_per_arm + retries + 1
+    def measure(self, states: Sequence[ConfigState], n: int | Sequence[int] = 1, *, metric: str | None = None,
+                budget: int | None = None, shuffle: bool = False, cap: int | None = None) -> list[Measurement]:
+        """Boot each config until it has ``n`` more usable boots (``n`` may be one per
+        config), under the failure policy of this module; the one loop of boots that
+        every command uses.
+
+        One boot of each config per pass, in the order given (``shuffle``: a seeded
+        random order per pass, ``order_seed``), a pass's boots at once where the
+        backend has slots. ``metric`` names the metric whose boot means fill
+        ``values`` (a usable boot without it is left out). ``budget`` caps the boots
+        of this call; ``cap`` caps a config's boots in the run (the hypothesis
+        loop's ``max_boots_per_arm + boot_retries + 1``): a config that reaches it
+        short of its usable boots is unmeasurable. Never raises for a failed boot;
+        raises the error of a check set to ``fatal`` once every boot in flight has
+        reported."""
+        want = [int(n)] * len(states) if isinstance(n, int) else [int(x) for x in n]
+        if len(want) != len(states):
+            raise ValueError(f"measure: {len(states)} configs but {len(want)} boot counts")
+        d = self.spec.defaults
+        out = [Measurement(st.planned.key, w) for st, w in zip(states, want)]
+        spare_left_out = list(want) if d.host_check == "retry" else [0] * len(states)
+        booked = 0
         while True:
-            todo = [s for s in states if s.failed is None and len(s.good_boots) < target]
-            if not todo:
-                return
-            self._order.shuffle(todo)  # a random order inside each round (seeded: order_seed)
-            self.boot_many(todo)
-            for st in todo:
-                if st.failed is None and len(st.boots) >= cap and len(st.good_boots) < target:
+            todo: list[int] = []
+            for k, (st, m) in enumerate(zip(states, out)):
+                if st.failed is not None:
+                    m.unmeasurable = m.unmeasurable or st.failed
+                    continue
+                if m.usable >= want[k]:
+                    continue
+                if cap is not None and len(st.boots) >= cap:
                     self._fail(st, f"only {len(st.good_boots)} usable boots of {len(st.boots)} "
                                    "(the others failed or were excluded by a boot check)")
+                    m.unmeasurable = st.failed
+                    continue
+                if len(m.left_out_ids) > spare_left_out[k]:
+                    m.short = f"{len(m.left_out_ids)} boots left out by a boot check"
+                    continue
+                if k in todo or any(states[j] is st for j in todo):
+                    continue  # one boot of a config per pass, even when it is asked for twice
+                todo.append(k)
+            if budget is not None:
+                todo = todo[:max(0, budget - booked)]
+            if not todo:
+                break
+            if shuffle:
+                self._order.shuffle(todo)  # a random order inside each pass (seeded: order_seed)
+            slots = max(1, self.backend.slots)
+            for start in range(0, len(todo), slots):
+                batch = [k for k in todo[start:start + slots] if states[k].failed is None]
+                if not batch:
+                    continue
+                self._wait_if_busy()
+                for k, boot in zip(batch, self._run_batch([states[k] for k in batch])):
+                    booked += 1
+                    self._count(out[k], boot, metric)
+        for k, m in enumerate(out):
+            if m.usable < want[k] and m.unmeasurable is None and m.short is None:
+                m.short = f"the call's budget of {budget} boots was spent"
+        return out
+
+    def _count(self, m: Measurement, boot: Boot, metric: str | None) -> None:
+        """File one finished boot under its measurement."""
+        if boot.status == "ok":
+            if metric is None:
+                m.boot_ids.append(boot.id)
+                return
+            bv = self.ledger.boot_values([boot], metric)
+            if bv.values:
+                m.boot_ids.append(boot.id)
+                m.values.append(bv.means()[0])
+                m.samples.append(bv.values[0])
+                return
+            m.left_out_ids.append(boot.id)  # ok, yet no sample of the metric: not usable
+        elif boot.status == "failed":
+            m.failed_ids.append(boot.id)
+        else:
+            m.left_out_ids.append(boot.id)
+
+    def boot_round(self, states: Sequence[ConfigState], target: int) -> list[Measurement]:
+        """Boot each config up to ``target`` usable boots in all (the hypothesis loop's
+        rounds), in a seeded random order per pass, within the run's cap per config."""
+        d = self.spec.defaults
+        return self.measure(states, [max(0, target - len(st.good_boots)) for st in states], shuffle=True,
+                            cap=d.max_boots_per_arm + d.boot_retries + 1)
 
     def boot(self, st: ConfigState) -> Boot:
         """One boot of one config (build once, boot, verify, sample, tear down)."""
@@ -291,8 +418,8 @@ class Scheduler:
 
     def boot_many(self, states: Sequence[ConfigState]) -> list[Boot]:
         """One boot of each state (a state may appear more than once), ``backend.slots``
-        at a time, in the order given. Never raises for a failed boot; raises the
-        error of a check set to ``fatal`` once every boot in flight has reported."""
+        at a time, in the order given, whatever becomes of them (no retries: that
+        is :meth:`measure`'s). A state marked failed on the way is not booted again."""
         out: list[Boot] = []
         pending = [s for s in states]
         while pending:
@@ -412,7 +539,7 @@ class _LedgerSink(Sink):
             st.row.status, st.row.failure = out.config_status or "boot_failed", st.failed
             if out.config_status == "build_failed":
                 st.row.log_tail = out.log_tail
-        elif st.failed is None and st.consecutive_failures > self.sched.spec.defaults.boot_retries:
+        elif st.failed is None and st.consecutive_failures >= st.failures_allowed(self.sched.spec.defaults.boot_retries):
             self.sched._fail(st, f"{st.consecutive_failures} boots in a row failed")
         if out.fatal:
             self.fatal.append(out)

@@ -65,7 +65,7 @@ def matched_configs(a: Run, b: Run) -> list[tuple[Config, Config, str]]:
 
 def _boot_mean(ledger: Ledger, boots, metric: str) -> tuple[int, float | None]:
     bv = ledger.boot_values(boots, metric)
-    means = [sum(v) / len(v) for v in bv.values]
+    means = bv.means()
     return len(means), (sum(means) / len(means) if means else None)
 
 

@@ -14,6 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
+from ..analysis.bisection import StopReason
 from ..boot import engine_identity, mechanisms
 from ..analysis import host_state, stats
 from ..input import metric_defs
@@ -362,22 +363,46 @@ def _calibration_text(result: dict) -> str:
     return ", ".join(parts) or json.dumps(result, default=str)[:300]
 
 
+def _probe_note(p) -> str:
+    """What became of a bisection step, past its subject: skipped (why), reused, short."""
+    rest = [x for x in (p.note or "").split(" | ")[1:] if x not in ("probe", "anchor", "endpoints", "verify")]
+    if p.reused:
+        rest.insert(0, f"{p.reused} reused")
+    elif p.skipped and not rest:
+        rest.insert(0, "skipped")
+    return _md("; ".join(rest))
+
+
 def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
     result = bis.result or {}
     probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
-               "boots": len(p.values or []), "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
-               "note": "skipped" if p.skipped else (f"{p.reused} reused" if p.reused else "")}
+               "purpose": p.purpose or "", "boots": len(p.values or []),
+               "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
+               "boot_ids": ", ".join(str(b) for b in (p.boot_ids or [])) or "-",
+               "note": _probe_note(p)}
               for p in bis.probes]
     cands = [{"commit": c["commit"][:12], "p": _fmt(c["probability"], 3)} for c in result.get("candidates", [])[:5]]
     culprit = result.get("culprit")
+    stopped = result.get("stopped", bis.status)
+    try:
+        why = StopReason(stopped).meaning
+    except ValueError:
+        why = "a stop reason this version does not know"
     if culprit:
         summary = (f"Culprit: `{culprit[:12]}` with posterior probability {_fmt(result.get('probability'), 3)} "
-                   f"after {result.get('boots')} boots ({result.get('stopped', bis.status)}).")
+                   f"after {result.get('boots')} boots. Stopped: `{stopped}` ({why}).")
     elif bis.status == "running":
         summary = "The bisection did not finish; `harness bisect` resumes it from the ledger."
     else:
-        summary = (f"No single culprit ({result.get('stopped', bis.status)}); candidates below."
+        cset = result.get("candidate_set") or []
+        summary = (f"No single culprit. Stopped: `{stopped}` ({why})."
+                   + (f" Candidate set: {', '.join(f'`{c[:12]}`' for c in cset)} (posterior probability "
+                      f"{_fmt(result.get('probability'), 3)})." if len(cset) > 1 else "")
                    + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
+    vt = result.get("verify_test")
+    if vt:
+        summary += (f" Head-to-head test: {vt.get('decision')} after {vt.get('pairs')} paired rounds "
+                    f"(p = {_fmt(vt.get('p_value'), 4)}, level per look {_fmt(vt.get('alpha_per_look'), 4)}).")
     plot = None
     if plots_dir is not None and bis.probes:
         plot = _plot_bisection(bis, plots_dir, stem)

@@ -11,6 +11,7 @@ harness is refused rather than misread.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -24,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from ..errors import InfrastructureError, UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Seconds a SQLite connection waits for another process's write before giving up.
 BUSY_TIMEOUT_S = 60.0
 
@@ -33,6 +34,8 @@ BUSY_TIMEOUT_S = 60.0
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE configs ADD COLUMN series VARCHAR(64)",  # nightly series: the config without its commit
         "ALTER TABLE runs ADD COLUMN summary JSON"),           # kind-specific result (nightly)
+    3: ("ALTER TABLE bisect_probes ADD COLUMN purpose VARCHAR(16)",  # probe, anchor, endpoints, verify, reused
+        "ALTER TABLE bisect_probes ADD COLUMN boot_ids JSON"),      # every boot the step booted, failed ones too
 }
 
 
@@ -223,6 +226,11 @@ class Probe(Base):
     reused: Mapped[int] = mapped_column(Integer, default=0)
     skipped: Mapped[bool] = mapped_column(Boolean, default=False)
     note: Mapped[str] = mapped_column(Text, default="")
+    #: what the step was for: ``probe``, ``anchor``, ``endpoints`` or ``verify`` (a side
+    #: of a paired round), ``reused`` (boots from the ledger fed to the posterior only)
+    purpose: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    #: every boot this step booted (usable, failed, left out), in order
+    boot_ids: Mapped[list | None] = mapped_column(JSON, nullable=True)
     bisection: Mapped[Bisection] = relationship(back_populates="probes")
 
 
@@ -232,6 +240,11 @@ class BootValues:
 
     boot_ids: tuple[int, ...]
     values: tuple[tuple[float, ...], ...]  # per boot, the sample values
+
+    def means(self) -> list[float]:
+        """One value per boot, the mean of its samples: what a boot is worth as one
+        replicate (the boot is the unit of replication)."""
+        return [math.fsum(v) / len(v) for v in self.values]
 
 
 class Ledger:
@@ -277,13 +290,17 @@ class Ledger:
                 conn.rollback()
                 raise UserError(f"the ledger {self.url} has schema version {version}, newer than this harness "
                                 f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
-            Base.metadata.create_all(conn)
+            existed = set(inspect(conn).get_table_names())
+            Base.metadata.create_all(conn)  # a table new since the ledger's version comes whole
             if version is None:
                 conn.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
             elif version < SCHEMA_VERSION:
                 try:
                     for target in range(version + 1, SCHEMA_VERSION + 1):
                         for statement in MIGRATIONS.get(target, ()):
+                            words = statement.split()
+                            if words[:2] == ["ALTER", "TABLE"] and words[2] not in existed:
+                                continue  # made whole by create_all above
                             conn.exec_driver_sql(statement)
                     conn.execute(update(Meta).where(Meta.key == "schema_version").values(value=str(SCHEMA_VERSION)))
                 except SQLAlchemyError as exc:

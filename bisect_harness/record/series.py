@@ -34,7 +34,7 @@ def nightly_series(ledger: Ledger, series: str, metric: str, *, up_to_run: int) 
     without a good boot carrying ``metric`` are left out)."""
     out = []
     for run, commit, boots in ledger.nightly_history(series, before_run=up_to_run + 1):
-        means = [sum(v) / len(v) for v in ledger.boot_values(boots, metric).values]
+        means = ledger.boot_values(boots, metric).means()
         means = [m for m in means if m > 0]
         if means:
             value = math.exp(statistics.median(math.log(m) for m in means))
