@@ -93,7 +93,7 @@ def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
-    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "60")
+    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "100")
     print(f"bisection: {out['boots']} boots in {seconds:.0f}s")
 
     assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)

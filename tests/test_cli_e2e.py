@@ -21,7 +21,7 @@ import pytest
 from bisect_harness.demo import create_demo_repo
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
-DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 6}
+DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 10}  # 10: a noisy CI host still decides
 
 HYPOTHESES = [
     {"id": "head-regression",

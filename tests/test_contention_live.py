@@ -30,7 +30,8 @@ SPEC = textwrap.dedent("""\
     engine: {preset: demo}
     benchmark: {prompt_tokens: 16, output_tokens: 32, requests_per_sample: 3, warmup_requests: 1}
     defaults: {samples_per_boot: 2, boots_per_arm: 2, max_boots_per_arm: 2, boot_retries: 0,
-               host_check: mark, host_preflight_s: 0}
+               host_check: mark, host_preflight_s: 0,
+               host_thresholds: {steal: 1.0, cpu_pressure: 1.0, io_pressure: 1.0, memory_pressure: 1.0}}
     hypotheses:
       - id: decode-mode
         baseline: {commit: HEAD}
@@ -39,6 +40,10 @@ SPEC = textwrap.dedent("""\
         expect: increase
         min_effect: 5%
     """)
+
+# The host-wide figures (the hypervisor's steal, PSI pressure) are switched off above:
+# on a shared CI machine they cross on their own (10% steal was seen), and what these
+# tests make is a foreign process, which the per-process figures attribute.
 
 #: Two busy loops (one per core of a 2-core CI runner), each with its own deadline.
 BURN = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"
@@ -178,7 +183,8 @@ def test_preflight_names_the_busy_processes_before_any_boot_and_wait_quiet_waits
     finally:
         stop(burn)
     err = " ".join((proc.stdout + proc.stderr).split())  # no --json: the console is stdout; rich wraps lines
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # no config ever booted: not measured (exit 3), said so
+    assert "never booted" in err
     busy_at = err.find("host busy before the first boot")
     assert busy_at >= 0, err
     assert "-c import time end = time.time()" in err[busy_at:] and "(pid " in err[busy_at:]  # our burner

@@ -99,7 +99,7 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
          "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
     ]
     spec = write_spec(tmp_path / "h.yaml", engine=_engine(model), benchmark=BENCH, hypotheses=hyps,
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 3, "samples_per_boot": 2,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 4, "samples_per_boot": 2,
                                 "alpha": 0.05, "env_check": "mark", "flag_check": "mark"})
     db = tmp_path / "r.db"
     t0 = time.monotonic()
