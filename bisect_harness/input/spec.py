@@ -87,7 +87,7 @@ class Defaults:
     env_check: str = "mark"
     flag_check: str = "mark"
     aa_check: bool = False
-    boot_retries: int = 1
+    boot_retries: int = 2
     host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
     host_thresholds: Thresholds = field(default_factory=Thresholds)
     host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
