@@ -25,6 +25,7 @@ from rich.table import Table
 from .errors import HarnessError, InfrastructureError, UserError
 from .model import NOT_MEASURED, shown_outcome
 from .input.secrets import redact_obj, redact_text
+from .input.spec import effect_value
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -326,8 +327,8 @@ def explain(
     file: Path = typer.Argument(..., help="hypotheses.yaml: its arms name the two configs"),
     fast: str = typer.Option(..., "--fast", help="The fast config: HID.baseline or HID.treatment."),
     slow: str = typer.Option(..., "--slow", help="The slow config: HID.baseline or HID.treatment."),
-    min_effect: Optional[float] = typer.Option(None, "--min-effect", help="Smallest relative change that counts "
-                                               "(default: the slow arm's hypothesis' min_effect)."),
+    min_effect: Optional[str] = typer.Option(None, "--min-effect", help="Smallest relative change that counts, "
+                                             "0.05 or 5% (default: the slow arm's hypothesis' min_effect)."),
     alpha: float = typer.Option(0.01, "--alpha", help="Error of the slowdown test, and of the whole set: the "
                                 "leave-out decisions share it (Bonferroni over tests and looks)."),
     ledger: str = LEDGER_OPT,
@@ -348,7 +349,7 @@ def explain(
     spec = load_spec(file)
     with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
-        out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=min_effect, alpha=alpha,
+        out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
                                   cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
                                   wait_quiet_s=wait_quiet, backend=boots)
         path = journal.write(led, sched.run, journal_dir)
@@ -409,7 +410,7 @@ def nightly(
     file: Path = typer.Argument(..., help="hypotheses.yaml: its engine, benchmark and defaults are used"),
     rev: str = typer.Option("HEAD", "--rev", help="The commit to measure tonight."),
     metric: str = typer.Option("tok_s", "--metric", help="Metric to watch."),
-    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative regression that alerts."),
+    min_effect: str = typer.Option("5%", "--min-effect", help="Smallest relative regression that alerts (0.05 or 5%)."),
     alpha: float = typer.Option(0.01, "--alpha", help="False-alert rate per night."),
     window: int = typer.Option(7, "--window", help="Earlier nights to compare with."),
     no_bisect: bool = typer.Option(False, "--no-bisect", help="Alert without bisecting."),
@@ -438,7 +439,7 @@ def nightly(
     budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
     with Ledger(ledger) as led, _ProgressObserver(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
-        outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=min_effect, alpha=alpha,
+        outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=_effect(min_effect), alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,
                                         cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
                                         calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
@@ -446,7 +447,7 @@ def nightly(
         if changepoints:
             from .record.series import change_point_report
 
-            report = change_point_report(led, executor.run, metric, alpha=alpha, min_effect=min_effect,
+            report = change_point_report(led, executor.run, metric, alpha=alpha, min_effect=_effect(min_effect),
                                          window=window)
             executor.run.summary = {**(executor.run.summary or {}), "changepoints": report}
             led.commit()
@@ -554,7 +555,7 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")) -> None:
     """Every worktree and environment in the cache, least recently used first."""
     from .planning.cache import human_size, list_cache
-    from .planning.checkout import default_cache_dir
+    from .places import default_cache_dir
 
     root = cache_dir or default_cache_dir()
     entries = list_cache(root)
@@ -583,7 +584,7 @@ def cache_prune(
     """Reclaim worktrees and environments by age and/or total size (the user's repository is never touched;
     a removed commit is checked out and built again when next used)."""
     from .planning.cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
-    from .planning.checkout import default_cache_dir
+    from .places import default_cache_dir
 
     age = parse_age(older_than) if older_than is not None else None
     size = parse_size(max_size) if max_size is not None else None
@@ -620,6 +621,16 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
 
 #: ``--resume`` without a value: the newest interrupted or failed run of the file.
 RESUME_NEWEST = "newest"
+
+
+def _effect(value: str | None) -> float | None:
+    """``--min-effect``, read like the spec's ``min_effect`` (0.05 or 5%)."""
+    if value is None:
+        return None
+    try:
+        return effect_value(value)
+    except ValueError as exc:
+        raise UserError(f"--min-effect {value!r}: {exc}") from None
 
 
 def _resume_id(value: str | None) -> int | None:
@@ -662,7 +673,7 @@ def compare(
     run_a: int = typer.Argument(..., metavar="RUN_A", help="The earlier run (the baseline)."),
     run_b: int = typer.Argument(..., metavar="RUN_B", help="The later run (judged against RUN_A)."),
     metric: str = typer.Option("tok_s", "--metric", help="Metric to compare."),
-    min_effect: float = typer.Option(0.05, "--min-effect", help="Smallest relative change that counts (0.05: 5%)."),
+    min_effect: str = typer.Option("5%", "--min-effect", help="Smallest relative change that counts (0.05 or 5%)."),
     expect: Optional[str] = typer.Option(None, "--expect", help="increase or decrease: the claim about RUN_B. "
                                          "Default: worse in the metric's own direction."),
     ledger: str = LEDGER_OPT,
@@ -676,7 +687,7 @@ def compare(
     if expect is not None and expect not in ("increase", "decrease"):
         raise UserError(f"--expect must be increase or decrease, got {expect!r}")
     with Ledger(require_existing(ledger)) as led:
-        rows = compare_runs(led, run_a, run_b, metric=metric, expect=expect, min_effect=min_effect)
+        rows = compare_runs(led, run_a, run_b, metric=metric, expect=expect, min_effect=_effect(min_effect))
         text = "\n".join(render_lines(rows, run_a, run_b))
         if json_out:
             _console(True).print(redact_text(text), markup=False)

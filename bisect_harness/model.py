@@ -5,6 +5,7 @@ These are frozen dataclasses: a measurement, once made, is never edited.
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 import hashlib
 import json
@@ -162,3 +163,9 @@ class BenchmarkSpec:
     seed: int = 0
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
     tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)
+
+
+def utcnow() -> _dt.datetime:
+    """Now, in UTC, without a zone (how the ledger stores every time): the one clock
+    of the harness, for the controller and the boots alike."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, event
 from bisect_harness.record import ledger as ledger_mod
 from bisect_harness.planning.checkout import Workspace
 from bisect_harness.record.ledger import Boot, Config, Ledger, Run
-from bisect_harness.orchestrate.liveness import OWNER_KEY, owner_record
+from bisect_harness.record.liveness import OWNER_KEY, owner_record
 from helpers import HARNESS, git, query
 
 FORK = mp.get_context("fork")

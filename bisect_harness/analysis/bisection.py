@@ -108,7 +108,9 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import special, stats
 
-from bisect_harness.model import Expect
+from bisect_harness.model import Expect, Outcome
+
+from .stats import decide
 
 __all__ = [
     "BisectResult",
@@ -266,9 +268,10 @@ def paired_sequential_test(diffs: Sequence[float], *, alpha: float, min_pairs: i
     ``alpha / looks`` (Bonferroni over the looks), so the chance of any false pass
     is at most ``alpha`` whatever the stopping. The statistic is Yuen's trimmed t
     (20% trimmed mean over its winsorised standard error; Yuen, Biometrika 1974;
-    the plain t below 8 pairs), so that one stalled boot does not swamp a look. With
-    the order inside each pair drawn at random, a difference is symmetric about zero
-    when nothing changed, whatever the host did.
+    the plain t below 8 pairs), so that one stalled boot does not swamp a look; a
+    look passes when the decision kernel (:func:`stats.decide`, a change above
+    zero) confirms. With the order inside each pair drawn at random, a difference
+    is symmetric about zero when nothing changed, whatever the host did.
     """
     d = np.asarray(diffs, dtype=float)
     looks = look_schedule(min_pairs, max_pairs)
@@ -277,8 +280,8 @@ def paired_sequential_test(diffs: Sequence[float], *, alpha: float, min_pairs: i
     for n in looks:
         if n > d.size:
             break
-        p_last = _one_sided_p(d[:n])
-        if p_last <= a:
+        passed, p_last = _look(d[:n], a)
+        if passed:
             return PairedTest(n, float(d[:n].mean()), p_last, a, "passed")
     n = d.size
     mean = float(d.mean()) if n else math.nan
@@ -287,21 +290,22 @@ def paired_sequential_test(diffs: Sequence[float], *, alpha: float, min_pairs: i
     return PairedTest(n, mean, p_last, a, "open")
 
 
-def _one_sided_p(d: np.ndarray) -> float:
-    """One-sided p of Yuen's trimmed t (20%) for mean > 0; the plain t below 8 values."""
+def _look(d: np.ndarray, level: float) -> tuple[bool, float]:
+    """One look of the paired test: (passed, one-sided p) of Yuen's trimmed t (20%)
+    for mean > 0, the plain t below 8 values, decided by the kernel."""
     n = d.size
     g = int(math.floor(0.2 * n)) if n >= 8 else 0
     x = np.sort(d)
     tm = float(x[g:n - g].mean())
     w = np.clip(x, x[g], x[n - 1 - g])
     h = n - 2 * g
-    if h < 2:
-        return 0.0 if tm > 0 else 1.0
-    sw = float(np.sqrt(((w - w.mean()) ** 2).sum() / (n - 1)))
-    se = sw / ((h / n) * math.sqrt(n))
-    if se == 0.0 or not math.isfinite(se):
-        return 0.0 if tm > 0 else 1.0
-    return float(stats.t.sf(tm / se, h - 1))
+    sw = float(np.sqrt(((w - w.mean()) ** 2).sum() / (n - 1))) if n > 1 else 0.0
+    se = sw / ((h / n) * math.sqrt(n)) if h >= 2 else 0.0
+    if h < 2 or se == 0.0 or not math.isfinite(se):
+        p = 0.0 if tm > 0 else 1.0  # no spread to judge by: the sign alone
+        return p <= level, p
+    dec = decide(tm, se, h - 1, expect=Expect.INCREASE, min_effect=0.0, level=level)
+    return dec.outcome is Outcome.CONFIRMED, dec.p_value
 
 
 class BisectionSearch:

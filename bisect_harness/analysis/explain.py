@@ -90,7 +90,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-from scipy import special
 from scipy import stats as _st
 
 from ..model import Expect, Outcome
@@ -238,23 +237,14 @@ class _Search:
                 self.tests.append(t)
                 return t
 
-    def _levels(self, thr: float, c: blocks.Contrast) -> tuple:
-        e_b = stats._log_effect(self.better, self.min_effect)
-        e_w = stats._log_effect(self.worse, self.min_effect)
-        half = float(_st.t.isf(thr, c.df)) * c.se
-        return e_b, e_w, (math.exp(c.estimate - half), math.exp(c.estimate + half))
-
     def _judge_leave_out(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
         """(status, outcome, opposite, p, ci) of one leave-out contrast; status is
-        ``matters``, ``opposite``, ``cleared`` or ``open``."""
-        e_b, e_w, ci = self._levels(thr, c)
-        dd = self.better.sign * c.estimate
-        p_b = float(special.stdtr(c.df, -dd / c.se))
-        p_w = float(special.stdtr(c.df, dd / c.se))
-        better = p_b <= thr and dd >= e_b
-        worse = p_w <= thr and -dd >= e_w
-        not_better = float(special.stdtr(c.df, (dd - e_b) / c.se)) <= thr
-        not_worse = float(special.stdtr(c.df, (-dd - e_w) / c.se)) <= thr
+        ``matters``, ``opposite``, ``cleared`` or ``open``: the decision kernel
+        (:func:`stats.decide`) in each direction."""
+        b = stats.decide(c.estimate, c.se, c.df, expect=self.better, min_effect=self.min_effect, level=thr)
+        w = stats.decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
+        better, not_better = b.outcome is Outcome.CONFIRMED, b.outcome is Outcome.REFUTED
+        worse, not_worse = w.outcome is Outcome.CONFIRMED, w.outcome is Outcome.REFUTED
         if better:
             status, outcome, opp = "matters", Outcome.CONFIRMED, Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
         elif worse:
@@ -263,25 +253,20 @@ class _Search:
             status = "cleared" if (not_better and not_worse) else "open"
             outcome = Outcome.REFUTED if not_better else Outcome.INCONCLUSIVE
             opp = Outcome.REFUTED if not_worse else Outcome.INCONCLUSIVE
-        return status, outcome.value, opp.value, p_b, ci
+        return status, outcome.value, opp.value, b.p_value, b.ci
 
     def _judge_worse(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
         """A config against the fast one, one direction: is it worse by ``min_effect``?"""
-        _, e_w, ci = self._levels(thr, c)
-        dd = self.worse.sign * c.estimate
-        p = float(special.stdtr(c.df, -dd / c.se))
-        if p <= thr and dd >= e_w:
-            return "confirmed", Outcome.CONFIRMED.value, None, p, ci
-        if float(special.stdtr(c.df, (dd - e_w) / c.se)) <= thr:
-            return "refuted", Outcome.REFUTED.value, None, p, ci
-        return "open", Outcome.INCONCLUSIVE.value, None, p, ci
+        w = stats.decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
+        status = {Outcome.CONFIRMED: "confirmed", Outcome.REFUTED: "refuted"}.get(w.outcome, "open")
+        return status, w.outcome.value, None, w.p_value, w.ci
 
     def _clearable(self, c: blocks.Contrast, thr: float) -> bool:
         """Could this contrast still be cleared by ``max_rounds``? Only if an estimate of
         exactly 0 would be, at the standard error its boots so far project to the cap
         (shrinking as one over the root of its boots), read with the normal quantile
         (below the t one at any degrees of freedom: in the contrast's favour)."""
-        margin = min(stats._log_effect(self.better, self.min_effect), stats._log_effect(self.worse, self.min_effect))
+        margin = min(stats.log_effect(self.better, self.min_effect), stats.log_effect(self.worse, self.min_effect))
         se_cap = c.se * math.sqrt(c.boots / self.max_rounds)
         return float(_st.norm.isf(thr)) * se_cap < margin
 

@@ -145,6 +145,9 @@ __all__ = [
     "simulate",
     "Shift",
     "detect_shift",
+    "Decision",
+    "decide",
+    "log_effect",
 ]
 
 OUTCOME_FOOTNOTE = (
@@ -595,7 +598,10 @@ def nominal_levels(design: Design, alpha: Optional[float] = None) -> tuple[float
 # ------------------------------------------------------------------ the decision
 
 
-def _log_effect(expect: Expect, min_effect: float) -> float:
+def log_effect(expect: Expect, min_effect: float) -> float:
+    """``min_effect`` (a relative change, 0.05 for 5%) as a change of the log metric
+    in the direction ``expect``, positive; a clear ValueError for values that mean
+    nothing (negative, not finite, a decrease of 100% or more)."""
     if not (isinstance(min_effect, (int, float)) and math.isfinite(min_effect)) or min_effect < 0:
         raise ValueError(
             f"min_effect must be a finite relative change >= 0 (e.g. 0.10 for 10%), got {min_effect!r}")
@@ -606,15 +612,53 @@ def _log_effect(expect: Expect, min_effect: float) -> float:
     return math.log1p(min_effect) if expect is Expect.INCREASE else -math.log1p(-min_effect)
 
 
-def _decide(d, se, df, sign, log_e, thr):
-    """Vectorised verdict codes (1 confirmed, -1 refuted, 0 undecided) and p-values."""
+
+@dataclass(frozen=True)
+class Decision:
+    """The three outcomes from one estimate: ``outcome``; ``p_value`` against no
+    change (one-sided, in ``expect``'s direction); ``p_below`` against a change of
+    ``min_effect`` (small: the change is shown to be smaller); ``ci`` the two-sided
+    interval of the ratio at ``level`` on each side."""
+
+    outcome: Outcome
+    p_value: float
+    p_below: float
+    ci: tuple[float, float]
+
+
+def decide(estimate: float, se: float, df: float, *, expect: Expect, min_effect: float, level: float) -> Decision:
+    """The decision kernel: every verdict of the harness comes from this rule.
+
+    ``estimate`` is a change of the log metric (treatment over baseline), ``se`` its
+    standard error with ``df`` degrees of freedom (a t reference), ``level`` the
+    one-sided level of this look. **Confirmed** when the change in ``expect``'s
+    direction is shown (p <= level) and its estimate reaches ``min_effect``;
+    **refuted** when a change of ``min_effect`` is ruled out (the one-sided test of
+    "at least ``min_effect``" rejects at ``level``); else **inconclusive**. The two
+    cannot both hold (a confirmed estimate is at least ``min_effect``, so its
+    p against ``min_effect`` is at least one half). The hypothesis verdict
+    (``evaluate``, through its vectorised twin), explain's leave-out and worse
+    tests, the nightly shift test and the bisection's head-to-head test call it."""
+    code, p0, pe = _decide(np.float64(estimate), np.float64(se), np.float64(df), expect.sign,
+                           log_effect(expect, min_effect), np.float64(level), with_pe=True)
+    outcome = {1: Outcome.CONFIRMED, -1: Outcome.REFUTED}.get(int(code), Outcome.INCONCLUSIVE)
+    with np.errstate(invalid="ignore", over="ignore"):
+        half = float(_st.t.isf(level, df)) * float(se)
+        ci = (float(np.exp(estimate - half)), float(np.exp(estimate + half)))
+    return Decision(outcome, float(p0), float(pe), ci)
+
+
+def _decide(d, se, df, sign, log_e, thr, with_pe: bool = False):
+    """Vectorised verdict codes (1 confirmed, -1 refuted, 0 undecided) and p-values:
+    :func:`decide`'s rule over arrays (the boundaries' simulations call it)."""
     dd = sign * d
     with np.errstate(divide="ignore", invalid="ignore"):
         p0 = special.stdtr(df, -dd / se)
         pe = special.stdtr(df, (dd - log_e) / se)
     confirm = (p0 <= thr) & (dd >= log_e)
     refute = pe <= thr
-    return np.where(confirm, 1, np.where(refute, -1, 0)), p0
+    codes = np.where(confirm, 1, np.where(refute, -1, 0))
+    return (codes, p0, pe) if with_pe else (codes, p0)
 
 
 def _arm_summary(arrs: list[np.ndarray]):
@@ -694,7 +738,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     a = design.alpha if alpha is None else float(alpha)
     if not (0.0 < a < 0.5):
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
-    log_e = _log_effect(expect, min_effect)
+    log_e = log_effect(expect, min_effect)
     arrs_b = _check_boots(baseline, "baseline", positive=True)
     arrs_t = _check_boots(treatment, "treatment", positive=True)
     mb, vb, kb, nb, bcv_b, wcv_b = _arm_summary(arrs_b)
@@ -938,7 +982,7 @@ def simulate(effect: float, *, between_cv: float, within_cv: float, min_effect: 
     if between_cv < 0 or within_cv < 0:
         raise ValueError("between_cv and within_cv must be >= 0")
     a = design.alpha if alpha is None else float(alpha)
-    log_e = _log_effect(expect, min_effect)
+    log_e = log_effect(expect, min_effect)
     if between_cv_b is not None and between_cv_b < 0:
         raise ValueError("between_cv_b must be >= 0")
     samples = _draw(np.random.default_rng(seed), n_sim, effect, between_cv, within_cv,
@@ -1026,13 +1070,9 @@ def detect_shift(history: Sequence[Sequence[Sequence[float]]], newest: Sequence[
     if not se > 0:
         raise ValueError("detect_shift: every earlier night has exactly the same value; the metric shows "
                          "no variation at all, check that it is really measured")
-    sign = worse.sign
-    p = float(special.stdtr(df, -sign * diff / se))
-    crit = float(_st.t.isf(alpha, df))
-    ci = (math.exp(diff - crit * se), math.exp(diff + crit * se))
-    ratio = math.exp(diff)
-    size = -math.log(1 - min_effect) if sign < 0 else math.log(1 + min_effect)
-    regressed = bool(p <= alpha and sign * diff >= size)
+    verdict = decide(diff, se, df, expect=worse, min_effect=min_effect, level=alpha)
+    p, ci, ratio = verdict.p_value, verdict.ci, math.exp(diff)
+    regressed = verdict.outcome is Outcome.CONFIRMED
     ref_boots = sum(len(night) for night in nights)
     if regressed:
         reason = (f"Regression: {ratio:.4f}x of the last {n} nights (each night one value, {ref_boots} boots), "

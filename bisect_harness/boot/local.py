@@ -28,12 +28,13 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from . import attach, benchtools, contention, engine_identity, mechanisms, provenance, sources
-from ..input import engine_flags, presets
+from ..input import presets
+from .rejection import FLAG_NOT_ACCEPTED
 from ..analysis import host_state
 from ..planning.checkout import Workspace, read_tail
 from ..planning.envs import CommitEnv
 from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
-from ..record.ledger import utcnow
+from ..model import utcnow
 from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 from .server import stop_all
@@ -353,8 +354,8 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
         b.status, b.failure = "failed", str(exc)
         b.log_tail = exc.log_tail or read_tail(log_path)
-        b.marks.append(engine_flags.FLAG_NOT_ACCEPTED)
-        notes = engine_flags.notes_for(exc.engine_message, presets.get_preset(req.preset))
+        b.marks.append(FLAG_NOT_ACCEPTED)
+        notes = presets.notes_for(exc.engine_message, presets.get_preset(req.preset))
         b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
                                              "notes": notes}
         where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"

@@ -39,7 +39,7 @@ from typing import IO, Mapping, Sequence
 
 import httpx
 
-from ..input.engine_flags import ARGPARSE_EXIT, argparse_rejection
+from .rejection import ARGPARSE_EXIT, argparse_rejection
 from ..errors import BootFailed, BootTimeout, FlagNotAccepted
 from .supervisor import LaunchError, Supervised
 

@@ -342,7 +342,7 @@ class SlurmBackend:
 
     def _cancel(self, live: dict[str, _Job], sink: Sink) -> None:
         """Cancel every job still queued or running and report each as interrupted."""
-        from ..record.ledger import utcnow
+        from ..model import utcnow
 
         for j in live.values():
             try:
@@ -434,7 +434,7 @@ class SlurmBackend:
                 "total_s": round(time.time() - j.submitted_at, 3)}
 
     def _failed(self, j: _Job, failure: str) -> BootOutcome:
-        from ..record.ledger import utcnow
+        from ..model import utcnow
 
         devices = DeviceSet(slot=j.slot, node=j.node).to_dict()
         return BootOutcome(boot_id=j.request.boot_id, status="failed", failure=failure, log_tail=_tail(j.job),

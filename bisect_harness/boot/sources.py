@@ -64,6 +64,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from ..errors import SpecError
 from ..model import Better, Metric
+from .jsonpath import lookup
 
 __all__ = [
     "MetricSource",
@@ -563,22 +564,6 @@ def applicable(sources: Sequence["MetricSource"], flags: Mapping[str, Any],
 # --------------------------------------------------------------------------- reading values
 
 _MISSING = object()
-
-
-def lookup(obj: Any, path: str) -> Any:
-    """The value at a dotted path (``a.b.0.c``) in nested dicts and lists, or a
-    ``KeyError`` naming the first missing part. An exact key containing dots wins."""
-    if isinstance(obj, Mapping) and path in obj:
-        return obj[path]
-    cur = obj
-    for part in path.split("."):
-        if isinstance(cur, Mapping) and part in cur:
-            cur = cur[part]
-        elif isinstance(cur, (list, tuple)) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            raise KeyError(part)
-    return cur
 
 
 def _as_float(v: Any) -> float:

@@ -178,7 +178,7 @@ def _signal(pid: int, ticks: float, sig: int) -> None:
 
 def registry_dir() -> Path:
     """Where supervisors record their trees: ``supervised/`` in the harness's cache folder."""
-    from ..planning.checkout import default_cache_dir  # late: checkout imports git, and builds import us
+    from ..places import default_cache_dir  # late: this file also runs as a script (-I), without the package
 
     return default_cache_dir() / "supervised"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..planning.checkout import default_cache_dir
+from ..places import default_cache_dir
 from ..errors import InfrastructureError
 from .history import STEPS, apply_step, base_files
 

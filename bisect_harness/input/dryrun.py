@@ -22,7 +22,7 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     config's argv would be refused) and ``flags_unchecked`` (commits whose help
     could not be read, each entry's ``error`` says why)."""
     from ..planning.plan import engine_repo
-    from ..planning.checkout import default_cache_dir
+    from ..places import default_cache_dir
 
     cache = cache_dir or default_cache_dir()
     repo = engine_repo(spec, cache)  # None for an attached server or a preset without a repository

@@ -26,10 +26,12 @@ help arguments, in a process group of its own with a deadline.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from ..boot.rejection import ARGPARSE_EXIT, FLAG_NOT_ACCEPTED, REJECTION_MARKERS, argparse_rejection
+from .presets import OPTION_NAME, notes_for
 
 __all__ = [
     "FLAG_NOT_ACCEPTED",
@@ -44,49 +46,11 @@ __all__ = [
     "check_plan_flags",
 ]
 
-#: The boot mark (and verdict/journal word) of a boot whose argv the commit's parser refused.
-FLAG_NOT_ACCEPTED = "flag_not_accepted"
-#: argparse's exit status on a usage error (``parser.error``).
-ARGPARSE_EXIT = 2
-#: The phrases of argparse's usage errors that mean "this commit does not take this argv".
-REJECTION_MARKERS = ("unrecognized arguments", "ambiguous option", "invalid choice")
-
-_ERROR_LINE = re.compile(r"^(?:[\w.\-/ ]*: )?error: (?P<msg>.*)$")
-# ``--name`` in help text: starts a word, letters/digits/dashes/underscores/dots after.
-_OPTION = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_.\-]*)")
-
-
-def argparse_rejection(log_text: str) -> str | None:
-    """The engine's own argparse error line when ``log_text`` shows its parser
-    refused the argv (the last such line), or None.
-
-    >>> argparse_rejection("usage: serve.py [-h]\\nserve.py: error: unrecognized arguments: --batch 4\\n")
-    'serve.py: error: unrecognized arguments: --batch 4'
-    """
-    found = None
-    for line in log_text.splitlines():
-        text = line.strip()
-        m = _ERROR_LINE.match(text)
-        if m and any(marker in m.group("msg") for marker in REJECTION_MARKERS):
-            found = text
-    return found
-
-
-def notes_for(text: str, preset) -> list[str]:
-    """The preset's notes (``Preset.flag_notes``) on every ``--option`` named in ``text``."""
-    from .presets import flag_note
-
-    notes = []
-    for opt in _OPTION.findall(text or ""):
-        note = flag_note(opt.rstrip(".,:;'\""), preset)
-        if note and note not in notes:
-            notes.append(note)
-    return notes
 
 
 def help_options(help_text: str) -> frozenset[str]:
     """Every ``--option`` named in a ``--help`` text (``--x, --no-x`` gives both)."""
-    return frozenset(o.rstrip(".") for o in _OPTION.findall(help_text))
+    return frozenset(o.rstrip(".") for o in OPTION_NAME.findall(help_text))
 
 
 @dataclass(frozen=True)

@@ -607,3 +607,17 @@ def compare_mode(flag: str, preset: Preset) -> str:
 def flag_note(option: str, preset: Preset) -> str:
     """What the preset knows about ``option`` (``--name`` or ``name``) changing across versions, or ""."""
     return preset.flag_notes.get(canonical_flag(option, preset), "")
+
+
+#: ``--name`` in a message or a help text: starts a word, letters/digits/dashes/underscores/dots after
+OPTION_NAME = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_.\-]*)")
+
+
+def notes_for(text: str, preset) -> list[str]:
+    """The preset's notes (``Preset.flag_notes``) on every ``--option`` named in ``text``."""
+    notes = []
+    for opt in OPTION_NAME.findall(text or ""):
+        note = flag_note(opt.rstrip(".,:;'\""), preset)
+        if note and note not in notes:
+            notes.append(note)
+    return notes

@@ -461,20 +461,32 @@ def _closest(word: str, options) -> str | None:
     return match[0] if match else None
 
 
-def parse_effect(value, path: str, doc: _Doc) -> float:
-    """``10%``, ``"10 %"``, ``0.1`` -> 0.1. Must lie in (0, 1)."""
+def effect_value(value) -> float:
+    """``10%``, ``"10 %"``, ``0.1`` -> 0.1, in (0, 1); a ValueError that says what is
+    expected otherwise. The one reader of a relative effect: the spec's
+    ``min_effect`` and the CLI's ``--min-effect`` both use it."""
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", value)
         if not m:
-            raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
-        number = float(m.group(1)) / 100.0
+            raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
+        number = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
-        raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {_typename(value)}")
+        raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {_typename(value)}")
     if not 0.0 < number < 1.0:
-        raise doc.error(path, f"must be a relative effect between 0 and 1 (0% and 100%), got {value!r}")
+        raise ValueError(f"must be a relative effect between 0 and 1 (0% and 100%), got {value!r}")
     return number
+
+
+def parse_effect(value, path: str, doc: _Doc) -> float:
+    """``10%``, ``"10 %"``, ``0.1`` -> 0.1. Must lie in (0, 1)."""
+    if isinstance(value, str) and not value.strip().endswith("%"):
+        raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
+    try:
+        return effect_value(value)
+    except ValueError as exc:
+        raise doc.error(path, str(exc)) from None
 
 
 # --------------------------------------------------------------------------- the loader

@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..planning.plan import make_config
 from ..record.ledger import Boot, Config, HypothesisRow, Ledger, Run, VerdictRow
 from ..record.resumed import RESUMED_KEY, journal_lines, resumes, run_line
-from . import liveness
+from ..record import liveness
 
 __all__ = ["RESUMABLE", "RESUMED_KEY", "OPTIONS_KEY", "find_run", "check_plan", "split_boots", "looks_done",
            "record_options", "resumes", "journal_lines", "run_line", "order_stream"]

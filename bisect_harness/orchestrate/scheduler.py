@@ -49,7 +49,7 @@ from typing import Iterator, Mapping, Sequence
 from .. import __version__
 from ..boot import attach, calibration, contention
 from ..analysis import host_state
-from . import liveness
+from ..record import liveness
 from ..boot import Backend, BootOutcome, BootRequest, SampleOutcome, Sink
 from ..boot.local import LocalBackend, this_host
 from ..errors import HarnessError, InfrastructureError, UserError

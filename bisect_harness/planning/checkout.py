@@ -34,14 +34,7 @@ from ..boot import supervisor
 from .envs import CommitEnv, create_venv
 from ..errors import BuildFailed, CommitError, InfrastructureError
 from ..input.secrets import redact_argv
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("BISECT_HARNESS_CACHE")
-    if env:  # absolute: git resolves a relative worktree path against the mirror, not this folder
-        return Path(env).expanduser().absolute()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "bisect-harness"
+from ..places import default_cache_dir
 
 
 def tail(text: str, lines: int = 40) -> str:

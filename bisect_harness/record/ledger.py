@@ -24,6 +24,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from ..errors import InfrastructureError, UserError
+from ..model import utcnow
+from . import liveness
 
 SCHEMA_VERSION = 3
 #: Seconds a SQLite connection waits for another process's write before giving up.
@@ -37,10 +39,6 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: ("ALTER TABLE bisect_probes ADD COLUMN purpose VARCHAR(16)",  # probe, anchor, endpoints, verify, reused
         "ALTER TABLE bisect_probes ADD COLUMN boot_ids JSON"),      # every boot the step booted, failed ones too
 }
-
-
-def utcnow() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
 
 
 class Base(DeclarativeBase):
@@ -266,13 +264,30 @@ class Ledger:
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
         event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
-        from ..orchestrate.liveness import mark_stale
-
         try:
-            mark_stale(self.session)
+            self._mark_stale()
         except SQLAlchemyError as exc:
             self.session.rollback()
             raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+
+    def _mark_stale(self) -> list[int]:
+        """Mark ``interrupted`` the running runs (and their running boots) whose owning
+        harness process is gone (``liveness``); returns the run ids marked. Commits
+        when it marks anything."""
+        marked = []
+        for run in self.session.scalars(select(Run).where(Run.status == "running")).all():
+            owner = (run.host or {}).get(liveness.OWNER_KEY)
+            if not liveness.owner_gone(owner):
+                continue
+            why = liveness.STALE_REASON.format(pid=owner.get("pid"), hostname=owner.get("hostname"))
+            run.status, run.error, run.finished_at = "interrupted", why, utcnow()
+            for boot in self.session.scalars(select(Boot).where(Boot.run_id == run.id,
+                                                                Boot.status == "running")).all():
+                boot.status, boot.failure, boot.finished_at = "interrupted", why, utcnow()
+            marked.append(run.id)
+        if marked:
+            self.session.commit()
+        return marked
 
     def _init_schema(self) -> None:
         """Create or upgrade the schema in one transaction, the version read before

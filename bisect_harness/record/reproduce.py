@@ -113,7 +113,7 @@ def _engine_repo(spec_text: str, spec_path: str) -> Path | None:
         return spec.engine.repo if Path(spec.engine.repo).exists() else None
     if spec.engine.preset == "demo":
         from ..demo.repo import GENERATOR_VERSION, _MARKER
-        from ..planning.checkout import default_cache_dir
+        from ..places import default_cache_dir
 
         path = default_cache_dir() / f"demo-engine-v{GENERATOR_VERSION}"
         return path if (path / ".git" / _MARKER).is_file() else None

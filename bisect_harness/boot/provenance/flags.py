@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ._schema import SCHEMA_VERSION, _check_schema
+from ..jsonpath import lookup
 
 #: Where a server commonly reports a flag under another name (normalised keys).
 DEFAULT_FLAG_ALIASES: Mapping[str, tuple[str, ...]] = {
@@ -245,8 +246,6 @@ def _reported(server_info: Mapping[str, Any], flat: Mapping[str, Any], key: str)
     if key in flat:
         return True, flat[key]
     if "." in key:
-        from ..sources import lookup
-
         try:
             return True, lookup(server_info, key)
         except KeyError:

@@ -4,7 +4,7 @@ A run killed with SIGKILL (or a machine that lost power) cannot record its own
 end: its run row and its boot rows would say ``running`` forever. Each run
 records the process that owns it (pid, host name and the process's start
 time, in ``runs.host["harness_process"]``); the next open of the ledger marks
-``interrupted`` those rows whose owner is gone. A row owned by a live process,
+``interrupted`` those rows whose owner is gone (``Ledger`` asks :func:`owner_gone`). A row owned by a live process,
 by a process on another host, or with no owner recorded is left alone: only a
 process we can see to be gone is declared so.
 """
@@ -49,25 +49,3 @@ def owner_gone(owner: dict | None) -> bool:
         return True
     except psutil.Error:
         return False
-
-
-def mark_stale(session) -> list[int]:
-    """Mark ``interrupted`` the running runs (and their running boots) whose owner is
-    gone; returns the run ids marked. Commits when it marks anything."""
-    from sqlalchemy import select
-
-    from ..record.ledger import Boot, Run, utcnow
-
-    marked = []
-    for run in session.scalars(select(Run).where(Run.status == "running")).all():
-        owner = (run.host or {}).get(OWNER_KEY)
-        if not owner_gone(owner):
-            continue
-        why = STALE_REASON.format(pid=owner.get("pid"), hostname=owner.get("hostname"))
-        run.status, run.error, run.finished_at = "interrupted", why, utcnow()
-        for boot in session.scalars(select(Boot).where(Boot.run_id == run.id, Boot.status == "running")).all():
-            boot.status, boot.failure, boot.finished_at = "interrupted", why, utcnow()
-        marked.append(run.id)
-    if marked:
-        session.commit()
-    return marked
