@@ -26,6 +26,7 @@ from .errors import HarnessError, InfrastructureError, UserError
 from .model import NOT_MEASURED, shown_outcome
 from .input.secrets import redact_obj, redact_text
 from .input.spec import effect_value
+from .analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -365,8 +366,8 @@ def bisect(
     good: str = typer.Option(..., "--good", help="A revision before the regression."),
     bad: str = typer.Option(..., "--bad", help="A revision after it."),
     metric: str = typer.Option("tok_s", "--metric", help="Metric to bisect on."),
-    confidence: float = typer.Option(0.95, "--confidence", help="Posterior mass the culprit must hold."),
-    max_boots: int = typer.Option(150, "--max-boots", help="Budget of boots for the search."),
+    confidence: float = typer.Option(DEFAULT_CONFIDENCE, "--confidence", help="Posterior mass the culprit must hold."),
+    max_boots: int = typer.Option(DEFAULT_MAX_BOOTS, "--max-boots", help="Budget of boots for the search."),
     first_parent: bool = typer.Option(False, "--first-parent", help="Follow only the first parent of merges."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
@@ -414,7 +415,7 @@ def nightly(
     alpha: float = typer.Option(0.01, "--alpha", help="False-alert rate per night."),
     window: int = typer.Option(7, "--window", help="Earlier nights to compare with."),
     no_bisect: bool = typer.Option(False, "--no-bisect", help="Alert without bisecting."),
-    max_boots: int = typer.Option(40, "--max-boots", help="Budget of boots for the bisection."),
+    max_boots: int = typer.Option(NIGHTLY_MAX_BOOTS, "--max-boots", help="Budget of boots for the bisection."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),

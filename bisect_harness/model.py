@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import math
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -169,3 +170,23 @@ def utcnow() -> _dt.datetime:
     """Now, in UTC, without a zone (how the ledger stores every time): the one clock
     of the harness, for the controller and the boots alike."""
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+def jsonable(obj):
+    """``obj`` made safe for a JSON column or ``--json``: enums by value, mappings with
+    string keys, tuples as lists, NaN and infinities as None, numpy values by their
+    ``tolist()``, anything else JSON cannot hold as its ``str``. The one JSON
+    cleaner of the harness."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if hasattr(obj, "tolist"):
+        return jsonable(obj.tolist())
+    return str(obj)

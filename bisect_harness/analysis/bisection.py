@@ -115,6 +115,9 @@ from .stats import decide
 __all__ = [
     "BisectResult",
     "BisectionSearch",
+    "DEFAULT_CONFIDENCE",
+    "DEFAULT_MAX_BOOTS",
+    "NIGHTLY_MAX_BOOTS",
     "Candidate",
     "PairedTest",
     "Probe",
@@ -133,6 +136,12 @@ EPS_PRIOR_B = 19.0
 UNEQUAL_SHRINK = 3.0
 #: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
 GATE_SHARES = (0.8, 0.1, 0.1)
+#: the posterior mass a culprit must hold (``harness bisect --confidence``, ``bisect: true``, explain, nightly)
+DEFAULT_CONFIDENCE = 0.95
+#: the boot budget of one search (``harness bisect --max-boots``, ``bisect: true``, explain)
+DEFAULT_MAX_BOOTS = 150
+#: the boot budget of the bisection a nightly alert starts (``harness nightly --max-boots``)
+NIGHTLY_MAX_BOOTS = 40
 
 
 class StopReason(str, enum.Enum):
@@ -329,7 +338,7 @@ class BisectionSearch:
     exact ties between probes, the same way on every run.
     """
 
-    def __init__(self, commits: Sequence[str], *, expect: Expect, confidence: float = 0.95,
+    def __init__(self, commits: Sequence[str], *, expect: Expect, confidence: float = DEFAULT_CONFIDENCE,
                  max_boots: int = 200, seed: int = 0, initial_boots: int = 3,
                  max_endpoint_boots: int = 24, max_probe_boots: int = 8,
                  likelihood: str = "slow-mode", drift: bool | None = None,

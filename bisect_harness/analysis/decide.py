@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..boot import attach, engine_identity
 from . import host_state, stats
-from ..boot.local import jsonable
+from ..model import jsonable
 from .drift import host_drift
 from ..record.ledger import Boot, Ledger
 from ..model import NOT_MEASURED, Expect, Outcome, shown_outcome

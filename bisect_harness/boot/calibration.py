@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -33,7 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import UserError
+from ..model import jsonable
 from ..input.secrets import redact_env
+from .server import free_port
 from .provenance import SCHEMA_VERSION, GpuSampler, HostInfo, SamplerSummary, _check_schema, collect_host
 
 #: Fixed workload sizes: changing them makes old calibrations incomparable, so a
@@ -156,12 +157,6 @@ def _time_op(op: Callable[[], Any], sync: Callable[[], None], budget_s: float,
     return per_op, inner
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _allreduce_worker(rank: int, world_size: int, port: int, backend: str, numel: int,
                       budget_s: float, repeats: int, out_path: str) -> None:
     import torch
@@ -231,7 +226,7 @@ def allreduce_bandwidth(world_size: int, *, backend: str = "nccl",
     with tempfile.TemporaryDirectory(prefix="allreduce-") as tmp:
         out = os.path.join(tmp, "result.json")
         mp.spawn(_allreduce_worker,
-                 args=(world_size, _free_port(), backend, numel, seconds_budget, repeats, out),
+                 args=(world_size, free_port(), backend, numel, seconds_budget, repeats, out),
                  nprocs=world_size, join=True)
         result = json.loads(Path(out).read_text())
     factor = 2 * (world_size - 1) / world_size
@@ -360,22 +355,12 @@ class Drift:
     message: str
 
     def to_dict(self) -> dict:
-        return {"field": self.field, "a": _jsonable(self.a), "b": _jsonable(self.b),
+        return {"field": self.field, "a": jsonable(self.a), "b": jsonable(self.b),
                 "severity": self.severity.value, "message": self.message}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Drift":
         return cls(d["field"], d["a"], d["b"], Severity(d["severity"]), d["message"])
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    try:
-        json.dumps(v)
-        return v
-    except (TypeError, ValueError):
-        return str(v)
 
 
 def host_warnings(host: HostInfo, samples: SamplerSummary | None = None, *,

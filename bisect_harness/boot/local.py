@@ -34,7 +34,7 @@ from ..analysis import host_state
 from ..planning.checkout import Workspace, read_tail
 from ..planning.envs import CommitEnv
 from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
-from ..model import utcnow
+from ..model import jsonable, utcnow
 from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 from .server import stop_all
@@ -64,36 +64,14 @@ def this_host() -> tuple[dict, str]:
     return host, host_fingerprint(host)
 
 
-def jsonable(obj):
-    """Dataclass dumps made safe for a JSON column: enums by value, NaN/inf as None."""
-    import enum
-    import math
-
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if hasattr(obj, "tolist"):
-        return jsonable(obj.tolist())
-    return obj
-
-
 def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None) -> dict | None:
-    """The first server-info endpoint that answers with a JSON object, or None."""
-    for path in paths:
-        try:
-            r = httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}), trust_env=False)
-            if r.status_code == 200:
-                data = r.json()
-                if isinstance(data, dict):
-                    return data
-        except (httpx.HTTPError, ValueError):
-            continue
-    return None
+    """The first server-info endpoint that answers with a JSON object, or None
+    (``sources.read_server_info``, the rule the metric sources use too)."""
+    def get(path: str):
+        return httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}), trust_env=False)
+
+    data, _ = sources.read_server_info(get, paths)
+    return dict(data) if data is not None else None
 
 
 def _source(req: BootRequest):

@@ -566,6 +566,24 @@ def applicable(sources: Sequence["MetricSource"], flags: Mapping[str, Any],
 _MISSING = object()
 
 
+def read_server_info(get: Callable[[str], Any], paths: Sequence[str]) -> tuple[Mapping | None, str]:
+    """The first of ``paths`` that answers 200 with a JSON object (``get(path)``
+    returns an HTTP response), or (None, what each path answered). The one reader
+    of server info: the boot's flag check and the metric sources both call it."""
+    tried = []
+    for path in paths:
+        try:
+            resp = get(path)
+            if resp.status_code == 200:
+                data = resp.json()
+                if isinstance(data, Mapping):
+                    return data, ""
+            tried.append(f"{path}: HTTP {resp.status_code}")
+        except Exception as exc:  # a hostile or broken server: say what it did, never raise
+            tried.append(f"{path}: {type(exc).__name__}")
+    return None, "no server-info path answered with JSON (" + "; ".join(tried) + ")"
+
+
 def _as_float(v: Any) -> float:
     """A JSON value as a float; bools count 1/0; ValueError when not numeric."""
     if isinstance(v, bool):
@@ -677,19 +695,10 @@ class SourceCollector:
             return self._server_info, ""
         if not self._server_info_paths:
             return None, "no server-info path is configured (engine.server_info)"
-        tried = []
-        for path in self._server_info_paths:
-            try:
-                resp = self._get(path)
-                if resp.status_code == 200:
-                    data = resp.json()
-                    if isinstance(data, Mapping):
-                        self._server_info = data
-                        return data, ""
-                tried.append(f"{path}: HTTP {resp.status_code}")
-            except Exception as exc:
-                tried.append(f"{path}: {type(exc).__name__}")
-        return None, "no server-info path answered with JSON (" + "; ".join(tried) + ")"
+        data, why = read_server_info(self._get, self._server_info_paths)
+        if data is not None:
+            self._server_info = data
+        return data, why
 
     def _log_size(self) -> int:
         try:

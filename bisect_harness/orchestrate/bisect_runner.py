@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..analysis import host_state
-from ..analysis.bisection import BisectionSearch, BisectResult, PairedTest, StopReason
+from ..analysis.bisection import (DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, BisectionSearch, BisectResult,
+                                  PairedTest, StopReason)
 from ..planning.checkout import Workspace, default_cache_dir
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
@@ -178,7 +179,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
 
 
 def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
-                      *, confidence: float = 0.95, max_boots: int = 150) -> BisectOutcome:
+                      *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits."""
     b, t = h.baseline.arm, h.treatment.arm
     if b.commit is None or t.commit is None or b.commit == t.commit:

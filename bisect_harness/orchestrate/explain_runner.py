@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..analysis import stats
 from ..analysis.explain import Difference, Explanation, explain
 from ..errors import CommitError, UserError
@@ -127,7 +128,8 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
             commits = sched.ws.commits_between(slow.commit, fast.commit)
             expect = Expect.INCREASE if metric.worse is Expect.DECREASE else Expect.DECREASE
         bis = search_commits(sched, commits, env=slow.env, flags=slow.flags, metric=metric.name,
-                             expect=expect, confidence=0.95, max_boots=150, hypothesis_id=hypothesis_id)
+                             expect=expect, confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS,
+                             hypothesis_id=hypothesis_id)
         record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
     run = sched.run
     summary = dict(run.summary or {})

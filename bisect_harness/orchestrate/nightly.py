@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bisect_runner import BisectOutcome, engine_workspace, search_commits
+from ..analysis.bisection import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from ..analysis import host_state
 from ..errors import UserError
 from ..analysis.decide import judge_night
@@ -70,8 +71,8 @@ class NightlyOutcome:
 
 
 def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = "tok_s", min_effect: float = 0.05,
-                alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = 40,
-                confidence: float = 0.95, cache_dir: Path | None = None, log_dir: Path,
+                alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = NIGHTLY_MAX_BOOTS,
+                confidence: float = DEFAULT_CONFIDENCE, cache_dir: Path | None = None, log_dir: Path,
                 observer: Observer | None = None, calibrate: bool = True,
                 wait_quiet_s: float | None = None, backend=None) -> tuple[NightlyOutcome, Scheduler]:
     if window < 2:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from ._schema import SCHEMA_VERSION, _check_schema
 from ..jsonpath import lookup
+from ...model import jsonable
 
 #: Where a server commonly reports a flag under another name (normalised keys).
 DEFAULT_FLAG_ALIASES: Mapping[str, tuple[str, ...]] = {
@@ -139,8 +140,8 @@ class FlagCheck:
     status: str  # matched | mismatched | not_reported
 
     def to_dict(self) -> dict:
-        return {"flag": self.flag, "key": self.key, "requested": _jsonable(self.requested),
-                "effective": _jsonable(self.effective), "status": self.status}
+        return {"flag": self.flag, "key": self.key, "requested": jsonable(self.requested),
+                "effective": jsonable(self.effective), "status": self.status}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FlagCheck":
@@ -195,14 +196,6 @@ class FlagReport:
     def from_dict(cls, d: Mapping[str, Any]) -> "FlagReport":
         _check_schema(d, "FlagReport")
         return cls(tuple(FlagCheck.from_dict(c) for c in d["checks"]), d.get("note", ""))
-
-
-def _jsonable(v: Any) -> Any:
-    try:
-        json.dumps(v)
-        return v
-    except (TypeError, ValueError):
-        return json.loads(json.dumps(v, default=str))
 
 
 _DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
