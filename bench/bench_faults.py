@@ -1,0 +1,212 @@
+"""Benchmark: bisections under boot faults, through the harness's own measuring loop.
+
+Every other bisection bench drives the pure search; this one drives
+``harness bisect`` as it runs (``bisect_runner.bisect_range``: the scheduler's one
+measuring call, its failure policy, the ledger, the search) over a real git
+history of ``COMMITS`` commits, with one fake at the seam: a backend whose boots
+draw their tok/s from ``bench/noise.py``'s host models and fail the way real
+engines fail. Scenarios (each on every noise model):
+
+* ``fail0`` / ``fail5`` / ``fail10`` / ``fail20``: each boot fails at random with
+  that probability (a server that exits before it is ready: out of memory, a port
+  in use, an NCCL timeout), whatever its commit;
+* ``unbuildable_parent``: the culprit's parent does not build (a recipe failure,
+  never retried); the right answer is the set {parent, culprit}, or the culprit;
+* ``endpoint_flaky``: the good endpoint's first two boots fail, then it boots.
+
+The culprit is a ``CHANGE`` step (tok/s drops) at a uniform position in
+2..COMMITS-1. Per model and scenario: ``top1`` (the culprit named, or for
+``unbuildable_parent`` a verified set that holds it), ``confident_wrong`` (a
+culprit or a verified set that misses it), ``stopped`` (each stop reason's
+share), ``mean_boots`` (every boot booted, failed ones too), ``not_ended``
+(searches that hit the trial's boot guard instead of ending) and ``seconds``.
+``goals`` checks the issue's: at 10% failures top-1 at least 90% of the
+no-failure figure, ``endpoint-unmeasurable`` at most 2%, confident-wrong at most
+1%, every search ends.
+
+Run: ``python bench/bench_faults.py [--trials 30] [--seed 0] [--models a,b]
+[--scenarios a,b]``. The last line printed is one JSON object with every figure.
+To compare two versions of the harness, run it under each one's tree
+(``PYTHONPATH=that/tree``): the backend seam is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from noise import MODELS, Host  # noqa: E402
+
+from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
+from bisect_harness.input.spec import load_spec  # noqa: E402
+from bisect_harness.orchestrate.bisect_runner import bisect_range  # noqa: E402
+from bisect_harness.record.ledger import Ledger  # noqa: E402
+
+COMMITS = 32
+BASE = 100.0
+CHANGE = -0.08
+BUDGET = 150          # the CLI's default --max-boots
+CONFIDENCE = 0.95
+SCENARIOS = ("fail0", "fail5", "fail10", "fail20", "unbuildable_parent", "endpoint_flaky")
+#: a backstop far above the budget: a search that books this many boots did not end
+GUARD = 4 * BUDGET
+
+
+class FaultBackend:
+    """Boots nothing: each request becomes an outcome drawn from a noisy host with faults."""
+
+    name = "faults"
+    slots = 1
+
+    def __init__(self, host: Host, shas: list[str], culprit: int, scenario: str, rng: np.random.Generator):
+        self.host, self.rng, self.scenario = host, rng, scenario
+        self.index = {sha: i for i, sha in enumerate(shas)}
+        self.culprit = culprit
+        self.fail_p = float(scenario[4:]) / 100 if scenario.startswith("fail") else 0.0
+        self.booted: dict[int, int] = {}
+        self.total = 0
+
+    def run(self, requests, sink):
+        for r in requests:
+            sink.finished(r, self._outcome(r))
+
+    def _outcome(self, r) -> BootOutcome:
+        i = self.index[r.commit]
+        self.total += 1
+        if self.total > GUARD:
+            raise RuntimeError(f"the search booted {GUARD} boots with a budget of {BUDGET}: it does not end")
+        seen = self.booted[i] = self.booted.get(i, 0) + 1
+        if self.scenario == "unbuildable_parent" and i == self.culprit - 1:
+            return BootOutcome(boot_id=r.boot_id, status="failed", failure="build failed (injected)",
+                               config_failure="build failed (injected)", config_status="build_failed")
+        if self.scenario == "endpoint_flaky" and i == 0 and seen <= 2:
+            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+        if self.rng.random() < self.fail_p:
+            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+        bad = i >= self.culprit
+        samples = self.host.boot(BASE * (1 + CHANGE) if bad else BASE, noisy=bad)
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(
+            SampleOutcome(seq=k + 1, metrics={"tok_s": float(v)}, requests=1, output_tokens=16, duration_s=0.1)
+            for k, v in enumerate(samples)))
+
+    def close(self):
+        pass
+
+
+def make_history(root: Path) -> list[str]:
+    """A real git repository of COMMITS commits (oldest first)."""
+    repo = root / "engine"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+           "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid"}
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True, env=env)
+    for i in range(COMMITS):
+        (repo / "VERSION").write_text(f"{i}\n")
+        subprocess.run(["git", "-C", str(repo), "add", "VERSION"], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-q", "-m", f"commit {i}"], check=True, env=env)
+    out = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", "HEAD"], check=True, env=env,
+                         capture_output=True, text=True).stdout.split()
+    return out
+
+
+def write_spec(root: Path) -> Path:
+    doc = {"version": 1,
+           "engine": {"repo": str(root / "engine"), "preset": "openai", "launch": ["never-launched", "{port}"]},
+           "defaults": {"host_preflight_s": 0, "samples_per_boot": 3},
+           "hypotheses": [{"id": "h", "baseline": {}, "treatment": {"env": {"X": "1"}}, "metric": "tok_s",
+                           "expect": "decrease", "min_effect": "5%"}]}
+    path = root / "hypotheses.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def trial(root: Path, spec, shas: list[str], model: str, scenario: str, seed) -> dict:
+    rng = np.random.default_rng(seed)
+    culprit = int(rng.integers(2, COMMITS))
+    backend = FaultBackend(Host(model, np.random.default_rng(rng.integers(2**63))), shas, culprit, scenario, rng)
+    db = root / f"t-{rng.integers(2**62)}.db"
+    with Ledger(f"sqlite:///{db}") as led:
+        try:
+            out, _ = bisect_range(spec, led, good=shas[0], bad=shas[-1], metric="tok_s", confidence=CONFIDENCE,
+                                  max_boots=BUDGET, first_parent=True, cache_dir=root / "cache",
+                                  log_dir=root / "logs", backend=backend)
+        except RuntimeError as exc:
+            return {"ended": False, "stopped": "not-ended", "right": False, "wrong": False,
+                    "boots": backend.total, "why": str(exc)}
+    db.unlink(missing_ok=True)
+    truth = shas[culprit]
+    cset = list(out.candidate_set)
+    answered = out.stopped in ("confident", "ambiguous-skips")
+    named = [out.culprit] if out.culprit else (cset if out.stopped == "ambiguous-skips" else [])
+    right = answered and truth in named and (len(named) == 1 or scenario == "unbuildable_parent")
+    return {"ended": True, "stopped": out.stopped, "right": bool(right),
+            "wrong": bool(answered and truth not in named), "boots": backend.total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
+    for s in scenarios:
+        if s not in SCENARIOS:
+            parser.error(f"--scenarios: unknown scenario {s!r}; one of {', '.join(SCENARIOS)}")
+    t_all = time.perf_counter()
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shas = make_history(root)
+        spec = load_spec(write_spec(root))
+        for model in models:
+            for scenario in scenarios:
+                t0 = time.perf_counter()
+                seeds = np.random.default_rng([args.seed, MODELS.index(model), SCENARIOS.index(scenario)]
+                                              ).integers(0, 2**63 - 1, size=args.trials)
+                rows = [trial(root, spec, shas, model, scenario, int(s)) for s in seeds]
+                stopped: dict[str, int] = {}
+                for r in rows:
+                    stopped[r["stopped"]] = stopped.get(r["stopped"], 0) + 1
+                cell = {"top1": float(np.mean([r["right"] for r in rows])),
+                        "confident_wrong": float(np.mean([r["wrong"] for r in rows])),
+                        "stopped": {k: v / len(rows) for k, v in sorted(stopped.items())},
+                        "mean_boots": float(np.mean([r["boots"] for r in rows])),
+                        "not_ended": sum(not r["ended"] for r in rows),
+                        "seconds": round(time.perf_counter() - t0, 1)}
+                results.setdefault(model, {})[scenario] = cell
+                print(f"{model:17s} {scenario:19s} top1 {cell['top1']:.2f} wrong {cell['confident_wrong']:.3f} "
+                      f"boots {cell['mean_boots']:.0f} stopped {cell['stopped']}", flush=True)
+    goals = {}
+    for model, cells in results.items():
+        if "fail0" in cells and "fail10" in cells:
+            goals[f"{model}_fail10_top1_at_least_0.9_of_fail0"] = cells["fail10"]["top1"] >= 0.9 * cells["fail0"]["top1"]
+        if "fail10" in cells:
+            goals[f"{model}_fail10_endpoint_unmeasurable_at_most_0.02"] = \
+                cells["fail10"]["stopped"].get("endpoint-unmeasurable", 0.0) <= 0.02
+    goals["confident_wrong_at_most_0.01"] = all(c["confident_wrong"] <= 0.01 for m in results.values()
+                                                for c in m.values())
+    goals["every_search_ends"] = all(c["not_ended"] == 0 for m in results.values() for c in m.values())
+    print(json.dumps({"commits": COMMITS, "change": CHANGE, "budget": BUDGET, "confidence": CONFIDENCE,
+                      "trials": args.trials, "seed": args.seed, "results": results, "goals": goals,
+                      "seconds": round(time.perf_counter() - t_all, 1)}))
+
+
+if __name__ == "__main__":
+    main()
