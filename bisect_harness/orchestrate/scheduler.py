@@ -25,8 +25,9 @@ The failure policy, decided here once for every command (``docs/design.md``):
   to boot), when ``MEASURED_FAILURES_IN_A_ROW * (boot_retries + 1)`` boots in a
   row fail. A transient failure of a measured config (out of memory, a port in
   use, an NCCL timeout) therefore never ends a search.
-* A boot **left out** by a boot check (``host_check: retry`` on a busy host) is
-  booted again, up to as many extra boots as were asked for in the call.
+* A boot **left out** by a boot check (a busy host under ``host_check: retry``,
+  env that did not reach the workers under ``env_check: exclude``) is booted
+  again, up to as many extra boots as were asked for in the call.
 * One call books at most ``budget`` boots (failed and left-out ones included),
   so a caller's budget bounds every loop; a config of the hypothesis loop that
   cannot reach its usable boots within ``cap`` boots is unmeasurable.
@@ -344,9 +345,8 @@ class Scheduler:
         want = [int(n)] * len(states) if isinstance(n, int) else [int(x) for x in n]
         if len(want) != len(states):
             raise ValueError(f"measure: {len(states)} configs but {len(want)} boot counts")
-        d = self.spec.defaults
         out = [Measurement(st.planned.key, w) for st, w in zip(states, want)]
-        spare_left_out = list(want) if d.host_check == "retry" else [0] * len(states)
+        spare_left_out = list(want)  # a left-out boot is booted again, up to as many extra as asked
         booked = 0
         while True:
             todo: list[int] = []
