@@ -368,8 +368,8 @@ def _probe_note(p) -> str:
     rest = [x for x in (p.note or "").split(" | ")[1:] if x not in ("probe", "anchor", "endpoints", "verify")]
     if p.reused:
         rest.insert(0, f"{p.reused} reused")
-    elif p.skipped and not rest:
-        rest.insert(0, "skipped")
+    elif p.skipped:  # stepped over for good: say so first, then why
+        rest = ["skipped"] + [x.removeprefix("unmeasurable: ") for x in rest]
     return _md("; ".join(rest))
 
 
