@@ -495,3 +495,51 @@ def test_paired_sequential_test_keeps_alpha_under_heavy_tailed_null():
     assert look_schedule(3, 16) == (3, 5, 8, 12, 16)
     shown = paired_sequential_test([5.0, 4.0, 6.0, 5.5, 4.5], alpha=0.05, min_pairs=3, max_pairs=16)
     assert shown.decision == "passed" and shown.pairs == 3
+
+
+# ------------------------------------------------------------------ unmeasurable commits (the failure policy)
+
+
+def test_an_empty_result_is_asked_again_not_skipped():
+    eng = FakeEngine(16, 9, change=-0.2)
+    search = search_for(eng, max_boots=200)
+    rnd = search.next_round()
+    search.observe_round(rnd, [[] for _ in rnd])  # every boot of the round failed, none for good
+    assert search.result().skipped == ()
+    assert search.next_round() == rnd  # the same round, again
+
+
+def test_a_set_with_an_unbuildable_parent_is_verified_head_to_head():
+    culprit = 9
+    eng = FakeEngine(16, culprit, change=-0.2, unbuildable=(culprit - 1,))
+    res = run_search(search_for(eng, max_boots=300), eng)
+    assert res.stopped is StopReason.AMBIGUOUS_SKIPS, res
+    assert res.candidate_set == (eng.commits[culprit - 1], eng.commits[culprit])
+    assert res.culprit is None
+    assert res.verify_test is not None and res.verify_test.decision == "passed"
+    verified = {sha for sha, _ in eng.calls[-2:]}  # the last paired round: the set's ends
+    assert verified == {eng.commits[culprit - 2], eng.commits[culprit]}
+
+
+def test_a_head_to_head_test_whose_commit_fails_is_abandoned_and_the_search_ends():
+    culprit = 9
+    eng = FakeEngine(16, culprit, change=-0.2)
+    search = search_for(eng, max_boots=400)
+    abandoned = []
+    rounds = 0
+    while (rnd := search.next_round()) is not None:
+        rounds += 1
+        assert rounds < 400, "the search asks for rounds for ever"
+        results = []
+        for p in rnd:
+            if p.purpose == "verify" and p.commit == eng.commits[culprit - 1]:
+                results.append(None)  # the parent stops booting in the middle of its test
+                abandoned.append(p.commit)
+            else:
+                results.append(eng(p.commit, p.boots))
+        search.observe_round(rnd, results)
+    res = search.result()
+    assert abandoned, "the head-to-head test never started"
+    assert res.stopped in (StopReason.AMBIGUOUS_SKIPS, StopReason.UNVERIFIED), res
+    if res.stopped is StopReason.AMBIGUOUS_SKIPS:  # verified with the parent stepped over
+        assert eng.commits[culprit] in res.candidate_set and eng.commits[culprit - 1] in res.candidate_set

@@ -106,3 +106,70 @@ def test_a_round_runs_as_one_batch_when_the_backend_has_the_slots(tmp_path):
         assert all(len(s.good_boots) == 3 for s in states)
         rounds = [ex.order[i:i + 4] for i in range(0, 12, 4)]
         assert all(len(set(r)) == 4 for r in rounds)
+
+
+class ScriptedBackend:
+    """Each boot comes back as the next word of its config's script ("ok" or "fail"),
+    an ok boot with one sample of tok_s; past the script, ok."""
+
+    name = "scripted"
+    slots = 1
+
+    def __init__(self, scripts):
+        self.scripts = {k: list(v) for k, v in scripts.items()}
+        self.booted: list[str] = []
+
+    def run(self, requests, sink):
+        from bisect_harness.boot import SampleOutcome
+
+        for r in requests:
+            self.booted.append(r.config_key)
+            script = self.scripts.get(r.label)
+            word = script.pop(0) if script else "ok"
+            if word == "fail":
+                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="failed", failure="exited (scripted)"))
+            else:
+                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=(
+                    SampleOutcome(seq=1, metrics={"tok_s": 100.0}, requests=1, output_tokens=1, duration_s=0.1),)))
+
+    def close(self):
+        pass
+
+
+def _scripted(tmp_path, led, script, retries=2):
+    from bisect_harness.orchestrate.scheduler import Scheduler
+
+    spec = load_spec(_spec(tmp_path, defaults={"boot_retries": retries, "host_preflight_s": 0}, n=1))
+    plan = make_plan(spec)
+    labels = [pc.label for pc in plan.configs]
+    backend = ScriptedBackend({labels[0]: script})
+    sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=backend)
+    sched.start_run()
+    return sched, sched.state_for(plan.configs[0])
+
+
+def test_measure_retries_a_failed_boot_before_it_counts(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        sched, st = _scripted(tmp_path, led, ["fail", "fail", "ok"])
+        m, = sched.measure([st], 1, metric="tok_s")
+        assert m.values == [100.0] and len(m.failed_ids) == 2 and m.unmeasurable is None
+        assert st.failed is None
+
+
+def test_measure_gives_up_on_a_config_whose_first_boots_all_fail(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        sched, st = _scripted(tmp_path, led, ["fail"] * 10)
+        m, = sched.measure([st], 1, metric="tok_s")
+        assert m.values == [] and len(m.failed_ids) == 3  # boot_retries 2: three tries
+        assert m.unmeasurable and "3 boots in a row failed" in m.unmeasurable
+
+
+def test_a_config_known_to_boot_survives_failures_in_a_row_and_the_budget_bounds_them(tmp_path):
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        sched, st = _scripted(tmp_path, led, ["ok"] + ["fail"] * 4 + ["ok"], retries=1)
+        first, = sched.measure([st], 1, metric="tok_s")
+        assert first.values == [100.0]
+        short, = sched.measure([st], 1, metric="tok_s", budget=2)
+        assert short.values == [] and short.unmeasurable is None and "budget" in short.short
+        m, = sched.measure([st], 1, metric="tok_s")  # 4 in a row < 3 x (1 + 1): still measurable
+        assert m.values == [100.0] and st.failed is None

@@ -116,9 +116,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         new_boots += booked
         results: list[list[float] | None] = []
         for probe, m in zip(rnd, got):
-            note = sched.ws.subject(probe.commit) if sched.ws else ""
-            if probe.purpose != "probe":
-                note = f"{note} | {probe.purpose}"
+            note = sched.ws.subject(probe.commit) if sched.ws else ""  # its purpose has a column of its own
             if m.unmeasurable:
                 search.skip(probe.commit, m.unmeasurable)  # stepped over for good: its block widens the set
                 note = f"{note} | unmeasurable: {m.unmeasurable}"

@@ -346,7 +346,6 @@ class Scheduler:
         if len(want) != len(states):
             raise ValueError(f"measure: {len(states)} configs but {len(want)} boot counts")
         out = [Measurement(st.planned.key, w) for st, w in zip(states, want)]
-        spare_left_out = list(want)  # a left-out boot is booted again, up to as many extra as asked
         booked = 0
         while True:
             todo: list[int] = []
@@ -361,10 +360,10 @@ class Scheduler:
                                    "(the others failed or were excluded by a boot check)")
                     m.unmeasurable = st.failed
                     continue
-                if len(m.left_out_ids) > spare_left_out[k]:
+                if len(m.left_out_ids) > want[k]:  # a left-out boot is booted again, as many extra as asked
                     m.short = f"{len(m.left_out_ids)} boots left out by a boot check"
                     continue
-                if k in todo or any(states[j] is st for j in todo):
+                if any(states[j] is st for j in todo):
                     continue  # one boot of a config per pass, even when it is asked for twice
                 todo.append(k)
             if budget is not None:

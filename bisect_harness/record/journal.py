@@ -363,20 +363,29 @@ def _calibration_text(result: dict) -> str:
     return ", ".join(parts) or json.dumps(result, default=str)[:300]
 
 
+#: what a bisection step was for; ledgers before schema 3 wrote it into the note
+PURPOSES = ("probe", "anchor", "endpoints", "verify", "reused")
+
+
+def _probe_purpose(p) -> str:
+    parts = (p.note or "").split(" | ")[1:]
+    return p.purpose or next((x for x in parts if x in PURPOSES), "reused" if p.reused else "probe")
+
+
 def _probe_note(p) -> str:
-    """What became of a bisection step, past its subject: skipped (why), reused, short."""
-    rest = [x for x in (p.note or "").split(" | ")[1:] if x not in ("probe", "anchor", "endpoints", "verify")]
+    """What became of a bisection step, past its subject: reused, skipped (and why), short."""
+    rest = [x for x in (p.note or "").split(" | ")[1:] if x not in PURPOSES]
     if p.reused:
         rest.insert(0, f"{p.reused} reused")
     elif p.skipped:  # stepped over for good: say so first, then why
-        rest = ["skipped"] + [x.removeprefix("unmeasurable: ") for x in rest]
+        rest.insert(0, "skipped")
     return _md("; ".join(rest))
 
 
 def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
     result = bis.result or {}
     probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
-               "purpose": p.purpose or "", "boots": len(p.values or []),
+               "purpose": _probe_purpose(p), "boots": len(p.values or []),
                "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
                "boot_ids": ", ".join(str(b) for b in (p.boot_ids or [])) or "-",
                "note": _probe_note(p)}
