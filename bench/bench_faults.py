@@ -49,8 +49,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from noise import MODELS, Host  # noqa: E402
 
 from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
+from bisect_harness.errors import HarnessError  # noqa: E402
 from bisect_harness.input.spec import load_spec  # noqa: E402
+from bisect_harness.orchestrate import scheduler as _scheduler  # noqa: E402
 from bisect_harness.orchestrate.bisect_runner import bisect_range  # noqa: E402
+from bisect_harness.orchestrate.explain_runner import explain_file  # noqa: E402
 from bisect_harness.record.ledger import Ledger  # noqa: E402
 
 COMMITS = 32
@@ -154,28 +157,218 @@ def trial(root: Path, spec, shas: list[str], model: str, scenario: str, seed) ->
             "wrong": bool(answered and truth not in named), "boots": backend.total}
 
 
+# --- explain searches ---------------------------------------------------------------
+
+#: the differences between the two arms of the explain spec: (name, kind, key, fast, slow);
+#: None is "not set on that side". The commit is the last of the history against the one before.
+EXPLAIN_DIFFS = (("env:EXPLAIN_A", "env", "EXPLAIN_A", "1", "2"),
+                 ("env:EXPLAIN_B", "env", "EXPLAIN_B", None, "on"),
+                 ("env:EXPLAIN_C", "env", "EXPLAIN_C", "on", None),
+                 ("flag:batch-size", "flag", "batch-size", 8, 16),
+                 ("flag:new-path", "flag", "new-path", None, "true"),
+                 ("commit", "commit", None, None, None))
+EXPLAIN_CAUSE = 0.12      # the planted cause: 12% slower when set to its slow value
+EXPLAIN_MIN_EFFECT = 0.05
+EXPLAIN_ALPHA = 0.01      # the CLI's default --alpha
+EXPLAIN_SCENARIOS = ("fail0", "fail10", "fail20", "refused_flag")
+#: backstops: a search that books this many boots, or asks the measuring call this many
+#: times in a row without a boot, did not end (the paired tests cap at 8 boots a side and
+#: the blocks at 16 rounds: a search of 6 differences books a few hundred at most)
+EXPLAIN_GUARD = 3000
+EXPLAIN_IDLE_CALLS = 200
+
+
+class NotEnded(Exception):
+    """A search hit one of the bench's backstops."""
+
+
+class ExplainBackend:
+    """Boots nothing: a config's level is BASE, or BASE * (1 - EXPLAIN_CAUSE) when the
+    planted cause is at its slow value; boots draw from a noisy host and fail at random.
+    ``refused_flag``: the fast commit refuses ``--new-path`` (a flag the slow commit
+    added): every config that sets it on the fast commit is a recipe failure."""
+
+    name = "faults"
+    slots = 1
+
+    def __init__(self, host: Host, fast_sha: str, slow_sha: str, cause: str, scenario: str,
+                 rng: np.random.Generator):
+        self.host, self.rng, self.scenario, self.cause = host, rng, scenario, cause
+        self.fast_sha, self.slow_sha = fast_sha, slow_sha
+        self.fail_p = float(scenario[4:]) / 100 if scenario.startswith("fail") else 0.0
+        self.total = 0
+
+    def _slow_values(self, r) -> set:
+        """The differences this request sets to their slow values."""
+        env, flags, out = dict(r.arm_env), dict(r.flags), set()
+        for name, kind, key, _fast, slow in EXPLAIN_DIFFS:
+            if kind == "commit":
+                here = r.commit == self.slow_sha
+            else:
+                src = env if kind == "env" else flags
+                here = (key in src and str(src[key]) == str(slow)) if slow is not None else key not in src
+            if here:
+                out.add(name)
+        return out
+
+    def run(self, requests, sink):
+        for r in requests:
+            sink.finished(r, self._outcome(r))
+
+    def _outcome(self, r) -> BootOutcome:
+        self.total += 1
+        if self.total > EXPLAIN_GUARD:
+            raise NotEnded(f"booted {EXPLAIN_GUARD} boots")
+        slow = self._slow_values(r)
+        if self.scenario == "refused_flag" and r.commit == self.fast_sha and "flag:new-path" in slow:
+            why = "engine refused --new-path (injected: the fast commit has no such flag)"
+            return BootOutcome(boot_id=r.boot_id, status="failed", failure=why, config_failure=why,
+                               config_status="boot_failed")
+        if self.rng.random() < self.fail_p:
+            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+        mu = BASE * (1 - EXPLAIN_CAUSE) if self.cause in slow else BASE
+        samples = self.host.boot(mu, noisy=len(slow) > len(EXPLAIN_DIFFS) / 2)
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(
+            SampleOutcome(seq=k + 1, metrics={"tok_s": float(v)}, requests=1, output_tokens=16, duration_s=0.1)
+            for k, v in enumerate(samples)))
+
+    def close(self):
+        pass
+
+
+def write_explain_spec(root: Path, fast_sha: str, slow_sha: str) -> Path:
+    arms = {"baseline": {"commit": fast_sha, "env": {}, "flags": {}},
+            "treatment": {"commit": slow_sha, "env": {}, "flags": {}}}
+    for _name, kind, key, fast, slow in EXPLAIN_DIFFS:
+        if kind == "commit":
+            continue
+        for side, v in (("baseline", fast), ("treatment", slow)):
+            if v is not None:
+                arms[side]["env" if kind == "env" else "flags"][key] = v
+    doc = {"version": 1,
+           "engine": {"repo": str(root / "engine"), "preset": "openai", "launch": ["never-launched", "{port}"]},
+           "defaults": {"host_preflight_s": 0, "samples_per_boot": 3},
+           "hypotheses": [{"id": "x", **arms, "metric": "tok_s", "expect": "decrease",
+                           "min_effect": f"{EXPLAIN_MIN_EFFECT:.0%}"}]}
+    path = root / "explain.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class _Guarded:
+    """Counts the measuring calls of a search that boot nothing, in a row; past
+    EXPLAIN_IDLE_CALLS the search is looping without booting. The call itself is the
+    harness's own (this only watches it)."""
+
+    def __init__(self, backend):
+        self.backend, self.idle, self.real = backend, 0, _scheduler.Scheduler.measure
+
+    def __enter__(self):
+        real, guard = self.real, self
+
+        def measure(sched, *a, **k):
+            before = guard.backend.total
+            out = real(sched, *a, **k)
+            guard.idle = 0 if guard.backend.total > before else guard.idle + 1
+            if guard.idle > EXPLAIN_IDLE_CALLS:
+                raise NotEnded(f"{EXPLAIN_IDLE_CALLS} measuring calls in a row booted nothing")
+            return out
+        _scheduler.Scheduler.measure = measure
+        return self
+
+    def __exit__(self, *exc):
+        _scheduler.Scheduler.measure = self.real
+        return False
+
+
+def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, scenario: str, seed) -> dict:
+    rng = np.random.default_rng(seed)
+    cause = EXPLAIN_DIFFS[int(rng.integers(len(EXPLAIN_DIFFS)))][0]
+    backend = ExplainBackend(Host(model, np.random.default_rng(rng.integers(2**63))), fast_sha, slow_sha,
+                             cause, scenario, rng)
+    db = root / f"x-{rng.integers(2**62)}.db"
+    with Ledger(f"sqlite:///{db}") as led, _Guarded(backend):
+        try:
+            out, _ = explain_file(spec, led, fast="x.baseline", slow="x.treatment", min_effect=None,
+                                  alpha=EXPLAIN_ALPHA, cache_dir=root / "cache", log_dir=root / "logs",
+                                  backend=backend, order_seed=int(rng.integers(2**31)))
+        except NotEnded as exc:
+            return {"ended": False, "stopped": "not-ended", "exact": False, "wrong": False,
+                    "boots": backend.total, "cause": cause, "why": str(exc)}
+        except HarnessError as exc:  # the search gave up on the whole explain
+            return {"ended": True, "stopped": "aborted", "exact": False, "wrong": False,
+                    "boots": backend.total, "cause": cause, "why": str(exc)}
+    db.unlink(missing_ok=True)
+    e = out.explanation
+    claims = set(e.members) | set(e.opposite) | {d for p in e.interactions for d in p}
+    exact = e.confident and set(e.members) == {cause} and claims == {cause}
+    wrong = bool(claims - {cause}) or (e.confident and cause not in e.members)
+    stopped = out.record.get("stopped") or ("explained" if e.confident else "no-slowdown"
+                                            if e.slowdown.outcome != "confirmed" else "undecided")
+    return {"ended": True, "stopped": stopped, "exact": bool(exact), "wrong": bool(wrong),
+            "boots": backend.total, "cause": cause, "bisected": "bisection" in out.record}
+
+
+def run_explain(root: Path, shas: list[str], models, scenarios, trials: int, seed: int) -> dict:
+    spec = load_spec(write_explain_spec(root, shas[-2], shas[-1]))
+    results: dict = {}
+    for model in models:
+        for scenario in scenarios:
+            t0 = time.perf_counter()
+            seeds = np.random.default_rng([seed, 1000 + MODELS.index(model), EXPLAIN_SCENARIOS.index(scenario)]
+                                          ).integers(0, 2**63 - 1, size=trials)
+            rows = [explain_trial(root, spec, shas[-2], shas[-1], model, scenario, int(s)) for s in seeds]
+            stopped: dict[str, int] = {}
+            for r in rows:
+                stopped[r["stopped"]] = stopped.get(r["stopped"], 0) + 1
+            cell = {"exact": float(np.mean([r["exact"] for r in rows])),
+                    "confident_wrong": float(np.mean([r["wrong"] for r in rows])),
+                    "stopped": {k: v / len(rows) for k, v in sorted(stopped.items())},
+                    "mean_boots": float(np.mean([r["boots"] for r in rows])),
+                    "not_ended": sum(not r["ended"] for r in rows),
+                    "why_not_ended": sorted({r["why"] for r in rows if not r["ended"]}),
+                    "aborted": sorted({r["why"][:160] for r in rows if r["stopped"] == "aborted"}),
+                    "seconds": round(time.perf_counter() - t0, 1)}
+            results.setdefault(model, {})[scenario] = cell
+            print(f"explain {model:17s} {scenario:13s} exact {cell['exact']:.2f} wrong {cell['confident_wrong']:.3f} "
+                  f"boots {cell['mean_boots']:.0f} stopped {cell['stopped']}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--trials", type=int, default=30, help="bisections per model and scenario")
+    parser.add_argument("--explain-trials", type=int, default=6, help="explain searches per model and scenario")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="bisection scenarios")
+    parser.add_argument("--explain-scenarios", default=",".join(EXPLAIN_SCENARIOS))
+    parser.add_argument("--parts", default="bisect,explain", help="bisect, explain or both")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     scenarios = [s for s in args.scenarios.split(",") if s]
+    x_scenarios = [s for s in args.explain_scenarios.split(",") if s]
+    parts = [p for p in args.parts.split(",") if p]
     for m in models:
         if m not in MODELS:
             parser.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
     for s in scenarios:
         if s not in SCENARIOS:
             parser.error(f"--scenarios: unknown scenario {s!r}; one of {', '.join(SCENARIOS)}")
+    for s in x_scenarios:
+        if s not in EXPLAIN_SCENARIOS:
+            parser.error(f"--explain-scenarios: unknown scenario {s!r}; one of {', '.join(EXPLAIN_SCENARIOS)}")
+    for p in parts:
+        if p not in ("bisect", "explain"):
+            parser.error(f"--parts: unknown part {p!r}; bisect, explain or both")
     t_all = time.perf_counter()
     results: dict = {}
+    explained: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         shas = make_history(root)
         spec = load_spec(write_spec(root))
-        for model in models:
+        for model in models if "bisect" in parts else ():
             for scenario in scenarios:
                 t0 = time.perf_counter()
                 seeds = np.random.default_rng([args.seed, MODELS.index(model), SCENARIOS.index(scenario)]
@@ -193,6 +386,8 @@ def main() -> None:
                 results.setdefault(model, {})[scenario] = cell
                 print(f"{model:17s} {scenario:19s} top1 {cell['top1']:.2f} wrong {cell['confident_wrong']:.3f} "
                       f"boots {cell['mean_boots']:.0f} stopped {cell['stopped']}", flush=True)
+        if "explain" in parts:
+            explained = run_explain(root, shas, models, x_scenarios, args.explain_trials, args.seed)
     goals = {}
     for model, cells in results.items():
         if "fail0" in cells and "fail10" in cells:
@@ -200,12 +395,21 @@ def main() -> None:
         if "fail10" in cells:
             goals[f"{model}_fail10_endpoint_unmeasurable_at_most_0.02"] = \
                 cells["fail10"]["stopped"].get("endpoint-unmeasurable", 0.0) <= 0.02
-    goals["confident_wrong_at_most_0.01"] = all(c["confident_wrong"] <= 0.01 for m in results.values()
-                                                for c in m.values())
-    goals["every_search_ends"] = all(c["not_ended"] == 0 for m in results.values() for c in m.values())
+    if results:
+        goals["confident_wrong_at_most_0.01"] = all(c["confident_wrong"] <= 0.01 for m in results.values()
+                                                    for c in m.values())
+        goals["every_search_ends"] = all(c["not_ended"] == 0 for m in results.values() for c in m.values())
+    if explained:
+        cells = [c for m in explained.values() for c in m.values()]
+        goals["explain_confident_wrong_at_most_0.01"] = all(c["confident_wrong"] <= 0.01 for c in cells)
+        goals["explain_every_search_ends"] = all(c["not_ended"] == 0 for c in cells)
+        goals["explain_no_search_aborted"] = all("aborted" not in c["stopped"] for c in cells)
     print(json.dumps({"commits": COMMITS, "change": CHANGE, "budget": BUDGET, "confidence": CONFIDENCE,
-                      "trials": args.trials, "seed": args.seed, "results": results, "goals": goals,
-                      "seconds": round(time.perf_counter() - t_all, 1)}))
+                      "trials": args.trials, "seed": args.seed, "results": results,
+                      "explain": {"differences": [d[0] for d in EXPLAIN_DIFFS], "cause_effect": -EXPLAIN_CAUSE,
+                                  "min_effect": EXPLAIN_MIN_EFFECT, "alpha": EXPLAIN_ALPHA,
+                                  "trials": args.explain_trials, "results": explained},
+                      "goals": goals, "seconds": round(time.perf_counter() - t_all, 1)}))
 
 
 if __name__ == "__main__":

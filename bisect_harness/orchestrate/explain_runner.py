@@ -145,9 +145,11 @@ def _side(h: PlannedHypothesis, side: str) -> Arm:
 
 def explain_file(spec: Spec, ledger: Ledger, *, fast: str, slow: str, min_effect: float | None,
                  alpha: float, cache_dir: Path | None, log_dir: Path, observer: Observer | None = None,
-                 wait_quiet_s: float | None = None, backend=None) -> tuple[ExplainOutcome, Scheduler]:
+                 wait_quiet_s: float | None = None, backend=None,
+                 order_seed: int | None = None) -> tuple[ExplainOutcome, Scheduler]:
     """``harness explain FILE --fast HID.side --slow HID.side``: the metric and min_effect
-    of the slow arm's hypothesis (``--min-effect`` overrides)."""
+    of the slow arm's hypothesis (``--min-effect`` overrides). ``order_seed`` seeds the
+    order of boots (and the search's; default: a fresh one, stored with the run)."""
     (fh, fs), (sh, ss) = parse_arm(fast, spec, option="--fast"), parse_arm(slow, spec, option="--slow")
     plan: Plan = make_plan(spec, cache_dir=cache_dir)
     by_id = {h.id: h for h in plan.hypotheses}
@@ -156,7 +158,7 @@ def explain_file(spec: Spec, ledger: Ledger, *, fast: str, slow: str, min_effect
         raise UserError(f"--fast {fast} and --slow {slow} measure different metrics "
                         f"({by_id[fh].metric.name} vs {slow_h.metric.name}); pick arms of hypotheses on one metric")
     sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False,
-                      wait_quiet_s=wait_quiet_s, backend=backend)
+                      wait_quiet_s=wait_quiet_s, backend=backend, order_seed=order_seed)
     with sched.recording("explain"):
         out = explain_arms(sched, fast_arm, _side(slow_h, ss), metric=slow_h.metric,
                            min_effect=min_effect if min_effect is not None else slow_h.spec.min_effect,
