@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bisect_harness.analysis.explain import explain
+from bisect_harness.analysis.explain import Unmeasured, explain
 from bisect_harness.model import Expect
 
 
@@ -144,3 +144,70 @@ def test_no_cause_with_its_sign_open_is_neither_undecided_nor_split():
             assert ("no cause shown" in t.reason) == (t.outcome == "refuted" and not t.reason.startswith("Decided"))
     assert not any(t.purpose == "leave out" and len(set(names) - t.treatment) < 4
                    and set(names) - t.treatment <= set(names[0:4]) for t in res.tests)
+
+
+def unmeasurable_where(measure, lost):
+    """measure, except that configs for which ``lost(subset, n)`` holds (n: the calls for
+    that config so far) come back as Unmeasured; every call is counted per config."""
+    asked: dict = {}
+
+    def m(subset):
+        s = frozenset(subset)
+        asked[s] = asked.get(s, 0) + 1
+        if lost(s, asked[s]):
+            return Unmeasured(f"3 boots in a row failed ({sorted(s)})")
+        return measure(s)
+    return m, asked
+
+
+def test_a_leave_out_config_that_cannot_be_measured_is_stepped_over():
+    # The slow config without the commit cannot boot (a flag the old commit refuses): the
+    # search says why, leaves the commit undecided, and still decides every other difference.
+    everything = frozenset(NAMES)
+    base, _ = fake(lambda s: 100 * (0.8 if "commit" in s else 1.0), seed=7)
+    measure, asked = unmeasurable_where(base, lambda s, n: s == everything - {"commit"})
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert asked[everything - {"commit"}] == 1  # asked once, never again
+    assert res.stopped == "config-unmeasurable" and res.undecided == ("commit",)
+    assert res.members == () and not res.confident and not res.opposite
+    t = next(t for t in res.tests if t.treatment == everything - {"commit"})
+    assert t.outcome == "inconclusive" and t.reason.startswith("Not measurable") and "without commit" in t.reason
+    assert res.unmeasurable == ((tuple(sorted(everything - {"commit"})), "3 boots in a row failed (" +
+                                 str(sorted(everything - {"commit"})) + ")"),)
+    assert res.to_json()["stopped"] == "config-unmeasurable" and res.to_json()["unmeasurable"][0]["config"]
+
+
+def test_a_member_whose_config_alone_cannot_be_measured_is_still_claimed():
+    # The minimal set alone (the fast config with the flag) cannot boot: its effect is
+    # not measured, and the member stands on its leave-out test.
+    base, _ = fake(lambda s: 100 * (0.8 if "flag:--mode" in s else 1.0), seed=8)
+    measure, asked = unmeasurable_where(base, lambda s, n: s == frozenset({"flag:--mode"}))
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.members == ("flag:--mode",) and res.confident and res.stopped == "explained"
+    assert res.effect.outcome == "inconclusive" and res.effect.reason.startswith("Not measurable")
+    assert res.residual.outcome == "inconclusive" and asked[frozenset({"flag:--mode"})] == 1
+
+
+@pytest.mark.parametrize("arm", ["fast", "slow"])
+def test_an_arm_that_cannot_be_measured_ends_the_search_without_a_claim(arm):
+    config = frozenset() if arm == "fast" else frozenset(NAMES)
+    base, _ = fake(lambda s: 100 * (0.8 if "commit" in s else 1.0), seed=9)
+    measure, asked = unmeasurable_where(base, lambda s, n: s == config)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.stopped == "arm-unmeasurable" and not res.explained and res.members == ()
+    assert len(res.tests) == 1 and res.slowdown.outcome == "inconclusive" and asked[config] == 1
+
+
+def test_the_slow_config_lost_mid_search_ends_every_open_test_and_claims_nothing_undecided():
+    # The slow config boots for the slowdown test, then stops booting for good (its
+    # 20th call on): every leave-out test still open ends, saying why; nothing loops.
+    everything = frozenset(NAMES)
+    base, calls = fake(lambda s: 100 * (0.8 if "commit" in s else 1.0), seed=10)
+    measure, asked = unmeasurable_where(base, lambda s, n: s == everything and n > 6)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05)
+    assert res.stopped == "arm-unmeasurable" and not res.confident
+    assert asked[everything] == 7 and sum(asked.values()) < 200
+    assert set(res.members) | set(res.undecided) | set(res.sign_open) <= set(NAMES)
+    assert not (set(res.members) - {"commit"}) and not res.opposite
+    lost = [t for t in res.tests if t.reason.startswith("Not measurable: the slow config could not")]
+    assert lost and all(t.outcome == "inconclusive" for t in lost)

@@ -76,6 +76,17 @@ differences, but lost true causes whose first boots drew low: exact answers fell
 Every test names the ``measure`` calls behind each of its sides, so a boot shared
 by several tests is counted once in ``boots`` and traced from each.
 
+**Configurations that cannot be measured.** ``measure`` may return :class:`Unmeasured`
+(why) instead of samples: the measuring call behind it booted the configuration and its
+retries and gave up (a refused flag, a build that fails, boots that fail in a row). The
+search steps over it, never asks for it again, and says why in the test it ended: a
+leave-out config that cannot be measured leaves its group undecided (a group of more
+than one is split: a smaller one may boot), a side or paired test ends inconclusive; when
+the fast or the slow config itself cannot be measured, every test still open ends that
+way and the search claims only what it had decided. ``stopped`` says how the search
+ended, one value of :data:`STOP_REASONS`; ``unmeasurable`` lists each configuration
+stepped over with its reason.
+
 Known limit: a group holding a cause and an opposite-sign difference of about the
 same size reads as inert when left out together; the opposite-sign test on the
 same boots still sees it when the opposite member dominates.
@@ -95,9 +106,39 @@ from scipy import stats as _st
 from ..model import Expect, Outcome
 from . import blocks, stats
 
-__all__ = ["Difference", "Test", "Explanation", "explain", "Measure"]
+__all__ = ["Difference", "Test", "Explanation", "explain", "Measure", "Unmeasured", "STOP_REASONS"]
 
-Measure = Callable[[frozenset], Sequence[float]]
+
+@dataclass(frozen=True)
+class Unmeasured:
+    """What ``measure`` returns for a configuration it cannot measure (after its retries):
+    why. The search steps over that configuration and never asks for it again."""
+
+    reason: str
+
+
+Measure = Callable[[frozenset], "Sequence[float] | Unmeasured"]
+
+#: how a search ended (``Explanation.stopped``), one value each
+STOP_REASONS = {
+    "explained": "a minimal set was found and nothing was left undecided",
+    "undecided": "some differences were left undecided by the budget: what was shown to matter is not "
+                 "claimed as the whole set",
+    "config-unmeasurable": "a configuration of the search could not be measured, so the differences it "
+                           "tests were left undecided (the others were decided)",
+    "no-member": "the slowdown is real, yet no difference was shown to matter on its own group's test",
+    "no-slowdown": "the slow config was not shown slower than the fast one by min_effect: nothing to explain",
+    "arm-unmeasurable": "the fast or the slow config itself could not be measured: the search claims only "
+                        "what it had decided before",
+}
+
+
+class _Lost(Exception):
+    """A configuration ``measure`` could not measure (raised inside the search only)."""
+
+    def __init__(self, config: frozenset):
+        super().__init__(config)
+        self.config = config
 
 
 @dataclass(frozen=True)
@@ -147,7 +188,10 @@ class Explanation:
     that make the slow config faster, ``undecided`` members of groups the budget left
     open, ``sign_open`` differences shown to hold no cause whose opposite sign the
     budget left open (neither claimed nor cleared that way), ``tests`` every
-    configuration tried in order, ``boots`` all boots spent."""
+    configuration tried in order, ``boots`` all boots spent (usable ones: the
+    measuring call's failed boots and retries are its own), ``stopped`` how the
+    search ended (one of :data:`STOP_REASONS`), ``unmeasurable`` each configuration
+    stepped over: (its differences, sorted; why)."""
 
     slowdown: Test
     members: tuple
@@ -160,6 +204,8 @@ class Explanation:
     residual: Optional[Test]
     tests: tuple
     boots: int
+    stopped: str = "explained"
+    unmeasurable: tuple = ()
 
     @property
     def explained(self) -> bool:
@@ -178,7 +224,8 @@ class Explanation:
                 "effect": self.effect.to_json() if self.effect else None,
                 "residual": self.residual.to_json() if self.residual else None,
                 "tests": [t.to_json() for t in self.tests], "boots": self.boots,
-                "confident": self.confident}
+                "confident": self.confident, "stopped": self.stopped,
+                "unmeasurable": [{"config": list(c), "reason": why} for c, why in self.unmeasurable]}
 
 
 class _Search:
@@ -209,11 +256,33 @@ class _Search:
         self.rng = random.Random(seed)
         self.tests: list[Test] = []
         self.boots = 0
+        self.lost: dict[frozenset, str] = {}  # configurations measure() could not measure: why
 
     def _boot(self, config: frozenset) -> tuple[int, list]:
-        samples = list(self.measure(config))
+        """One boot of ``config``: (its measure() call index, its samples); raises
+        :class:`_Lost` for a configuration that cannot be measured (asked once only)."""
+        if config in self.lost:
+            raise _Lost(config)
+        got = self.measure(config)
+        if isinstance(got, Unmeasured):
+            self.lost[config] = got.reason
+            raise _Lost(config)
+        samples = list(got)
         self.boots += 1
         return self.boots - 1, samples
+
+    def _label(self, config: frozenset) -> str:
+        if config == self.all:
+            return "the slow config"
+        if not config:
+            return "the fast config"
+        rest = [n for n in self.names if n not in config]
+        return ("the slow config without " + ", ".join(rest) if len(rest) < len(config)
+                else "the fast config with " + ", ".join(n for n in self.names if n in config))
+
+    def _unmeasured(self, config: frozenset) -> str:
+        return (f"Not measurable: {self._label(config)} could not be measured ({self.lost[config]}); "
+                "the search stepped over it")
 
     def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect, *,
                 alpha: Optional[float] = None) -> Test:
@@ -226,7 +295,13 @@ class _Search:
         tc: list = []
         while True:
             for c in self.rng.sample((base, treat), 2):
-                idx, smp = self._boot(c)
+                try:
+                    idx, smp = self._boot(c)
+                except _Lost:
+                    t = Test(purpose, base, treat, expect.value, Outcome.INCONCLUSIVE.value, None, None, None,
+                             (len(bb), len(tb)), self._unmeasured(c), None, tuple(bc), tuple(tc))
+                    self.tests.append(t)
+                    return t
                 (bc if c is base else tc).append(idx)
                 (bb if c is base else tb).append(smp)
             v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
@@ -305,11 +380,30 @@ class _Search:
         open_ = set(range(len(items)))
         done: dict = {}
         name = "the slow config" if control == self.all else "the fast config"
+
+        def step_over(k: int, config: frozenset) -> None:  # a config measure() cannot measure
+            done[k] = ("unmeasurable", Test(items[k][0], control, items[k][1], expect.value,
+                                            Outcome.INCONCLUSIVE.value, None, None, None,
+                                            (len(calls[-1]), len(calls[k])), self._unmeasured(config), None,
+                                            tuple(calls[-1]), tuple(calls[k])))
+            open_.discard(k)
+
         for rnd in range(1, self.max_rounds + 1):
             for k in blocks.round_order(sorted(open_), -1, self.rng):
-                idx, smp = self._boot(control if k == -1 else items[k][1])
+                if k != -1 and k not in open_:
+                    continue
+                try:
+                    idx, smp = self._boot(control if k == -1 else items[k][1])
+                except _Lost as lost:
+                    for j in (sorted(open_) if k == -1 else [k]):  # without its control, no test goes on
+                        step_over(j, lost.config)
+                    if not open_:
+                        break
+                    continue
                 seq.append((k, math.log(float(np.mean(smp)))))
                 calls[k].append(idx)
+            if not open_:
+                break
             if rnd not in self.looks:
                 continue
             fitted = blocks.fit(seq, -1, min_boots=3)
@@ -400,7 +494,8 @@ class _Search:
     def run(self) -> Explanation:
         slowdown = self.compare("slowdown", frozenset(), self.all, self.worse)
         if slowdown.outcome != Outcome.CONFIRMED.value:
-            return Explanation(slowdown, (), {}, (), (), (), (), None, None, tuple(self.tests), self.boots)
+            return Explanation(slowdown, (), {}, (), (), (), (), None, None, tuple(self.tests), self.boots,
+                               self._stopped([], []), self._lost_list())
         members: list[str] = []
         conf: dict = {}
         opposite: list[str] = []
@@ -464,7 +559,23 @@ class _Search:
                     interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
                            tuple(undecided), tuple(sorted(sign_open, key=self.names.index)), effect, residual,
-                           tuple(self.tests), self.boots)
+                           tuple(self.tests), self.boots, self._stopped(members, undecided), self._lost_list())
+
+    def _lost_list(self) -> tuple:
+        return tuple((tuple(sorted(c)), why) for c, why in self.lost.items())
+
+    def _stopped(self, members: Sequence[str], undecided: Sequence[str]) -> str:
+        """How the search ended: one value of :data:`STOP_REASONS`."""
+        if frozenset() in self.lost or self.all in self.lost:
+            return "arm-unmeasurable"
+        if self.tests[0].outcome != Outcome.CONFIRMED.value:
+            return "no-slowdown"
+        if undecided:
+            # a singleton's leave-out config (or the opposite-sign check's) that could not be measured
+            if any(self.all - {d} in self.lost for d in undecided):
+                return "config-unmeasurable"
+            return "undecided"
+        return "explained" if members else "no-member"
 
 
 def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,

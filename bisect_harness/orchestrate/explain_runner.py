@@ -9,9 +9,13 @@ the scheduler like any other, so every boot is in the ledger with its provenance
 
 The search is stored in ``runs.summary["explain"]`` (a list: one entry per search of
 the run) with each configuration tried, its verdict, the boot ids of both sides, and
-the minimal set; no table of its own. When the commit is a member of the minimal set,
-the commit range is bisected (``bisect_runner.search_commits``) with the slow arm's env
-and flags, and the bisection's id is stored with the search.
+the minimal set, how the search ended (``stopped``: one value of
+``analysis.explain.STOP_REASONS``) and every configuration it stepped over because the
+measuring call could not measure it after its retries (``unmeasurable``, each with why);
+no table of its own. One configuration that cannot be measured never ends the whole
+search. When the commit is a member of the minimal set, the commit range is bisected
+(``bisect_runner.search_commits``) with the slow arm's env and flags, and the
+bisection's id is stored with the search.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Sequence
 
 from ..analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..analysis import stats
-from ..analysis.explain import Difference, Explanation, explain
+from ..analysis.explain import Difference, Explanation, Unmeasured, explain
 from ..errors import CommitError, UserError
 from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config, make_plan
@@ -99,16 +103,16 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
         raise UserError(f"{fast_name} and {slow_name} are the same config (commit, env and flags): nothing to explain")
     calls: list[tuple[frozenset, int]] = []
 
-    def measure(subset: frozenset) -> list[float]:
+    def measure(subset: frozenset) -> list[float] | Unmeasured:
         st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
         m, = sched.measure([st], 1, metric=metric.name)  # retried under the one failure policy
         if m.samples:
             calls.append((subset, m.boot_ids[0]))
             return list(m.samples[0])
-        raise UserError(f"explain: configuration {st.planned.label or sorted(subset)} could not be measured "
-                        f"({m.unmeasurable or m.short or 'no usable boot of ' + metric.name}); see the boot logs, "
-                        "then fix that config or drop the difference from one arm (every boot so far is in the "
-                        "ledger)")
+        # Unmeasurable after its retries: the search steps over this configuration, says why
+        # in the test it ends, and never asks for it again (its boots are in the ledger).
+        return Unmeasured(f"{st.planned.label or 'config ' + st.planned.key}: "
+                          f"{m.unmeasurable or m.short or 'no usable boot of ' + metric.name}; see its boot logs")
 
     d = spec.defaults
     design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
