@@ -1,4 +1,4 @@
-"""Benchmark: bisections under boot faults, through the harness's own measuring loop.
+"""Benchmark: bisections and explain searches under boot faults, through the harness's own loops.
 
 Every other bisection bench drives the pure search; this one drives
 ``harness bisect`` as it runs (``bisect_runner.bisect_range``: the scheduler's one
@@ -24,8 +24,30 @@ share), ``mean_boots`` (every boot booted, failed ones too), ``not_ended``
 no-failure figure, ``endpoint-unmeasurable`` at most 2%, confident-wrong at most
 1%, every search ends.
 
-Run: ``python bench/bench_faults.py [--trials 30] [--seed 0] [--models a,b]
-[--scenarios a,b]``. The last line printed is one JSON object with every figure.
+**Explain searches** (``--parts explain``) drive ``harness explain`` as it runs
+(``explain_runner.explain_file``: the scheduler's one measuring call, its failure
+policy, the ledger, ``analysis.explain``) between two arms that differ in six ways
+(``EXPLAIN_DIFFS``: three env variables, two flags, the commit), one of them, drawn
+at random per trial, the planted cause (``EXPLAIN_CAUSE``: 12% slower when set to
+its slow value; min_effect 5%); a commit cause is also bisected, as the command
+does. The same kind of fake at the seam draws each boot from the host model
+(under ``unequal_variance`` the configs holding more than half of the differences
+are the noisy ones, as in ``bench_explain.py``). Scenarios: ``fail0`` /
+``fail10`` / ``fail20`` (boots failing at random) and ``refused_flag`` (the fast
+commit refuses ``--new-path``, a flag of the slow arm: every configuration that
+sets it on the fast commit is a recipe failure, so leaving the commit out cannot
+be measured). Per model and scenario: ``exact`` (a confident set equal to the
+planted one, nothing else claimed), ``confident_wrong`` (a claim of an inert
+difference, as a member, an opposite sign or an interaction, or a confident set
+without the cause), ``stopped`` (each stop reason's share, ``aborted`` where the
+search raised instead of ending, ``not-ended`` where it hit a backstop: more than
+``EXPLAIN_GUARD`` boots, or ``EXPLAIN_IDLE_CALLS`` measuring calls in a row that
+booted nothing), ``mean_boots`` (every boot, failed ones and the bisection's too).
+
+Run: ``python bench/bench_faults.py [--trials 30] [--explain-trials 6] [--seed 0]
+[--models a,b] [--scenarios a,b] [--explain-scenarios a,b] [--parts bisect,explain]``
+(``--parts explain`` at the default runs in about four minutes on two busy cores).
+The last line printed is one JSON object with every figure.
 To compare two versions of the harness, run it under each one's tree
 (``PYTHONPATH=that/tree``): the backend seam is the same.
 """

@@ -113,3 +113,8 @@ def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_sea
         assert sched.run.status == "done" and sched.run.summary["explain"][0]["stopped"] == "config-unmeasurable"
         t = next(t for t in rec["tests"] if t["treatment"] == ["env:B", "env:C"])
         assert t["outcome"] == "inconclusive" and "refused (scripted)" in t["reason"]
+        from bisect_harness.record.explain_view import views
+
+        notes = views(sched.run.summary)[0]["notes"]
+        assert any(n.startswith("stepped over: slow without `env:A` could not be measured (") for n in notes)
+        assert any(n.startswith("stopped: `config-unmeasurable`: a configuration") for n in notes)

@@ -4,6 +4,8 @@ sentence is built from the stored record alone."""
 
 from __future__ import annotations
 
+from ..analysis.explain import STOP_REASONS
+
 
 def _fmt(x, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
@@ -75,6 +77,11 @@ def views(summary: dict | None) -> list[dict]:
         if rec.get("residual"):
             r = rec["residual"]
             notes.append(f"the slow config against the minimal set: {_fmt(r['ratio'])}x ({r['outcome']}).")
+        for u in rec.get("unmeasurable") or []:
+            notes.append(f"stepped over: {_config(u['config'], names)} could not be measured ({u['reason']}); "
+                         "the tests that needed it ended inconclusive.")
+        if rec.get("stopped"):
+            notes.append(f"stopped: `{rec['stopped']}`: {STOP_REASONS.get(rec['stopped'], 'see the tests')}.")
         if rec.get("bisection"):
             b = rec["bisection"]
             notes.append(f"the commit is a member: bisection {b['id']} found "
