@@ -119,7 +119,7 @@ sys.path.insert(0, str(ROOT))
 from bisect_harness.boot.benchtools import Endpoint, sample_runner  # noqa: E402
 from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
-from bisect_harness.input.presets import get_preset  # noqa: E402
+from bisect_harness.boot.presets import get_preset  # noqa: E402
 from bisect_harness.model import BenchmarkSpec  # noqa: E402
 import bisect_harness.orchestrate.executor  # noqa: E402,F401  (what a run has loaded before a sample)
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from bisect_harness.planning.cache import list_cache
-from bisect_harness.planning.checkout import Workspace
+from bisect_harness.boot.checkout import Workspace
 
 PYPROJECT = ('[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
              '[project]\nname = "benchengine"\nversion = "{v}"\n')

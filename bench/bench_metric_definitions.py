@@ -70,7 +70,7 @@ sys.path.insert(0, str(ROOT))
 from bisect_harness.boot import client  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
 from bisect_harness.model import BenchmarkSpec  # noqa: E402
-from bisect_harness.input.presets import get_preset  # noqa: E402
+from bisect_harness.boot.presets import get_preset  # noqa: E402
 from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
 from bisect_harness.boot.sources import SourceCollector, parse_source  # noqa: E402
 # What a run has loaded before its first sample window (numpy.ma among it, which the

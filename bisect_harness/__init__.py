@@ -26,7 +26,7 @@ _EXPORTS = {
     "SpecError": "errors", "UserError": "errors",
     "Executor": "orchestrate.executor", "Ledger": "record.ledger",
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
-    "Outcome": "model", "SampleResult": "model",
+    "Outcome": "model", "SampleOutcome": "boot.request",
     "make_plan": "planning.plan", "Spec": "input.spec", "load_spec": "input.spec",
     "Design": "analysis.stats", "StatVerdict": "analysis.stats", "evaluate": "analysis.stats",
 }

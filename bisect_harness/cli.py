@@ -24,7 +24,7 @@ from rich.table import Table
 
 from .errors import HarnessError, InfrastructureError, UserError
 from .model import NOT_MEASURED, shown_outcome
-from .input.secrets import redact_obj, redact_text
+from .secrets import redact_obj, redact_text
 from .input.spec import effect_value
 from .analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 
@@ -196,7 +196,7 @@ def run(
     if dry_run and resume is not None:
         raise UserError("--resume boots what an interrupted run still lacks; --dry-run boots nothing: drop one of them")
     if dry_run:
-        from .input.dryrun import describe_plan
+        from .planning.dryrun import describe_plan
 
         text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
                                   say=lambda t: console.print(redact_text(t), markup=False))

@@ -1,4 +1,4 @@
-"""Plain value types shared by every layer: metrics, arms, samples, outcomes.
+"""Plain value types shared by every layer: metrics, arms, benchmarks, outcomes.
 
 These are frozen dataclasses: a measurement, once made, is never edited.
 """
@@ -12,6 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Mapping, Union
+
+from .secrets import redact_env
 
 FlagValue = Union[str, int, float, bool, list, dict, None]
 
@@ -125,22 +127,10 @@ class Arm:
 
     def describe(self) -> str:
         parts = [self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
-        from .input.secrets import redact_env  # a label is stored and printed: secret values masked
-
+        # a label is stored and printed: secret values masked
         parts += [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
         parts += [f"--{k}={v}" for k, v in sorted(redact_env(self.flags).items())]
         return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class SampleResult:
-    """One benchmark measurement inside a boot."""
-
-    metrics: Mapping[str, float]
-    requests: int
-    output_tokens: int
-    duration_s: float
-    errors: int = 0
 
 
 @dataclass(frozen=True)

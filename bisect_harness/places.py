@@ -1,7 +1,7 @@
 """Where the harness keeps its files on this machine: the cache folder.
 
 The ground floor beside ``model`` and ``errors``: the checkout's mirrors and
-worktrees (``planning/checkout``) and the supervisors' records of their process
+worktrees (``boot/checkout``) and the supervisors' records of their process
 trees (``boot/supervisor``) both live under it, and neither imports the other
 to find it.
 """

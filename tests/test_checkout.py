@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bisect_harness.planning.checkout import Workspace
+from bisect_harness.boot.checkout import Workspace
 from bisect_harness.errors import BuildFailed, CommitError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from bisect_harness.record import ledger as ledger_mod
-from bisect_harness.planning.checkout import Workspace
+from bisect_harness.boot.checkout import Workspace
 from bisect_harness.record.ledger import Boot, Config, Ledger, Run
 from bisect_harness.record.liveness import OWNER_KEY, owner_record
 from helpers import HARNESS, git, query

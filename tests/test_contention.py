@@ -235,7 +235,7 @@ def test_host_check_and_thresholds_in_hypotheses_yaml(tmp_path):
 
 def _boot(bid, figures, crossed=()):
     w = c.Window(5.0, 2, figures, {"foreign_cpu": {"available": True}})
-    return Boot(id=bid, run_id=1, provenance={"contention": host_state.record(
+    return Boot(id=bid, run_id=1, provenance={"contention": c.record(
         w, [w], [c.Crossing(x, figures[x], 0.25, f"{x} high") for x in crossed], c.Thresholds())})
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.input import presets
+from bisect_harness.boot import presets
 from bisect_harness.boot.client import measure_sample_detail
 from bisect_harness.model import BenchmarkSpec
 from bisect_harness.boot.provenance import MATCHED, MISMATCHED, NOT_REPORTED, flag_report, values_match

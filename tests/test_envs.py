@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bisect_harness.planning.checkout import Workspace
-from bisect_harness.planning.envs import create_venv, resolve_python
+from bisect_harness.boot.checkout import Workspace
+from bisect_harness.boot.envs import create_venv, resolve_python
 from bisect_harness.errors import BuildFailed, UserError
 from packaged_engine import make_packaged_engine
 

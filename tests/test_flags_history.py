@@ -317,7 +317,7 @@ def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
     folder and process env from the boot request, through run_boot's own functions."""
     from pathlib import Path
 
-    from bisect_harness.boot import local
+    from bisect_harness.boot import recipe
     from bisect_harness.input.engine_flags import check_plan_flags
     from bisect_harness.input.spec import load_spec
     from bisect_harness.planning.plan import make_plan
@@ -347,7 +347,7 @@ def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
     assert [x["arm"] for x in lines] == ["a", "b"] and {x["preset_env"] for x in lines} == {"1"}
     for c, got in zip(plan.configs, lines):
         req = plan.boot_request(c, boot_id=1, seq=1, log_path=tmp_path / "b.log")
-        worktree, cenv = local.checkout(req)  # what run_boot gets for this boot (cached: the same)
+        worktree, cenv = recipe.checkout(req)  # what run_boot gets for this boot (cached: the same)
         assert Path(got["cwd"]) == worktree / "sub" and got["python"] == cenv.python
         assert cenv.venv is not None  # each commit its own environment
     assert lines[0]["python"] != lines[1]["python"]

@@ -11,8 +11,8 @@ from pathlib import Path
 from bisect_harness.boot import mechanisms
 from bisect_harness.boot.mechanisms import Counter, InfoField, LogLine, Mechanism
 from bisect_harness.boot.sources import parse_prometheus
-from bisect_harness.input.presets import canonical_flag, get_preset
-from bisect_harness.planning.envs import CommitEnv
+from bisect_harness.boot.presets import canonical_flag, get_preset
+from bisect_harness.boot.envs import CommitEnv
 
 from helpers import harness, last_json, query, write_spec
 

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bisect_harness.input import presets
+from bisect_harness.boot import presets
 from bisect_harness.input.engine_flags import check_argv
 from bisect_harness.errors import UserError
-from bisect_harness.input.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv, server_info_candidates)
+from bisect_harness.boot.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv, server_info_candidates)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
 
@@ -274,7 +274,7 @@ def test_a_preset_that_makes_its_repository_needs_no_name_check(tmp_path):
     """What the demo preset could do by name (commits without engine.repo, an
     environment per commit, a repository made in the cache), any registered preset
     with a default_repo can do: spec, plan and dry-run ask the preset."""
-    from bisect_harness.input.dryrun import describe_plan
+    from bisect_harness.planning.dryrun import describe_plan
     from bisect_harness.errors import SpecError
     from bisect_harness.planning.plan import engine_repo, make_plan
     from bisect_harness.input.spec import load_spec

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.input import secrets
-from bisect_harness.input.secrets import (is_secret, mask, redact_argv, redact_env, redact_obj, redact_text, redact_yaml)
+from bisect_harness import secrets
+from bisect_harness.secrets import (is_secret, mask, redact_argv, redact_env, redact_obj, redact_text, redact_yaml)
 
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 

@@ -12,7 +12,7 @@ import pytest
 
 from bisect_harness.boot import Sink
 from bisect_harness.boot.local import run_boot
-from bisect_harness.input.presets import get_preset
+from bisect_harness.boot.presets import get_preset
 from bisect_harness.input.spec import load_spec
 from bisect_harness.planning.plan import make_plan
 from helpers import SMALL_BENCH, write_spec

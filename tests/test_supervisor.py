@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bisect_harness.planning.checkout import Workspace
+from bisect_harness.boot.checkout import Workspace
 from bisect_harness.errors import BuildFailed
 from bisect_harness.boot.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
 from helpers import git

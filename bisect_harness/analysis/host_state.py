@@ -16,8 +16,6 @@ from typing import Any, Mapping, Sequence
 
 from ..boot.contention import Thresholds, Window, summary_line
 
-#: The mark a boot gets when its window saw contention above a threshold.
-HOST_BUSY = "host_busy"
 
 
 @dataclass(frozen=True)
@@ -38,12 +36,6 @@ class BootContention:
         if not rec or "window" not in rec:
             return None
         return cls(Window.from_dict(rec["window"]), tuple(rec.get("crossed", ())), tuple(rec.get("samples", ())))
-
-
-def record(window: Window, samples: Sequence[Window], crossed: Sequence, thresholds: Thresholds) -> dict:
-    """The JSON stored with a boot (``provenance["contention"]``)."""
-    return {"window": window.to_dict(), "samples": [{k: round(v, 5) for k, v in w.figures.items()} for w in samples],
-            "crossed": [c.to_dict() for c in crossed], "thresholds": thresholds.to_dict()}
 
 
 def busy_sentence(label: str, rec: BootContention) -> str:
@@ -153,5 +145,5 @@ def boot_line(boot) -> str | None:
     return text
 
 
-__all__ = ["BootContention", "HOST_BUSY", "boot_line", "busy_sentence", "calibration_spreads",
-           "calibration_warnings", "contention_warnings", "record", "same_host_state", "side_runs"]
+__all__ = ["BootContention", "boot_line", "busy_sentence", "calibration_spreads",
+           "calibration_warnings", "contention_warnings", "same_host_state", "side_runs"]

@@ -35,8 +35,8 @@ import httpx
 
 from .benchtools import Endpoint
 from ..errors import BootFailed, BootTimeout, UserError
-from ..input.presets import LOOPBACK
-from ..input.secrets import redact_text
+from .presets import LOOPBACK
+from ..secrets import redact_text
 
 __all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_warnings",
            "ATTACHED_WARNING"]

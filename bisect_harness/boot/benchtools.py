@@ -41,7 +41,9 @@ from typing import ClassVar, Mapping, Sequence
 from . import client
 from .client import SampleFailed as SampleToolError
 from ..errors import UserError
-from ..model import BenchmarkSpec, SampleResult
+from ..model import BenchmarkSpec
+from .request import SampleOutcome
+from ..secrets import redact_argv, redact_text
 
 __all__ = ["BenchTool", "TOOLS", "get_tool", "Endpoint", "sample_runner", "ClientRunner", "ToolRunner"]
 
@@ -329,7 +331,7 @@ class ToolRunner:
         self.runs.append({"sample": index + 1, "argv": argv, "exit_code": rc, "wall_s": round(wall, 3),
                           "result_file": str(result),
                           "result": {k: v for k, v in data.items() if isinstance(v, _SCALARS)}})
-        res = SampleResult(metrics=metrics, requests=completed, output_tokens=int(data.get("total_output_tokens") or 0),
+        res = SampleOutcome(metrics=metrics, requests=completed, output_tokens=int(data.get("total_output_tokens") or 0),
                            duration_s=duration, errors=errors)
         return client.SampleDetail(result=res, requests=())
 
@@ -372,11 +374,10 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
     import time
 
     from . import supervisor
-    from ..input.secrets import redact_argv, redact_text  # the log is written by us: no secrets in it
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log:  # written by us: no secrets in it
         log.write(redact_text(f"$ {' '.join(redact_argv(argv))}\n").encode())
         log.flush()
         try:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import UserError
 from ..model import jsonable
-from ..input.secrets import redact_env
+from ..secrets import redact_env
 from .server import free_port
 from .provenance import SCHEMA_VERSION, GpuSampler, HostInfo, SamplerSummary, _check_schema, collect_host
 

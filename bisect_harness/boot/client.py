@@ -65,7 +65,8 @@ from typing import Any, Iterator, Mapping
 import httpx
 
 from ..errors import ConfigFailure
-from ..model import BenchmarkSpec, SampleResult
+from ..model import BenchmarkSpec
+from .request import SampleOutcome
 
 __all__ = [
     "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "boot_session", "measure_sample",
@@ -190,9 +191,9 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class SampleDetail:
-    """A sample's :class:`SampleResult` with the per-request records behind it."""
+    """A sample's :class:`SampleOutcome` with the per-request records behind it."""
 
-    result: SampleResult
+    result: SampleOutcome
     requests: tuple[RequestRecord, ...]
 
     @property
@@ -533,7 +534,7 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
     }
     metrics.update(percentile_metrics(ok))
-    result = SampleResult(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
+    result = SampleOutcome(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
     return SampleDetail(result=result, requests=tuple(records))
 
@@ -553,7 +554,7 @@ def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | N
 
 
 def measure_sample(base_url: str, bench: BenchmarkSpec, *,
-                   client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleResult:
+                   client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleOutcome:
     """:func:`measure_sample_detail` without the per-request records."""
     return measure_sample_detail(base_url, bench, client=client, headers=headers).result
 

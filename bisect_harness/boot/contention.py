@@ -542,6 +542,17 @@ def judge(window: Window, thresholds: Thresholds) -> list[Crossing]:
     return out
 
 
+#: The mark a boot gets when its window saw contention above a threshold.
+HOST_BUSY = "host_busy"
+
+
+def record(window: Window, samples: Sequence[Window], crossed: Sequence[Crossing], thresholds: Thresholds) -> dict:
+    """The JSON stored with a boot (``provenance["contention"]``): its window, one
+    window per sample, what crossed and the thresholds applied."""
+    return {"window": window.to_dict(), "samples": [{k: round(v, 5) for k, v in w.figures.items()} for w in samples],
+            "crossed": [c.to_dict() for c in crossed], "thresholds": thresholds.to_dict()}
+
+
 def summary_line(window: Window) -> str:
     """The figures of a window in one line (for the journal and ``harness doctor``)."""
     f = window.figures
@@ -716,8 +727,8 @@ def wait_quiet(thresholds: Thresholds, *, timeout_s: float, window_s: float = 3.
 
 
 __all__ = [
-    "Context", "Crossing", "ForeignCpuSource", "GpuProcessSource", "Monitor", "PressureSource", "ProcCpu",
+    "Context", "Crossing", "ForeignCpuSource", "HOST_BUSY", "GpuProcessSource", "Monitor", "PressureSource", "ProcCpu",
     "ProcStat", "RunQueueSource", "SOURCES", "Source", "SourceUnavailable", "StealSource", "Thresholds",
     "Window", "allowed_cores", "judge", "own_pids", "parse_pressure", "parse_proc_stat", "parse_task_state",
-    "register", "sample_host", "summary_line", "wait_quiet",
+    "record", "register", "sample_host", "summary_line", "wait_quiet",
 ]

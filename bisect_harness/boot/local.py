@@ -16,6 +16,7 @@ parallel degree; a disjoint set of CPU cores for CPU engines).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import queue
@@ -27,20 +28,17 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from . import attach, benchtools, contention, engine_identity, mechanisms, provenance, sources
-from ..input import presets
+from . import attach, benchtools, contention, engine_identity, mechanisms, presets, provenance, sources
+from .checkout import read_tail
+from .recipe import checkout, placeholders, process_env, working_dir
 from .rejection import FLAG_NOT_ACCEPTED
-from ..analysis import host_state
-from ..planning.checkout import Workspace, read_tail
-from ..planning.envs import CommitEnv
 from ..errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
 from ..model import jsonable, utcnow
 from .sources import SourceCollector
 from .request import BootOutcome, BootRequest, DeviceSet, SampleOutcome, Sink
 from .server import stop_all
 
-__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info", "jsonable",
-           "checkout", "placeholders", "working_dir", "process_env"]
+__all__ = ["run_boot", "LocalBackend", "device_sets", "host_fingerprint", "fetch_server_info"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -231,10 +229,10 @@ def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None
     checks = req.checks
     window = monitor.window()
     crossed = contention.judge(window, checks.thresholds)
-    b.provenance["contention"] = host_state.record(window, monitor.samples(), crossed, checks.thresholds)
+    b.provenance["contention"] = contention.record(window, monitor.samples(), crossed, checks.thresholds)
     if not crossed:
         return
-    b.marks.append(host_state.HOST_BUSY)
+    b.marks.append(contention.HOST_BUSY)
     why = "; ".join(c.message for c in crossed)
     if checks.host_check in ("exclude", "retry") and b.status == "running":
         b.status = "excluded"
@@ -311,9 +309,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     detail = bench.sample(i)
                     result = detail.result
                     extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
-                    s = SampleOutcome(seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}),
-                                      requests=result.requests, output_tokens=result.output_tokens,
-                                      duration_s=result.duration_s, errors=result.errors)
+                    s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
                     b.samples.append(s)
                     sink.sample(req, s)
             b.provenance.update(bench.provenance())
@@ -361,49 +357,6 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
 
 class _Stop(Exception):
     """A boot check with ``fatal``: stop this boot (the scheduler stops the run)."""
-
-
-# What a request's boot runs with, on this host. ``run_boot`` and the dry-run's flag
-# check (``engine_flags.check_plan_flags``) both use these, so ``--check-flags`` runs
-# each commit's --help exactly where and how its boots will run.
-
-
-def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
-    """The worktree of ``req``'s commit (None without one) and the environment it runs in;
-    the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
-    worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
-    if req.commit is not None and req.repo is not None:
-        ws = Workspace(Path(req.repo), Path(req.cache_dir))
-        worktree = ws.worktree(req.commit)
-        if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
-            cenv = ws.environment(req.commit, req.base_python)
-        if req.build_argv:
-            places = placeholders(req, port="", worktree=worktree, python=cenv.python)
-            ws.build(req.commit, presets.render_argv(list(req.build_argv), **places),
-                     process_env(req, cenv), python=cenv.python)
-    return worktree, cenv
-
-
-def placeholders(req: BootRequest, *, port, worktree: Path | None, python: str) -> dict[str, str]:
-    """The values of ``{port}``, ``{host}``, ``{python}``, ``{worktree}`` and ``{spec_dir}``."""
-    return presets.placeholder_values(port=port, worktree=worktree, python=python, spec_dir=req.spec_dir)
-
-
-def working_dir(req: BootRequest, worktree: Path | None, python: str) -> Path:
-    """Where the server (and its build, help and bench tool) runs: ``engine.cwd``
-    rendered, else the worktree, else the spec's folder."""
-    if req.cwd:
-        return Path(presets.render_argv([req.cwd], **placeholders(req, port="", worktree=worktree,
-                                                                   python=python))[0])
-    return worktree if worktree is not None else Path(req.spec_dir)
-
-
-def process_env(req: BootRequest, cenv: CommitEnv | None) -> dict[str, str]:
-    """The process env of a boot: this host's, then the config's (preset env, then the
-    arm's), with the commit's environment first on PATH."""
-    env = dict(os.environ)
-    env.update(req.env)
-    return cenv.apply(env) if cenv is not None else env
 
 
 # --------------------------------------------------------------------------- the local backend

@@ -121,12 +121,16 @@ class BootRequest:
 
 @dataclass(frozen=True)
 class SampleOutcome:
-    seq: int
+    """One benchmark measurement inside a boot: what the client (or the engine's own
+    tool) measured, and ``seq``, its place in the boot (1, 2, ...; 0 until the boot
+    numbers it), under which the ledger stores it."""
+
     metrics: Mapping[str, Any]
     requests: int
     output_tokens: int
     duration_s: float
     errors: int = 0
+    seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,15 @@ help arguments, in a process group of its own with a deadline.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..boot.rejection import ARGPARSE_EXIT, FLAG_NOT_ACCEPTED, REJECTION_MARKERS, argparse_rejection
-from .presets import OPTION_NAME, notes_for
+from ..boot import recipe, supervisor
+from ..boot.presets import OPTION_NAME, notes_for, render_argv
+from ..errors import BuildFailed
 
 __all__ = [
     "FLAG_NOT_ACCEPTED",
@@ -141,10 +144,6 @@ def run_help(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_
     """Run a help argv under a supervisor (its whole tree is gone on return, also on
     Ctrl-C or the harness's death), with a deadline; (exit code, stdout+stderr). The
     exit code is None when it ran past ``timeout_s``."""
-    import tempfile
-
-    from ..boot import supervisor
-
     with tempfile.TemporaryFile() as out:
         try:
             code = supervisor.run(list(argv), env=dict(env), cwd=cwd, stdout=out, timeout_s=timeout_s)
@@ -162,13 +161,9 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
     (the build is cached, so the boots reuse it); a commit that fails to build is
     reported with the build's message instead of options. Worktree, environment,
     placeholders, working folder and process env come from each config's boot
-    request through the functions ``boot.local.run_boot`` uses, so the help runs
-    where and how the boots will.
+    request through ``boot.recipe``, as ``boot.local.run_boot`` gets them, so the
+    help runs where and how the boots will.
     """
-    from ..boot import local
-    from ..errors import BuildFailed
-    from .presets import render_argv
-
     preset = plan.preset
     by_commit: dict[str | None, list] = {}
     for c in plan.configs:
@@ -182,11 +177,11 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
         try:
             if req.commit is not None and req.repo is not None:
                 say(f"checking flags at {commit[:12]}: worktree, environment and build")
-            worktree, cenv = local.checkout(req)
-            places = local.placeholders(req, port=0, worktree=worktree, python=cenv.python)
+            worktree, cenv = recipe.checkout(req)
+            places = recipe.placeholders(req, port=0, worktree=worktree, python=cenv.python)
             help_argv = tuple(render_argv(list(plan.spec.engine.launch) + list(preset.help_args), **places))
-            rc, text = run_help(help_argv, env=local.process_env(req, cenv),
-                                cwd=local.working_dir(req, worktree, cenv.python), timeout_s=timeout_s)
+            rc, text = run_help(help_argv, env=recipe.process_env(req, cenv),
+                                cwd=recipe.working_dir(req, worktree, cenv.python), timeout_s=timeout_s)
         except BuildFailed as exc:
             out.append(CommitFlags(commit, help_argv, error=f"build failed: {exc}"))
             continue
@@ -203,7 +198,7 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
             continue
         problems = {}
         for c, r in zip(configs, reqs):
-            argv = render_argv(list(r.argv), **local.placeholders(r, port=0, worktree=worktree, python=cenv.python))
+            argv = render_argv(list(r.argv), **recipe.placeholders(r, port=0, worktree=worktree, python=cenv.python))
             problems[c.key] = tuple(check_argv(argv, options))
         out.append(CommitFlags(commit, help_argv, options=len(options), problems=problems))
     return out

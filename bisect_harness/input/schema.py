@@ -20,7 +20,7 @@ from typing import Any
 from . import spec as _spec
 from ..boot.contention import Thresholds
 from ..model import BenchmarkSpec, Expect
-from ..planning.envs import ENV_MODES
+from ..boot.envs import ENV_MODES
 
 __all__ = ["hypotheses_schema", "SCHEMA_ID"]
 
@@ -72,7 +72,7 @@ def _section(keys, cls, special: dict[str, dict]) -> dict:
 
 
 def _presets() -> list[str]:
-    from . import presets
+    from ..boot import presets
 
     return sorted(presets._REGISTRY)
 

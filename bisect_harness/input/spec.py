@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..boot.contention import Thresholds
-from ..planning.envs import ENV_MODES
+from ..boot.envs import ENV_MODES
 from ..errors import SpecError, UserError
 from ..model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
@@ -534,7 +534,7 @@ def parse_spec(text: str, path: Path) -> Spec:
     for s in engine.metrics:
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
-    from . import presets
+    from ..boot import presets
 
     has_repo = engine.base_url is None and (
         engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
@@ -564,7 +564,7 @@ def _backend(r: _Reader, value) -> BackendSpec:
 
 
 def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
-    from . import presets
+    from ..boot import presets
     from ..boot import sources
 
     e = r.mapping(value, "engine", _ENGINE)
@@ -723,7 +723,7 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
 
 def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
     """Tell secrets.py this file's secret values, so nothing stored or shown carries them."""
-    from . import secrets
+    from .. import secrets
 
     arms = [a for h in hyps for a in (h.baseline, h.treatment)]
     secrets.register(secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
@@ -813,7 +813,7 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False) -
 
 def _check_when(engine: EngineSpec, hyps, file: str) -> None:
     """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be judged."""
-    from . import presets
+    from ..boot import presets
 
     preset = presets.get_preset(engine.preset)
     by_name = {s.name: s for s in engine.metrics}

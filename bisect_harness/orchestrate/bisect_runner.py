@@ -22,7 +22,7 @@ from typing import Sequence
 from ..analysis import host_state
 from ..analysis.bisection import (DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, BisectionSearch, BisectResult,
                                   PairedTest, StopReason)
-from ..planning.checkout import Workspace, default_cache_dir
+from ..boot.checkout import Workspace, default_cache_dir
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
 from ..record.ledger import Bisection, HypothesisRow, Ledger, Probe

@@ -323,7 +323,7 @@ class Scheduler:
     def retries(self, boot: Boot) -> bool:
         """Whether ``boot`` was left out as busy under ``host_check: retry`` (so it is re-booted)."""
         return (self.spec.defaults.host_check == "retry" and boot.status == "excluded"
-                and host_state.HOST_BUSY in (boot.marks or []))
+                and contention.HOST_BUSY in (boot.marks or []))
 
     # ------------------------------------------------------------------ boots
 

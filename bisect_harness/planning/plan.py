@@ -13,11 +13,11 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from ..input import presets
+from ..boot import presets
 from ..boot import sources
 from ..boot.request import BootRequest, Checks, freeze
-from .checkout import Workspace, default_cache_dir
-from .envs import resolve_python
+from ..boot.checkout import Workspace, default_cache_dir
+from ..boot.envs import resolve_python
 from ..errors import CommitError
 from ..model import Arm, Metric
 from ..input.spec import HypothesisSpec, Spec

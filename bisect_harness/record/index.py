@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model import shown_outcome
+from ..secrets import redact_text
 from .reproduce import experiment_name
 
 __all__ = ["INDEX_NAME", "journal_stem", "render_index", "write_index"]
@@ -48,7 +49,5 @@ def write_index(ledger, journal_dir: Path) -> Path:
     journal_dir = Path(journal_dir)
     journal_dir.mkdir(parents=True, exist_ok=True)
     path = journal_dir / INDEX_NAME
-    from ..input.secrets import redact_text
-
     path.write_text(redact_text(render_index(ledger, journal_dir)))  # secrets never written (secrets.py)
     return path

@@ -22,7 +22,7 @@ from . import explain_view
 from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
-from ..input.secrets import redact_text
+from ..secrets import redact_text
 from ..model import shown_outcome
 from . import plots, reproduce
 from . import resumed as _resume

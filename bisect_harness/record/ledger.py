@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from ..errors import InfrastructureError, UserError
 from ..model import utcnow
+from ..secrets import redact_row
 from . import liveness
 
 SCHEMA_VERSION = 3
@@ -406,8 +407,6 @@ class Ledger:
 
 
 def _redact_before_flush(session, _flush_context, _instances) -> None:
-    from ..input.secrets import redact_row
-
     for obj in (*session.new, *session.dirty):
         redact_row(obj)
 

@@ -80,7 +80,7 @@ def commit_log(spec_text: str, spec_path: str, good: str | None, bad: str | None
         return [], "the engine repository is not available here, so the commits between the sides are not listed"
     import git
 
-    from ..planning.checkout import Workspace
+    from ..boot.checkout import Workspace
     from ..errors import HarnessError
 
     try:

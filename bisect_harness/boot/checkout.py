@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout  # noqa: E402
 from ..boot import supervisor
 from .envs import CommitEnv, create_venv
 from ..errors import BuildFailed, CommitError, InfrastructureError
-from ..input.secrets import redact_argv
+from ..secrets import redact_argv
 from ..places import default_cache_dir
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from ..planning.plan import make_plan
-from .presets import get_preset
-from .secrets import redact_argv, redact_env
-from .spec import Spec
+from ..boot.presets import get_preset, notes_for
+from ..input.engine_flags import check_plan_flags
+from ..input.spec import Spec
+from ..places import default_cache_dir
+from ..secrets import redact_argv, redact_env
+from .plan import engine_repo, make_plan
 
 
 def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: bool = False,
@@ -21,9 +23,6 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     ``flag_check`` (one entry per commit), ``flags_refused`` (true when any
     config's argv would be refused) and ``flags_unchecked`` (commits whose help
     could not be read, each entry's ``error`` says why)."""
-    from ..planning.plan import engine_repo
-    from ..places import default_cache_dir
-
     cache = cache_dir or default_cache_dir()
     repo = engine_repo(spec, cache)  # None for an attached server or a preset without a repository
     resolvable = repo is not None and Path(repo).exists()
@@ -91,8 +90,6 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
 
 def _check_flags(plan, lines: list[str], say) -> list:
     """Run each commit's help, check every planned argv against it, and add the report to ``lines``."""
-    from .engine_flags import check_plan_flags, notes_for
-
     if plan.repo is not None and not Path(plan.repo).exists():
         lines.append("\nflags not checked: the engine repository is not on this machine")
         return []
