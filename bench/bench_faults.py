@@ -37,7 +37,8 @@ are the noisy ones, as in ``bench_explain.py``). Scenarios: ``fail0`` /
 commit refuses ``--new-path``, a flag of the slow arm: every configuration that
 sets it on the fast commit is a recipe failure, so leaving the commit out cannot
 be measured). Per model and scenario: ``exact`` (a confident set equal to the
-planted one, nothing else claimed), ``confident_wrong`` (a claim of an inert
+planted one, nothing else claimed), ``found`` (the planted cause claimed, nothing
+else, though other differences may be left undecided), ``confident_wrong`` (a claim of an inert
 difference, as a member, an opposite sign or an interaction, or a confident set
 without the cause), ``stopped`` (each stop reason's share, ``aborted`` where the
 search raised instead of ending, ``not-ended`` where it hit a backstop: more than
@@ -315,19 +316,20 @@ def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, sc
                                   alpha=EXPLAIN_ALPHA, cache_dir=root / "cache", log_dir=root / "logs",
                                   backend=backend, order_seed=int(rng.integers(2**31)))
         except NotEnded as exc:
-            return {"ended": False, "stopped": "not-ended", "exact": False, "wrong": False,
+            return {"ended": False, "stopped": "not-ended", "exact": False, "found": False, "wrong": False,
                     "boots": backend.total, "cause": cause, "why": str(exc)}
         except HarnessError as exc:  # the search gave up on the whole explain
-            return {"ended": True, "stopped": "aborted", "exact": False, "wrong": False,
+            return {"ended": True, "stopped": "aborted", "exact": False, "found": False, "wrong": False,
                     "boots": backend.total, "cause": cause, "why": str(exc)}
     db.unlink(missing_ok=True)
     e = out.explanation
     claims = set(e.members) | set(e.opposite) | {d for p in e.interactions for d in p}
     exact = e.confident and set(e.members) == {cause} and claims == {cause}
+    found = set(e.members) == {cause} and claims == {cause}  # claimed, maybe not as the whole set
     wrong = bool(claims - {cause}) or (e.confident and cause not in e.members)
     stopped = out.record.get("stopped") or ("explained" if e.confident else "no-slowdown"
                                             if e.slowdown.outcome != "confirmed" else "undecided")
-    return {"ended": True, "stopped": stopped, "exact": bool(exact), "wrong": bool(wrong),
+    return {"ended": True, "stopped": stopped, "exact": bool(exact), "found": bool(found), "wrong": bool(wrong),
             "boots": backend.total, "cause": cause, "bisected": "bisection" in out.record}
 
 
@@ -344,6 +346,7 @@ def run_explain(root: Path, shas: list[str], models, scenarios, trials: int, see
             for r in rows:
                 stopped[r["stopped"]] = stopped.get(r["stopped"], 0) + 1
             cell = {"exact": float(np.mean([r["exact"] for r in rows])),
+                    "found": float(np.mean([r["found"] for r in rows])),
                     "confident_wrong": float(np.mean([r["wrong"] for r in rows])),
                     "stopped": {k: v / len(rows) for k, v in sorted(stopped.items())},
                     "mean_boots": float(np.mean([r["boots"] for r in rows])),
@@ -352,7 +355,8 @@ def run_explain(root: Path, shas: list[str], models, scenarios, trials: int, see
                     "aborted": sorted({r["why"][:160] for r in rows if r["stopped"] == "aborted"}),
                     "seconds": round(time.perf_counter() - t0, 1)}
             results.setdefault(model, {})[scenario] = cell
-            print(f"explain {model:17s} {scenario:13s} exact {cell['exact']:.2f} wrong {cell['confident_wrong']:.3f} "
+            print(f"explain {model:17s} {scenario:13s} exact {cell['exact']:.2f} found {cell['found']:.2f} "
+                  f"wrong {cell['confident_wrong']:.3f} "
                   f"boots {cell['mean_boots']:.0f} stopped {cell['stopped']}", flush=True)
     return results
 
