@@ -476,3 +476,33 @@ def test_flag_report_follows_dotted_paths_and_compare_modes():
     # without the modes, the same values would be mismatches
     plain = flag_report({"dtype": "bfloat16", "speculative-config": {"method": "eagle3"}}, info, aliases=aliases)
     assert [c.status for c in plain.checks] == ["mismatched", "mismatched"]
+
+
+def test_the_packages_fingerprint_is_read_again_when_an_install_changes_a_path(tmp_path, monkeypatch):
+    from bisect_harness.boot.provenance.host import packages_fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = packages_fingerprint()
+    assert packages_fingerprint() == before  # unchanged paths: the same reading
+    info = tmp_path / "bh_probe_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bh-probe-pkg\nVersion: 1.0\n")
+    installed = packages_fingerprint()
+    assert installed[1] == before[1] + 1 and installed[0] != before[0]
+    info.rename(tmp_path / "bh_probe_pkg-2.0.dist-info")
+    (tmp_path / "bh_probe_pkg-2.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: bh-probe-pkg\nVersion: 2.0\n")
+    upgraded = packages_fingerprint()
+    assert upgraded[1] == installed[1] and upgraded[0] != installed[0]
+
+
+def test_host_provenance_reads_torch_without_importing_it():
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.metadata as md\n"
+            "from bisect_harness.boot.provenance.host import _torch_info\n"
+            "version, _, _ = _torch_info()\n"
+            "print(version == md.version('torch'), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -295,25 +297,72 @@ def cpu_governor() -> str | None:
     return govs.pop() if len(govs) == 1 else "mixed: " + ",".join(sorted(govs))
 
 
+def _path_stamp() -> tuple:
+    """The folders distributions are found in, with their modification times: an
+    install, upgrade or removal adds or removes a ``*.dist-info`` folder there, so a
+    fingerprint taken under the same stamp still holds."""
+    stamp = []
+    for entry in sys.path:
+        try:
+            stamp.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            stamp.append((entry, None))
+    return tuple(stamp)
+
+
+_packages_seen: dict[tuple, tuple[str, int]] = {}
+
+
 def packages_fingerprint() -> tuple[str, int]:
-    """sha256 over the sorted ``name==version`` of installed distributions, and their count."""
+    """sha256 over the sorted ``name==version`` of installed distributions, and their count.
+
+    Reading every distribution's metadata costs a second or more; it is read again
+    only when a folder on ``sys.path`` changed since the last reading (every boot
+    takes this fingerprint)."""
     import importlib.metadata as md
 
-    items = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in md.distributions()
-                    if d.metadata["Name"]})
-    return hashlib.sha256("\n".join(items).encode()).hexdigest(), len(items)
+    stamp = _path_stamp()
+    if stamp not in _packages_seen:
+        items = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in md.distributions()
+                        if d.metadata["Name"]})
+        _packages_seen.clear()
+        _packages_seen[stamp] = hashlib.sha256("\n".join(items).encode()).hexdigest(), len(items)
+    return _packages_seen[stamp]
 
 
 def _torch_info() -> tuple[str | None, bool, str | None]:
+    """The harness's own torch: version, whether CUDA is usable, the CUDA it was built for.
+
+    Importing torch costs seconds, so a harness that has not imported it reads the
+    version from the distribution's metadata and the CUDA build from its
+    ``torch/version.py``; CUDA then counts as usable when torch is a CUDA build and
+    NVML sees a GPU."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            available = bool(torch.cuda.is_available())
+        except Exception:
+            available = False
+        return torch.__version__, available, getattr(torch.version, "cuda", None)
+    import importlib.metadata as md
+
     try:
-        import torch
-    except ImportError:
+        dist = md.distribution("torch")
+    except md.PackageNotFoundError:
         return None, False, None
+    cuda = None
     try:
-        available = bool(torch.cuda.is_available())
-    except Exception:
-        available = False
-    return torch.__version__, available, getattr(torch.version, "cuda", None)
+        text = Path(dist.locate_file("torch/version.py")).read_text(errors="replace")
+        m = re.search(r"^cuda(?::\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        cuda = m.group(1) if m else None
+    except OSError:
+        pass
+    available = False
+    if cuda is not None:
+        mod = _default_nvml()
+        if mod is not None:
+            available = bool(read_gpus(mod)[0])
+    return dist.version, available, cuda
 
 
 def engine_state(engine_repo: Path, commit: str | None = None) -> tuple[str | None, bool | None, str]:
