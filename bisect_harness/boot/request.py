@@ -115,6 +115,10 @@ class BootRequest:
     def flags_dict(self) -> dict[str, Any]:
         return dict(self.flags)
 
+    def for_boot(self, *, boot_id: int, seq: int, log_path) -> "BootRequest":
+        """This recipe as the request of one boot: its ledger row, its number, its log."""
+        return dataclasses.replace(self, boot_id=boot_id, seq=seq, log_path=str(log_path))
+
     def with_devices(self, devices: DeviceSet | None) -> "BootRequest":
         return dataclasses.replace(self, devices=devices)
 

@@ -22,12 +22,11 @@ from typing import Sequence
 from ..analysis import host_state
 from ..analysis.bisection import (DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, BisectionSearch, BisectResult,
                                   PairedTest, StopReason)
-from ..boot.checkout import Workspace, default_cache_dir
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
 from ..record.ledger import Bisection, HypothesisRow, Ledger, Probe
 from ..model import Arm, Expect, Metric
-from ..planning.plan import Plan, PlannedHypothesis, engine_repo, make_config
+from ..planning.plan import Plan, PlannedHypothesis, make_config
 from ..input.spec import Spec
 
 
@@ -65,18 +64,16 @@ def _test_json(test: PairedTest | None) -> dict | None:
             "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
 
 
-def engine_workspace(spec: Spec, metric: str, cache_dir: Path | None, purpose: str
-                     ) -> tuple[Metric, Workspace, Path, Path]:
-    """The metric and the engine's workspace for a command that walks commits, or a
-    UserError naming what is missing."""
+def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str) -> tuple[Metric, Plan]:
+    """The metric and the engine's plan (its workspace made once) for a command that
+    walks commits, or a UserError naming what is missing."""
     metrics = spec.metrics()
     if metric not in metrics:
         raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
-    cache_dir = cache_dir or default_cache_dir()
-    repo = engine_repo(spec, cache_dir)
-    if repo is None:
+    plan = Plan.for_engine(spec, cache_dir)
+    if plan.ws is None:
         raise UserError(f"{spec.path.name} has no engine.repo: {purpose} needs the engine's git repository")
-    return metrics[metric], Workspace(repo, cache_dir), repo, cache_dir
+    return metrics[metric], plan
 
 
 def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
@@ -161,14 +158,15 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
                  observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None
                  ) -> tuple[BisectOutcome, Scheduler]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
-    m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "bisection")
+    m, plan = engine_plan(spec, metric, cache_dir, "bisection")
+    ws = plan.ws
     good_sha = ws.resolve(good, where="--good")
     bad_sha = ws.resolve(bad, where="--bad")
     if good_sha == bad_sha:
         raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
     commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
-    sched = Scheduler(Plan.for_engine(spec, repo, cache_dir), ledger, log_dir=log_dir, observer=observer,
-                         calibrate=False, wait_quiet_s=wait_quiet_s, backend=backend)
+    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
+                      backend=backend)
     with sched.recording("bisect"):
         outcome = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
                                  expect=m.worse, confidence=confidence, max_boots=max_boots)

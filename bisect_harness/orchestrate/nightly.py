@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bisect_runner import BisectOutcome, engine_workspace, search_commits
+from .bisect_runner import BisectOutcome, engine_plan, search_commits
 from ..analysis.bisection import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from ..analysis import host_state
 from ..errors import UserError
@@ -32,7 +32,7 @@ from ..analysis.drift import host_drift
 from .scheduler import Observer, Scheduler
 from ..record.ledger import Ledger
 from ..model import Arm, Expect
-from ..planning.plan import Plan, make_config, series_key
+from ..planning.plan import make_config, series_key
 from ..input.spec import Spec
 from ..analysis.stats import Shift
 
@@ -78,9 +78,9 @@ def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = 
     if window < 2:
         raise UserError(f"--window {window}: the nightly test compares tonight with at least 2 earlier nights "
                         "(their spread is its noise); pass --window 2 or more (7 is the default)")
-    m, ws, repo, cache_dir = engine_workspace(spec, metric, cache_dir, "a nightly run")
-    sha = ws.resolve(rev, where="--rev")
-    ex = Scheduler(Plan.for_engine(spec, repo, cache_dir), ledger, log_dir=log_dir, observer=observer,
+    m, plan = engine_plan(spec, metric, cache_dir, "a nightly run")
+    sha = plan.ws.resolve(rev, where="--rev")
+    ex = Scheduler(plan, ledger, log_dir=log_dir, observer=observer,
                    calibrate=calibrate, wait_quiet_s=wait_quiet_s, backend=backend)
     with ex.recording("nightly") as run:
         ex.record_calibration("before")

@@ -11,7 +11,9 @@
         sched.measure([st_a, st_b], 1, budget=10)    # one usable boot each, at once where slots allow
     sched.finish_run("done")
 
-A boot goes out as a frozen request (``plan.boot_request``) to the backend and
+The plan hands the scheduler each config's recipe once, when its state is made
+(``plan.recipe``: series, launch, the boot request less the boot's id); a boot
+goes out as that frozen request (``BootRequest.for_boot``) to the backend and
 comes back as a frozen outcome; the scheduler alone writes the ledger: the boot
 row before the boot starts (its id names the log), each sample the moment the
 backend reports it, the outcome when it ends.
@@ -51,11 +53,12 @@ from .. import __version__
 from ..boot import attach, calibration, contention
 from ..analysis import host_state
 from ..record import liveness
+from . import resume
 from ..boot import Backend, BootOutcome, BootRequest, SampleOutcome, Sink
 from ..boot.local import LocalBackend, this_host
 from ..errors import HarnessError, InfrastructureError, UserError
 from ..record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
-from ..planning.plan import Plan, PlannedConfig, series_key
+from ..planning.plan import ConfigRecipe, Plan, PlannedConfig
 
 __all__ = ["Observer", "ConfigState", "Measurement", "Scheduler", "MEASURED_FAILURES_IN_A_ROW"]
 
@@ -80,6 +83,7 @@ class Observer:
 class ConfigState:
     row: Config
     planned: PlannedConfig
+    recipe: ConfigRecipe
     failed: str | None = None
     boots: list[Boot] = field(default_factory=list)
     consecutive_failures: int = 0
@@ -142,7 +146,7 @@ class Scheduler:
         self.obs = observer or Observer()
         self.calibrate = calibrate
         self.backend: Backend = backend or LocalBackend()
-        self.ws = plan.workspace()
+        self.ws = plan.ws
         self.run: Run | None = None
         self.states: dict[str, ConfigState] = {}
         self.host: dict = {}
@@ -180,8 +184,6 @@ class Scheduler:
         the order seed it used (the round order continues on a stream derived from it),
         and a resume record in ``runs.host``. The caller has checked the run fits the plan
         (``resume.check_plan``)."""
-        from . import resume
-
         attach.api_key(self.spec.engine.api_key_env)
         host, self.host_fp = this_host()
         self.host = dict(host)
@@ -300,24 +302,24 @@ class Scheduler:
 
     def state_for(self, pc: PlannedConfig) -> ConfigState:
         st = self.states.get(pc.key)
-        if st is None and pc.key in self.earlier_configs:  # --resume: the interrupted run's row
-            from .resume import split_boots
-
+        if st is not None:
+            return st
+        recipe = self.plan.recipe(pc)  # the one time the scheduler asks the plan about this config
+        if pc.key in self.earlier_configs:  # --resume: the interrupted run's row
             row = self.earlier_configs.pop(pc.key)
-            counted, not_counted = split_boots(row, self.host_fp)
+            counted, not_counted = resume.split_boots(row, self.host_fp)
             failed = (row.failure or row.status) if row.status not in ("pending", "ok") else None
-            st = self.states[pc.key] = ConfigState(row=row, planned=pc, boots=counted, not_counted=not_counted,
-                                                   failed=failed)
+            st = self.states[pc.key] = ConfigState(row=row, planned=pc, recipe=recipe, boots=counted,
+                                                   not_counted=not_counted, failed=failed)
             for boot in reversed(counted):  # failures in a row at the end carry over to the retry limit
                 if boot.status != "failed":
                     break
                 st.consecutive_failures += 1
-        elif st is None:
-            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, series=series_key(self.spec, pc.arm),
+        else:
+            row = self.ledger.add(Config(run_id=self.run.id, key=pc.key, series=recipe.series,
                                          label=pc.label, commit=pc.arm.commit,
-                                         env=dict(pc.arm.env), flags=dict(pc.arm.flags),
-                                         argv=self.plan.argv(pc, port="{port}", worktree=None)))
-            st = self.states[pc.key] = ConfigState(row=row, planned=pc)
+                                         env=dict(pc.arm.env), flags=dict(pc.arm.flags), argv=list(recipe.argv)))
+            st = self.states[pc.key] = ConfigState(row=row, planned=pc, recipe=recipe)
         return st
 
     def retries(self, boot: Boot) -> bool:
@@ -442,7 +444,7 @@ class Scheduler:
             st.boots.append(boot)
             log_path = self.log_dir / f"boot-{boot.id}.log"
             boot.log_path = str(log_path)
-            req = self.plan.boot_request(pc, boot_id=boot.id, seq=seq, log_path=log_path)
+            req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
             sink.expect(req, boot, st)
             requests.append(req)
         self.ledger.commit()

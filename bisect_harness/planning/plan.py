@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from ..boot import presets
 from ..boot import sources
@@ -39,6 +40,18 @@ class PlannedConfig:
 
 
 @dataclass(frozen=True)
+class ConfigRecipe:
+    """All the scheduler needs of one config, handed over once (``Plan.recipe``):
+    its series, its launch as the config row shows it (``{port}`` left open) and
+    the request every boot of it goes out as, less the boot's id, number and log
+    (``BootRequest.for_boot``)."""
+
+    series: str
+    argv: tuple[str, ...]
+    request: BootRequest
+
+
+@dataclass(frozen=True)
 class PlannedHypothesis:
     spec: HypothesisSpec
     baseline: PlannedConfig
@@ -62,6 +75,8 @@ class Plan:
     hypotheses: tuple[PlannedHypothesis, ...]
     cache_dir: Path
     base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
+    #: the engine repository's mirror and worktrees in the cache (None: no repository, or not resolved)
+    ws: Workspace | None = field(default=None, compare=False)
 
     @property
     def preset(self) -> presets.Preset:
@@ -93,15 +108,15 @@ class Plan:
         return presets.placeholder_values(port=port, worktree=worktree, python=python or self.base_python,
                                           spec_dir=self.spec.spec_dir)
 
-    def workspace(self) -> Workspace | None:
-        """The engine repository's mirror and worktrees in the cache (None: no repository)."""
-        return Workspace(self.repo, self.cache_dir) if self.repo is not None else None
-
     @classmethod
-    def for_engine(cls, spec: Spec, repo: Path | None, cache_dir: Path) -> "Plan":
+    def for_engine(cls, spec: Spec, cache_dir: Path | None = None) -> "Plan":
         """A plan of the engine alone: configs are made as they are needed (a bisection's
-        commits, a nightly's newest commit), with no hypotheses."""
-        return cls(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir)
+        commits, a nightly's newest commit), with no hypotheses. Its repository is the
+        one ``make_plan`` would use (None for an attached or installed server)."""
+        cache_dir = cache_dir or default_cache_dir()
+        repo = engine_repo(spec, cache_dir)
+        return cls(spec=spec, repo=repo, configs=(), hypotheses=(), cache_dir=cache_dir,
+                   ws=Workspace(repo, cache_dir) if repo is not None else None)
 
     @property
     def per_commit_env(self) -> bool:
@@ -123,6 +138,12 @@ class Plan:
                 except (TypeError, ValueError):
                     return 1
         return 1
+
+    def recipe(self, config: PlannedConfig) -> ConfigRecipe:
+        """Everything the scheduler needs of ``config``, as frozen values, made once per config."""
+        return ConfigRecipe(series=series_key(self.spec, config.arm),
+                            argv=tuple(self.argv(config, port="{port}", worktree=None)),
+                            request=self.boot_request(config, boot_id=0, seq=0, log_path=Path(os.devnull)))
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
         """The frozen recipe of one boot of ``config``; what depends on the host that runs
@@ -227,4 +248,4 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
         hyps.append(PlannedHypothesis(spec=h, baseline=b, treatment=t, metric=metrics[h.metric]))
     base_python = resolve_python(spec.engine.python) if resolve else (spec.engine.python or sys.executable)
     return Plan(spec=spec, repo=repo, configs=tuple(configs.values()), hypotheses=tuple(hyps),
-                cache_dir=cache_dir, base_interpreter=base_python)
+                cache_dir=cache_dir, base_interpreter=base_python, ws=ws)
