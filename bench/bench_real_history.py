@@ -1,0 +1,384 @@
+"""Benchmark: ``harness bisect`` on llama.cpp's real history, against a culprit its maintainers named.
+
+The regression (CPU, in ``llama-server``'s own sampling, whatever the backend):
+
+* ggml-org/llama.cpp issue #9530, "Lower performance in pre-built binary
+  llama-server, Since llama-b3681": decode fell from 60 to 40 tok/s between
+  release b3680 and b3681 and stayed there.
+* The culprit is b3681 itself, commit ``df270ef74596da8f1178f08991f4c51f18c9ee82``,
+  "llama : refactor sampling v2 (#9294)". Its new greedy chain
+  (``common/sampling.cpp``, ``gpt_sampler_init``) runs a softmax, which sorts the
+  whole vocabulary, before every greedy pick; b3680 took the argmax
+  (``llama_sample_token_greedy``) when ``temperature == 0``.
+* The maintainers' fix names it: ``b0f27361f3539a81d983a8b045f3c61e682d9fc0``,
+  "sampling : avoid expensive softmax during greedy sampling (#9605)" by
+  ggerganov, "fix #9530" (released as b3810, 2024-09-24).
+
+The cost is one sort of ``n_vocab`` candidates per generated token, so it shows
+on a small model with a large vocabulary (the issue's reporters saw it on GPUs,
+where the model itself is fast): the bench writes the tiny random-weight f16
+Llama of ``tests/tinygguf.py`` with its vocabulary padded to TinyLlama's 32,000
+pieces, and the harness's benchmark asks for greedy decoding (temperature 0, its
+default). The default range is the 35 commits from ``49271efba`` (2024-08-31,
+after the threadpool rewrite #8672) to ``e32d0816e``, the commit after the
+culprit; the next one (#9330) changes the CPU matmul path for batch size 1 and
+is left out.
+
+What it does: writes the model and a hypotheses file to a temp folder (engine
+``repo`` = ``--repo``, preset ``llamacpp``, build ``make -j2 llama-server`` per
+commit in the harness's own worktree, metric = the server's own decode rate,
+``timings.predicted_per_second`` of each stream's last chunk, declared as a
+``from: response`` source), runs the real ``harness bisect ... --json`` in a
+subprocess, echoes its progress, and scores its answer against the culprit.
+
+Work-around, to go with issue 29 (streaming APIs as registered request kinds):
+the llama-server of that time answers ``POST /v1/completions`` in its native
+format (``{"content": ..., "stop": ...}`` events, ``tokens_predicted`` and
+``timings`` in the last one), which the harness's client cannot read. The launch
+therefore runs this file as a small proxy (``python bench_real_history.py
+proxy --port P -- llama-server ...``) that starts the server on a free port,
+passes every other request through, and rewrites that one stream into OpenAI
+completion chunks with ``usage`` (the server's token counts) and the server's
+``timings`` kept in the last chunk. Nothing else is worked around: make's
+build-info of that era works in a git worktree.
+
+Run (2 CPU cores: a build takes 1.5-3 min per commit, ccache helps):
+
+    git clone https://github.com/ggerganov/llama.cpp llama.cpp
+    python bench/bench_real_history.py --repo llama.cpp [--good 49271efba] \\
+        [--bad e32d0816e] [--culprit df270ef74] [--max-boots 60] [--cache-dir DIR]
+
+Its progress is the harness's own output; the last line printed is one JSON
+object: whether the culprit was named, the expected and named commits, the
+posterior probability, builds made, boots, seconds and the stop reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import http.server
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = "49271efba"      # llama : fix typo in xcda_array_view comment (2024-08-31)
+BAD = "e32d0816e"       # ggml : always check bounds on get_rows operations (#9354), after the culprit
+CULPRIT = "df270ef74"   # llama : refactor sampling v2 (#9294), release b3681
+N_VOCAB = 32000         # TinyLlama's vocabulary size
+METRIC = "server_decode_tok_s"
+
+
+# --------------------------------------------------------------------------- the model
+
+def write_model(path: Path, n_vocab: int = N_VOCAB) -> Path:
+    """``tests/tinygguf.py``'s f16 model, its vocabulary padded with filler pieces to ``n_vocab``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tinygguf
+
+    base = tinygguf._vocab
+
+    def padded():
+        tokens, scores, types = base()
+        start = len(tokens)
+        for i in range(start, n_vocab):
+            tokens.append(f"\u2581x{i}")
+            scores.append(-10.0 - i * 1e-4)
+            types.append(types[-1])  # NORMAL, as the word pieces before them
+        return tokens, scores, types
+
+    tinygguf._vocab = padded
+    try:
+        return tinygguf.build_tiny_gguf(path, layers=2, hidden=64, heads=2, kv_heads=2, ff=128, ctx=512, f16=True)
+    finally:
+        tinygguf._vocab = base
+
+
+# --------------------------------------------------------------------------- the spec
+
+def write_spec(folder: Path, repo: Path, model: Path, good: str, bad: str, threads: int) -> Path:
+    server = ["{worktree}/llama-server", "-m", str(model), "-c", "512", "-t", str(threads), "-np", "1", "--metrics"]
+    doc = {
+        "version": 1,
+        "engine": {
+            "preset": "llamacpp",
+            "repo": str(repo),
+            # make of that era writes build-info from `git rev-parse`, which works in a worktree
+            "build": ["make", "-j2", "llama-server"],
+            "environment": "shared",
+            "launch": ["{python}", str(Path(__file__).resolve()), "proxy", "--port", "{port}", "--", *server],
+            "ready_timeout_s": 120,
+            "metrics": [{"name": METRIC, "from": "response", "chunk": "last",
+                         "field": "timings.predicted_per_second", "unit": "tok/s", "better": "higher"}],
+        },
+        "benchmark": {"model": "tiny", "prompt_tokens": 16, "output_tokens": 128, "concurrency": 1,
+                      "requests_per_sample": 4, "warmup_requests": 1, "ignore_eos": True, "temperature": 0.0},
+        "defaults": {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 6, "host_check": "mark"},
+        "hypotheses": [{"id": "greedy-sampling-regression",
+                        "statement": f"greedy decoding at {bad} is at least 10% slower than at {good} (issue #9530)",
+                        "baseline": {"commit": good}, "treatment": {"commit": bad},
+                        "metric": METRIC, "expect": "decrease", "min_effect": "10%"}],
+    }
+    path = folder / "hypotheses.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------- the run
+
+def _sha(repo: Path, rev: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _count_commits(repo: Path, good: str, bad: str) -> int:
+    out = subprocess.run(["git", "-C", str(repo), "rev-list", "--count", f"{good}..{bad}"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out) + 1
+
+
+def _builds_since(cache_dir: Path, t0: float) -> tuple[int, float]:
+    """Builds the harness ran (not found cached) since ``t0``, and their seconds."""
+    n, seconds = 0, 0.0
+    for marker in cache_dir.glob("repos/*/builds/*.json"):
+        if marker.stat().st_mtime >= t0:
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            n += 1
+            seconds += float(info.get("seconds") or 0.0)
+    return n, seconds
+
+
+def _ledger_figures(db: Path) -> dict:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        boots = con.execute("SELECT COUNT(*), SUM(b.status = 'ok') FROM boots b").fetchone()
+        commits = con.execute("SELECT COUNT(DISTINCT c.commit) FROM boots b JOIN configs c ON c.id = b.config_id"
+                              ).fetchone()[0]
+        busy = con.execute("SELECT COUNT(*) FROM boots WHERE marks LIKE '%host_busy%'").fetchone()[0]
+    finally:
+        con.close()
+    return {"boots_in_ledger": boots[0], "boots_ok": boots[1] or 0, "commits_booted": commits, "boots_host_busy": busy}
+
+
+def run(args: argparse.Namespace) -> dict:
+    repo = Path(args.repo).resolve()
+    good, bad = _sha(repo, args.good), _sha(repo, args.bad)
+    culprit = _sha(repo, args.culprit) if args.culprit else None
+    n_commits = _count_commits(repo, good, bad)
+    cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else None
+    work = Path(tempfile.mkdtemp(prefix="bench-real-history-"))
+    model = write_model(work / "tiny-32k-f16.gguf")
+    spec = write_spec(work, repo, model, good, bad, args.threads)
+    db = work / "results.db"
+    cmd = [sys.executable, "-m", "bisect_harness.cli", "bisect", str(spec), "--good", good, "--bad", bad,
+           "--metric", METRIC, "--max-boots", str(args.max_boots), "--json",
+           "--ledger", f"sqlite:///{db}", "--journal-dir", str(work / "experiments")]
+    if cache_dir:
+        cmd += ["--cache-dir", str(cache_dir)]
+    print(f"range {good[:9]}..{bad[:9]}: {n_commits} commits; expected culprit {culprit and culprit[:9]}", flush=True)
+    print("$ " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    env = dict(os.environ)
+    # make of that era compiles with -g, which puts the working folder in ccache's key:
+    # without this, no worktree would reuse another's objects
+    env.setdefault("CCACHE_NOHASHDIR", "1")
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        print("  | " + line.rstrip("\n"), flush=True)
+    code = proc.wait()
+    seconds = time.time() - t0
+    result = None
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                result = json.loads(line)
+                break
+            except ValueError:
+                continue
+    from bisect_harness.places import default_cache_dir
+    builds, build_s = _builds_since(cache_dir or default_cache_dir(), t0)
+    named = (result or {}).get("culprit")
+    out = {
+        "bench": "real_history", "engine": "llama.cpp", "issue": "ggml-org/llama.cpp#9530",
+        "fix": "ggml-org/llama.cpp#9605", "good": good, "bad": bad, "commits": n_commits,
+        "expected": culprit, "culprit": named,
+        "culprit_found": bool(culprit and named and named == culprit),
+        "probability": (result or {}).get("probability"),
+        "stopped": (result or {}).get("stopped"),
+        "boots": (result or {}).get("boots"), "new_boots": (result or {}).get("new_boots"),
+        "builds": builds, "build_seconds": round(build_s, 1), "seconds": round(seconds, 1),
+        "candidate_set": (result or {}).get("candidate_set"), "skipped": (result or {}).get("skipped"),
+        "endpoint_test": (result or {}).get("endpoint_test"), "verify_test": (result or {}).get("verify_test"),
+        "warnings": (result or {}).get("warnings"), "exit_code": code, "workdir": str(work),
+    }
+    if db.exists():
+        out.update(_ledger_figures(db))
+    return out
+
+
+# --------------------------------------------------------------------------- the proxy (issue 29's work-around)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """Everything passes through, except ``POST /v1/completions``: the native stream of
+    llama-server's ``/completion`` rewritten into OpenAI completion chunks."""
+
+    backend_port = 0
+    protocol_version = "HTTP/1.0"  # a stream ends when the connection closes
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, fmt, *args) -> None:  # the server's own log is the boot log
+        pass
+
+    def _backend(self, timeout: float = 600.0) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=timeout)
+
+    def _pass(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
+        try:
+            conn = self._backend()
+            conn.request(method, self.path, body=body, headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            data = r.read()
+        except OSError as exc:  # not listening yet: not ready
+            self.send_error(503, f"llama-server not reachable: {exc}")
+            return
+        self.send_response(r.status)
+        self.send_header("Content-Type", r.getheader("Content-Type", "application/json"))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._pass("GET")
+
+    def do_POST(self) -> None:
+        if self.path != "/v1/completions":
+            self._pass("POST")
+            return
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        native = {"prompt": req.get("prompt", ""), "n_predict": req.get("max_tokens", 16),
+                  "temperature": req.get("temperature", 0.0), "stream": True,
+                  "ignore_eos": bool(req.get("ignore_eos", False))}
+        conn = self._backend()
+        conn.request("POST", "/completion", body=json.dumps(native), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            data = r.read()
+            self.send_response(r.status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+        def emit(obj) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if line.startswith(b"error:"):
+                emit({"error": {"message": line[6:].decode(errors="replace").strip()}})
+                break
+            if not line.startswith(b"data:"):
+                continue
+            ev = json.loads(line[5:])
+            if ev.get("content"):
+                emit({"object": "text_completion", "choices": [{"index": 0, "text": ev["content"],
+                                                                "finish_reason": None}]})
+            if ev.get("stop"):
+                emit({"object": "text_completion",
+                      "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                      "usage": {"prompt_tokens": ev.get("tokens_evaluated"),
+                                "completion_tokens": ev.get("tokens_predicted"),
+                                "total_tokens": (ev.get("tokens_evaluated") or 0) + (ev.get("tokens_predicted") or 0)},
+                      "timings": ev.get("timings")})
+                break
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def proxy_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench_real_history.py proxy")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("server", nargs=argparse.REMAINDER, help="-- llama-server and its arguments")
+    a = p.parse_args(argv)
+    server = a.server[1:] if a.server[:1] == ["--"] else a.server
+    _Proxy.backend_port = _free_port()
+    child = subprocess.Popen([*server, "--host", "127.0.0.1", "--port", str(_Proxy.backend_port)])
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", a.port), _Proxy)
+    httpd.daemon_threads = True
+
+    def stop(*_):
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=lambda: (child.wait(), stop()), daemon=True).start()
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return child.returncode if child.returncode and child.returncode > 0 else 0
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["proxy"]:
+        return proxy_main(sys.argv[2:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repo", required=True, help="a clone of github.com/ggerganov/llama.cpp")
+    p.add_argument("--good", default=GOOD)
+    p.add_argument("--bad", default=BAD)
+    p.add_argument("--culprit", default=CULPRIT, help="the commit to score the answer against ('' for none)")
+    p.add_argument("--max-boots", type=int, default=60)
+    p.add_argument("--threads", type=int, default=1,
+                   help="llama-server -t (1: on a small shared host, two spinning threads stall each other)")
+    p.add_argument("--cache-dir", default=None, help="the harness's cache (worktrees, builds)")
+    out = run(p.parse_args())
+    print(f"culprit named: {out['culprit'] and out['culprit'][:9]} (expected {out['expected'] and out['expected'][:9]}, "
+          f"P={out['probability']}) stopped={out['stopped']} boots={out['boots']} builds={out['builds']} "
+          f"seconds={out['seconds']}", flush=True)
+    print(json.dumps(out), flush=True)
+    return 0 if out["exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
