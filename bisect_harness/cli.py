@@ -195,34 +195,14 @@ def run(
     spec = load_spec(file).select(tuple(only or ()))
     if dry_run and resume is not None:
         raise UserError("--resume boots what an interrupted run still lacks; --dry-run boots nothing: drop one of them")
-    if dry_run:
-        from .planning.dryrun import describe_plan
-
-        text, obj = describe_plan(spec, cache_dir=cache_dir, check_flags=check_flags,
-                                  say=lambda t: console.print(redact_text(t), markup=False))
-        text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
-        if json_out:
-            print(json.dumps(obj))
-        else:
-            typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
-        failed_help = obj.get("flags_help_failed") or []
-        if failed_help:
-            import shlex
-
-            first = failed_help[0]
-            where = f"at commit {first['commit'][:12]}" if first["commit"] else "for the installed server"
-            raise UserError(f"--check-flags: the help argv `{shlex.join(first['help_argv'])}` could not be read "
-                            f"{where} ({first['error'].splitlines()[0]}); so no flag was checked. Make the launch "
-                            "runnable (engine.launch, engine.python: the interpreter whose bin holds the engine's "
-                            "command) and check again")
-        if obj.get("flags_refused"):
-            raise UserError("a planned flag is not accepted at some commit (see the flag check above); rename it "
-                            "for that commit or drop that hypothesis before booting")
-        return
-    if check_flags:
+    if check_flags and not dry_run:
         raise UserError("--check-flags goes with --dry-run: run `harness run FILE --dry-run --check-flags`")
     resume_id = _resume_id(resume)
-    plan = make_plan(spec, cache_dir=cache_dir)
+    # One plan for the command: a dry run resolves revisions only where the repository is here.
+    plan = make_plan(spec, cache_dir=cache_dir, resolve_if_present=dry_run)
+    if dry_run:
+        _dry_run(plan, console, json_out=json_out, check_flags=check_flags)
+        return
     with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         earlier = None
@@ -246,6 +226,31 @@ def run(
         if json_out:
             print(json.dumps(run_summary(the_run)))
         _fail_if_not_measured(the_run, journal_dir / "logs")
+
+
+def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> None:
+    """``harness run --dry-run``: the plan printed (secrets masked), the flag check's refusals as exit 2."""
+    from .planning.dryrun import describe
+
+    text, obj = describe(plan, check_flags=check_flags, say=lambda t: console.print(redact_text(t), markup=False))
+    text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
+    if json_out:
+        print(json.dumps(obj))
+    else:
+        typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
+    failed_help = obj.get("flags_help_failed") or []
+    if failed_help:
+        import shlex
+
+        first = failed_help[0]
+        where = f"at commit {first['commit'][:12]}" if first["commit"] else "for the installed server"
+        raise UserError(f"--check-flags: the help argv `{shlex.join(first['help_argv'])}` could not be read "
+                        f"{where} ({first['error'].splitlines()[0]}); so no flag was checked. Make the launch "
+                        "runnable (engine.launch, engine.python: the interpreter whose bin holds the engine's "
+                        "command) and check again")
+    if obj.get("flags_refused"):
+        raise UserError("a planned flag is not accepted at some commit (see the flag check above); rename it "
+                        "for that commit or drop that hypothesis before booting")
 
 
 def _fail_if_not_measured(run, log_dir: Path) -> None:

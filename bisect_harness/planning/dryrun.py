@@ -10,11 +10,18 @@ from ..input.engine_flags import check_plan_flags
 from ..input.spec import Spec
 from ..places import default_cache_dir
 from ..secrets import redact_argv, redact_env
-from .plan import engine_repo, make_plan
+from .plan import Plan, make_plan
 
 
 def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: bool = False,
                   say=lambda text: None) -> tuple[str, dict]:
+    """The plan of ``spec`` made as a dry run makes it (revisions resolved where the
+    repository is here), then :func:`describe`."""
+    plan = make_plan(spec, cache_dir=cache_dir or default_cache_dir(), resolve_if_present=True)
+    return describe(plan, check_flags=check_flags, say=say)
+
+
+def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) -> tuple[str, dict]:
     """Text for people and a JSON-ready object: configs, their argv and env, boots planned.
 
     With ``check_flags``, every commit's launch argv is run with the preset's help
@@ -23,11 +30,9 @@ def describe_plan(spec: Spec, *, cache_dir: Path | None = None, check_flags: boo
     ``flag_check`` (one entry per commit), ``flags_refused`` (true when any
     config's argv would be refused) and ``flags_unchecked`` (commits whose help
     could not be read, each entry's ``error`` says why)."""
-    cache = cache_dir or default_cache_dir()
-    repo = engine_repo(spec, cache)  # None for an attached server or a preset without a repository
+    spec, d = plan.spec, plan.spec.defaults
+    repo = plan.repo  # None for an attached server or a preset without a repository
     resolvable = repo is not None and Path(repo).exists()
-    plan = make_plan(spec, cache_dir=cache, resolve=resolvable)
-    d = spec.defaults
     lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
              f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
              f"{d.samples_per_boot} samples per boot, alpha {d.alpha}"]

@@ -222,12 +222,17 @@ def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags
     return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags}, endpoint=endpoint)
 
 
-def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True) -> Plan:
+def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True,
+              resolve_if_present: bool = False) -> Plan:
     """Resolve every revision and dedupe configs. Raises CommitError naming the hypothesis key.
 
-    With ``resolve=False`` revisions stay as written (a dry run for another machine)."""
+    With ``resolve=False`` revisions stay as written (a dry run for another machine);
+    with ``resolve_if_present`` they are resolved only where the engine's repository
+    is on this machine (``harness run --dry-run``)."""
     cache_dir = cache_dir or default_cache_dir()
     repo = engine_repo(spec, cache_dir)
+    if resolve_if_present:
+        resolve = repo is not None and Path(repo).exists()
     if repo is not None and resolve and not repo.exists():
         raise CommitError(f"engine.repo: no such folder {repo}; point it at the engine's git checkout "
                           "(relative to the hypotheses file), or remove it to test an installed server")
