@@ -314,8 +314,10 @@ def _explain_confirmed(executor, console: Console) -> None:
 
 def _print_explanation(console: Console, out) -> None:
     res = out.explanation
-    if not res.explained:
+    if res.slowdown.outcome != "confirmed":
         console.print(f"  nothing explained: {res.slowdown.reason}", markup=False)
+    elif not res.explained:
+        console.print("  nothing explained: the slowdown is real, yet no difference was shown to matter", markup=False)
     else:
         console.print(f"  minimal set: {', '.join(res.members)} ({res.boots} boots)", markup=False)
     for pair in res.interactions:
@@ -326,6 +328,10 @@ def _print_explanation(console: Console, out) -> None:
         console.print(f"  undecided: {name}", markup=False)
     for name in res.sign_open:
         console.print(f"  no cause, sign open: {name}", markup=False)
+    for config, why in res.unmeasurable:
+        console.print(f"  stepped over: the config with {', '.join(config) or 'none'} of the differences could "
+                      f"not be measured ({why})", markup=False, emoji=False)
+    console.print(f"  stopped: {res.stopped}", markup=False)
 
 
 @app.command()
