@@ -56,6 +56,7 @@ To compare two versions of the harness, run it under each one's tree
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -199,6 +200,7 @@ EXPLAIN_SCENARIOS = ("fail0", "fail10", "fail20", "refused_flag")
 #: the blocks at 16 rounds: a search of 6 differences books a few hundred at most)
 EXPLAIN_GUARD = 3000
 EXPLAIN_IDLE_CALLS = 200
+_EXPLAIN_PARAMS = inspect.signature(explain_file).parameters
 
 
 class NotEnded(Exception):
@@ -312,9 +314,11 @@ def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, sc
     db = root / f"x-{rng.integers(2**62)}.db"
     with Ledger(f"sqlite:///{db}") as led, _Guarded(backend):
         try:
+            # order_seed: a seeded search (a tree older than it draws a fresh seed per search)
+            seeded = {"order_seed": int(rng.integers(2**31))} if "order_seed" in _EXPLAIN_PARAMS else {}
             out, _ = explain_file(spec, led, fast="x.baseline", slow="x.treatment", min_effect=None,
                                   alpha=EXPLAIN_ALPHA, cache_dir=root / "cache", log_dir=root / "logs",
-                                  backend=backend, order_seed=int(rng.integers(2**31)))
+                                  backend=backend, **seeded)
         except NotEnded as exc:
             return {"ended": False, "stopped": "not-ended", "exact": False, "found": False, "wrong": False,
                     "boots": backend.total, "cause": cause, "why": str(exc)}
