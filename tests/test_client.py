@@ -44,18 +44,21 @@ def carries_output(event: bytes) -> bool:
     for line in event.replace(b"\r\n", b"\n").split(b"\n"):
         if line.startswith(b"data:") and b"[DONE]" not in line:
             obj = json.loads(line[5:])
+            if not isinstance(obj, dict):  # hostile streams: any JSON at all
+                return False
             if "text" in obj and "choices" not in obj:
                 return True
-            return any(c.get("text") for c in obj.get("choices") or [])
+            choices = obj.get("choices")
+            return isinstance(choices, list) and any(isinstance(c, dict) and c.get("text") for c in choices)
     return False
 
 
 class Replay:
     """Loopback server: POST /v1/completions and /generate replay a fixture."""
 
-    def __init__(self, fixture: str, *, first_delay: float = 0.0, delay: float = 0.0,
+    def __init__(self, fixture: str | list[bytes], *, first_delay: float = 0.0, delay: float = 0.0,
                  split_reads: bool = False, status_for=None, cut_after: int | None = None):
-        self.events = fixture_events(fixture)
+        self.events = fixture_events(fixture) if isinstance(fixture, str) else list(fixture)
         self.first_delay, self.delay = first_delay, delay
         self.split_reads = split_reads
         self.status_for = status_for or (lambda n: 200)
@@ -448,3 +451,42 @@ def test_boot_session_resolves_the_model_once_outside_every_sample():
     with Replay("sglang_generate_spec.sse") as srv:
         with boot_session(srv.base_url, spec(api="generate", model=None)) as (_, bench):
             assert bench.model is None and srv.gets == 0
+
+
+# --------------------------------------------------------------------------- hostile streams
+
+
+def _sse(*chunks: str) -> list[bytes]:
+    return [f"data: {c}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+GOOD_CHUNK = '{"choices": [{"index": 0, "text": " a"}]}'
+
+
+@pytest.mark.parametrize("api,chunk,reason", [
+    ("completions", '{"choices": [1]}', "choices is list [1]"),
+    ("completions", '{"choices": [null]}', "not a list of objects"),
+    ("completions", '{"choices": {"text": "a"}}', "not a list of objects"),
+    ("completions", '{"usage": "lots"}', "usage is str"),
+    ("completions", '{"choices": [{"text": 7}]}', "text is int"),
+    ("completions", '{"choices": [], "usage": {"completion_tokens": 1000000000}}',
+     "more than the 16 tokens the request allowed"),
+    ("completions", '{"choices": [], "usage": {"completion_tokens": -3}}', "went down from 0 to -3"),
+    ("completions", '{"choices": [], "usage": {"completion_tokens": true}}', "not a whole number"),
+    ("completions", '{"choices": [], "usage": {"completion_tokens": 2.5}}', "not a whole number"),
+    ("generate", '{"text": 5}', "text is int"),
+    ("generate", '{"text": " a", "meta_info": [1]}', "meta_info is list"),
+    ("generate", '{"text": " a", "meta_info": {"completion_tokens": 99}}', "more than the 16 tokens"),
+])
+def test_a_chunk_of_the_wrong_shape_or_an_impossible_count_fails_the_request(api, chunk, reason):
+    first = GOOD_CHUNK if api == "completions" else '{"text": " a", "meta_info": {"completion_tokens": 1}}'
+    with Replay(_sse(first, chunk)) as srv:
+        with pytest.raises(SampleFailed) as info:
+            measure_sample_detail(srv.base_url, spec(api=api, requests_per_sample=2))
+    assert reason in str(info.value), str(info.value)
+
+
+def test_a_count_within_the_request_is_believed():
+    with Replay(_sse(GOOD_CHUNK, '{"choices": [], "usage": {"completion_tokens": 16}}')) as srv:
+        r = measure_sample(srv.base_url, spec())
+    assert (r.requests, r.errors, r.output_tokens) == (1, 0, 16)

@@ -281,13 +281,33 @@ def _error_text(obj: Any) -> str:
     return str(err if err is not None else obj)
 
 
+def _token_count(value: Any, where: str, most: int | None, before: int) -> int | None:
+    """A server's running count of output tokens, checked: None where it sent none;
+    a :class:`_StreamError` where the count cannot be true (not a whole number, below
+    the count it sent before, or above the ``most`` tokens the request allowed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _StreamError(f"{where} is {value!r}, not a whole number of tokens")
+    if value < before:
+        raise _StreamError(f"{where} went down from {before} to {value}")
+    if most is not None and value > most:
+        raise _StreamError(f"{where} is {value}, more than the {most} tokens the request allowed")
+    return value
+
+
 class _Stream:
-    """Per-request parse state: output chunk times and token counts."""
+    """Per-request parse state: output chunk times and token counts.
 
-    __slots__ = ("api", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done", "last")
+    Everything in a chunk is untrusted: a field of the wrong shape or a token count that
+    cannot be true ends the request as failed with the reason (:class:`_StreamError`),
+    never a crash and never a number believed."""
 
-    def __init__(self, api: str) -> None:
+    __slots__ = ("api", "most", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done", "last")
+
+    def __init__(self, api: str, most: int | None = None) -> None:
         self.api = api
+        self.most = most  # the request's max tokens: no true count exceeds it
         self.times: list[float] = []
         self.ks: list[int | None] = []
         self.usage: dict | None = None
@@ -321,26 +341,41 @@ class _Stream:
 
     def _completions(self, obj: dict, now: float) -> None:
         usage = obj.get("usage")
+        choices = obj.get("choices")
+        if usage is not None and not isinstance(usage, dict):
+            raise _StreamError(f"chunk's usage is {_shape(usage)}, not an object")
+        if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+            raise _StreamError(f"chunk's choices is {_shape(choices)}, not a list of objects")
         k = None
         if usage:
+            ct = _token_count(usage.get("completion_tokens"), "usage.completion_tokens", self.most, self.prev_ct)
             self.usage = usage
-            ct = usage.get("completion_tokens")
-            if isinstance(ct, int):  # continuous usage stats: exact tokens per chunk
+            if ct is not None:  # continuous usage stats: exact tokens per chunk
                 k, self.prev_ct = ct - self.prev_ct, ct
-        for choice in obj.get("choices") or ():
-            if choice.get("text"):
+        for choice in choices or ():
+            text = choice.get("text")
+            if text is not None and not isinstance(text, str):
+                raise _StreamError(f"chunk's choices[].text is {_shape(text)}, not a string")
+            if text:
                 self.times.append(now)
                 self.ks.append(k)
                 return
 
     def _generate(self, obj: dict, now: float) -> None:
         meta = obj.get("meta_info")
-        text = obj.get("text") or ""
+        text = obj.get("text")
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise _StreamError(f"chunk's text is {_shape(text)}, not a string")
+        if meta is not None and not isinstance(meta, dict):
+            raise _StreamError(f"chunk's meta_info is {_shape(meta)}, not an object")
         k = None
-        if isinstance(meta, dict):
+        if meta is not None:
+            ct = _token_count(meta.get("completion_tokens"), "meta_info.completion_tokens", self.most,
+                              self.prev_ct)
             self.meta = meta
-            ct = meta.get("completion_tokens")
-            if isinstance(ct, int):
+            if ct is not None:
                 k, self.prev_ct = ct - self.prev_ct, ct
         if k is not None:
             if k > 0:  # tokens arrived even if the detokenizer held their text back
@@ -352,11 +387,18 @@ class _Stream:
         self.prev_text = text
 
     def server_tokens(self) -> int | None:
+        """The server's own count of the request's output tokens (checked as it came)."""
         if self.usage and isinstance(self.usage.get("completion_tokens"), int):
             return self.usage["completion_tokens"]
         if self.meta and isinstance(self.meta.get("completion_tokens"), int):
             return self.meta["completion_tokens"]
         return None
+
+
+def _shape(value: Any) -> str:
+    """A short description of an unexpected JSON value, for a failure's reason."""
+    text = json.dumps(value, default=str)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _failed(start: float, error: str) -> RequestRecord:
@@ -366,7 +408,9 @@ def _failed(start: float, error: str) -> RequestRecord:
 
 def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_s: float,
                  sample_t0: float) -> RequestRecord:
-    st = _Stream(api)
+    most = payload.get("max_tokens") if api == "completions" else (payload.get("sampling_params") or {}).get(
+        "max_new_tokens")
+    st = _Stream(api, most if isinstance(most, int) else None)
     dec = SSEDecoder()
     t0 = time.perf_counter()
     start = t0 - sample_t0
