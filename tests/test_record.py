@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
@@ -273,3 +275,19 @@ def test_experiment_names_and_the_run_command_from_ledger_rows():
     bis = NS(kind="bisect", spec_path="n.yaml", summary=None, hypotheses=[])
     assert run_command(bis, [NS(good="g" * 40, bad="b" * 40, metric="decode_ms")]) == \
         f"harness bisect n.yaml --good {'g' * 40} --bad {'b' * 40} --metric decode_ms"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=400))
+def test_a_hypothesis_id_never_climbs_out_of_the_journal_folder(hid):
+    """Matrix values become part of hypothesis ids (``h[mode=VALUE]``), and ids become
+    plot file names: whatever the value, the plot stays one short file in the folder."""
+    from bisect_harness.record.reproduce import file_part
+
+    name = f"2026-12-02-exp-run1-{file_part(hid)}.png"
+    assert "/" not in name and "\\" not in name and ".." not in name and "\0" not in name
+    assert len(name.encode()) < 255
+    folder = Path("/journal")
+    assert (folder / name).resolve().parent == folder.resolve()
+    other = hid + "x"
+    assert file_part(other) != file_part(hid)

@@ -204,7 +204,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         unit = _unit(h, run.spec_text)
         plot = None
         if plots_dir is not None:
-            drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{h.hid}.png",
+            drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{reproduce.file_part(h.hid)}.png",
                                           title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
             plot = drawn.name if drawn else None
         pair = (h.baseline.commit, h.treatment.commit)

@@ -9,14 +9,28 @@ them, its working folder and the env it laid over the host's
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from pathlib import Path
 
-__all__ = ["experiment_name", "run_command", "boot_command", "commit_log"]
+__all__ = ["experiment_name", "file_part", "run_command", "boot_command", "commit_log"]
 
 #: Spec file stems too generic to name an experiment; their folder names it instead.
 _GENERIC_STEMS = {"hypotheses", "spec", "experiment", "nightly", "config"}
+
+
+def file_part(text: str, limit: int = 80) -> str:
+    """``text`` made safe as part of one file name: characters other than letters,
+    digits, ``_ . = , [ ] -`` become ``-`` (so no ``/``, no ``..`` can climb out of the folder),
+    and a name that had to change or is over ``limit`` characters ends in a short hash
+    of the original, so two ids never share a file."""
+    slug = re.sub(r"[^A-Za-z0-9_.=,\[\]-]+", "-", text).strip("-.")
+    slug = re.sub(r"\.{2,}", ".", slug)
+    if slug == text and len(slug) <= limit:
+        return slug
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{slug[:limit]}-{digest}" if slug else digest
 
 
 def experiment_name(spec_path: str) -> str:
@@ -26,7 +40,7 @@ def experiment_name(spec_path: str) -> str:
     name = p.stem
     if name.lower() in _GENERIC_STEMS and p.parent.name not in ("", ".", "/"):
         name = p.parent.name
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")[:80]
     return slug or "experiment"
 
 
