@@ -78,6 +78,13 @@ def test_select_only(tmp_path):
     (GOOD.replace("max_boots_per_arm: 4", "max_boots_per_arm: 1"), "defaults.max_boots_per_arm", 11, ">= 2"),
     (GOOD.replace("flags: {tp: 2}", "flags: {--tp: 2}"), "engine.flags.--tp", 6, "without leading dashes"),
     (GOOD.replace("- id: steps", "- id: 'bad id'"), "hypotheses[0].id", 13, "letters"),
+    # a NUL byte cannot reach a process: refused by the loader (and so by --dry-run), not by every boot
+    (GOOD.replace('NCCL_ALGO: Ring', 'NCCL_ALGO: "Ri\\0ng"'), "hypotheses[0].treatment.env.NCCL_ALGO", 16, "NUL"),
+    (GOOD.replace("flags: {tp: 2}", 'flags: {tp: "2\\0"}'), "engine.flags.tp", 6, "NUL"),
+    (GOOD.replace('"{port}"]', '"{port}", "a\\0b"]'), "engine.launch[3]", 4, "NUL"),
+    (GOOD.replace("[1, 2, 3]", '[1, "2\\0"]'), "hypotheses[0].matrix.flags.speculative-num-steps", 21, "NUL"),
+    (GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  request_timeout_s: 0"),
+     "benchmark.request_timeout_s", 9, "positive"),
 ])
 def test_bad_input_names_key_and_line(tmp_path, bad, key, line, words):
     with pytest.raises(SpecError) as err:

@@ -406,7 +406,7 @@ class _Reader:
         for i, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 raise self.doc.error(f"{path}[{i}]", f"expected a string argument, got {_typename(item)}")
-            out.append(str(item))
+            out.append(_no_nul(self.doc, str(item), f"{path}[{i}]"))
         return tuple(out)
 
     def env(self, value, path: str) -> dict[str, str]:
@@ -420,7 +420,7 @@ class _Reader:
             if v is None or isinstance(v, (dict, list)):
                 raise self.doc.error(f"{path}.{name}",
                                      f"an environment value must be a string or number, got {_typename(v)}")
-            out[name] = _env_str(v)
+            out[name] = _no_nul(self.doc, _env_str(v), f"{path}.{name}")
         return out
 
     def flags(self, value, path: str) -> dict[str, FlagValue]:
@@ -430,8 +430,30 @@ class _Reader:
         out = {}
         for name, v in value.items():
             _check_flag_name(self.doc, name, f"{path}.{name}")
+            _no_nul_inside(self.doc, v, f"{path}.{name}")
             out[name] = v
         return out
+
+
+def _no_nul(doc: "_Doc", text: str, path: str) -> str:
+    """``text``, refused where it holds a NUL byte: no process argument or environment
+    value can carry one (the launch would fail on every boot)."""
+    if "\0" in text:
+        raise doc.error(path, "holds a NUL byte (\\0), which no process argument or environment value can "
+                        "carry; remove it")
+    return text
+
+
+def _no_nul_inside(doc: "_Doc", value, path: str) -> None:
+    if isinstance(value, str):
+        _no_nul(doc, value, path)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _no_nul_inside(doc, item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            _no_nul_inside(doc, str(k), f"{path}.{k}")
+            _no_nul_inside(doc, item, f"{path}.{k}")
 
 
 def _check_flag_name(doc: "_Doc", name: str, path: str) -> None:
@@ -712,7 +734,9 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
             v = r.positive_int(v, path, minimum=0 if name in ("warmup_requests", "seed") else 1,
                                maximum=MAX_SEED if name == "seed" else MAX_COUNT)
         elif isinstance(default, float):
-            v = r.number(v, path, maximum=MAX_SECONDS if name.endswith("_s") else MAX_COUNT)
+            # a timeout of 0 would fail every request: refused here, not found by every boot
+            v = r.number(v, path, maximum=MAX_SECONDS if name.endswith("_s") else MAX_COUNT,
+                         positive=name.endswith("timeout_s"))
         else:
             r.typed(v, path, (str,), "a string")
         kwargs[name] = v
@@ -874,6 +898,7 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         for point in points:
             b, t = base, treat
             for (arm_name, kind, name), v in point:
+                _no_nul_inside(r.doc, v, f"{path}.matrix.{kind}.{name}")
                 for which in (("baseline", "treatment") if arm_name == "both" else (arm_name,)):
                     arm = b if which == "baseline" else t
                     if kind == "env":
