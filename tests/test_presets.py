@@ -206,7 +206,7 @@ def test_compare_modes_and_help_args():
 def test_module_exports():
     assert set(presets.__all__) == {"Preset", "PRESETS", "get_preset", "canonical_flag", "flags_to_argv",
                                     "render_argv", "server_info_candidates", "info_key", "compare_mode",
-                                    "flag_note", "COMPARE_MODES", "launch_argv",
+                                    "flag_note", "COMPARE_MODES", "launch_argv", "devices_needed",
                                     "DemoPreset", "register_preset"}
 
 
