@@ -12,7 +12,7 @@ The regression (CPU, in ``llama-server``'s own sampling, whatever the backend):
   (``llama_sample_token_greedy``) when ``temperature == 0``.
 * The maintainers' fix names it: ``b0f27361f3539a81d983a8b045f3c61e682d9fc0``,
   "sampling : avoid expensive softmax during greedy sampling (#9605)" by
-  ggerganov, "fix #9530" (released as b3810, 2024-09-24).
+  ggerganov, "fix #9530" (2024-09-24, first in release b3816).
 
 The cost is one sort of ``n_vocab`` candidates per generated token, so it shows
 on a small model with a large vocabulary (the issue's reporters saw it on GPUs,
@@ -42,7 +42,18 @@ completion chunks with ``usage`` (the server's token counts) and the server's
 ``timings`` kept in the last chunk. Nothing else is worked around: make's
 build-info of that era works in a git worktree.
 
-Run (2 CPU cores: a build takes 1.5-3 min per commit, ccache helps):
+Measured once on a shared 2-core x86 VM (AMD EPYC, other jobs using 0.6-1.6 of
+its cores throughout; every boot marked ``host_busy``): the endpoints decoded at
+1100-3700 tok/s (good) and 130-290 tok/s (bad); ``harness bisect`` named
+``df270ef74`` with P = 0.999998 (stop reason ``confident``; endpoint test 3
+pairs, p = 0.0045; culprit against its parent 3 pairs, p = 0.0041), after 19
+boots of 8 commits (8 builds), in 1,377 s, of which builds took 1,276 s (two
+full builds of ~500 s; the others 3-133 s from ccache, two of them warm from
+building b3680 and b3681 by hand first). Again with every build cached and a
+fresh ledger: the same commit, P = 0.999998, 19 boots, 78 s.
+
+Run (2 CPU cores: a full build takes about 8 min on a busy host, ccache makes
+most of the others short):
 
     git clone https://github.com/ggerganov/llama.cpp llama.cpp
     python bench/bench_real_history.py --repo llama.cpp [--good 49271efba] \\
@@ -167,7 +178,7 @@ def _ledger_figures(db: Path) -> dict:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         boots = con.execute("SELECT COUNT(*), SUM(b.status = 'ok') FROM boots b").fetchone()
-        commits = con.execute("SELECT COUNT(DISTINCT c.commit) FROM boots b JOIN configs c ON c.id = b.config_id"
+        commits = con.execute('SELECT COUNT(DISTINCT c."commit") FROM boots b JOIN configs c ON c.id = b.config_id'
                               ).fetchone()[0]
         busy = con.execute("SELECT COUNT(*) FROM boots WHERE marks LIKE '%host_busy%'").fetchone()[0]
     finally:
