@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..boot import attach, engine_identity
 from . import host_state, stats
+from .mechanism import layers
 from ..model import jsonable
 from .drift import host_drift
 from ..record.ledger import Boot, Ledger
@@ -76,50 +77,66 @@ def alpha_each(spec: Spec) -> float:
 
 def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
           min_effect: float, hypothesis_id: int, force_final: bool, order_seed: int | None = None) -> dict:
-    """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``."""
-    alpha = alpha_each(spec)
-    warnings = side_warnings(spec, baseline, treatment)
+    """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``.
 
-    def undecided(reason: str, **ids) -> dict:
-        return dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                    alpha=alpha, reason=reason, warnings=warnings,
-                    stats={"family_size": spec.multiplicity,
-                           "checks": checks_done([*baseline.boots, *treatment.boots])}, **ids)
-
+    What this module works out itself comes first (the boots' checks, device sets,
+    the design), then what it asks of others (the sides' warnings, the values, the test)."""
+    bgood, tgood = baseline.good_boots, treatment.good_boots
     never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
+    checks_all, checks_good = checks_done([*baseline.boots, *treatment.boots]), checks_done([*bgood, *tgood])
+    blocks = device_blocks(bgood, tgood)
+    the_design = design(spec)
+    warnings = side_warnings(spec, baseline, treatment)
+    bv = ledger.boot_values(bgood, metric)
+    tv = ledger.boot_values(tgood, metric)
+    alpha = stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)  # as alpha_each(spec)
+    undecided = dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
+                     alpha=alpha, warnings=warnings, stats={"family_size": spec.multiplicity, "checks": checks_all})
     if never:
-        out = undecided("not measured: " + "; ".join(never))
-        out["test"] = NOT_MEASURED
-        return out
+        return {**undecided, "reason": "not measured: " + "; ".join(never), "test": NOT_MEASURED}
     failed = [s for s in (baseline, treatment) if s.failed]
     if failed:
         which = " and ".join(f"{s.name} ({s.failed})" for s in failed)
-        return undecided(f"could not be measured: {which}")
-    bgood, tgood = baseline.good_boots, treatment.good_boots
-    bv = ledger.boot_values(bgood, metric)
-    tv = ledger.boot_values(tgood, metric)
+        return {**undecided, "reason": f"could not be measured: {which}"}
     if not bv.values or not tv.values:
-        return undecided(f"metric {metric} has no values in {'baseline' if not bv.values else 'treatment'} "
-                         "boots (see the boots' source problems)")
+        return {**undecided, "reason": f"metric {metric} has no values in "
+                f"{'baseline' if not bv.values else 'treatment'} boots (see the boots' source problems)"}
     ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
     # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
     rounds = tuple([i for i, x in enumerate(good) if x.id in set(v.boot_ids)]
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
         res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
-                             min_effect=min_effect, design=design(spec), alpha=alpha, rounds=rounds)
+                             min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
-        return undecided(f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
-                         "varying values (a rate, a latency, a count per sample)", **ids)
-    blocks = device_blocks(bgood, tgood)
+        return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
+                "varying values (a rate, a latency, a count per sample)", **ids}
     return dict(
         hypothesis_id=hypothesis_id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
         ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
         p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
         stats=jsonable({**dataclasses.asdict(res), "family_size": spec.multiplicity,
-                        "checks": checks_done([*bgood, *tgood]),
+                        "checks": checks_good,
                         "family_alpha": spec.defaults.alpha, "rounds": rounds, "order_seed": order_seed,
                         **({"device_blocks": blocks} if blocks else {})}), **ids)
+
+
+def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
+         min_effect: float, mechanism: Sequence = (), hypothesis_id: int, force_final: bool,
+         order_seed: int | None = None) -> dict:
+    """One look at a hypothesis: :func:`judge` on its metric and, when it names
+    mechanism metrics, on each of them too, split into three layers (flag accepted /
+    mechanism engaged / outcome moved, ``mechanism.layers``) under ``stats["layers"]``."""
+    asked = [(metric, expect, min_effect), *((m.metric, m.expect, m.min_effect) for m in mechanism)]
+    verdicts = [judge(ledger, spec, baseline, treatment, metric=name, expect=exp, min_effect=effect,
+                      hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed)
+                for i, (name, exp, effect) in enumerate(asked)]
+    v = verdicts[0]
+    if mechanism:
+        judged = dict(zip(asked[1:], verdicts[1:]))
+        v["stats"] = {**(v.get("stats") or {}), "layers": layers(
+            lambda *key: judged[key], flag_boots=treatment.boots, mechanism=mechanism, outcome=v["outcome"])}
+    return v
 
 
 def checks_done(boots: Sequence[Boot]) -> dict[str, int]:
@@ -175,23 +192,16 @@ def _device_warning(a: Sequence[Boot], b: Sequence[Boot]) -> list[str]:
 
 def side_warnings(spec: Spec, b: Side, t: Side) -> list[str]:
     """Marked boots on either side, and every way the two sides' hosts differed."""
-    out = []
-    for side in (b, t):
-        for bt in side.boots:
-            if bt.marks:
-                out.append(f"{side.name} boot {bt.id}: {', '.join(bt.marks)}")
-    for side in (b, t):
-        mixed = engine_identity.mixed_versions(side.name, side.boots)
-        if mixed:
-            out.append(mixed)
-    out += attach.verdict_warnings([s.config for s in (b, t) if s.config is not None])
-    for drift in host_drift(b.good_boots, t.good_boots):
-        out.append(f"host drift: {drift.message}")
-    out += _device_warning(b.good_boots, t.good_boots)
+    marks = [f"{side.name} boot {bt.id}: {', '.join(bt.marks)}" for side in (b, t) for bt in side.boots if bt.marks]
+    bgood, tgood = b.good_boots, t.good_boots
+    devices = _device_warning(bgood, tgood)
+    mixed = [m for m in (engine_identity.mixed_versions(side.name, side.boots) for side in (b, t)) if m]
+    attached = attach.verdict_warnings([s.config for s in (b, t) if s.config is not None])
+    drifted = [f"host drift: {drift.message}" for drift in host_drift(bgood, tgood)]
     thresholds = spec.defaults.host_thresholds
-    out += host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds)
-    out += host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)
-    return out
+    return [*marks, *mixed, *attached, *drifted, *devices,
+            *host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds),
+            *host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)]
 
 
 def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from ..analysis import decide, mechanism, stats
+from ..analysis import decide, stats
 from ..boot import Backend
 from ..record.ledger import HypothesisRow, Ledger, Run, VerdictRow
 from ..model import Outcome
@@ -75,19 +75,17 @@ class Executor:
 
     def execute(self) -> Run:
         """The whole experiment: calibrate, boot rounds until decided, calibrate again."""
-        sched = self.sched
-        with sched.recording("run", resume=self.resume) as run:
-            self.obs.run_started(run, self.plan)
-            sched.record_calibration("before" if self.resume is None else "resume")
+        with self.sched.recording("run", resume=self.resume, calibrated=True, finish="done") as run:
             rows = self._hypothesis_rows()
-            if self.resume is None:
+            if self.resume is None:  # what a later resume needs beyond the file
                 resume_mod.record_options(self.ledger, run, aa_check=self.aa_check or self.spec.defaults.aa_check,
                                           hypotheses=[h.id for h in self.plan.hypotheses])
+                earlier = {}
+            else:  # the looks recorded before the interruption, read once
+                earlier = resume_mod.looks_done(self.ledger, rows)
             if self.spec.defaults.aa_check or self.aa_check:
                 self._aa_check(rows)
-            self._sequential(rows)
-            sched.record_calibration("after")
-        self.finish_run("done")
+            self._sequential(rows, earlier)
         return run
 
     def _hypothesis_rows(self) -> dict[str, HypothesisRow]:
@@ -115,8 +113,7 @@ class Executor:
         """Boot each baseline config against an independent replica of itself, measure
         the noise, and refuse to claim effects smaller than the run can resolve."""
         d = self.spec.defaults
-        design = self.design()
-        alpha_each = self.alpha_each()
+        design, alpha_each = decide.design(self.spec), decide.alpha_each(self.spec)
         groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
         for h in self.plan.hypotheses:
             if not h.is_aa:
@@ -147,11 +144,12 @@ class Executor:
 
     # ------------------------------------------------------------------ sequential rounds
 
-    def _sequential(self, rows: Mapping[str, HypothesisRow]) -> None:
+    def _sequential(self, rows: Mapping[str, HypothesisRow],
+                    earlier: Mapping[str, tuple[VerdictRow | None, int]]) -> None:
+        """``earlier``: per hypothesis, its final verdict and the looks recorded before a resume."""
         d = self.spec.defaults
-        alpha_each = self.alpha_each()
+        alpha_each = decide.alpha_each(self.spec)
         pending = []
-        earlier = resume_mod.looks_done(self.ledger, rows) if self.resume is not None else {}
         for h in self.plan.hypotheses:
             final, _ = earlier.get(h.id, (None, 0))
             if final is not None:  # --resume: decided before the interruption; the verdict stands
@@ -199,15 +197,9 @@ class Executor:
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         sides = [decide.Side(name, st.boots, st.planned, st.failed) for name, st in (("baseline", b), ("treatment", t))]
-        v = decide.judge(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
-                         min_effect=h.spec.min_effect, hypothesis_id=row.id, force_final=force_final,
-                         order_seed=self.order_seed)
-        if h.spec.mechanism:  # three layers: flag accepted / mechanism engaged / outcome moved
-            def judge_one(metric, expect, min_effect):
-                return decide.judge(self.ledger, self.spec, *sides, metric=metric, expect=expect,
-                                    min_effect=min_effect, hypothesis_id=row.id, force_final=force_final)
-            v["stats"] = {**(v.get("stats") or {}), "layers": mechanism.layers(
-                judge_one, flag_boots=t.boots, mechanism=h.spec.mechanism, outcome=v["outcome"])}
+        v = decide.look(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
+                        min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
+                        force_final=force_final, order_seed=self.order_seed)
         return VerdictRow(**v)
 
 

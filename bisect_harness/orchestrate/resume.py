@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -35,7 +36,7 @@ from ..record.resumed import RESUMED_KEY, journal_lines, resumes, run_line
 from ..record import liveness
 
 __all__ = ["RESUMABLE", "RESUMED_KEY", "OPTIONS_KEY", "find_run", "check_plan", "split_boots", "looks_done",
-           "record_options", "resumes", "journal_lines", "run_line", "order_stream"]
+           "record_options", "take_up", "Resumption", "resumes", "journal_lines", "run_line", "order_stream"]
 
 #: Run statuses a resume takes up; ``done`` runs are finished, ``running`` ones owned.
 RESUMABLE = ("interrupted", "failed")
@@ -176,6 +177,33 @@ def looks_done(ledger: Ledger, rows: Mapping[str, HypothesisRow]) -> dict[str, t
         final = next((v for v in vs if v.final), None)
         out[hid] = (final, sum(1 for v in vs if not v.final))
     return out
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What a resume reads of the interrupted run, once, before anything is booted:
+    the order seed it used, each config row with its boots split into counted and
+    not counted on this host (:func:`split_boots`), and the resume record appended."""
+
+    order_seed: int
+    configs: Mapping[str, tuple[Config, list[Boot], list[Boot]]]
+    record: dict
+
+
+def take_up(ledger: Ledger, run: Run, *, host_fingerprint: str | None, hostname: str | None, order_seed: int,
+            backend: dict) -> Resumption:
+    """Read the interrupted ``run`` once and set it running again under this process
+    (:func:`begin`). ``order_seed`` is used only where the run recorded none."""
+    seed = earlier_order_seed(ledger, run)
+    seed = order_seed if seed is None else seed
+    configs = {}
+    for row in {c.key: c for c in run.configs}.values():
+        configs[row.key] = (row, *split_boots(row, host_fingerprint))
+    rec = begin(run, host_fingerprint=host_fingerprint, hostname=hostname,
+                counted=[b for _row, counted, _other in configs.values() for b in counted],
+                not_counted=[b for _row, _counted, other in configs.values() for b in other],
+                order_seed=seed, backend=backend)
+    return Resumption(order_seed=seed, configs=configs, record=rec)
 
 
 def begin(run: Run, *, host_fingerprint: str | None, hostname: str | None, counted: Iterable[Boot],

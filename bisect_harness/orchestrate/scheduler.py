@@ -155,17 +155,23 @@ class Scheduler:
         self.order_seed = secrets.randbits(32) if order_seed is None else int(order_seed)
         self._order = random.Random(self.order_seed)
         self.wait_quiet_s = wait_quiet_s  # --wait-quiet: wait up to this long for a quiet host first
-        self.earlier_configs: dict[str, Config] = {}  # --resume: the interrupted run's config rows by key
+        # --resume: the interrupted run's config rows by key, with their boots (counted, not counted here)
+        self.earlier_configs: dict[str, tuple[Config, list[Boot], list[Boot]]] = {}
         self.resumed = False
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
 
     # ------------------------------------------------------------------ the run
 
-    def start_run(self, kind: str = "run") -> Run:
-        spec = self.spec
-        attach.api_key(spec.engine.api_key_env)  # an unset key variable stops the run before any boot
+    def _take_host(self) -> None:
+        """Before a run's first row: the engine's key variable is set (an unset one stops
+        the run before any boot), and this host's description and fingerprint."""
+        attach.api_key(self.spec.engine.api_key_env)
         host, self.host_fp = this_host()
         self.host = dict(host)
+
+    def start_run(self, kind: str = "run") -> Run:
+        spec = self.spec
+        self._take_host()
         self.run = self.ledger.add(Run(
             kind=kind, spec_path=str(spec.path), spec_text=spec.text,
             spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
@@ -184,24 +190,16 @@ class Scheduler:
         the order seed it used (the round order continues on a stream derived from it),
         and a resume record in ``runs.host``. The caller has checked the run fits the plan
         (``resume.check_plan``)."""
-        attach.api_key(self.spec.engine.api_key_env)
-        host, self.host_fp = this_host()
-        self.host = dict(host)
+        self._take_host()
         self.run, self.resumed = run, True
-        seed = resume.earlier_order_seed(self.ledger, run)
-        if seed is not None:
-            self.order_seed = seed
-        self.earlier_configs = {c.key: c for c in run.configs}
+        taken = resume.take_up(self.ledger, run, host_fingerprint=self.host_fp, hostname=self.host.get("hostname"),
+                               order_seed=self.order_seed, backend=self.backend_record())
+        rec = taken.record
+        self.order_seed = taken.order_seed
+        # Replica configs of an A/A check are adopted when the check asks for them; their boots count alike.
+        self.earlier_configs = dict(taken.configs)
         for pc in self.plan.configs:
             self.state_for(pc)
-        counted = [b for st in self.states.values() for b in st.boots]
-        ignored = [b for st in self.states.values() for b in st.not_counted]
-        # Replica configs of an A/A check are adopted when the check asks for them; their boots count alike.
-        for row in self.earlier_configs.values():
-            c, n = resume.split_boots(row, self.host_fp)
-            counted, ignored = counted + c, ignored + n
-        rec = resume.begin(run, host_fingerprint=self.host_fp, hostname=self.host.get("hostname"), counted=counted,
-                           not_counted=ignored, order_seed=self.order_seed, backend=self.backend_record())
         self._order = random.Random(rec["order_stream"])
         self.ledger.commit()
         self.log_dir = self.log_dir / f"run-{self.run.id}"
@@ -236,13 +234,22 @@ class Scheduler:
             self.ledger.session.expire_all()
 
     @contextlib.contextmanager
-    def recording(self, kind: str, resume: Run | None = None) -> Iterator[Run]:
+    def recording(self, kind: str, resume: Run | None = None, *, calibrated: bool = False,
+                  finish: str | None = None) -> Iterator[Run]:
         """Start a run of ``kind`` (or continue ``resume``); if the body raises, the run
         row says how it ended (``interrupted`` or ``failed``, with the error) before the
-        error goes on. On success the caller finishes the run with its own status."""
+        error goes on. On success the run is finished with status ``finish``, or, without
+        one, by the caller with its own status. ``calibrated``: the observer is told the
+        run started and the calibration probe runs before the body (phase ``before``, or
+        ``resume``) and after it."""
         run = self.start_run(kind) if resume is None else self.continue_run(resume)
         try:
+            if calibrated:
+                self.obs.run_started(run, self.plan)
+                self.record_calibration("before" if resume is None else "resume")
             yield run
+            if calibrated:
+                self.record_calibration("after")
         except (KeyboardInterrupt, SystemExit) as exc:
             why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
             self.finish_run("interrupted", why)
@@ -250,6 +257,8 @@ class Scheduler:
         except Exception as exc:
             self.finish_run("failed", str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}")
             raise
+        if finish is not None:
+            self.finish_run(finish)
 
     def preflight(self) -> contention.Window | None:
         """Watch the host before the first boot; say so when it is busy (naming the
@@ -305,9 +314,8 @@ class Scheduler:
         if st is not None:
             return st
         recipe = self.plan.recipe(pc)  # the one time the scheduler asks the plan about this config
-        if pc.key in self.earlier_configs:  # --resume: the interrupted run's row
-            row = self.earlier_configs.pop(pc.key)
-            counted, not_counted = resume.split_boots(row, self.host_fp)
+        if pc.key in self.earlier_configs:  # --resume: the interrupted run's row, its boots split once
+            row, counted, not_counted = self.earlier_configs.pop(pc.key)
             failed = (row.failure or row.status) if row.status not in ("pending", "ok") else None
             st = self.states[pc.key] = ConfigState(row=row, planned=pc, recipe=recipe, boots=counted,
                                                    not_counted=not_counted, failed=failed)
