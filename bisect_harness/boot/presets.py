@@ -578,6 +578,22 @@ def server_info_candidates(preset: Preset, override: str | Sequence[str] | None 
     return tuple(paths)
 
 
+#: canonical spellings of the tensor parallel degree
+TP_FLAGS = ("tp", "tp-size", "tensor-parallel-size")
+
+
+def devices_needed(flags: Mapping[str, object], preset: Preset) -> int:
+    """GPUs one boot with ``flags`` takes: its tensor parallel degree (``tp`` in any of
+    the preset's spellings), else 1."""
+    for flag, value in flags.items():
+        if canonical_flag(flag, preset) in TP_FLAGS:
+            try:
+                return max(1, int(value))
+            except (TypeError, ValueError):
+                return 1
+    return 1
+
+
 def info_key(flag: str, preset: Preset) -> str | None:
     """The dotted path under which the server-info JSON reports ``flag``, or None
     when this preset cannot tell (the flag is then not checked).

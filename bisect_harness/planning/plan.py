@@ -23,7 +23,7 @@ from ..errors import CommitError
 from ..model import Arm, Metric
 from ..input.spec import HypothesisSpec, Spec
 
-TP_FLAGS = ("tp", "tp-size", "tensor-parallel-size")  # canonical spellings of the tensor parallel degree
+TP_FLAGS = presets.TP_FLAGS  # canonical spellings of the tensor parallel degree
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,11 @@ class Plan:
         """The launch argv for one boot: template plus flags, placeholders filled, no shell.
         ``python`` is the commit's interpreter (``CommitEnv.python``); by default the base's,
         or the literal ``{python}`` for a config whose commits each get their own."""
-        engine = self.spec.engine
-        template = presets.launch_argv(engine.launch, config.arm.flags, self.preset)
-        return presets.render_argv(template, **self.placeholders(port=port, worktree=worktree,
-                                                                 python=python or self.python_for(config)))
+        engine, python = self.spec.engine, python or self.python_for(config)
+        preset = presets.get_preset(engine.preset)
+        template = presets.launch_argv(engine.launch, config.arm.flags, preset)
+        return presets.render_argv(template, **presets.placeholder_values(port=port, worktree=worktree, python=python,
+                                                                          spec_dir=self.spec.spec_dir))
 
     def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
         return presets.placeholder_values(port=port, worktree=worktree, python=python or self.base_python,
@@ -131,49 +132,50 @@ class Plan:
     def devices_needed(self, config: PlannedConfig) -> int:
         """GPUs one boot of ``config`` takes: its tensor parallel degree (``tp`` in any of
         the preset's spellings), else 1."""
-        for flag, value in config.arm.flags.items():
-            if presets.canonical_flag(flag, self.preset) in TP_FLAGS:
-                try:
-                    return max(1, int(value))
-                except (TypeError, ValueError):
-                    return 1
-        return 1
+        return presets.devices_needed(config.arm.flags, self.preset)
 
     def recipe(self, config: PlannedConfig) -> ConfigRecipe:
-        """Everything the scheduler needs of ``config``, as frozen values, made once per config."""
-        return ConfigRecipe(series=series_key(self.spec, config.arm),
-                            argv=tuple(self.argv(config, port="{port}", worktree=None)),
-                            request=self.boot_request(config, boot_id=0, seq=0, log_path=Path(os.devnull)))
-
-    def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
-        """The frozen recipe of one boot of ``config``; what depends on the host that runs
-        it (port, worktree, interpreter) stays a placeholder (``boot.request``)."""
-        spec, engine, preset, d = self.spec, self.spec.engine, self.preset, self.spec.defaults
-        flags = dict(config.arm.flags)
+        """Everything the scheduler needs of ``config``, as frozen values, made once per config:
+        what the plan knows itself first (series, interpreters), then what the preset says of
+        the launch and the flags, then the frozen request. What depends on the host that runs
+        a boot (port, worktree, interpreter) stays a placeholder (``boot.request``)."""
+        spec, engine, d, arm = self.spec, self.spec.engine, self.spec.defaults, config.arm
+        series = series_key(spec, arm)
+        per_commit_env, python, base_python = self.per_commit_env, self.python_for(config), self.base_python
+        flags = dict(arm.flags)
+        preset = presets.get_preset(engine.preset)
         wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
         keys = {f: presets.info_key(f, preset) for f in flags}
         checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
-        env = {**preset.env, **config.arm.env}  # what the engine needs to be observable, then the arm
         template = presets.launch_argv(engine.launch, flags, preset)
-        return BootRequest(
-            boot_id=boot_id, config_key=config.key, label=config.label, seq=seq, preset=preset.name,
-            commit=config.arm.commit, repo=str(self.repo) if self.repo is not None else None,
-            cache_dir=str(self.cache_dir), per_commit_env=self.per_commit_env, base_python=self.base_python,
+        shown = presets.render_argv(template, **presets.placeholder_values(port="{port}", worktree=None, python=python,
+                                                                           spec_dir=spec.spec_dir))
+        devices = presets.devices_needed(flags, preset)
+        env = {**preset.env, **arm.env}  # what the engine needs to be observable, then the arm
+        request = BootRequest(
+            boot_id=0, config_key=config.key, label=config.label, seq=0, preset=preset.name,
+            commit=arm.commit, repo=str(self.repo) if self.repo is not None else None,
+            cache_dir=str(self.cache_dir), per_commit_env=per_commit_env, base_python=base_python,
             argv=tuple(str(x) for x in template),
             build_argv=tuple(str(x) for x in engine.build) if engine.build else None,
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
-            env=freeze(env), arm_env=freeze(config.arm.env), flags=freeze(flags), flag_checks=checks,
+            env=freeze(env), arm_env=freeze(arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
             health_request_timeout_s=preset.health_request_timeout_s,
             # the preset's pause is for a server that just started; an attached one is already warm
-            settle_s=preset.settle_s if config.arm.endpoint is None else 0.0,
+            settle_s=preset.settle_s if arm.endpoint is None else 0.0,
             server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
-            endpoint=config.arm.endpoint, api_key_env=engine.api_key_env,
+            endpoint=arm.endpoint, api_key_env=engine.api_key_env,
             metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
             benchmark=spec.benchmark, samples=d.samples_per_boot,
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
-            log_path=str(log_path), devices_needed=self.devices_needed(config))
+            log_path=str(Path(os.devnull)), devices_needed=devices)
+        return ConfigRecipe(series=series, argv=tuple(shown), request=request)
+
+    def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
+        """The frozen recipe of one boot of ``config`` (:meth:`recipe`'s request, as that boot)."""
+        return self.recipe(config).request.for_boot(boot_id=boot_id, seq=seq, log_path=log_path)
 
 
 def engine_fingerprint(spec: Spec) -> str:
@@ -215,9 +217,8 @@ def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
     return PlannedConfig(key=key, arm=arm, replica=replica)
 
 
-def resolve_arm(spec: Spec, ws: Workspace | None, commit: str | None, env, flags, where: str,
-                base_url: str | None = None) -> Arm:
-    sha = ws.resolve(commit, where=where) if (ws is not None and commit is not None) else commit
+def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None) -> Arm:
+    """One side as it boots: its revision (resolved), the engine's env and flags under its own."""
     endpoint = (base_url or spec.engine.base_url) if spec.engine.base_url is not None else None
     return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags}, endpoint=endpoint)
 
@@ -238,14 +239,17 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
                           "(relative to the hypotheses file), or remove it to test an installed server")
     ws = Workspace(repo, cache_dir) if (repo is not None and resolve) else None
     metrics = spec.metrics()
+    # Every revision resolved first, in the file's order (the first that fails names its hypothesis).
+    sides = [(arm, f"hypothesis {h.id}, {name}.commit") for h in spec.hypotheses
+             for name, arm in (("baseline", h.baseline), ("treatment", h.treatment))]
+    shas = [ws.resolve(arm.commit, where=where) if (ws is not None and arm.commit is not None) else arm.commit
+            for arm, where in sides]
     configs: dict[str, PlannedConfig] = {}
     hyps: list[PlannedHypothesis] = []
     for i, h in enumerate(spec.hypotheses):
-        where = f"hypothesis {h.id}"
-        base = resolve_arm(spec, ws, h.baseline.commit, h.baseline.env, h.baseline.flags, f"{where}, baseline.commit",
-                           base_url=h.baseline.base_url)
-        treat = resolve_arm(spec, ws, h.treatment.commit, h.treatment.env, h.treatment.flags,
-                            f"{where}, treatment.commit", base_url=h.treatment.base_url)
+        bsha, tsha = shas[2 * i], shas[2 * i + 1]
+        base = arm_of(spec, bsha, h.baseline.env, h.baseline.flags, base_url=h.baseline.base_url)
+        treat = arm_of(spec, tsha, h.treatment.env, h.treatment.flags, base_url=h.treatment.base_url)
         b = make_config(spec, base)
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)
