@@ -66,6 +66,7 @@ __all__ = [
     "get_preset",
     "register_preset",
     "canonical_flag",
+    "devices_needed",
     "flags_to_argv",
     "render_argv",
     "server_info_candidates",
