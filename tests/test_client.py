@@ -43,8 +43,11 @@ def fixture_events(name: str) -> list[bytes]:
 def carries_output(event: bytes) -> bool:
     for line in event.replace(b"\r\n", b"\n").split(b"\n"):
         if line.startswith(b"data:") and b"[DONE]" not in line:
-            obj = json.loads(line[5:])
-            if not isinstance(obj, dict):  # hostile streams: any JSON at all
+            try:
+                obj = json.loads(line[5:])
+            except ValueError:  # hostile streams: anything at all
+                return False
+            if not isinstance(obj, dict):
                 return False
             if "text" in obj and "choices" not in obj:
                 return True
@@ -490,3 +493,26 @@ def test_a_count_within_the_request_is_believed():
     with Replay(_sse(GOOD_CHUNK, '{"choices": [], "usage": {"completion_tokens": 16}}')) as srv:
         r = measure_sample(srv.base_url, spec())
     assert (r.requests, r.errors, r.output_tokens) == (1, 0, 16)
+
+
+def test_a_line_split_over_many_reads_is_one_line_and_a_line_past_the_cap_fails():
+    dec = SSEDecoder(max_line=1 << 20)
+    body = b"data: " + b"x" * 300_000 + b"\n\n"
+    out = []
+    for i in range(0, len(body), 1000):
+        out += dec.feed(body[i:i + 1000])
+    assert out == [(None, b"x" * 300_000)]
+    from bisect_harness.boot.client import SSELineTooLong
+
+    with pytest.raises(SSELineTooLong, match="went past 1,048,576 bytes"):
+        for _ in range(2000):
+            dec.feed(b"y" * 1000)  # no line end, ever
+
+
+def test_a_stream_whose_line_never_ends_fails_the_request_not_the_harness(monkeypatch):
+    from bisect_harness.boot import client as client_mod
+
+    monkeypatch.setattr(client_mod, "MAX_SSE_LINE", 64 * 1024)
+    with Replay([b"data: " + b"z" * 200_000]) as srv:
+        with pytest.raises(SampleFailed, match="went past 65,536 bytes"):
+            measure_sample_detail(srv.base_url, spec())

@@ -352,3 +352,68 @@ def test_a_new_kind_registers_parses_describes_and_collects():
     finally:
         sources_mod._KINDS.pop("window_length_for_test", None)
     assert "window_length_for_test" not in source_kinds()
+
+
+# --------------------------------------------------------------------------- bodies read with bounds
+
+
+class _Hostile:
+    """Loopback server whose /metrics is over the cap (plain or a gzip bomb) and whose
+    server info is over the cap too."""
+
+    def __init__(self):
+        import gzip
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from bisect_harness.boot.sources import MAX_BODY_BYTES
+
+        plain = b"# a comment line that goes on\n" * (MAX_BODY_BYTES // 30 + 10)
+        bomb = gzip.compress(b"\n" * (MAX_BODY_BYTES * 8), compresslevel=9)
+        self.sizes = {"plain": len(plain), "bomb": len(bomb)}
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body, extra = (bomb, {"Content-Encoding": "gzip"}) if self.path == "/bomb" else (plain, {})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in extra.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:  # the client stopped reading at its cap
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/bomb"])
+def test_a_metrics_body_past_the_cap_is_a_problem_not_the_harness_memory(path):
+    from bisect_harness.boot.sources import SourceCollector, parse_source
+
+    srv = _Hostile()
+    try:
+        src = parse_source({"name": "gen", "from": "prometheus", "metric": "x_total", "kind": "rate",
+                            "better": "higher"}, "m[0]")
+        collector = SourceCollector([src], srv.base_url, None, metrics_path=path, timeout_s=20)
+        samples, problem = collector._scrape()
+        assert samples is None and "went past 4,194,304 bytes" in problem, problem
+        from bisect_harness.boot.local import fetch_server_info
+
+        info = fetch_server_info(srv.base_url, [path])
+        assert info is None
+    finally:
+        srv.close()
+    assert srv.sizes["bomb"] < 100_000  # a small body that would decode to 32 MiB

@@ -69,7 +69,7 @@ from ..model import BenchmarkSpec
 from .request import SampleOutcome
 
 __all__ = [
-    "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "boot_session", "measure_sample",
+    "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "SSELineTooLong", "boot_session", "measure_sample",
     "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
 ]
 
@@ -86,6 +86,15 @@ class SampleFailed(ConfigFailure):
 
 # --------------------------------------------------------------------------- SSE
 
+#: The longest line an event stream may send: a real chunk is a few KB (a few MB with
+#: log-probabilities); past this the request fails instead of taking the memory.
+MAX_SSE_LINE = 16 << 20
+
+
+class SSELineTooLong(ValueError):
+    """An event-stream line went past the decoder's ``max_line``."""
+
+
 class SSEDecoder:
     """Incremental decoder of a ``text/event-stream`` body.
 
@@ -96,22 +105,39 @@ class SSEDecoder:
     (``: ping``), and a last event not followed by a blank line (:meth:`close`).
     """
 
-    __slots__ = ("_buf", "_data", "_event")
+    __slots__ = ("_parts", "_pending", "_data", "_event", "max_line")
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, max_line: int | None = None) -> None:
+        self._parts: list[bytes] = []  # the unfinished line, as it arrived (joined once it ends)
+        self._pending = 0
         self._data: list[bytes] = []
         self._event: bytes | None = None
+        self.max_line = MAX_SSE_LINE if max_line is None else max_line
+
+    @property
+    def _buf(self) -> bytes:
+        return b"".join(self._parts)
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
-        buf = self._buf + chunk if self._buf else chunk
+        held = self._parts and self._parts[-1].endswith(b"\r")
+        if not held and b"\n" not in chunk and b"\r" not in chunk:
+            # the line goes on: keep the piece, copy nothing (a long line costs its length, once)
+            if chunk:
+                self._parts.append(chunk)
+                self._pending += len(chunk)
+                self._check_line()
+            return []
+        buf = b"".join(self._parts) + chunk if self._parts else chunk
         held_cr = b""
         if b"\r" in buf:
             if buf.endswith(b"\r"):  # maybe the first half of "\r\n": wait for the next read
                 buf, held_cr = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
-        self._buf = lines.pop() + held_cr
+        rest = lines.pop() + held_cr
+        self._parts = [rest] if rest else []
+        self._pending = len(rest)
+        self._check_line()
         out: list[tuple[str | None, bytes]] = []
         data = self._data
         for line in lines:
@@ -134,11 +160,18 @@ class SSEDecoder:
                 # id:, retry: and unknown fields carry nothing we measure
         return out
 
+    def _check_line(self) -> None:
+        if self._pending > self.max_line:
+            size = self._pending
+            self._parts, self._pending = [], 0
+            raise SSELineTooLong(f"a line of the event stream went past {self.max_line:,} bytes "
+                                 f"({size:,} without a line end); stopped reading")
+
     def close(self) -> list[tuple[str | None, bytes]]:
         """Flush at end of stream: a trailing line and an event without its blank line."""
         out = self.feed(b"\n") if self._buf.rstrip(b"\r") else []
         out += self.feed(b"\n") if self._data else []
-        self._buf = b""
+        self._parts, self._pending = [], 0
         return out
 
 
@@ -431,7 +464,7 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
                 handle(event, data, now)
     except httpx.HTTPError as e:
         return _failed(start, f"{type(e).__name__} on {url}: {e}")
-    except _StreamError as e:
+    except (_StreamError, SSELineTooLong) as e:
         return _failed(start, str(e))
     t_end = time.perf_counter()
     if not st.times:
@@ -526,7 +559,10 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
 def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
     conns = max(1, bench.concurrency)
     return httpx.Client(
-        trust_env=False, headers=dict(headers or {}), timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
+        # identity: a compressed stream is held back by the server's compressor (and a bomb
+        # would be decoded in memory); the measured bytes are the server's own
+        trust_env=False, headers={"Accept-Encoding": "identity", **dict(headers or {})},
+        timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns))
 
 

@@ -65,10 +65,9 @@ def this_host() -> tuple[dict, str]:
 def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None) -> dict | None:
     """The first server-info endpoint that answers with a JSON object, or None
     (``sources.read_server_info``, the rule the metric sources use too)."""
-    def get(path: str):
-        return httpx.get(base_url + path, timeout=10.0, headers=dict(headers or {}), trust_env=False)
-
-    data, _ = sources.read_server_info(get, paths)
+    with httpx.Client(trust_env=False) as client:
+        data, _ = sources.read_server_info(
+            lambda path: sources.bounded_get(client, base_url + path, 10.0, headers), paths)
     return dict(data) if data is not None else None
 
 

@@ -67,6 +67,10 @@ from ..model import Better, Metric
 from .jsonpath import lookup
 
 __all__ = [
+    "Body",
+    "BodyTooLarge",
+    "MAX_BODY_BYTES",
+    "bounded_get",
     "MetricSource",
     "PrometheusSource",
     "ServerInfoSource",
@@ -566,6 +570,54 @@ def applicable(sources: Sequence["MetricSource"], flags: Mapping[str, Any],
 _MISSING = object()
 
 
+#: The most a ``/metrics`` or server-info body may hold once decoded. Real engines send a
+#: few hundred KB; a larger body (or a compressed bomb) is a source problem, not a read
+#: that takes the harness's memory and minutes of parsing.
+MAX_BODY_BYTES = 4 << 20
+
+
+class BodyTooLarge(Exception):
+    """A server's body went past :data:`MAX_BODY_BYTES`."""
+
+
+@dataclass(frozen=True)
+class Body:
+    """A response read whole within bounds: its status and bytes."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.content)
+
+
+def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
+                limit: int = MAX_BODY_BYTES) -> Body:
+    """GET ``url`` through an httpx client, reading at most ``limit`` decoded bytes
+    within ``timeout_s`` in all (httpx's own timeout bounds each read, not the whole
+    body). Asks for no compression; a server that compresses anyway is decoded chunk
+    by chunk and stopped at the limit. Raises :class:`BodyTooLarge` or
+    :class:`TimeoutError` with what happened."""
+    deadline = time.monotonic() + timeout_s
+    with client.stream("GET", url, timeout=timeout_s,
+                       headers={"Accept-Encoding": "identity", **dict(headers or {})}) as resp:
+        chunks, size = [], 0
+        for chunk in resp.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"the body of {url} went past {limit:,} bytes; stopped reading")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the body of {url} was not read within {timeout_s:g} s")
+            chunks.append(chunk)
+        return Body(resp.status_code, b"".join(chunks))
+
+
 def read_server_info(get: Callable[[str], Any], paths: Sequence[str]) -> tuple[Mapping | None, str]:
     """The first of ``paths`` that answers 200 with a JSON object (``get(path)``
     returns an HTTP response), or (None, what each path answered). The one reader
@@ -580,7 +632,7 @@ def read_server_info(get: Callable[[str], Any], paths: Sequence[str]) -> tuple[M
                     return data, ""
             tried.append(f"{path}: HTTP {resp.status_code}")
         except Exception as exc:  # a hostile or broken server: say what it did, never raise
-            tried.append(f"{path}: {type(exc).__name__}")
+            tried.append(f"{path}: {type(exc).__name__}" + (f" ({exc})" if isinstance(exc, BodyTooLarge) else ""))
     return None, "no server-info path answered with JSON (" + "; ".join(tried) + ")"
 
 
@@ -670,12 +722,14 @@ class SourceCollector:
 
     # --- plumbing
 
-    def _get(self, path: str):
+    def _get(self, path: str) -> "Body":
+        """GET ``path`` on the server, read with bounds (:func:`bounded_get`)."""
         import httpx
 
         if self._client is not None:
-            return self._client.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers)
-        return httpx.get(self.base_url + path, timeout=self.timeout_s, headers=self._headers, trust_env=False)
+            return bounded_get(self._client, self.base_url + path, self.timeout_s, self._headers)
+        with httpx.Client(trust_env=False) as client:
+            return bounded_get(client, self.base_url + path, self.timeout_s, self._headers)
 
     def _scrape(self) -> tuple[list | None, str | None]:
         try:
