@@ -30,7 +30,8 @@ import re
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["WORDS", "MIN_TEXT_LEN", "is_secret", "mask", "redact_env", "redact_argv", "redact_text",
-           "redact_obj", "redact_yaml", "register", "known_values", "known_names", "spec_secret_values"]
+           "redact_obj", "redact_yaml", "register", "known_values", "known_names", "spec_secret_values",
+           "argv_secret_values", "url_secret_values"]
 
 #: a name containing one of these (case-insensitive) is secret
 WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -166,6 +167,37 @@ def spec_secret_values(env_maps: Iterable[Mapping[str, Any]], flag_maps: Iterabl
         for k, v in m.items():
             if is_secret(k, extra) and v is not None and not isinstance(v, bool):
                 out.add(str(v))
+    return out
+
+
+def argv_secret_values(argv: Sequence[str], extra: Iterable[str] = ()) -> set[str]:
+    """The values that follow secret-named flags in an argv (``--api-key V``,
+    ``--api-key=V``): a literal key written into ``engine.launch`` or ``build``."""
+    masked = redact_argv(argv, extra=extra)
+    out: set[str] = set()
+    for raw, shown in zip(argv, masked):
+        raw = str(raw)
+        if raw != shown:
+            out.add(raw.split("=", 1)[1] if raw.startswith("-") and "=" in raw and "=" in shown else raw)
+    return out
+
+
+def url_secret_values(url: str | None) -> set[str]:
+    """A URL's credentials (``http://user:pw@host``): the password, and ``user:pw``
+    as it appears in the URL, so neither is stored or shown."""
+    if not url:
+        return set()
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return set()
+    out: set[str] = set()
+    if parts.password:
+        out.add(parts.password)
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        out.add(userinfo)
     return out
 
 

@@ -102,6 +102,29 @@ def test_spec_registers_its_secret_values_and_names(tmp_path):
     assert is_secret("UNIT_VAR")
 
 
+def test_a_literal_key_in_a_launch_and_a_password_in_a_url_are_secrets(tmp_path, monkeypatch):
+    from bisect_harness.boot.attach import api_key
+    from bisect_harness.input.spec import load_spec
+
+    hyp = {"id": "h", "statement": "s", "baseline": {}, "treatment": {"env": {"X": "1"}},
+           "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}
+    load_spec(write_spec(tmp_path / "l.yaml", hypotheses=[hyp], engine={
+        "preset": "openai", "launch": ["my-server", "--port", "{port}", "--api-key", "sk-literal-4242",
+                                       "--hf-token=hf-literal-4242"]}))
+    attached = {**hyp, "baseline": {"base_url": "http://alice:pa55-word-4242@127.0.0.1:9/"},
+                "treatment": {"base_url": "http://127.0.0.1:10/"}}
+    load_spec(write_spec(tmp_path / "u.yaml", hypotheses=[attached], engine={
+        "preset": "openai", "base_url": "http://127.0.0.1:9/"}))
+    monkeypatch.setenv("BH_TEST_API_KEY", "sk-from-env-4242")
+    assert api_key("BH_TEST_API_KEY") == "sk-from-env-4242"
+    echoed = ("HTTP 401: you sent Authorization: Bearer sk-from-env-4242 to http://alice:pa55-word-4242@127.0.0.1:9/ "
+              "from my-server --api-key sk-literal-4242 --hf-token=hf-literal-4242")
+    shown = secrets.redact_text(echoed)
+    for value in ("sk-from-env-4242", "pa55-word-4242", "alice:pa55", "sk-literal-4242", "hf-literal-4242"):
+        assert value not in shown, shown
+    assert "http://<secret sha256:" in shown and "@127.0.0.1:9/" in shown
+
+
 def test_secret_names_must_be_a_list_of_strings(tmp_path):
     spec = write_spec(tmp_path / "h.yaml", engine={"preset": "demo"}, defaults={"secret_names": "MY_VAR"},
                       hypotheses=[{"id": "h", "statement": "s", "baseline": {"commit": "HEAD"},

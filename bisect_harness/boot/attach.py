@@ -36,6 +36,7 @@ import httpx
 from .benchtools import Endpoint
 from ..errors import BootFailed, BootTimeout, UserError
 from .presets import LOOPBACK
+from .. import secrets
 from ..secrets import redact_text
 
 __all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_warnings",
@@ -52,6 +53,7 @@ def api_key(env_name: str | None) -> str | None:
     if not value:
         raise UserError(f"engine.api_key_env: the environment variable {env_name} is not set (or empty); "
                         f"export {env_name}=<your key> before running, or remove engine.api_key_env")
+    secrets.register([value])  # a server that echoes the request's headers never puts it in the record
     return value
 
 

@@ -750,9 +750,13 @@ def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
     from .. import secrets
 
     arms = [a for h in hyps for a in (h.baseline, h.treatment)]
-    secrets.register(secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
-                                                [engine.flags, *(a.flags for a in arms)], defaults.secret_names),
-                     defaults.secret_names)
+    values = secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
+                                        [engine.flags, *(a.flags for a in arms)], defaults.secret_names)
+    for argv in (engine.launch, engine.build):  # a literal --api-key written into a command
+        values |= secrets.argv_secret_values(argv or (), defaults.secret_names)
+    for url in (engine.base_url, *(a.base_url for a in arms)):  # http://user:password@host
+        values |= secrets.url_secret_values(url)
+    secrets.register(values, defaults.secret_names)
 
 
 def _defaults(r: _Reader, value) -> Defaults:
