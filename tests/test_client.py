@@ -516,3 +516,21 @@ def test_a_stream_whose_line_never_ends_fails_the_request_not_the_harness(monkey
     with Replay([b"data: " + b"z" * 200_000]) as srv:
         with pytest.raises(SampleFailed, match="went past 65,536 bytes"):
             measure_sample_detail(srv.base_url, spec())
+
+
+def test_a_server_count_below_its_text_chunks_is_not_believed():
+    chunks = [GOOD_CHUNK] * 5 + ['{"choices": [], "usage": {"completion_tokens": 2}}']
+    with Replay(_sse(*chunks)) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    (r,) = detail.requests
+    assert r.output_tokens == 5 and r.counted_tokens == 5 and r.chunks == 5
+    assert r.usage_mismatch == "the server counted 2 output tokens for 5 chunks of text"
+    assert detail.result.output_tokens == 5
+
+
+def test_a_server_count_above_its_chunks_is_believed_multi_token_chunks_are_real():
+    chunks = [GOOD_CHUNK] * 3 + ['{"choices": [], "usage": {"completion_tokens": 9}}']
+    with Replay(_sse(*chunks)) as srv:
+        detail = measure_sample_detail(srv.base_url, spec())
+    (r,) = detail.requests
+    assert r.output_tokens == 9 and r.usage_mismatch is None

@@ -203,6 +203,9 @@ class RequestRecord:
     # that + decode_s, comparable with a server's own stamps on the same host. 0.0 on
     # a failed request.
     sent_at: float = 0.0
+    # the server's count was below the chunks that carried text (each carries a token at
+    # least): not believed, ``output_tokens`` is the counted figure, and the boot is marked
+    usage_mismatch: str | None = None
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -474,6 +477,10 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
     counted = sum(1 if k is None else k for k in ks)
     server = st.server_tokens()
     tokens = server if server is not None else counted
+    mismatch = None
+    if server is not None and server < len(times):  # fewer tokens than text chunks cannot be true
+        mismatch = f"the server counted {server} output tokens for {len(times)} chunks of text"
+        tokens = max(counted, len(times))
     if all(k is not None for k in ks):
         after_first = sum(ks[1:])
     else:  # token split unknown: the first chunk is one token, the rest came after it
@@ -489,7 +496,8 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
         output_tokens=tokens, counted_tokens=counted, chunks=len(times),
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
-        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0)
+        token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
+        usage_mismatch=mismatch)
 
 
 def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:

@@ -71,6 +71,19 @@ def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str,
     return dict(data) if data is not None else None
 
 
+def _usage_check(b: "_Boot", requests) -> None:
+    """A server whose token count is below the text chunks it sent is not believed:
+    the client's count stands for those requests, and the boot is marked ``usage_mismatch``
+    with how often and one example."""
+    bad = [r.usage_mismatch for r in requests if r.ok and r.usage_mismatch]
+    if not bad:
+        return
+    seen = b.provenance.setdefault("usage_mismatch", {"requests": 0, "example": bad[0]})
+    seen["requests"] += len(bad)
+    if "usage_mismatch" not in b.marks:
+        b.marks.append("usage_mismatch")
+
+
 def _source(req: BootRequest):
     return (attach.AttachedSource if req.endpoint is not None else attach.LaunchedSource)(req.api_key_env)
 
@@ -309,6 +322,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     result = detail.result
                     extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
+                    _usage_check(b, detail.requests)
                     b.samples.append(s)
                     sink.sample(req, s)
             b.provenance.update(bench.provenance())

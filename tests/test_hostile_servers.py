@@ -1,0 +1,62 @@
+"""Servers that misbehave, through the real ``harness run``: each misbehaviour ends as a
+recorded boot (marked, or failed with its reason) or a clear exit code, never a crash
+and never a number believed. The server is ``hostile_engine.py``, one mode per case."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import harness, last_json, query, write_spec
+
+pytestmark = pytest.mark.slow
+
+ENGINE = Path(__file__).parent / "hostile_engine.py"
+BENCH = {"prompt_tokens": 4, "output_tokens": 8, "requests_per_sample": 2, "warmup_requests": 0,
+         "ignore_eos": False}
+
+
+def _run(tmp_path: Path, mode: str):
+    engine = {"preset": "openai", "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", mode],
+              "ready_timeout_s": 30}
+    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
+            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "h.yaml", engine=engine, benchmark=BENCH, hypotheses=hyp,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 1,
+                                "boot_retries": 0, "host_preflight_s": 0})
+    db = tmp_path / "r.db"
+    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc, db
+
+
+def test_a_count_below_the_chunks_marks_the_boot_and_the_counted_tokens_stand(tmp_path):
+    proc, db = _run(tmp_path, "low-usage")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    boots = query(db, "SELECT status, marks, provenance FROM boots")
+    assert boots and all(s == "ok" and "usage_mismatch" in json.loads(m) for s, m, _ in boots), boots
+    prov = json.loads(boots[0][2])["usage_mismatch"]
+    assert prov["requests"] >= 2 and "counted 1 output tokens for 8 chunks" in prov["example"]
+    tokens = query(db, "SELECT output_tokens, requests FROM samples")
+    assert tokens and all(t == 8 * r for t, r in tokens), tokens
+
+
+@pytest.mark.parametrize("mode, reason", [
+    ("wrong-shape", "choices is list [1], not a list of objects"),
+    ("huge-usage", "more than the 8 tokens the request allowed"),
+])
+def test_a_stream_that_cannot_be_true_fails_its_boots_and_the_run_says_not_measured(tmp_path, mode, reason):
+    proc, db = _run(tmp_path, mode)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
+    boots = query(db, "SELECT status, failure FROM boots")
+    assert boots and all(s == "failed" and reason in (f or "") for s, f in boots), boots
+    assert query(db, "SELECT count(*) FROM samples") == [(0,)]
+    (status,), = query(db, "SELECT status FROM runs")
+    assert status != "running"
+    out = last_json(proc.stdout) if proc.stdout.strip() else {}
+    if out:
+        assert all(h["verdict"] != "confirmed" for h in out["hypotheses"])
