@@ -85,6 +85,10 @@ def test_select_only(tmp_path):
     (GOOD.replace("[1, 2, 3]", '[1, "2\\0"]'), "hypotheses[0].matrix.flags.speculative-num-steps", 21, "NUL"),
     (GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  request_timeout_s: 0"),
      "benchmark.request_timeout_s", 9, "positive"),
+    (GOOD.replace("version: 1", "version: true"), "version", 1, "reads version 1"),
+    (GOOD.replace("version: 1", "version: 1.0"), "version", 1, "reads version 1"),
+    (GOOD.replace("  launch: [my-server, --port, \"{port}\"]\n", "  base_url: 'http://[::1'\n")
+     .replace("  env: {NCCL_NVLS_ENABLE: \"0\"}\n  flags: {tp: 2}\n", ""), "engine.base_url", 4, "cannot read"),
 ])
 def test_bad_input_names_key_and_line(tmp_path, bad, key, line, words):
     with pytest.raises(SpecError) as err:

@@ -546,7 +546,7 @@ def parse_spec(text: str, path: Path) -> Spec:
     r = _Reader(doc)
     top = r.mapping(doc.data, "", _TOP, required=("engine", "hypotheses"))
     version = top.get("version", SPEC_VERSION)
-    if version != SPEC_VERSION:
+    if type(version) is not int or version != SPEC_VERSION:  # true and 1.0 equal 1 in Python: not here
         raise doc.error("version", f"this harness reads version {SPEC_VERSION} files, got {version!r}; "
                         "upgrade bisect-harness or rewrite the file")
     engine = _engine(r, top["engine"], path.parent)
@@ -665,7 +665,11 @@ def _url(r: _Reader, value, path: str) -> str:
     from urllib.parse import urlsplit
 
     r.typed(value, path, (str,), "a URL like http://10.0.0.5:30000")
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:  # an unclosed [IPv6 literal, ...
+        raise r.doc.error(path, f"cannot read {value!r} as a URL ({exc}); write one like "
+                          "http://10.0.0.5:30000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise r.doc.error(path, f"expected an http:// or https:// URL with a host, got {value!r}")
     try:
