@@ -10,6 +10,7 @@ progress and tables go to stderr when ``--json`` is given.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import sys
 from pathlib import Path
@@ -185,7 +186,6 @@ def run(
                                          "keep their verdicts."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
-    from .record import journal
     from .orchestrate.executor import Executor
     from .record.ledger import Ledger
     from .planning.plan import make_plan
@@ -217,15 +217,59 @@ def run(
             the_run = executor.execute()
             _bisect_confirmed(executor, console)
             _explain_confirmed(executor, console)
-        finally:
-            if executor.run is not None:
-                path = journal.write(led, executor.run, journal_dir)
-                console.print(f"journal: {path}", markup=False)
+        except BaseException:  # the journal of what was recorded, never hiding why the run stopped
+            _write_journal(led, executor.run, journal_dir, console, ledger, after_error=True)
+            raise
+        _write_journal(led, the_run, journal_dir, console, ledger)
         console.print(_verdict_table(the_run))
         console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
             print(json.dumps(run_summary(the_run)))
         _fail_if_not_measured(the_run, journal_dir / "logs")
+
+
+#: What a refused write means, by errno, and what to do about it.
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free space on that disk (the quota is spent)",
+    errno.EROFS: "make it writable, or pass --journal-dir with a writable folder",
+    errno.EACCES: "make it writable, or pass --journal-dir with a writable folder",
+    errno.EPERM: "make it writable, or pass --journal-dir with a writable folder",
+    errno.ENOTDIR: "a file stands where a folder should be: move it, or pass --journal-dir with a folder",
+    errno.EEXIST: "a file stands where a folder should be: move it, or pass --journal-dir with a folder",
+    errno.EISDIR: "a folder stands where the journal's file should be: move it, or pass another --journal-dir",
+}
+
+
+def _write_journal(led, run, journal_dir: Path, console: Console, ledger_url: str, *,
+                   after_error: bool = False) -> None:
+    """Write ``run``'s journal and say where. A refused write (disk full, read-only, a
+    file where the folder should be) is a machine failure, exit 3, saying what failed
+    and how to write the journal again from the ledger; after another error (the run
+    already stopped) it is one line, and that error goes on."""
+    from .record import journal
+
+    if run is None:
+        return
+    try:
+        path = journal.write(led, run, journal_dir)
+    except HarnessError as exc:  # the ledger could not be read back
+        if not after_error:
+            raise
+        console.print(redact_text(f"warning: the journal of run {run.id} was not written: {exc}"), markup=False)
+        return
+    except OSError as exc:
+        fix = _WRITE_FIXES.get(exc.errno, "fix that")
+        where = f" ({exc.filename})" if exc.filename else ""
+        error = InfrastructureError(
+            f"could not write the journal of run {run.id} in {journal_dir}: {exc.strerror or exc}{where}. The run is "
+            f"in the ledger (status {run.status}); {fix}, then `harness journal {run.id} --ledger {ledger_url} "
+            f"--journal-dir {journal_dir}` writes it again")
+        if not after_error:
+            raise error from None
+        console.print(redact_text(f"warning: {error}"), markup=False)
+        return
+    console.print(f"journal: {path}", markup=False)
 
 
 def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> None:
@@ -352,7 +396,6 @@ def explain(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find which differences (env, flags, commit) between two arms make the slow one slow."""
-    from .record import journal
     from .orchestrate.explain_runner import explain_file
     from .record.ledger import Ledger
     from .input.spec import load_spec
@@ -364,8 +407,7 @@ def explain(
         out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
                                   cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
                                   wait_quiet_s=wait_quiet, backend=boots)
-        path = journal.write(led, sched.run, journal_dir)
-        console.print(f"journal: {path}", markup=False)
+        _write_journal(led, sched.run, journal_dir, console, ledger)
         _print_explanation(console, out)
         if json_out:
             print(json.dumps({"run_id": sched.run.id, **out.record}))
@@ -389,7 +431,6 @@ def bisect(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from .record import journal
     from .orchestrate.bisect_runner import bisect_range
     from .record.ledger import Ledger
     from .input.spec import load_spec
@@ -402,8 +443,7 @@ def bisect(
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
                                         log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
                                         backend=boots)
-        path = journal.write(led, executor.run, journal_dir)
-        console.print(f"journal: {path}", markup=False)
+        _write_journal(led, executor.run, journal_dir, console, ledger)
         if result.culprit:
             console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
                           markup=False)
@@ -441,7 +481,6 @@ def nightly(
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from .record import journal
     from .record.ledger import Ledger
     from .orchestrate.nightly import run_nightly
     from .input.spec import load_spec
@@ -463,7 +502,7 @@ def nightly(
                                          window=window)
             executor.run.summary = {**(executor.run.summary or {}), "changepoints": report}
             led.commit()
-        console.print(f"journal: {journal.write(led, executor.run, journal_dir)}", markup=False)
+        _write_journal(led, executor.run, journal_dir, console, ledger)
     console.print(f"{outcome.status}: {outcome.reason}", markup=False)
     if report is not None:
         from .record.series import report_lines
@@ -539,12 +578,11 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
 def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help="Run id (default: the latest)."),
                 ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
     """Render a run's journal again from the ledger."""
-    from .record import journal
     from .record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
-        Console().print(f"journal: {journal.write(led, r, journal_dir)}", markup=False)
+        _write_journal(led, r, journal_dir, Console(highlight=False), ledger)
 
 
 CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (default: BISECT_HARNESS_CACHE or "
@@ -763,6 +801,19 @@ def main(argv: list[str] | None = None) -> None:
         Console(stderr=True).print("Interrupted: every server we started was stopped; "
                                    "what was measured is in the ledger.")
         sys.exit(130)
+    except OSError as exc:
+        if exc.errno not in _MACHINE_ERRNOS:
+            raise  # anything else is a bug: its traceback shows
+        where = f" ({exc.filename})" if exc.filename else ""
+        Console(stderr=True, highlight=False).print(redact_text(
+            f"Error: the machine refused a write: {exc.strerror}{where}; free space or make it writable, and run "
+            "again (what was measured is in the ledger; `harness run FILE --resume` continues an interrupted "
+            "run)"), markup=False)
+        sys.exit(InfrastructureError.exit_code)
+
+
+#: Errors of the machine, not of the harness: a full disk or quota, a read-only file system.
+_MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 if __name__ == "__main__":

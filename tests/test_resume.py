@@ -412,3 +412,83 @@ def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_anoth
     assert record["other_host_ok_boot_ids"] == [moved[0]]
     assert f"1 ok boot from before ({moved[0]}) not counted: they ran on a host with another fingerprint" in text
     assert "1 ok boot not counted (they ran on another host" in text
+
+
+# ------------------------------------------------------------------ one controller per run
+
+
+def test_a_held_run_is_refused_naming_the_holder_and_a_killed_holder_leaves_it_free(setup, tmp_path):
+    """The run lock names its holder to a refused harness; a SIGKILLed holder loses it
+    (the kernel drops it), and its ``running`` row, owned by "another host" that no
+    pid check can see, is marked interrupted on the next open: it left its lock free."""
+    import socket
+    import sys
+
+    from bisect_harness.record import runlock
+
+    spec, led = setup
+    run = _run(led, spec, status="running", owner={"pid": 1, "hostname": "elsewhere", "create_time": 0.0})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom bisect_harness.record import runlock\n"
+         f"lock = runlock.hold({led.url!r}, {run.id})\nprint('held', flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(runlock.RunHeld, match=rf"run {run.id} is still running \(harness pid {holder.pid} on "
+                                                  rf"{socket.gethostname()}\)"):
+            runlock.hold(led.url, run.id)
+        with Ledger(led.url) as again:
+            assert again.run(run.id).status == "running"  # held: left alone
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    with Ledger(led.url) as again:
+        row = again.run(run.id)
+        assert row.status == "interrupted" and "let go of it without recording its end" in row.error
+    lock = runlock.hold(led.url, run.id)  # free again
+    lock.release()
+    assert runlock.lock_path(led.url, run.id).exists() is False
+
+
+@pytest.mark.slow
+def test_two_resumes_of_one_run_at_once_one_runs_it_the_other_is_refused_naming_it(tmp_path, harness_cache):
+    """Two ``harness run --resume`` of one interrupted run started together: one takes
+    it up and ends it, the other is refused (exit 2) naming the first one's pid and
+    host; one final verdict per hypothesis, no config past its budget."""
+    import socket
+
+    create_demo_repo(tmp_path / "engine")
+    hypotheses = [HYPOTHESES[1]]
+    spec_path = write_spec(tmp_path / "hypotheses.yaml", engine={"preset": "demo", "repo": "engine"},
+                           benchmark=SMALL_BENCH, hypotheses=hypotheses,
+                           defaults={"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 2})
+    db = tmp_path / "r.db"
+    with Ledger(f"sqlite:///{db}") as led:  # a run interrupted before its first boot
+        run_id = _run(led, load_spec(spec_path)).id
+    common = ["--no-calibration", "--ledger", f"sqlite:///{db}", "--journal-dir", str(tmp_path / "exp")]
+    procs = [subprocess.Popen([*HARNESS, "run", str(spec_path), "--resume", *common], cwd=tmp_path,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], [err[-2000:] for _out, err in outs]
+    winner, loser = (0, 1) if procs[0].returncode == 0 else (1, 0)
+    refusal = " ".join(outs[loser][1].split())
+    assert f"run {run_id} is still running (harness pid {procs[winner].pid} on {socket.gethostname()})" in refusal
+    assert "Traceback" not in refusal
+    finals = query(db, "SELECT h.hid, COUNT(*) FROM verdicts v JOIN hypotheses h ON h.id = v.hypothesis_id "
+                       "WHERE v.final = 1 GROUP BY h.hid")
+    assert finals == [(hypotheses[0]["id"], 1)]
+    assert query(db, "SELECT COUNT(*) FROM hypotheses") == [(1,)]
+    for config_id, good in query(db, "SELECT config_id, COUNT(*) FROM boots WHERE status = 'ok' GROUP BY config_id"):
+        assert good <= 2, f"config {config_id} has {good} good boots, more than 2"
+    assert query(db, "SELECT status FROM runs") == [("done",)]
+    (host,), = query(db, "SELECT host FROM runs")
+    assert len(json.loads(host)["resumed"]) == 1  # taken up once
+    assert not list(tmp_path.glob("r.db.run-*.lock"))  # ended: the lock is gone with it

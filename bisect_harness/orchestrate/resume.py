@@ -14,6 +14,10 @@ run row, so ``harness journal RUN`` shows one experiment:
 - hypotheses already decided keep their verdicts; the others continue at the
   sequential look after the last one recorded; the A/A check boots only what it
   lacks;
+- one harness controls a run at a time: the run is held (``record/runlock``) and
+  claimed in one conditional UPDATE before anything is booted; a run another
+  live harness holds is refused naming that harness's pid and host, and a
+  run it finished meanwhile is refused as finished;
 - each resume appends a record to ``runs.host["resumed"]`` (when, what the run
   was, which boots counted and which did not, the order stream) from which the
   journal's sentences are made.
@@ -27,16 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from ..errors import UserError
 from ..planning.plan import make_config
 from ..record.ledger import Boot, Config, HypothesisRow, Ledger, Run, VerdictRow
 from ..record.resumed import RESUMED_KEY, journal_lines, resumes, run_line
-from ..record import liveness
+from ..record import liveness, runlock
 
 __all__ = ["RESUMABLE", "RESUMED_KEY", "OPTIONS_KEY", "find_run", "check_plan", "split_boots", "looks_done",
-           "record_options", "take_up", "Resumption", "resumes", "journal_lines", "run_line", "order_stream"]
+           "record_options", "take_up", "claim", "Resumption", "resumes", "journal_lines", "run_line", "order_stream"]
 
 #: Run statuses a resume takes up; ``done`` runs are finished, ``running`` ones owned.
 RESUMABLE = ("interrupted", "failed")
@@ -62,18 +66,19 @@ def find_run(ledger: Ledger, spec, run_id: int | None) -> Run:
             raise UserError(f"run {run.id} is a `harness {run.kind}` run; --resume continues `harness run` runs "
                             f"(`harness {run.kind}` reuses the boots its earlier runs recorded by itself)")
         if run.status == "running":
-            owner = (run.host or {}).get(liveness.OWNER_KEY) or {}
-            raise UserError(f"run {run.id} is still running (harness pid {owner.get('pid', '?')} on "
-                            f"{owner.get('hostname', '?')}); stop it first, or wait for it to end")
+            raise _still_running(run)
         if run.status not in RESUMABLE:
             raise UserError(f"run {run.id} finished ({run.status}); there is nothing to resume. "
                             f"`harness journal {run.id}` shows it; start a new run without --resume")
     else:
         here = _resolved(spec.path)
         run = None
-        for r in ledger.session.scalars(select(Run).where(Run.kind == "run", Run.status.in_(RESUMABLE))
+        for r in ledger.session.scalars(select(Run).where(Run.kind == "run",
+                                                          Run.status.in_((*RESUMABLE, "running")))
                                         .order_by(Run.id.desc())).all():
             if _resolved(r.spec_path) == here or r.spec_hash == want:
+                if r.status == "running":  # the newest run of the file is another harness's now
+                    raise _still_running(r)
                 run = r
                 break
         if run is None:
@@ -86,6 +91,12 @@ def find_run(ledger: Ledger, spec, run_id: int | None) -> Run:
                         f"Restore the file as it was (its text is under 'Hypotheses as written' in "
                         f"`harness journal {run.id}`), or start a new run without --resume")
     return run
+
+
+def _still_running(run: Run) -> UserError:
+    """The refusal of a run that a harness still runs, naming that harness."""
+    owner = (run.host or {}).get(liveness.OWNER_KEY) or {}
+    return runlock.RunHeld(run.id, owner)
 
 
 def _resolved(path) -> Path | None:
@@ -188,12 +199,50 @@ class Resumption:
     order_seed: int
     configs: Mapping[str, tuple[Config, list[Boot], list[Boot]]]
     record: dict
+    lock: runlock.RunLock
 
 
 def take_up(ledger: Ledger, run: Run, *, host_fingerprint: str | None, hostname: str | None, order_seed: int,
             backend: dict) -> Resumption:
-    """Read the interrupted ``run`` once and set it running again under this process
-    (:func:`begin`). ``order_seed`` is used only where the run recorded none."""
+    """Hold the interrupted ``run`` (:func:`claim`), read it once and set it running
+    again under this process (:func:`begin`). ``order_seed`` is used only where the
+    run recorded none. The lock comes back held; the caller lets go at the run's end."""
+    previous = (run.status, run.error)
+    lock = claim(ledger, run)
+    try:
+        return _take_up(ledger, run, host_fingerprint=host_fingerprint, hostname=hostname, order_seed=order_seed,
+                        backend=backend, lock=lock, previous=previous)
+    except BaseException:
+        lock.release(ended=False)  # claimed but not taken up: the next open marks it interrupted again
+        raise
+
+
+def claim(ledger: Ledger, run: Run) -> runlock.RunLock:
+    """Hold ``run`` for this process and mark it ``running`` in one conditional UPDATE
+    (from ``interrupted`` or ``failed`` only), committed at once. Refused (``UserError``,
+    exit 2) when another live harness holds it, naming its pid and host, or when it
+    ended or was taken up since :func:`find_run` read it."""
+    lock = runlock.hold(ledger.url, run.id)  # RunHeld names the holder
+    try:
+        claimed = ledger.session.execute(
+            update(Run).where(Run.id == run.id, Run.status.in_(RESUMABLE))
+            .values(status="running", host={**(run.host or {}), liveness.OWNER_KEY: liveness.owner_record()})
+            .execution_options(synchronize_session=False)).rowcount
+        ledger.commit()
+        ledger.session.refresh(run)
+        if claimed != 1:
+            if run.status == "running":
+                raise _still_running(run)
+            raise UserError(f"run {run.id} ended ({run.status}) while this resume was starting; there is nothing "
+                            f"to resume. `harness journal {run.id}` shows it")
+    except BaseException:
+        lock.release(ended=False)
+        raise
+    return lock
+
+
+def _take_up(ledger: Ledger, run: Run, *, host_fingerprint: str | None, hostname: str | None, order_seed: int,
+             backend: dict, lock: runlock.RunLock, previous: tuple[str, str | None]) -> Resumption:
     seed = earlier_order_seed(ledger, run)
     seed = order_seed if seed is None else seed
     configs = {}
@@ -202,17 +251,21 @@ def take_up(ledger: Ledger, run: Run, *, host_fingerprint: str | None, hostname:
     rec = begin(run, host_fingerprint=host_fingerprint, hostname=hostname,
                 counted=[b for _row, counted, _other in configs.values() for b in counted],
                 not_counted=[b for _row, _counted, other in configs.values() for b in other],
-                order_seed=seed, backend=backend)
-    return Resumption(order_seed=seed, configs=configs, record=rec)
+                order_seed=seed, backend=backend, previous=previous)
+    ledger.commit()
+    return Resumption(order_seed=seed, configs=configs, record=rec, lock=lock)
 
 
 def begin(run: Run, *, host_fingerprint: str | None, hostname: str | None, counted: Iterable[Boot],
-          not_counted: Iterable[Boot], order_seed: int, backend: dict) -> dict:
-    """Set the run running again under this process and append its resume record."""
+          not_counted: Iterable[Boot], order_seed: int, backend: dict,
+          previous: tuple[str, str | None] | None = None) -> dict:
+    """Set the run running again under this process and append its resume record.
+    ``previous``: the run's status and error before it was claimed (default: as read)."""
     counted, not_counted = list(counted), list(not_counted)
     earlier = list((run.host or {}).get(RESUMED_KEY) or [])
     rec = {"at": _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
-           "previous_status": run.status, "previous_error": run.error,
+           "previous_status": (previous or (run.status, run.error))[0],
+           "previous_error": (previous or (run.status, run.error))[1],
            "host_fingerprint": host_fingerprint, "hostname": hostname,
            "counted_boot_ids": sorted(b.id for b in counted),
            "counted_ok_boot_ids": sorted(b.id for b in counted if b.status == "ok"),

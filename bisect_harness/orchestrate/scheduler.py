@@ -52,7 +52,7 @@ from typing import Iterator, Mapping, Sequence
 from .. import __version__
 from ..boot import attach, calibration, contention
 from ..analysis import host_state
-from ..record import liveness
+from ..record import liveness, runlock
 from . import resume
 from ..boot import Backend, BootOutcome, BootRequest, SampleOutcome, Sink
 from ..boot.local import LocalBackend, this_host
@@ -158,6 +158,8 @@ class Scheduler:
         # --resume: the interrupted run's config rows by key, with their boots (counted, not counted here)
         self.earlier_configs: dict[str, tuple[Config, list[Boot], list[Boot]]] = {}
         self.resumed = False
+        self._resume_record: dict = {}
+        self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
 
     # ------------------------------------------------------------------ the run
@@ -170,18 +172,9 @@ class Scheduler:
         self.host = dict(host)
 
     def start_run(self, kind: str = "run") -> Run:
-        spec = self.spec
-        self._take_host()
-        self.run = self.ledger.add(Run(
-            kind=kind, spec_path=str(spec.path), spec_text=spec.text,
-            spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
-            host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record(),
-                  "order_seed": self.order_seed}))
-        self.log_dir = self.log_dir / f"run-{self.run.id}"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for pc in self.plan.configs:
-            self.state_for(pc)
-        self.preflight()
+        """Write a new run row, held by this process (``runlock``), and open it."""
+        self._claim(kind)
+        self._open()
         return self.run
 
     def continue_run(self, run: Run) -> Run:
@@ -190,26 +183,53 @@ class Scheduler:
         the order seed it used (the round order continues on a stream derived from it),
         and a resume record in ``runs.host``. The caller has checked the run fits the plan
         (``resume.check_plan``)."""
+        self._claim("run", run)
+        self._open()
+        return run
+
+    def _claim(self, kind: str, earlier: Run | None = None) -> None:
+        """The run row, held by this process until :meth:`finish_run`: a new one, or the
+        interrupted ``earlier`` taken up (refused, naming the holder, when another live
+        harness holds it). Nothing is booted or written beyond the row."""
+        spec = self.spec
         self._take_host()
-        self.run, self.resumed = run, True
-        taken = resume.take_up(self.ledger, run, host_fingerprint=self.host_fp, hostname=self.host.get("hostname"),
-                               order_seed=self.order_seed, backend=self.backend_record())
-        rec = taken.record
+        if earlier is None:
+            self.run, self.lock = self.ledger.add_run(Run(
+                kind=kind, spec_path=str(spec.path), spec_text=spec.text,
+                spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
+                host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record(),
+                      "order_seed": self.order_seed}))
+            return
+        taken = resume.take_up(self.ledger, earlier, host_fingerprint=self.host_fp,
+                               hostname=self.host.get("hostname"), order_seed=self.order_seed,
+                               backend=self.backend_record())
+        self.run, self.resumed, self.lock = earlier, True, taken.lock
         self.order_seed = taken.order_seed
         # Replica configs of an A/A check are adopted when the check asks for them; their boots count alike.
         self.earlier_configs = dict(taken.configs)
+        self._order = random.Random(taken.record["order_stream"])
+        self._resume_record = taken.record
+
+    def _open(self) -> None:
+        """After the row is held: the run's log folder, a state per planned config, the
+        preflight window. A failure here ends the run (``recording``)."""
+        self.log_dir = self.log_dir / f"run-{self.run.id}"
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InfrastructureError(
+                f"cannot make the log folder {self.log_dir}: {exc.strerror or exc}; the journal folder must be a "
+                "writable folder with free space (pass --journal-dir with one)") from None
         for pc in self.plan.configs:
             self.state_for(pc)
-        self._order = random.Random(rec["order_stream"])
-        self.ledger.commit()
-        self.log_dir = self.log_dir / f"run-{self.run.id}"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.obs.message(f"resuming run {run.id} ({rec['previous_status']}): "
-                         f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
-                         f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
-                         f"{len(rec['cut_short_boot_ids'])} were cut short")
+        if self.resumed:
+            rec = self._resume_record
+            self.ledger.commit()
+            self.obs.message(f"resuming run {self.run.id} ({rec['previous_status']}): "
+                             f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
+                             f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
+                             f"{len(rec['cut_short_boot_ids'])} were cut short")
         self.preflight()
-        return run
 
     def backend_record(self) -> dict:
         """Which backend booted this run's boots, and how many at once (``runs.host``)."""
@@ -224,12 +244,26 @@ class Scheduler:
         return record
 
     def finish_run(self, status: str = "done", error: str | None = None) -> None:
+        """Record the run's end and let go of it. Where the ledger refuses the write, the
+        run's lock is left behind free, so the next open marks the row ``interrupted``
+        (``runlock``), and the error says so."""
         if self.run is None:
             return
-        self.run.status = status
-        self.run.error = error
-        self.run.finished_at = utcnow()
-        self.ledger.commit()
+        ended = False
+        try:
+            self.run.status = status
+            self.run.error = error
+            self.run.finished_at = utcnow()
+            self.ledger.commit()
+            ended = True
+        except InfrastructureError as exc:
+            then = (f"`harness run FILE --resume {self.run.id}` continues it" if self.run.kind == "run" else
+                    f"`harness {self.run.kind}` run again reuses its boots")
+            raise InfrastructureError(
+                f"{exc}. Run {self.run.id} could not be marked {status}; the next harness to open the ledger marks "
+                f"it interrupted, and {then}") from None
+        finally:
+            self.lock.release(ended=ended)
         if self.resumed:  # rows read before the resume hold lists of boots and looks that grew since
             self.ledger.session.expire_all()
 
@@ -241,9 +275,13 @@ class Scheduler:
         error goes on. On success the run is finished with status ``finish``, or, without
         one, by the caller with its own status. ``calibrated``: the observer is told the
         run started and the calibration probe runs before the body (phase ``before``, or
-        ``resume``) and after it."""
-        run = self.start_run(kind) if resume is None else self.continue_run(resume)
+        ``resume``) and after it. The run is held by this process from its row to its
+        end (``runlock``): a run another live harness holds is refused before anything
+        is written."""
+        self._claim(kind, resume)
         try:
+            self._open()
+            run = self.run
             if calibrated:
                 self.obs.run_started(run, self.plan)
                 self.record_calibration("before" if resume is None else "resume")
@@ -252,13 +290,26 @@ class Scheduler:
                 self.record_calibration("after")
         except (KeyboardInterrupt, SystemExit) as exc:
             why = "interrupted by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped by a signal ({exc})"
-            self.finish_run("interrupted", why)
+            self._finish_failed("interrupted", why, exc)
             raise
         except Exception as exc:
-            self.finish_run("failed", str(exc) if isinstance(exc, HarnessError) else f"{type(exc).__name__}: {exc}")
+            self._finish_failed("failed", str(exc) if isinstance(exc, HarnessError) else
+                                f"{type(exc).__name__}: {exc}", exc)
             raise
         if finish is not None:
             self.finish_run(finish)
+
+    def _finish_failed(self, status: str, why: str, exc: BaseException) -> None:
+        """Record how the run ended after ``exc``. When the ledger refuses that write too,
+        a harness error goes on as one error saying both (exit 3); any other ``exc`` (an
+        interrupt, a bug) goes on as it was."""
+        try:
+            self.finish_run(status, why)
+        except InfrastructureError as second:
+            if isinstance(exc, HarnessError):
+                first = str(exc)
+                said = str(second)
+                raise InfrastructureError(said if said.startswith(first) else f"{first}; {said}") from None
 
     def preflight(self) -> contention.Window | None:
         """Watch the host before the first boot; say so when it is busy (naming the

@@ -26,7 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 from ..errors import InfrastructureError, UserError
 from ..model import utcnow
 from ..secrets import redact_row
-from . import liveness
+from . import liveness, runlock
 
 SCHEMA_VERSION = 3
 #: Seconds a SQLite connection waits for another process's write before giving up.
@@ -261,6 +261,8 @@ class Ledger:
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             _while_locked(self._init_schema, self.engine)
         except SQLAlchemyError as exc:
+            if _refused_write(exc):  # the ledger is there, but the machine refuses to write it
+                raise _write_error(url, exc, opening=True) from None
             raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
@@ -269,18 +271,22 @@ class Ledger:
             self._mark_stale()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+            raise _write_error(self.url, exc) from None
 
     def _mark_stale(self) -> list[int]:
         """Mark ``interrupted`` the running runs (and their running boots) whose owning
-        harness process is gone (``liveness``); returns the run ids marked. Commits
-        when it marks anything."""
+        harness process is gone (``liveness``), or whose run lock was left behind free
+        (``runlock``: its holder went without recording the end, on any host); returns
+        the run ids marked. Commits when it marks anything."""
         marked = []
         for run in self.session.scalars(select(Run).where(Run.status == "running")).all():
-            owner = (run.host or {}).get(liveness.OWNER_KEY)
-            if not liveness.owner_gone(owner):
+            owner = (run.host or {}).get(liveness.OWNER_KEY) or {}
+            if liveness.owner_gone(owner):
+                why = liveness.STALE_REASON.format(pid=owner.get("pid"), hostname=owner.get("hostname"))
+            elif runlock.left_free(self.url, run.id):
+                why = liveness.LEFT_REASON.format(pid=owner.get("pid", "?"), hostname=owner.get("hostname", "?"))
+            else:
                 continue
-            why = liveness.STALE_REASON.format(pid=owner.get("pid"), hostname=owner.get("hostname"))
             run.status, run.error, run.finished_at = "interrupted", why, utcnow()
             for boot in self.session.scalars(select(Boot).where(Boot.run_id == run.id,
                                                                 Boot.status == "running")).all():
@@ -346,15 +352,34 @@ class Ledger:
             self.session.commit()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+            raise _write_error(self.url, exc) from None
         return obj
+
+    def add_run(self, run: Run) -> tuple[Run, runlock.RunLock]:
+        """Add a new run row held by this process (``runlock``): the lock is taken
+        before the row is committed, so no other process ever sees it unheld."""
+        lock = runlock.RunLock()
+        try:
+            self.session.add(run)
+            self.session.flush()  # the id, not yet visible to anyone else
+            lock = runlock.hold(self.url, run.id)
+            self.session.commit()
+        except SQLAlchemyError as exc:
+            self.session.rollback()
+            lock.release()
+            raise _write_error(self.url, exc) from None
+        except BaseException:
+            self.session.rollback()
+            lock.release()
+            raise
+        return run, lock
 
     def commit(self) -> None:
         try:
             self.session.commit()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise InfrastructureError(f"could not write to the ledger {self.url}: {exc}") from None
+            raise _write_error(self.url, exc) from None
 
     # ------------------------------------------------------------------ reads
 
@@ -430,6 +455,37 @@ def require_existing(url: str) -> str:
             raise UserError(f"no ledger at {url} ({os.path.abspath(db)} does not exist); pass --ledger with the "
                             "ledger a run wrote, e.g. --ledger sqlite:///results.db in the folder you ran from")
     return url
+
+
+#: What SQLite says when the machine refuses a write, and what to do about it.
+_REFUSALS = (
+    ("readonly database", "is read-only", "make the ledger file and its folder writable, or pass --ledger with "
+                                          "a writable ledger"),
+    ("read-only file system", "is read-only", "make the ledger file and its folder writable, or pass --ledger "
+                                              "with a writable ledger"),
+    ("database or disk is full", "is on a full disk", "free space on the ledger's disk"),
+    ("no space left", "is on a full disk", "free space on the ledger's disk"),
+    ("disk quota exceeded", "is over its disk quota", "free space on the ledger's disk"),
+    ("disk i/o error", "could not be written (disk I/O error)", "check the ledger's disk (full, read-only, or "
+                                                               "failing)"),
+)
+
+
+def _refused_write(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return any(key in text for key, _what, _fix in _REFUSALS)
+
+
+def _write_error(url: str, exc: BaseException, *, opening: bool = False) -> InfrastructureError:
+    """One line for a write the ledger refused: what, where, what to do (exit 3)."""
+    said = (str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__).splitlines()[0]
+    low = said.lower()
+    for key, what, fix in _REFUSALS:
+        if key in low:
+            then = ("; then run again" if opening else
+                    "; then run again (`harness run FILE --resume` continues an interrupted run)")
+            return InfrastructureError(f"the ledger {url} {what} ({said}): {fix}{then}")
+    return InfrastructureError(f"could not write to the ledger {url}: {said}")
 
 
 def _is_locked(exc: BaseException) -> bool:
