@@ -127,7 +127,7 @@ class SSEDecoder:
                 self._pending += len(chunk)
                 self._check_line()
             return []
-        buf = b"".join(self._parts) + chunk if self._parts else chunk
+        buf = self._buf + chunk if self._parts else chunk
         held_cr = b""
         if b"\r" in buf:
             if buf.endswith(b"\r"):  # maybe the first half of "\r\n": wait for the next read
@@ -442,11 +442,9 @@ def _failed(start: float, error: str) -> RequestRecord:
                          tpot_s=None, output_tokens=0, counted_tokens=0, chunks=0)
 
 
-def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_s: float,
+def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_s: float, most: int,
                  sample_t0: float) -> RequestRecord:
-    most = payload.get("max_tokens") if api == "completions" else (payload.get("sampling_params") or {}).get(
-        "max_new_tokens")
-    st = _Stream(api, most if isinstance(most, int) else None)
+    st = _Stream(api, most)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
     dec = SSEDecoder()
     t0 = time.perf_counter()
     start = t0 - sample_t0
@@ -549,7 +547,8 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
             if i is None:
                 return
             url, payload = reqs[i]
-            results[i] = _run_request(http, url, payload, bench.api, bench.request_timeout_s, sample_t0)
+            results[i] = _run_request(http, url, payload, bench.api, bench.request_timeout_s, bench.output_tokens,
+                                      sample_t0)
 
     workers = max(1, min(bench.concurrency, n))
     if workers == 1:

@@ -310,7 +310,7 @@ def _path_stamp() -> tuple:
     return tuple(stamp)
 
 
-_packages_seen: dict[tuple, tuple[str, int]] = {}
+_packages_seen: tuple[tuple, tuple[str, int]] | None = None  # (stamp, fingerprint) of the last reading
 
 
 def packages_fingerprint() -> tuple[str, int]:
@@ -321,22 +321,22 @@ def packages_fingerprint() -> tuple[str, int]:
     takes this fingerprint)."""
     import importlib.metadata as md
 
+    global _packages_seen
     stamp = _path_stamp()
-    if stamp not in _packages_seen:
+    if _packages_seen is None or _packages_seen[0] != stamp:
         items = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in md.distributions()
                         if d.metadata["Name"]})
-        _packages_seen.clear()
-        _packages_seen[stamp] = hashlib.sha256("\n".join(items).encode()).hexdigest(), len(items)
-    return _packages_seen[stamp]
+        _packages_seen = stamp, (hashlib.sha256("\n".join(items).encode()).hexdigest(), len(items))
+    return _packages_seen[1]
 
 
-def _torch_info() -> tuple[str | None, bool, str | None]:
+def _torch_info(gpus_seen: bool) -> tuple[str | None, bool, str | None]:
     """The harness's own torch: version, whether CUDA is usable, the CUDA it was built for.
 
     Importing torch costs seconds, so a harness that has not imported it reads the
     version from the distribution's metadata and the CUDA build from its
     ``torch/version.py``; CUDA then counts as usable when torch is a CUDA build and
-    NVML sees a GPU."""
+    NVML saw a GPU (``gpus_seen``, from the caller's own reading)."""
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -357,12 +357,7 @@ def _torch_info() -> tuple[str | None, bool, str | None]:
         cuda = m.group(1) if m else None
     except OSError:
         pass
-    available = False
-    if cuda is not None:
-        mod = _default_nvml()
-        if mod is not None:
-            available = bool(read_gpus(mod)[0])
-    return dist.version, available, cuda
+    return dist.version, cuda is not None and gpus_seen, cuda
 
 
 def engine_state(engine_repo: Path, commit: str | None = None) -> tuple[str | None, bool | None, str]:
@@ -403,7 +398,6 @@ def collect_host(engine_repo: Path | None = None, commit: str | None = None, *,
         boot_time: float | None = psutil.boot_time()
     except Exception:
         boot_time = None
-    torch_version, cuda_ok, torch_cuda = _torch_info()
     pkg_hash, pkg_count = packages_fingerprint()
     if engine_repo is not None:
         eng_commit, eng_dirty, eng_note = engine_state(Path(engine_repo), commit)
@@ -414,6 +408,7 @@ def collect_host(engine_repo: Path | None = None, commit: str | None = None, *,
         gpus, gpu_note = [], "pynvml is not installed; no GPU information"
     else:
         gpus, gpu_note = read_gpus(mod)
+    torch_version, cuda_ok, torch_cuda = _torch_info(bool(gpus))
     try:
         os_name = platform.freedesktop_os_release().get("PRETTY_NAME", u.system)
     except (OSError, AttributeError):
