@@ -2,8 +2,9 @@
 
 The demo repository is made in a temp folder; ``events`` (known only to tests)
 names the commit that slowed decoding and the one that breaks the build. Every
-boot is a real server on 127.0.0.1. The ranges are small and the effect (~25%
-on tok/s) is several times the boot-to-boot noise, so a probe needs about one
+boot is a real server on 127.0.0.1. The ranges are small and the effect (the
+context length 512 -> 4096: decode cycles about 1.9 times as long) is several
+times the boot-to-boot noise even on a busy 2-core host, so a probe needs about one
 boot; each search here takes 15 to 40 boots, since the endpoint check and the
 culprit against its parent are paired rounds of fresh boots (3 pairs at least). The
 metric is the engine's own decode time per cycle (a declared log source, median

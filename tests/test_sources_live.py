@@ -6,7 +6,7 @@ client, scraped through ``/metrics``, ``/server_info`` and its own log. The
 tests then read what the run left: the JSON summary, the ledger and the journal.
 
 The demo's history (see ``bisect_harness.demo.history``): the regression raises
-the context length 512 -> 2048 (slower decode); after the env scrub, workers
+the context length 512 -> 4096 (slower decode); after the env scrub, workers
 start from an allow-listed environment, so ``DEMO_*`` variables stop reaching
 them; on CPU the engine reports ``cuda_graph: false`` whatever was asked.
 """
@@ -131,7 +131,7 @@ def test_samples_carry_every_declared_source(live):
     with Ledger(live.ledger_url) as led:
         base, treat = configs_by_hypothesis(led, "decode-slower")
         assert base.commit == hist.shas[-27] and treat.commit == hist.head
-        for config, context in ((base, 512.0), (treat, 2048.0)):
+        for config, context in ((base, 512.0), (treat, 4096.0)):
             boots = [b for b in config.boots if b.status == "ok"]
             assert len(boots) == 2
             for b in boots:

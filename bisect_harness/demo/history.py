@@ -118,9 +118,9 @@ STEPS: tuple[Step, ...] = (
                 "        req = json.loads(line)  # {prompt_ids, max_new_tokens, temperature, ignore_eos, seed}\n"),)),
     Step("Release 0.3.2", (_bump("0.3.1", "0.3.2"),
                            _changelog("0.3.2", "Documentation of the request protocol."))),
-    Step("build: raise the default context length to 2048 tokens", (
-        Replace("build.py", '"max_seq": 512,', '"max_seq": 2048,'),
-        Append("README.md", "\nThe default context length is 2048 tokens.\n")), event="regression"),
+    Step("build: raise the default context length to 4096 tokens", (
+        Replace("build.py", '"max_seq": 512,', '"max_seq": 4096,'),
+        Append("README.md", "\nThe default context length is 4096 tokens.\n")), event="regression"),
     Step("serve: log the listening address once workers are up", (
         Replace("serve.py", 'log(f"server ready: {len(infos)} worker(s) on {self.info[\'device\']}")',
                 'log(f"server ready: {len(infos)} worker(s) on {self.info[\'device\']}, '
