@@ -170,7 +170,8 @@ class Plan:
             benchmark=spec.benchmark, samples=d.samples_per_boot,
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
-            log_path=str(Path(os.devnull)), devices_needed=devices)
+            log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
+            build_env=engine.build_env)
         return ConfigRecipe(series=series, argv=tuple(shown), request=request)
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
@@ -189,6 +190,8 @@ def engine_fingerprint(spec: Spec) -> str:
               "metrics": [repr(m) for m in e.metrics]}
     # Only when written: files that leave them out keep the keys their ledgers already hold.
     fields.update({k: v for k, v in (("python", e.python), ("environment", e.environment)) if v is not None})
+    if e.checkout != "worktree":  # a build script may make another engine from a tree or a clone (its version)
+        fields["checkout"] = e.checkout
     if e.base_url is not None:  # attached: which server (the key's variable name, never the key)
         fields.update(base_url=e.base_url, api_key_env=e.api_key_env)
     payload = json.dumps(fields, sort_keys=True, default=str)
