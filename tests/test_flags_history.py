@@ -382,7 +382,10 @@ def test_engine_checkout_reaches_the_build_and_the_launch(tmp_path):
                          "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]))
         return make_plan(spec, cache_dir=tmp_path / "cache")
 
-    (failed,) = {r.error for r in check_plan_flags(plan_for("worktree"), timeout_s=60)}
+    plan = plan_for("worktree")
+    # the config's launch template (the journal's) keeps {worktree}: each boot has its own folder
+    assert "{worktree}/server.py" in plan.recipe(plan.configs[0]).argv
+    (failed,) = {r.error for r in check_plan_flags(plan, timeout_s=60)}
     assert "build failed" in failed and "exit 4" in failed, failed
     assert [r.error for r in check_plan_flags(plan_for("clone"), timeout_s=60)] == [""]  # one commit
     cwds = {Path(json.loads(x)["cwd"]) for x in seen.read_text().splitlines()}

@@ -148,8 +148,11 @@ class Plan:
         keys = {f: presets.info_key(f, preset) for f in flags}
         checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
         template = presets.launch_argv(engine.launch, flags, preset)
-        shown = presets.render_argv(template, **presets.placeholder_values(port="{port}", worktree=None, python=python,
-                                                                           spec_dir=spec.spec_dir))
+        # {worktree} stays a placeholder where a commit is checked out (each boot's own folder:
+        # the journal's "ran as"); without one it is the spec's folder, as at boot time
+        checked_out = "{worktree}" if arm.commit is not None and self.repo is not None else None
+        shown = presets.render_argv(template, **presets.placeholder_values(
+            port="{port}", worktree=checked_out, python=python, spec_dir=spec.spec_dir))
         devices = presets.devices_needed(flags, preset)
         env = {**preset.env, **arm.env}  # what the engine needs to be observable, then the arm
         request = BootRequest(
