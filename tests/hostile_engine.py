@@ -9,12 +9,16 @@ eight one-token chunks of text, then a usage chunk, then ``[DONE]``, except:
 - ``low-usage``: usage says one token for the eight chunks of text;
 - ``huge-usage``: usage says 10**9 tokens;
 - ``wrong-shape``: the first chunk is ``{"choices": [1]}``;
+- ``exit-1-at-stop``: answers truly, but exits 1 on SIGTERM (a wrapper whose server
+  got the signal first, say).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -72,6 +76,8 @@ def main() -> None:
     ap.add_argument("--mode", default="ok")
     a = ap.parse_args()
     MODE = a.mode
+    if MODE == "exit-1-at-stop":
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
 
 

@@ -131,3 +131,106 @@ def test_a_commit_builds_once_when_two_slots_ask_at_once(repo, tmp_path):
     assert not errors, errors
     assert counter.read_text() == "x"
     assert sorted(r.cached for r in results) == [False, True]
+
+
+# --------------------------------------------------------------------------- checkout modes
+
+READS_GIT_INDEX = ("import pathlib, sys\n"
+                   "# as llama.cpp's CMake of 2023 did: build-info depends on .git/index, .git taken as a folder\n"
+                   "sys.exit(0 if pathlib.Path('.git/index').is_file() else 4)\n")
+
+
+@pytest.mark.parametrize("mode", ["worktree", "tree", "clone"])
+def test_each_checkout_mode_gives_the_commit_and_leaves_the_user_alone(repo, tmp_path, mode):
+    before = snapshot(repo)
+    ws = Workspace(repo, tmp_path / "cache")
+    first, head = ws.resolve("HEAD~3"), ws.resolve("HEAD")
+    for sha, version in ((first, "1\n"), (head, "4\n")):
+        tree = ws.checkout(sha, mode)
+        assert tree.is_relative_to(tmp_path / "cache") and tree.name == sha
+        assert (tree / "VERSION").read_text() == version
+        assert ws.checkout(sha, mode) == tree  # made once
+    git_path = ws.checkout(head, mode) / ".git"
+    if mode == "worktree":
+        assert git_path.is_file()
+    elif mode == "tree":
+        assert not git_path.exists()
+    else:  # a repository of its own: the commit checked out, clean, with the history and tags
+        assert git_path.is_dir()
+        clone = ws.checkout(head, mode)
+        assert git(clone, "rev-parse", "HEAD") == head
+        assert git(clone, "status", "--porcelain") == ""
+        assert git(clone, "rev-list", "--count", "HEAD") == "4"
+    assert snapshot(repo) == before
+    assert not (repo / ".git" / "worktrees").exists()
+
+
+def test_a_build_that_reads_git_index_needs_a_clone(repo, tmp_path):
+    """The worktree symptom (``.git`` is a file) and its cure (``checkout: clone``)."""
+    git(repo, "stash", "-q")
+    (repo / "build.py").write_text(READS_GIT_INDEX)
+    git(repo, "add", "build.py")
+    git(repo, "commit", "-q", "-m", "build reads .git/index")
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD")
+    argv = [sys.executable, "build.py"]
+    with pytest.raises(BuildFailed, match="exit 4"):
+        ws.build(sha, argv, dict(os.environ))
+    with pytest.raises(BuildFailed, match="exit 4"):
+        ws.build(sha, argv, dict(os.environ), mode="tree")
+    result = ws.build(sha, argv, dict(os.environ), mode="clone")
+    assert result.ok and not result.cached
+
+
+def test_a_half_made_checkout_is_never_used_or_listed(repo, tmp_path):
+    from bisect_harness.planning.cache import list_cache
+
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD")
+    # a run killed while exporting: its temporary folder is left behind
+    half = ws.root / "trees" / f".{sha}.tmp-999999"
+    half.mkdir(parents=True)
+    (half / "VERSION").write_text("half\n")
+    assert [e for e in list_cache(tmp_path / "cache") if e.kind == "tree"] == []
+    tree = ws.checkout(sha, "tree")
+    assert (tree / "VERSION").read_text() == "4\n"
+    kinds = {e.kind for e in list_cache(tmp_path / "cache")}
+    assert kinds == {"tree"}
+
+
+def test_the_build_key_is_the_builds_variables_not_the_whole_environment(repo, tmp_path):
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD~3")
+    counter = tmp_path / "builds-run.txt"
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('x')", str(counter)]
+    base = {"PATH": os.environ["PATH"]}
+
+    def built(env, **kw) -> bool:
+        return not ws.build(sha, argv, env, **kw).cached
+
+    assert built(base)
+    assert not built({**base, "NCCL_ALGO": "Ring", "CI_JOB_ID": "7"})  # an arm's variable: same build
+    assert built({**base, "CMAKE_ARGS": "-DGGML_CUDA=ON"})              # a compiler's variable: another
+    assert not built({**base, "CMAKE_ARGS": "-DGGML_CUDA=ON"})
+    assert built({**base, "GGML_CUDA": "1"}, build_env=("GGML_CUDA",))  # declared by the spec
+    assert not built({**base, "GGML_CUDA": "1", "OTHER": "x"}, build_env=("GGML_CUDA",))
+    assert built(base, mode="clone")                                    # another checkout, another build
+    assert counter.read_text() == "xxxx"
+
+
+def test_cache_list_and_prune_cover_every_checkout_mode(repo, tmp_path):
+    from bisect_harness.planning.cache import list_cache, prune
+
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD")
+    paths = {mode: ws.checkout(sha, mode) for mode in ("worktree", "tree", "clone")}
+    ws.build(sha, [sys.executable, "-c", "pass"], dict(os.environ), mode="clone")
+    entries = list_cache(tmp_path / "cache")
+    assert {e.kind: e.path for e in entries} == paths
+    assert all(e.commit == sha and e.size_bytes > 0 for e in entries)
+    assert list((ws.root / "builds").glob(f"{sha}-*"))
+    assert {e.kind for e in prune(entries)} == {"worktree", "tree", "clone"}
+    assert not any(p.exists() for p in paths.values())
+    assert not list((ws.root / "builds").glob(f"{sha}-*"))  # their builds are redone on next use
+    assert "worktree" not in git(ws.mirror_path, "worktree", "list").split("\n", 1)[-1]
+    assert ws.checkout(sha, "clone").is_dir()  # made again on next use

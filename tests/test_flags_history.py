@@ -351,3 +351,43 @@ def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
         assert Path(got["cwd"]) == worktree / "sub" and got["python"] == cenv.python
         assert cenv.venv is not None  # each commit its own environment
     assert lines[0]["python"] != lines[1]["python"]
+
+
+def test_engine_checkout_reaches_the_build_and_the_launch(tmp_path):
+    """``engine.checkout: clone`` goes from the file through the plan's request to the
+    folder each commit is built and run in; a build that needs ``.git`` as a folder
+    fails in a worktree and runs in a clone."""
+    from pathlib import Path
+
+    from bisect_harness.input.engine_flags import check_plan_flags
+    from bisect_harness.input.spec import load_spec
+    from bisect_harness.planning.plan import make_plan
+
+    repo = tmp_path / "engine"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "server.py").write_text(HELP_WITNESS)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "server")
+    seen = tmp_path / "seen.jsonl"
+
+    def plan_for(mode):
+        spec = load_spec(write_spec(
+            tmp_path / f"{mode}.yaml",
+            engine={"preset": "vllm", "repo": "engine", "checkout": mode, "environment": "shared",
+                    "build": ["{python}", "-c", "import os, sys; sys.exit(0 if os.path.isdir('.git') else 4)"],
+                    "launch": ["{python}", "{worktree}/server.py", "--host", "{host}", "--port", "{port}"],
+                    "env": {"SEEN_FILE": str(seen)}},
+            hypotheses=[{"id": "h", "baseline": {"commit": "HEAD"}, "treatment": {"commit": "HEAD", "flags": {"batch": 2}},
+                         "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]))
+        return make_plan(spec, cache_dir=tmp_path / "cache")
+
+    plan = plan_for("worktree")
+    # the config's launch template (the journal's) keeps {worktree}: each boot has its own folder
+    assert "{worktree}/server.py" in plan.recipe(plan.configs[0]).argv
+    (failed,) = {r.error for r in check_plan_flags(plan, timeout_s=60)}
+    assert "build failed" in failed and "exit 4" in failed, failed
+    assert [r.error for r in check_plan_flags(plan_for("clone"), timeout_s=60)] == [""]  # one commit
+    cwds = {Path(json.loads(x)["cwd"]) for x in seen.read_text().splitlines()}
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    assert [(p.parent.name, p.name) for p in cwds] == [("clones", sha)]

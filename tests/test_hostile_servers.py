@@ -43,6 +43,20 @@ def test_a_count_below_the_chunks_marks_the_boot_and_the_counted_tokens_stand(tm
     assert prov["requests"] >= 2 and "counted 1 output tokens for 8 chunks" in prov["example"]
     tokens = query(db, "SELECT output_tokens, requests FROM samples")
     assert tokens and all(t == 8 * r for t, r in tokens), tokens
+    # killed by the harness's SIGTERM, as asked: a clean stop
+    assert all(json.loads(p)["stop"] == {"exit_code": -15, "clean": True} for *_, p in boots), boots
+
+
+def test_a_server_that_exits_non_zero_at_the_stop_is_said_and_its_samples_count(tmp_path):
+    proc, db = _run(tmp_path, "exit-1-at-stop")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    boots = query(db, "SELECT status, marks, provenance FROM boots")
+    assert len(boots) == 4 and all(s == "ok" and "stop_unclean" in json.loads(m) for s, m, _ in boots), boots
+    stop = json.loads(boots[0][2])["stop"]
+    assert stop["exit_code"] == 1 and not stop["clean"] and "exited 1 when the harness stopped it" in stop["note"]
+    assert query(db, "SELECT count(*) FROM samples") == [(4,)]
+    (h,) = last_json(proc.stdout)["hypotheses"]
+    assert h["boots"] == {"baseline": 2, "treatment": 2}
 
 
 @pytest.mark.parametrize("mode, reason", [

@@ -89,6 +89,10 @@ def test_select_only(tmp_path):
     (GOOD.replace("version: 1", "version: 1.0"), "version", 1, "reads version 1"),
     (GOOD.replace("  launch: [my-server, --port, \"{port}\"]\n", "  base_url: 'http://[::1'\n")
      .replace("  env: {NCCL_NVLS_ENABLE: \"0\"}\n  flags: {tp: 2}\n", ""), "engine.base_url", 4, "cannot read"),
+    (GOOD.replace("  env: {NCCL", "  checkout: git-worktree\n  env: {NCCL"), "engine.checkout", 5, "'clone' (a full"),
+    (GOOD.replace("  env: {NCCL", "  build_env: CMAKE_ARGS\n  env: {NCCL"), "engine.build_env", 5, "a list"),
+    (GOOD.replace("  env: {NCCL", "  build_env: [CMAKE_ARGS, 'A B']\n  env: {NCCL"), "engine.build_env[1]", 5,
+     "variable name"),
 ])
 def test_bad_input_names_key_and_line(tmp_path, bad, key, line, words):
     with pytest.raises(SpecError) as err:
@@ -149,3 +153,17 @@ def test_server_info_paths_are_checked(tmp_path):
     assert err.value.key == "engine.server_info"
     with pytest.raises(SpecError, match="a path or a list"):
         parse(GOOD.replace("  flags: {tp: 2}", "  flags: {tp: 2}\n  server_info: 7"), tmp_path)
+
+
+def test_checkout_and_build_env_reach_the_boot_request(tmp_path):
+    from bisect_harness.planning.plan import engine_fingerprint
+
+    spec = parse(GOOD.replace("  env: {NCCL", "  checkout: clone\n  build_env: [GGML_CUDA, GGML_CUDA]\n  env: {NCCL"),
+                 tmp_path)
+    assert spec.engine.checkout == "clone" and spec.engine.build_env == ("GGML_CUDA",)
+    plain = parse(GOOD, tmp_path)
+    assert plain.engine.checkout == "worktree" and plain.engine.build_env == ()
+    # a file that leaves checkout out keeps the config keys its ledger holds; clone is another engine build
+    assert engine_fingerprint(plain) == engine_fingerprint(parse(GOOD.replace(
+        "  env: {NCCL", "  checkout: worktree\n  env: {NCCL"), tmp_path))
+    assert engine_fingerprint(plain) != engine_fingerprint(spec)

@@ -1,16 +1,33 @@
-"""Commits into worktrees, without ever touching the user's checkout.
+"""Commits into checkouts, without ever touching the user's checkout.
 
 The user's repository is only *read* (``rev-parse``, ``rev-list``). Commits are
 fetched into a bare mirror in the cache folder (a local clone: objects are
-hard-linked, not copied), and each commit gets its own detached ``git worktree``
-of that mirror. The user's HEAD, index, files and even ``.git/worktrees`` stay
-as they were, on success and on failure.
+hard-linked, not copied), and each commit gets its own checkout of that mirror,
+in one of three modes (``engine.checkout``):
 
-A build runs once per (commit, interpreter, build argv, build env); its outcome
-and log are cached beside the worktree, so a commit that failed to build is a
-recorded skip and is not rebuilt on every boot. Each commit may have its own
-Python environment (``envs``), made over a base interpreter; the build cache is
-keyed on the interpreter, so a commit's build is never taken for another's.
+- ``worktree`` (the default): a detached ``git worktree``. Cheap; its ``.git`` is
+  a *file*, which some build scripts do not expect (llama.cpp's CMake of 2023
+  makes ``build-info.h`` depend on ``.git/index`` and stops with "No rule to make
+  target '.../.git/worktrees/.../index'").
+- ``tree``: the commit's files exported (``git archive``: no ``.git`` at all, as
+  a release tarball; ``export-ignore`` and ``export-subst`` attributes apply). For
+  build scripts that must not see a repository.
+- ``clone``: a full clone of the mirror (objects hard-linked), detached at the
+  commit, with its tags: for build scripts that run git (``git describe``,
+  ``.git/index`` as a dependency).
+
+The user's HEAD, index, files and even ``.git/worktrees`` stay as they were, on
+success and on failure. A ``tree`` or ``clone`` checkout is made in a temporary
+folder and renamed into place when whole, so a half-made one is never used.
+
+A build runs once per (commit, checkout, interpreter, build argv, the build's
+variables); its outcome and log are cached beside the checkouts, so a commit that
+failed to build is a recorded skip and is not rebuilt on every boot. The build's
+variables are the compiler's usual ones (:data:`BUILD_ENV`) and those the spec
+names in ``engine.build_env``; the rest of the environment (an arm's tuning
+variable, say) does not rebuild a commit. Each commit may have its own Python
+environment (``envs``), made over a base interpreter; the build cache is keyed on
+the interpreter, so a commit's build is never taken for another's.
 """
 
 from __future__ import annotations
@@ -20,7 +37,9 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +172,40 @@ class Workspace:
                 raise CommitError(f"commit {sha[:12]} could not be fetched from {self.repo_path}: "
                                   f"{exc.stderr.strip()}") from None
 
+    def checkout(self, sha: str, mode: str = "worktree") -> Path:
+        """The folder of ``sha``'s checkout in ``mode`` (:data:`CHECKOUT_MODES`), made on first use."""
+        if mode == "worktree":
+            return self.worktree(sha)
+        if mode not in CHECKOUT_MODES:
+            raise ValueError(f"unknown checkout mode {mode!r}")
+        path = self.root / CHECKOUT_FOLDERS[mode] / sha
+        if path.is_dir():  # only ever renamed into place whole
+            _touch(path)
+            return path
+        mirror = self.mirror()
+        with _locked(self._lock()):
+            if path.is_dir():  # another run made it while we waited
+                _touch(path)
+                return path
+            self._ensure_object(sha)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{sha}.tmp-{os.getpid()}")
+            _rmtree(tmp)
+            try:
+                if mode == "tree":
+                    _export(self.mirror_path, sha, tmp)
+                else:
+                    git.Repo.clone_from(str(self.mirror_path), str(tmp), no_checkout=True, local=True)
+                    git.Repo(tmp).git.checkout("--detach", "--force", sha)
+                os.replace(tmp, path)
+            except (git.GitCommandError, OSError, tarfile.TarError) as exc:
+                detail = exc.stderr.strip() if isinstance(exc, git.GitCommandError) else str(exc)
+                raise InfrastructureError(f"cannot make the {mode} checkout of {sha[:12]} in the cache: "
+                                          f"{detail}") from None
+            finally:
+                _rmtree(tmp)
+        return path
+
     def worktree(self, sha: str) -> Path:
         """A clean detached checkout of ``sha`` in the cache (created on first use)."""
         path = self.trees / sha
@@ -189,15 +242,16 @@ class Workspace:
     # ------------------------------------------------------------------ build
 
     def build(self, sha: str, argv: Sequence[str] | None, env: Mapping[str, str], *,
-              timeout_s: float = 3600.0, python: str | None = None) -> BuildResult:
-        """Run the build argv in the commit's worktree once per interpreter (``python``,
-        the one ``{python}`` named and the build installs into); raise ``BuildFailed``
-        with the log tail."""
-        tree = self.worktree(sha)
+              timeout_s: float = 3600.0, python: str | None = None, mode: str = "worktree",
+              build_env: Sequence[str] = ()) -> BuildResult:
+        """Run the build argv in the commit's checkout once per interpreter (``python``,
+        the one ``{python}`` named and the build installs into) and per value of the
+        build's variables (:func:`build_key`); raise ``BuildFailed`` with the log tail."""
+        tree = self.checkout(sha, mode)
         if not argv:
             return BuildResult(True, tree / ".harness-build.log", 0.0, True)
         python = python or sys.executable
-        ident = hashlib.sha256(json.dumps([python, list(argv), sorted(env.items())]).encode()).hexdigest()[:12]
+        ident = build_key(python, argv, env, mode=mode, build_env=build_env)
         marker = self.root / "builds" / f"{sha}-{ident}.json"
         log_path = marker.with_suffix(".log")
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +261,8 @@ class Workspace:
             return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
 
     def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
+        """One build (or its cached outcome). It runs with the whole ``env``; the marker
+        records the checkout it ran in."""
         if marker.exists():
             info = json.loads(marker.read_text())
             if not info["ok"]:
@@ -228,12 +284,55 @@ class Workspace:
         seconds = time.monotonic() - start
         tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: never half a marker
         tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
-                                   "python": python, "worktree": str(tree)}))
+                                   "python": python, "checkout": str(tree)}))
         os.replace(tmp, marker)
         if code != 0:
             raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
                               log_tail=read_tail(log_path), log_path=str(log_path))
         return BuildResult(True, log_path, seconds, False)
+
+
+#: How a commit is checked out (``engine.checkout``); the first is the default.
+CHECKOUT_MODES = ("worktree", "tree", "clone")
+#: Each mode's folder in a repository's cache folder.
+CHECKOUT_FOLDERS = {"worktree": "worktrees", "tree": "trees", "clone": "clones"}
+
+#: Variables that change what a compiler makes, so they key a commit's build; a
+#: spec adds its own with ``engine.build_env``. PATH is left out: the interpreter
+#: (and so a commit's own environment) is in the key already.
+BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CMAKE_ARGS", "CMAKE_BUILD_TYPE",
+             "CMAKE_GENERATOR", "CUDA_HOME", "CUDACXX", "CUDAARCHS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+             "TORCH_CUDA_ARCH_LIST", "ROCM_PATH", "HIPCXX")
+
+
+def build_key(python: str, argv: Sequence[str], env: Mapping[str, str], *, mode: str = "worktree",
+              build_env: Sequence[str] = ()) -> str:
+    """A build's cache key: the interpreter, the rendered argv, the checkout mode (a
+    worktree's build is not a clone's) and the values of the build's variables
+    (:data:`BUILD_ENV` and ``build_env``; an unset one counts as unset)."""
+    names = sorted(set(BUILD_ENV) | set(build_env))
+    fields = [python, list(argv), [[n, env.get(n)] for n in names]]
+    if mode != "worktree":
+        fields.append(mode)
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
+
+
+def _export(mirror: Path, sha: str, dest: Path) -> None:
+    """The files of ``sha`` into ``dest`` (made here), as ``git archive`` writes them,
+    read as a stream: nothing on disk but the files."""
+    dest.mkdir(parents=True)
+    proc = subprocess.Popen(["git", "--git-dir", str(mirror), "archive", "--format=tar", sha],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            tar.extractall(dest, filter="tar")  # no member outside dest, no setuid bits
+    finally:
+        proc.stdout.close()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        proc.stderr.close()
+        code = proc.wait()
+    if code != 0:
+        raise OSError(f"git archive {sha[:12]} exited {code}: {err}")
 
 
 #: Seconds a run waits for another run's mirror, worktree or environment creation.

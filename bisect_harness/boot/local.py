@@ -21,6 +21,7 @@ import functools
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -82,6 +83,30 @@ def _usage_check(b: "_Boot", requests) -> None:
     seen["requests"] += len(bad)
     if "usage_mismatch" not in b.marks:
         b.marks.append("usage_mismatch")
+
+
+#: How a server's top process may end when the harness stops it: exit 0, or killed by
+#: SIGTERM (-15 as Python reports a signal, 143 as a shell wrapper passes it on).
+_STOPPED_AS_ASKED = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def _stop_check(b: "_Boot", server) -> None:
+    """The launched server's exit code at the harness's stop, in the boot's record
+    (``provenance["stop"]``); any other end than :data:`_STOPPED_AS_ASKED` (a wrapper
+    that exits 1 when SIGTERM reached its server first, a server killed after the
+    grace) is said there and marks the boot ``stop_unclean``. Its samples were taken
+    before the stop and count."""
+    rc = getattr(server, "returncode", None)  # an attached server is not ours to stop
+    if rc is None:
+        return
+    clean = rc in _STOPPED_AS_ASKED
+    b.provenance["stop"] = {"exit_code": rc, "clean": clean}
+    if not clean:
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited {rc}"
+        b.provenance["stop"]["note"] = (f"the server's top process {how} when the harness stopped it (SIGTERM, "
+                                        "then SIGKILL after the grace); its samples were taken before and count")
+        if "stop_unclean" not in b.marks:
+            b.marks.append("stop_unclean")
 
 
 def _source(req: BootRequest):
@@ -336,6 +361,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
             if b.status == "running":
                 b.status = "ok"
             b.log_tail = server.log_tail(40)
+        _stop_check(b, server)
     except _Stop:
         b.log_tail = read_tail(log_path)
     except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried

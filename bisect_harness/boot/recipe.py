@@ -23,18 +23,19 @@ __all__ = ["checkout", "placeholders", "working_dir", "process_env"]
 
 
 def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
-    """The worktree of ``req``'s commit (None without one) and the environment it runs in;
+    """The checkout of ``req``'s commit (``engine.checkout``: a worktree, an exported tree
+    or a clone; None without a commit) and the environment it runs in;
     the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
     worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
     if req.commit is not None and req.repo is not None:
         ws = Workspace(Path(req.repo), Path(req.cache_dir))
-        worktree = ws.worktree(req.commit)
+        worktree = ws.checkout(req.commit, req.checkout)
         if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
             cenv = ws.environment(req.commit, req.base_python)
         if req.build_argv:
             places = placeholders(req, port="", worktree=worktree, python=cenv.python)
             ws.build(req.commit, render_argv(list(req.build_argv), **places),
-                     process_env(req, cenv), python=cenv.python)
+                     process_env(req, cenv), python=cenv.python, mode=req.checkout, build_env=req.build_env)
     return worktree, cenv
 
 

@@ -107,6 +107,8 @@ class BootRequest:
     checks: Checks
     log_path: str
     devices_needed: int = 1               # GPUs per boot (the config's tensor parallel degree)
+    checkout: str = "worktree"            # how the commit is checked out (boot.checkout.CHECKOUT_MODES)
+    build_env: tuple[str, ...] = ()       # variables that key the build, beyond boot.checkout.BUILD_ENV
     devices: DeviceSet | None = None      # assigned by the backend before the boot starts
 
     def env_dict(self) -> dict[str, str]:

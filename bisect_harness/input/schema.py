@@ -79,6 +79,8 @@ def _presets() -> list[str]:
 
 def hypotheses_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a hypotheses file."""
+    from ..boot.checkout import CHECKOUT_MODES
+
     engine = _section(_spec._ENGINE, _spec.EngineSpec, {
         "preset": {"type": "string", "enum": _presets(), "default": "openai"},
         "repo": {"type": "string", "description": "the engine's git repository (relative to the file)"},
@@ -88,6 +90,11 @@ def hypotheses_schema() -> dict[str, Any]:
         "metrics": {"type": "array", "items": {"type": "object"},
                     "description": "metric sources (kind: prometheus | server_info | log_pattern ...)"},
         "environment": {"type": "string", "enum": list(ENV_MODES)},
+        "checkout": {"type": "string", "enum": list(CHECKOUT_MODES), "default": CHECKOUT_MODES[0],
+                     "description": "how each commit is checked out: a git worktree, its files alone (tree), "
+                                    "or a full clone"},
+        "build_env": {"type": "array", "items": {"type": "string"},
+                      "description": "variables whose values key a commit's build (beyond the compiler's)"},
     })
     bench = _section(_spec._BENCH, BenchmarkSpec, {
         "api": {"type": "string", "enum": ["completions", "generate"], "default": "completions"},

@@ -67,6 +67,8 @@ class EngineSpec:
     environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
     base_url: str | None = None  # attach mode: a running server's URL (attach.AttachedSource); nothing launched
     api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
+    checkout: str = "worktree"  # worktree | tree | clone (boot.checkout.CHECKOUT_MODES)
+    build_env: tuple[str, ...] = ()  # variables that key a commit's build, beyond boot.checkout.BUILD_ENV
 
     @property
     def environment_mode(self) -> str:
@@ -517,7 +519,7 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 _TOP = ("version", "engine", "benchmark", "defaults", "backend", "hypotheses")
 BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
-           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env")
+           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
@@ -525,7 +527,7 @@ _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_eff
 _MECH = ("metric", "expect", "min_effect")
 _ARM = ("commit", "env", "flags", "base_url")
 #: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
-_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags")
+_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags", "checkout", "build_env")
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -653,12 +655,32 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     if environment is not None and repo is None and not preset.has_default_repo:
         raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
                           "repository (engine.repo); remove engine.environment or add engine.repo")
+    checkout, build_env = _checkout_keys(r, e)
     return EngineSpec(
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
         metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,
-        api_key_env=e.get("api_key_env"))
+        api_key_env=e.get("api_key_env"), checkout=checkout, build_env=build_env)
+
+
+def _checkout_keys(r: _Reader, e: dict) -> tuple[str, tuple[str, ...]]:
+    """engine.checkout (how each commit is checked out) and engine.build_env (the
+    variables whose values key a commit's build)."""
+    from ..boot.checkout import CHECKOUT_MODES
+
+    mode = e.get("checkout", CHECKOUT_MODES[0])
+    if mode not in CHECKOUT_MODES:
+        raise r.doc.error("engine.checkout", f"must be one of {', '.join(CHECKOUT_MODES)}, got {mode!r}: "
+                          "'worktree' (a git worktree; its .git is a file), 'tree' (the commit's files, no .git) "
+                          "or 'clone' (a full clone, for build scripts that run git or read .git/index)")
+    names = e.get("build_env", [])
+    r.typed(names, "engine.build_env", (list,), "a list of environment variable names")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise r.doc.error(f"engine.build_env[{i}]", f"expected an environment variable name like CMAKE_ARGS, "
+                              f"got {name!r}")
+    return mode, tuple(dict.fromkeys(names))
 
 
 def _url(r: _Reader, value, path: str) -> str:

@@ -1,10 +1,12 @@
 """The cache's worktrees and environments: what is there, and reclaiming it.
 
-The cache folder holds, per engine repository, a bare mirror, a worktree per
-commit (``worktrees/<sha>``), a Python environment per commit and base
+The cache folder holds, per engine repository, a bare mirror, a checkout per
+commit and mode (``worktrees/<sha>``, ``trees/<sha>``, ``clones/<sha>``: see
+``boot.checkout``), a Python environment per commit and base
 interpreter (``envs/<sha>-<base>``) and build markers with their logs
 (``builds/<sha>-<key>.json``). ``list_cache`` reports every worktree and
-environment with its size and when it was last used; ``prune`` removes them
+environment with its size and when it was last used (a half-made checkout, a
+dot-folder, is not listed); ``prune`` removes them
 by age and/or until the total fits a size, oldest first.
 
 Only the cache folder is touched, never the user's repository: a worktree is
@@ -28,17 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..boot.checkout import CHECKOUT_FOLDERS
 from ..errors import UserError
 
 __all__ = ["CacheEntry", "list_cache", "select_for_prune", "prune", "parse_size", "parse_age", "human_size",
            "human_age"]
 
-KINDS = ("worktree", "environment")
+#: Each kind of entry and its folder in a repository's cache folder: the checkouts, then environments.
+FOLDERS = {**CHECKOUT_FOLDERS, "environment": "envs"}
+KINDS = tuple(FOLDERS)
 
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One worktree or environment in the cache."""
+    """One checkout (worktree, tree or clone) or environment in the cache."""
 
     kind: str
     repo: str  # the repository's folder in the cache: <name>-<hash of its path>
@@ -85,10 +90,11 @@ def list_cache(cache_dir: Path) -> list[CacheEntry]:
     if not repos.is_dir():
         return out
     for repo in sorted(p for p in repos.iterdir() if p.is_dir()):
-        for kind, folder in (("worktree", repo / "worktrees"), ("environment", repo / "envs")):
+        for kind, name in FOLDERS.items():
+            folder = repo / name
             if not folder.is_dir():
                 continue
-            for path in sorted(p for p in folder.iterdir() if p.is_dir()):
+            for path in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 commit = path.name.split("-", 1)[0]
                 out.append(CacheEntry(kind=kind, repo=repo.name, commit=commit, path=path,
                                       size_bytes=_size(path), last_used=_last_used(path)))
@@ -141,7 +147,7 @@ def prune(entries: Iterable[CacheEntry]) -> list[CacheEntry]:
     """Remove ``entries`` (inside the cache only); returns those removed."""
     done = []
     for e in entries:
-        if e.kind not in KINDS or e.path.parent.name not in ("worktrees", "envs"):
+        if e.kind not in KINDS or e.path.parent.name != FOLDERS[e.kind]:
             raise ValueError(f"not a cache entry: {e.path}")
         _drop_builds(e)
         if e.kind == "worktree":

@@ -148,8 +148,11 @@ class Plan:
         keys = {f: presets.info_key(f, preset) for f in flags}
         checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
         template = presets.launch_argv(engine.launch, flags, preset)
-        shown = presets.render_argv(template, **presets.placeholder_values(port="{port}", worktree=None, python=python,
-                                                                           spec_dir=spec.spec_dir))
+        # {worktree} stays a placeholder where a commit is checked out (each boot's own folder:
+        # the journal's "ran as"); without one it is the spec's folder, as at boot time
+        checked_out = "{worktree}" if arm.commit is not None and self.repo is not None else None
+        shown = presets.render_argv(template, **presets.placeholder_values(
+            port="{port}", worktree=checked_out, python=python, spec_dir=spec.spec_dir))
         devices = presets.devices_needed(flags, preset)
         env = {**preset.env, **arm.env}  # what the engine needs to be observable, then the arm
         request = BootRequest(
@@ -170,7 +173,8 @@ class Plan:
             benchmark=spec.benchmark, samples=d.samples_per_boot,
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
-            log_path=str(Path(os.devnull)), devices_needed=devices)
+            log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
+            build_env=engine.build_env)
         return ConfigRecipe(series=series, argv=tuple(shown), request=request)
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
@@ -189,6 +193,8 @@ def engine_fingerprint(spec: Spec) -> str:
               "metrics": [repr(m) for m in e.metrics]}
     # Only when written: files that leave them out keep the keys their ledgers already hold.
     fields.update({k: v for k, v in (("python", e.python), ("environment", e.environment)) if v is not None})
+    if e.checkout != "worktree":  # a build script may make another engine from a tree or a clone (its version)
+        fields["checkout"] = e.checkout
     if e.base_url is not None:  # attached: which server (the key's variable name, never the key)
         fields.update(base_url=e.base_url, api_key_env=e.api_key_env)
     payload = json.dumps(fields, sort_keys=True, default=str)

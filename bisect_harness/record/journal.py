@@ -264,6 +264,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             busy = host_state.boot_line(b)
             if busy:
                 details.append(f"- contention during the benchmark: {_md(busy)}")
+            stop = (b.provenance or {}).get("stop") or {}
+            if not stop.get("clean", True):  # how the server ended at the harness's stop
+                details.append(f"- stop: {_md(stop.get('note', ''))}")
             details.append(f"- ran as: `{reproduce.boot_command(b)}`")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
