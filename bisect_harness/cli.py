@@ -19,12 +19,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape  # every user string shown through Rich markup goes through it
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
 from rich.table import Table
 
 from .errors import HarnessError, InfrastructureError, UserError
 from .model import NOT_MEASURED, shown_outcome
+from .record.progress import observer_for
 from .secrets import redact_obj, redact_text
 from .input.spec import effect_value
 from .analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
@@ -52,64 +51,6 @@ WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
 
 def _console(json_mode: bool) -> Console:
     return Console(stderr=json_mode, highlight=False)
-
-
-class _ProgressObserver:
-    """Rich progress (an ``executor.Observer``): one overall bar on top, boots done against
-    the run's budget of boots with an ETA, and one bar per boot, advanced per sample."""
-
-    def __init__(self, console: Console, budget: int | None = None):
-        self.console = console
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
-        self.task = None
-        self.budget = budget
-        self.overall = None  # made with the run's first line or boot: bad input shows no empty bar
-
-    def _overall(self):
-        if self.overall is None:
-            self.overall = self.progress.add_task("boots done / budget", total=self.budget)
-        return self.overall
-
-    def __enter__(self):
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.progress.stop()
-
-    def run_started(self, run, plan) -> None:
-        self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
-        from .record.progress import boot_budget
-
-        self.budget = boot_budget(plan)
-        self.progress.update(self._overall(), total=self.budget)
-
-    def boot_started(self, config, attempt, samples) -> None:
-        self._overall()
-        self.task = self.progress.add_task(escape(f"boot {attempt} {config.label[:60]}"), total=samples)
-
-    def sample_done(self, config, index, metrics) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task)
-
-    def boot_finished(self, config, boot) -> None:
-        if self.task is not None:
-            status = boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
-            self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {status}"))
-            self.task = None
-        overall = self._overall()
-        self.progress.advance(overall)
-        task = next(t for t in self.progress.tasks if t.id == overall)
-        if task.total is not None and task.completed > task.total:  # retries past the budget
-            self.progress.update(overall, total=task.completed)
-
-    def verdict(self, hypothesis, verdict) -> None:
-        if verdict.final:
-            self.console.print(f"  {escape(hypothesis.id)}: [bold]{escape(verdict.outcome)}[/bold] ({escape(verdict.reason)})")
-
-    def message(self, text: str) -> None:
-        self.console.print(redact_text(text), markup=False)
 
 
 def _verdict_table(run) -> Table:
@@ -203,7 +144,7 @@ def run(
     if dry_run:
         _dry_run(plan, console, json_out=json_out, check_flags=check_flags)
         return
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+    with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         earlier = None
         if resume is not None:  # the run to continue, refused before anything is written
@@ -402,7 +343,7 @@ def explain(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console) as obs, \
+    with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
                                   cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
@@ -422,6 +363,8 @@ def bisect(
     confidence: float = typer.Option(DEFAULT_CONFIDENCE, "--confidence", help="Posterior mass the culprit must hold."),
     max_boots: int = typer.Option(DEFAULT_MAX_BOOTS, "--max-boots", help="Budget of boots for the search."),
     first_parent: bool = typer.Option(False, "--first-parent", help="Follow only the first parent of merges."),
+    fresh: bool = typer.Option(False, "--fresh", help="New boots only: boots of earlier runs in the ledger do not "
+                               "feed the search (by default they feed its posterior, never its paired tests)."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
@@ -437,12 +380,12 @@ def bisect(
 
     console = _console(json_out)
     spec = load_spec(file)
-    with Ledger(ledger) as led, _ProgressObserver(console, budget=max_boots) as obs, \
+    with Ledger(ledger) as led, observer_for(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
                                         log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
-                                        backend=boots)
+                                        backend=boots, fresh=fresh)
         _write_journal(led, executor.run, journal_dir, console, ledger)
         if result.culprit:
             console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
@@ -488,7 +431,7 @@ def nightly(
     console = _console(json_out)
     spec = load_spec(file)
     budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
-    with Ledger(ledger) as led, _ProgressObserver(console, budget=budget) as obs, \
+    with Ledger(ledger) as led, observer_for(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=_effect(min_effect), alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,

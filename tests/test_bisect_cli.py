@@ -83,7 +83,12 @@ def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str):
                              "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
                              "--journal-dir", str(tmp_path / "journal"), "--metric", "decode_ms", *extra], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), seconds
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # piped: a plain line per boot and per search step on stderr, as they happen
+    lines = proc.stderr.splitlines()
+    assert sum(1 for x in lines if re.match(r"boot \d+ \(.*, #\d+\): \w+", x)) >= out["new_boots"], proc.stderr[-3000:]
+    assert any(x.startswith("bisect step 1: endpoints ") for x in lines), proc.stderr[-3000:]
+    return out, seconds
 
 
 def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
@@ -148,6 +153,20 @@ def test_resumes_from_the_ledger(hist, tmp_path):
         assert all(p.boots_requested == 0 for p in reused)
         assert any(not p.reused and p.values for p in bis.probes), "and it measured more"
         assert led.session.get(Bisection, first["bisection_id"]).result["stopped"] == "budget"
+        # the reused boots are listed by run, and every paired test is recorded with its own boots
+        assert all("from run 1" in p.note and len(p.boot_ids) == p.reused for p in reused)
+    assert second["reused_runs"] == [1]
+    tests = second["tests"]
+    assert tests[0]["kind"] == "endpoints" and tests[0]["decision"] == "passed"
+    assert (tests[-1]["kind"], tests[-1]["decision"], tests[-1]["bad"]) == ("verify", "passed", hist.events["regression"])
+    assert all(len(t["boot_ids"]) >= 2 * t["pairs"] for t in tests)
+    assert not set(tests[0]["boot_ids"]) & {b for p in reused for b in p.boot_ids}, "reused boots feed no test"
+    journal = "\n".join(p.read_text() for p in (tmp_path / "journal").glob("*.md"))
+    assert "| endpoint check |" in journal and "| head-to-head 1 |" in journal
+
+    # --fresh: boots of earlier runs are left out, the search starts from nothing
+    third, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh")
+    assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 
 def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):

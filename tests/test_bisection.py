@@ -482,6 +482,28 @@ def test_wrong_candidate_is_not_reported_when_its_parent_is_the_same():
     result = search.result()
     assert result.culprit is None and result.stopped is not StopReason.CONFIDENT
     assert result.verify_test.decision == "failed"
+    # every test is in the result, the failed one too, with the commits it compared
+    assert [(t.number, t.kind, t.good, t.bad, t.test.decision) for t in result.tests][:2] == [
+        (0, "endpoints", "c000", "c007", "passed"), (1, "verify", "c004", "c005", "failed")]
+    assert result.tests[1].test.pairs == len(tested) or len(result.tests) > 2
+
+
+def test_each_round_of_a_paired_test_says_which_test_it_is_a_side_of():
+    engine = FakeEngine(12, 6, change=-0.2, within_cv=0.01, between_cv=0.005)
+    search = search_for(engine, max_boots=200)
+    seen = []
+    while (rnd := search.next_round()) is not None:
+        seen.append([(p.purpose, p.test) for p in rnd])
+        search.observe_round(rnd, [engine(p.commit, p.boots) for p in rnd])
+    result = search.result()
+    assert result.culprit == engine.commits[6]
+    for rnd in seen:
+        for purpose, test in rnd:
+            assert test == {"endpoints": 0, "verify": 1}.get(purpose), rnd  # probes and anchors: None
+    kinds = [(t.number, t.kind, t.test.decision) for t in result.tests]
+    assert kinds == [(0, "endpoints", "passed"), (1, "verify", "passed")]
+    assert result.tests[1].good == engine.commits[5] and result.tests[1].bad == engine.commits[6]
+    assert result.tests[0].test.pairs == sum(1 for r in seen if r[0][0] == "endpoints")
 
 
 def test_paired_sequential_test_keeps_alpha_under_heavy_tailed_null():

@@ -328,15 +328,40 @@ def test_progress_line_shows_marks_and_labels_verbatim():
 
     from rich.console import Console
 
-    from bisect_harness.cli import _ProgressObserver
+    from bisect_harness.record.progress import BarsObserver
 
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=False, color_system=None)
     config = SimpleNamespace(label=f"HEAD TAG={RED}")
-    with _ProgressObserver(console) as obs:
+    with BarsObserver(console) as obs:
         obs.boot_started(config, 1, 1)
         obs.boot_finished(config, SimpleNamespace(seq=1, status="ok", marks=["env_missing"]))
         obs.message(f"note {RED} [bold]x")
     text = out.getvalue()
     assert f"boot 1 HEAD TAG={RED}: ok [env_missing]" in text
     assert f"note {RED} [bold]x" in text
+
+
+def test_piped_progress_is_a_plain_line_per_boot_and_per_step():
+    """Not a terminal (CI, a pipe, a batch job): nothing held back to the end, no bars."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from bisect_harness.record.progress import BarsObserver, LinesObserver, observer_for
+
+    console = Console(file=io.StringIO(), width=200, force_terminal=False, color_system=None)
+    assert isinstance(observer_for(console), LinesObserver)
+    assert isinstance(observer_for(Console(file=io.StringIO(), force_terminal=True)), BarsObserver)
+    lines = io.StringIO()
+    config = SimpleNamespace(label=f"HEAD TAG={RED}")
+    with LinesObserver(console, budget=40, stream=lines) as obs:
+        obs.boot_started(config, 1, 2)
+        obs.sample_done(config, 0, {})
+        obs.boot_finished(config, SimpleNamespace(id=7, seq=1, status="ok", marks=["host_busy"]))
+        obs.search_step("bisect step 1: endpoints abc 1 boot")
+    got = lines.getvalue().splitlines()
+    assert len(got) == 2 and got[1] == "bisect step 1: endpoints abc 1 boot"
+    assert got[0].startswith(f"boot 7 (HEAD TAG={RED}, #1): ok [host_busy] in ") and got[0].endswith("; 1/40 boots")
+    assert console.file.getvalue() == ""  # the run's own lines stay on the console; the boots go to stderr

@@ -114,6 +114,7 @@ from .stats import decide
 
 __all__ = [
     "BisectResult",
+    "SearchTest",
     "BisectionSearch",
     "DEFAULT_CONFIDENCE",
     "DEFAULT_MAX_BOOTS",
@@ -200,6 +201,9 @@ class Probe:
     commit: str
     boots: int
     purpose: str = "probe"
+    #: the paired test this boot is a side of: 0 the endpoint check, g >= 1 the g-th
+    #: head-to-head test; None for a probe or an anchor
+    test: int | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,19 @@ class PairedTest:
     p_value: float
     alpha_per_look: float
     decision: str
+
+
+@dataclass(frozen=True)
+class SearchTest:
+    """One paired test a search ran: ``number`` 0 is the endpoint check (``good`` the
+    known-good, ``bad`` the known-bad commit), 1, 2, ... the head-to-head tests
+    (``good`` the parent, ``bad`` the candidate), passed or not."""
+
+    number: int
+    kind: str  # "endpoints" | "verify"
+    good: str
+    bad: str
+    test: PairedTest
 
 
 @dataclass(frozen=True)
@@ -256,6 +273,7 @@ class BisectResult:
     no_step_probability: float = 0.0
     endpoint_test: PairedTest | None = None
     verify_test: PairedTest | None = None
+    tests: tuple[SearchTest, ...] = ()  # every paired test, in the order started (the endpoint check first)
 
 
 def look_schedule(min_pairs: int, max_pairs: int) -> tuple[int, ...]:
@@ -802,7 +820,8 @@ class BisectionSearch:
         number of paired rounds so far (so a replayed search draws the same)."""
         first_good = bool(np.random.default_rng([self._seed, self._pair_rounds]).random() < 0.5)
         a, b = (good, bad) if first_good else (bad, good)
-        return (Probe(self._commits[a], 1, purpose), Probe(self._commits[b], 1, purpose))
+        test = 0 if purpose == "endpoints" else len(self._gates)  # the open test is the last gate
+        return (Probe(self._commits[a], 1, purpose, test), Probe(self._commits[b], 1, purpose, test))
 
     # -- deciding --------------------------------------------------------------------
 
@@ -985,7 +1004,16 @@ class BisectionSearch:
             no_step_probability=float(st["p_none"]),
             endpoint_test=st["endpoint_test"],
             verify_test=st["verify_test"],
+            tests=self._tests(),
         )
+
+    def _tests(self) -> tuple[SearchTest, ...]:
+        """The endpoint check (once it has a pair) and every head-to-head test started."""
+        c = self._commits
+        et = self._endpoint_test()
+        out = [SearchTest(0, "endpoints", c[0], c[-1], et)] if et.pairs else []
+        out += [SearchTest(g + 1, "verify", c[a], c[b], self._gate_test(g)) for g, (a, b) in enumerate(self._gates)]
+        return tuple(out)
 
 
 def run_search(search: BisectionSearch,

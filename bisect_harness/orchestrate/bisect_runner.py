@@ -21,10 +21,10 @@ from typing import Sequence
 
 from ..analysis import host_state
 from ..analysis.bisection import (DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, BisectionSearch, BisectResult,
-                                  PairedTest, StopReason)
+                                  PairedTest, SearchTest, StopReason)
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
-from ..record.ledger import Bisection, HypothesisRow, Ledger, Probe
+from ..record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config
 from ..input.spec import Spec
@@ -47,6 +47,8 @@ class BisectOutcome:
     no_step_probability: float = 0.0
     endpoint_test: dict | None = None
     verify_test: dict | None = None
+    tests: tuple[dict, ...] = ()     # every paired test the search ran, with its boots (``_tests_json``)
+    reused_runs: tuple[int, ...] = ()  # the earlier runs whose boots fed the posterior
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
@@ -54,7 +56,8 @@ class BisectOutcome:
                 "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
-                "verify_test": self.verify_test, "warnings": list(self.warnings)}
+                "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
+                "warnings": list(self.warnings)}
 
 
 def _test_json(test: PairedTest | None) -> dict | None:
@@ -62,6 +65,13 @@ def _test_json(test: PairedTest | None) -> dict | None:
         return None
     return {"pairs": test.pairs, "mean": test.mean if math.isfinite(test.mean) else None,
             "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
+
+
+def _tests_json(tests: Sequence[SearchTest], boots: dict[int, list[int]]) -> tuple[dict, ...]:
+    """Each paired test as ``--json`` and the journal show it: which, between which
+    commits, its decision and figures, and the boots of its rounds (this run's)."""
+    return tuple({"test": t.number, "kind": t.kind, "good": t.good, "bad": t.bad, **_test_json(t.test),
+                  "boot_ids": sorted(boots.get(t.number, []))} for t in tests)
 
 
 def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str) -> tuple[Metric, Plan]:
@@ -77,26 +87,43 @@ def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str) -
 
 
 def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
-                   confidence: float, max_boots: int, hypothesis_id: int | None = None) -> BisectOutcome:
-    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark."""
+                   confidence: float, max_boots: int, hypothesis_id: int | None = None,
+                   fresh: bool = False) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark.
+    Finished boots of the same configs on this host, from earlier runs, feed the
+    posterior (never the paired tests) unless ``fresh``."""
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
     configs = {sha: make_config(spec, Arm(commit=sha, env=dict(env), flags=dict(flags))) for sha in commits}
     reused_total = 0
-    observed: dict[str, list[float]] = {}
+    observed: dict[str, tuple[list[float], list[Boot]]] = {}
     for sha, pc in configs.items():
-        values = ledger.boot_values(ledger.reusable_boots(pc.key, sched.host_fp), metric).means()
-        if values:
-            observed[sha] = values
-            reused_total += len(values)
+        if fresh:
+            break
+        found = ledger.reusable_boots(pc.key, sched.host_fp)
+        got = ledger.boot_values(found, metric)
+        if got.boot_ids:
+            by_id = {b.id: b for b in found}
+            observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
+            reused_total += len(got.boot_ids)
     search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
                              max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots))
-    for sha, values in observed.items():
+    reused_runs: set[int] = set()
+    for sha, (values, boots) in observed.items():
         search.observe(sha, values)
+        runs = sorted({b.run_id for b in boots})
+        reused_runs.update(runs)
+        subject = sched.ws.subject(sha) if sched.ws else ""
         ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
-                         note=sched.ws.subject(sha) if sched.ws else "", purpose="reused"))
+                         note=f"{subject} | from run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))}",
+                         purpose="reused", boot_ids=[b.id for b in boots]))
+    if reused_runs:
+        sched.obs.message(f"bisection: {reused_total} boots of earlier runs ({', '.join(map(str, sorted(reused_runs)))})"
+                          " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
+    test_boots: dict[int, list[int]] = {}
     new_boots = 0
+    step = 0
     stop: StopReason | None = None
     while (rnd := search.next_round()) is not None:
         if new_boots >= max_boots:
@@ -120,10 +147,17 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             elif m.usable < m.asked:
                 note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
             results.append(None if m.unmeasurable and not m.values else list(m.values))
+            booted = sorted(m.boot_ids + m.failed_ids + m.left_out_ids)
+            if probe.test is not None:
+                test_boots.setdefault(probe.test, []).extend(booted)
+                if probe.test:
+                    note = f"{note} | head-to-head test {probe.test}"
             ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
                              values=list(m.values), skipped=results[-1] is None, note=note,
-                             purpose=probe.purpose, boot_ids=sorted(m.boot_ids + m.failed_ids + m.left_out_ids)))
+                             purpose=probe.purpose, boot_ids=booted))
         search.observe_round(rnd, results)
+        step += 1
+        sched.obs.search_step(step_line(step, rnd, results, search.result(), new_boots, max_boots))
         if booked == 0 and not any(r is None for r in results):
             stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
             break
@@ -134,11 +168,28 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         skipped=tuple(s for s, _ in res.skipped), stopped=(stop or res.stopped).value, bisection_id=bis.id,
         warnings=tuple(_host_warnings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
-        verify_test=_test_json(res.verify_test))
+        verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
+        reused_runs=tuple(sorted(reused_runs)))
     bis.status = "done" if (stop or res.stopped) != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome
+
+
+def step_line(step: int, rnd, results, res: BisectResult, new_boots: int, max_boots: int) -> str:
+    """One line of a search's progress: what this step booted and where the search stands,
+    e.g. ``bisect step 9: verify e7ae9b5a1d83 1 boot, verify 85ce66b6f99d 1 boot;
+    leader 85ce66b6f99d P=0.962, 2 candidates above 1%; 23/100 new boots``."""
+    probes = ", ".join(f"{p.purpose} {p.commit[:12]} " + ("skipped" if r is None else _boots(len(r)))
+                       for p, r in zip(rnd, results))
+    left = sum(1 for c in res.candidates if c.probability >= 0.01)
+    lead = res.candidate_set[0][:12] if res.candidate_set else "none"
+    return (f"bisect step {step}: {probes}; leader {lead} P={res.probability:.3f}, {left} candidate"
+            f"{'s' if left != 1 else ''} above 1%; {new_boots}/{max_boots} new boots")
+
+
+def _boots(n: int) -> str:
+    return f"{n} boot" if n == 1 else f"{n} boots"
 
 
 def _host_warnings(sched: Scheduler, configs) -> list[str]:
@@ -155,8 +206,8 @@ def _host_warnings(sched: Scheduler, configs) -> list[str]:
 
 def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
                  max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
-                 observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None
-                 ) -> tuple[BisectOutcome, Scheduler]:
+                 observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None,
+                 fresh: bool = False) -> tuple[BisectOutcome, Scheduler]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
     m, plan = engine_plan(spec, metric, cache_dir, "bisection")
     ws = plan.ws
@@ -169,7 +220,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
                       backend=backend)
     with sched.recording("bisect"):
         outcome = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
-                                 expect=m.worse, confidence=confidence, max_boots=max_boots)
+                                 expect=m.worse, confidence=confidence, max_boots=max_boots, fresh=fresh)
     sched.finish_run("done")
     return outcome, sched
 

@@ -415,13 +415,22 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
     if vt:
         summary += (f" Head-to-head test: {vt.get('decision')} after {vt.get('pairs')} paired rounds "
                     f"(p = {_fmt(vt.get('p_value'), 4)}, level per look {_fmt(vt.get('alpha_per_look'), 4)}).")
+    if result.get("reused_runs"):
+        n = sum(p.reused or 0 for p in bis.probes)
+        summary += (f" {n} boots of earlier runs ({', '.join(str(r) for r in result['reused_runs'])}) fed the "
+                    "posterior, not its paired tests (`reused` rows; hollow in the plot).")
+    tests = [{"name": "endpoint check" if t.get("kind") == "endpoints" else f"head-to-head {t.get('test')}",
+              "good": str(t.get("good", ""))[:12], "bad": str(t.get("bad", ""))[:12], "pairs": t.get("pairs"),
+              "mean": _fmt(t.get("mean"), 4), "p": _fmt(t.get("p_value"), 4), "level": _fmt(t.get("alpha_per_look"), 4),
+              "decision": _md(str(t.get("decision"))), "boot_ids": ", ".join(map(str, t.get("boot_ids") or [])) or "-"}
+             for t in result.get("tests") or []]
     plot = None
     if plots_dir is not None and bis.probes:
         plot = _plot_bisection(bis, plots_dir, stem)
     if result.get("warnings"):
         summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
     return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
-            "probes": probes, "candidates": cands, "plot": plot}
+            "probes": probes, "candidates": cands, "plot": plot, "tests": tests}
 
 
 def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
@@ -431,18 +440,22 @@ def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
     import matplotlib.pyplot as plt
 
     order = {c: i for i, c in enumerate(bis.commits or [])}
-    xs, ys = [], []
+    points = {True: ([], []), False: ([], [])}  # reused from earlier runs or not: (xs, ys)
     for p in bis.probes:
         for v in p.values or []:
             if p.commit in order:
+                xs, ys = points[bool(p.reused)]
                 xs.append(order[p.commit])
                 ys.append(float(v))
-    if not xs:
+    if not points[True][0] and not points[False][0]:
         return None
     plots_dir.mkdir(parents=True, exist_ok=True)
     path = plots_dir / f"{stem}-bisection-{bis.id}.png"
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110, facecolor="white")
-    ax.plot(xs, ys, "o", alpha=0.7, label="boot mean")
+    if points[False][0]:
+        ax.plot(*points[False], "o", alpha=0.7, label="boot mean (this search)")
+    if points[True][0]:
+        ax.plot(*points[True], "o", mfc="none", color="tab:gray", alpha=0.8, label="boot mean (earlier runs)")
     culprit = (bis.result or {}).get("culprit")
     if culprit in order:
         ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
