@@ -137,8 +137,9 @@ class Arm:
 class BenchmarkSpec:
     """How one sample is measured against a ready server.
 
-    ``api`` is ``"completions"`` (OpenAI ``/v1/completions`` streaming) or
-    ``"generate"`` (SGLang's native ``/generate`` streaming).
+    ``api`` is the server's streaming API (``boot.apis``): ``completions`` (OpenAI
+    ``/v1/completions``), ``chat``, ``generate`` (SGLang), ``llamacpp`` (llama.cpp's
+    native ``/completion``) or ``tgi`` (``/generate_stream``).
     """
 
     api: str = "completions"

@@ -280,7 +280,7 @@ def test_error_object_in_stream_counts_as_error():
 
 
 def test_http_errors_are_counted_and_all_failed_raises():
-    with Replay("vllm_completions.sse", status_for=lambda n: 503 if n % 2 else 200) as srv:
+    with Replay("vllm_completions.sse", status_for=lambda n: 500 if n % 2 else 200) as srv:
         r = measure_sample(srv.base_url, spec(requests_per_sample=6, concurrency=2))
     assert (r.requests, r.errors, r.output_tokens) == (3, 3, 24)
     with Replay("vllm_completions.sse", status_for=lambda n: 500) as srv:
@@ -330,7 +330,7 @@ def test_unreachable_server_raises_sample_failed():
 
 def test_unknown_api_is_rejected():
     with pytest.raises(ValueError, match="unknown benchmark api"):
-        measure_sample("http://127.0.0.1:9", spec(api="chat"))
+        measure_sample("http://127.0.0.1:9", spec(api="grpc"))
 
 
 # --------------------------------------------------------------------------- percentiles
@@ -534,3 +534,68 @@ def test_a_server_count_above_its_chunks_is_believed_multi_token_chunks_are_real
         detail = measure_sample_detail(srv.base_url, spec())
     (r,) = detail.requests
     assert r.output_tokens == 9 and r.usage_mismatch is None
+
+
+def test_a_server_that_says_try_again_is_asked_again_within_the_sample_and_counted():
+    """503 (and 429, and llama.cpp's "slot unavailable") is the server declining to start:
+    the request is sent again, up to MAX_RETRIES times, and each retry is counted."""
+    from bisect_harness.boot.client import MAX_RETRIES
+
+    with Replay("vllm_completions.sse", status_for=lambda n: 503 if n % 2 else 200) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=6, concurrency=1))
+    r = detail.result
+    assert (r.requests, r.errors, r.output_tokens) == (6, 0, 48)
+    assert sum(q.retries for q in detail.requests) == srv.count - 6 > 0
+    assert all(q.retry_reason.startswith("HTTP 503") for q in detail.requests if q.retries)
+    with Replay("vllm_completions.sse", status_for=lambda n: 503) as srv:
+        with pytest.raises(SampleFailed, match="HTTP 503"):
+            measure_sample(srv.base_url, spec(requests_per_sample=2))
+    assert srv.count == 2 * (1 + MAX_RETRIES)
+
+
+@pytest.mark.parametrize("api, fixture, path, asks", [
+    ("chat", "openai_chat.sse", "/v1/chat/completions", {"messages": [{"role": "user"}], "max_tokens": 16}),
+    ("llamacpp", "llamacpp_completion.sse", "/completion", {"n_predict": 16, "stream": True}),
+    ("tgi", "tgi_generate_stream.sse", "/generate_stream", {"parameters": {"max_new_tokens": 16, "details": True}}),
+])
+def test_each_streaming_api_builds_its_request_and_reads_its_stream(api, fixture, path, asks):
+    with Replay(fixture, delay=0.005) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(api=api, requests_per_sample=2))
+    assert srv.paths == [path, path]
+    sent = srv.payloads[0]
+    for key, value in asks.items():
+        if isinstance(value, dict):
+            assert value.items() <= sent[key].items(), sent
+        elif isinstance(value, list):
+            assert value[0].items() <= sent[key][0].items() and sent[key][0]["content"], sent
+        else:
+            assert sent[key] == value, sent
+    r = detail.result
+    assert (r.requests, r.errors, r.output_tokens) == (2, 0, 16)
+    for req in detail.requests:
+        assert req.ok and req.chunks == 8 and req.counted_tokens == 8 and req.output_tokens == 8
+        assert req.itl_s is not None and req.usage_mismatch is None
+    if api == "llamacpp":  # the server's own timings, for `from: response` sources
+        assert detail.responses[0]["timings"]["predicted_per_second"] == 193.7
+        assert detail.responses[0]["completion_tokens"] == 8
+
+
+def test_llamacpp_slot_unavailable_is_sent_again():
+    """The 2023 llama-server answered a request it had no free slot for with a 200 and
+    no stream: "slot unavailable". That is "try again", not a failed request."""
+    busy = [b'{"content":"slot unavailable"}']
+    good = fixture_events("llamacpp_completion.sse")
+    calls = []
+
+    with Replay(good) as srv:
+        original = srv.events
+
+        def status_for(n):
+            calls.append(n)
+            srv.events = busy if n % 3 == 0 else original
+            return 200
+        srv.status_for = status_for
+        detail = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=3))
+    assert detail.result.errors == 0 and detail.result.requests == 3
+    assert sum(q.retries for q in detail.requests) >= 1
+    assert "slot unavailable" in next(q.retry_reason for q in detail.requests if q.retries)

@@ -66,6 +66,7 @@ import httpx
 
 from ..errors import ConfigFailure
 from ..model import BenchmarkSpec
+from .apis import APIS as _APIS, Api, StreamError, get_api, shape as _shape
 from .request import SampleOutcome
 
 __all__ = [
@@ -73,7 +74,7 @@ __all__ = [
     "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
 ]
 
-APIS = ("completions", "generate")
+APIS = tuple(_APIS)  # benchmark.api: the names of ``apis.APIS``
 
 
 class SampleFailed(ConfigFailure):
@@ -206,6 +207,8 @@ class RequestRecord:
     # the server's count was below the chunks that carried text (each carries a token at
     # least): not believed, ``output_tokens`` is the counted figure, and the boot is marked
     usage_mismatch: str | None = None
+    retries: int = 0                # times it was sent again because the server said "try again"
+    retry_reason: str | None = None  # the first such answer
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -287,27 +290,11 @@ def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: 
 
 
 def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int) -> tuple[str, dict]:
-    prompt = synthetic_prompt(bench.prompt_tokens, bench.seed, index)
-    base = base_url.rstrip("/")
-    if bench.api == "completions":
-        body = {"model": model, "prompt": prompt, "max_tokens": bench.output_tokens,
-                "temperature": bench.temperature, "stream": True, "stream_options": {"include_usage": True}}
-        if bench.ignore_eos:
-            # A vLLM/SGLang extension: strict OpenAI servers (transformers serve) answer 422
-            # to any field they do not know, so `benchmark.ignore_eos: false` leaves it out.
-            body["ignore_eos"] = True
-        return base + "/v1/completions", body
-    if bench.api == "generate":
-        return base + "/generate", {
-            "text": prompt, "stream": True,
-            "sampling_params": {"max_new_tokens": bench.output_tokens,
-                                "temperature": bench.temperature, "ignore_eos": bench.ignore_eos},
-        }
-    raise ValueError(f"unknown benchmark api {bench.api!r}: use one of {', '.join(APIS)}")
-
-
-class _StreamError(Exception):
-    pass
+    """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``)."""
+    api = get_api(bench.api)
+    body = api.payload(prompt=synthetic_prompt(bench.prompt_tokens, bench.seed, index), max_tokens=bench.output_tokens,
+                       temperature=bench.temperature, ignore_eos=bench.ignore_eos, model=model, seed=bench.seed)
+    return base_url.rstrip("/") + api.path, body
 
 
 def _error_text(obj: Any) -> str:
@@ -317,31 +304,18 @@ def _error_text(obj: Any) -> str:
     return str(err if err is not None else obj)
 
 
-def _token_count(value: Any, where: str, most: int | None, before: int) -> int | None:
-    """A server's running count of output tokens, checked: None where it sent none;
-    a :class:`_StreamError` where the count cannot be true (not a whole number, below
-    the count it sent before, or above the ``most`` tokens the request allowed)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _StreamError(f"{where} is {value!r}, not a whole number of tokens")
-    if value < before:
-        raise _StreamError(f"{where} went down from {before} to {value}")
-    if most is not None and value > most:
-        raise _StreamError(f"{where} is {value}, more than the {most} tokens the request allowed")
-    return value
-
-
 class _Stream:
-    """Per-request parse state: output chunk times and token counts.
+    """Per-request parse state: output chunk times and token counts, written by the
+    request's :class:`~bisect_harness.boot.apis.Api` as it reads each object.
 
     Everything in a chunk is untrusted: a field of the wrong shape or a token count that
-    cannot be true ends the request as failed with the reason (:class:`_StreamError`),
+    cannot be true ends the request as failed with the reason (:class:`StreamError`),
     never a crash and never a number believed."""
 
-    __slots__ = ("api", "most", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "done", "last")
+    __slots__ = ("api", "most", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "server_count", "done",
+                 "last")
 
-    def __init__(self, api: str, most: int | None = None) -> None:
+    def __init__(self, api: Api, most: int | None = None) -> None:
         self.api = api
         self.most = most  # the request's max tokens: no true count exceeds it
         self.times: list[float] = []
@@ -350,6 +324,7 @@ class _Stream:
         self.meta: dict | None = None
         self.prev_text = ""
         self.prev_ct = 0
+        self.server_count: int | None = None
         self.done = False
         self.last: dict | None = None
 
@@ -362,79 +337,40 @@ class _Stream:
         try:
             obj = json.loads(data)
         except ValueError as e:
-            raise _StreamError(f"undecodable chunk {data[:200]!r}: {e}") from None
+            raise StreamError(f"undecodable chunk {data[:200]!r}: {e}") from None
         if event == "error":
-            raise _StreamError(f"server sent an error event: {_error_text(obj)}")
+            raise StreamError(f"server sent an error event: {_error_text(obj)}")
         if not isinstance(obj, dict):
             return
         if obj.get("error") is not None or obj.get("object") == "error":
-            raise _StreamError(f"server error in stream: {_error_text(obj)}")
+            raise StreamError(f"server error in stream: {_error_text(obj)}")
         self.last = obj
-        if self.api == "generate":
-            self._generate(obj, now)
-        else:
-            self._completions(obj, now)
+        self.api.read(self, obj, now)
 
-    def _completions(self, obj: dict, now: float) -> None:
-        usage = obj.get("usage")
-        choices = obj.get("choices")
-        if usage is not None and not isinstance(usage, dict):
-            raise _StreamError(f"chunk's usage is {_shape(usage)}, not an object")
-        if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
-            raise _StreamError(f"chunk's choices is {_shape(choices)}, not a list of objects")
-        k = None
-        if usage:
-            ct = _token_count(usage.get("completion_tokens"), "usage.completion_tokens", self.most, self.prev_ct)
-            self.usage = usage
-            if ct is not None:  # continuous usage stats: exact tokens per chunk
-                k, self.prev_ct = ct - self.prev_ct, ct
-        for choice in choices or ():
-            text = choice.get("text")
-            if text is not None and not isinstance(text, str):
-                raise _StreamError(f"chunk's choices[].text is {_shape(text)}, not a string")
-            if text:
-                self.times.append(now)
-                self.ks.append(k)
-                return
+    def output(self, now: float, k: int | None) -> None:
+        """A chunk carried output: ``k`` tokens (None: not known from this chunk)."""
+        self.times.append(now)
+        self.ks.append(k)
 
-    def _generate(self, obj: dict, now: float) -> None:
-        meta = obj.get("meta_info")
-        text = obj.get("text")
-        if text is None:
-            text = ""
-        if not isinstance(text, str):
-            raise _StreamError(f"chunk's text is {_shape(text)}, not a string")
-        if meta is not None and not isinstance(meta, dict):
-            raise _StreamError(f"chunk's meta_info is {_shape(meta)}, not an object")
-        k = None
-        if meta is not None:
-            ct = _token_count(meta.get("completion_tokens"), "meta_info.completion_tokens", self.most,
-                              self.prev_ct)
-            self.meta = meta
-            if ct is not None:
-                k, self.prev_ct = ct - self.prev_ct, ct
-        if k is not None:
-            if k > 0:  # tokens arrived even if the detokenizer held their text back
-                self.times.append(now)
-                self.ks.append(k)
-        elif text and text != self.prev_text:
-            self.times.append(now)
-            self.ks.append(None)
-        self.prev_text = text
+    def count(self, value: Any, where: str) -> int | None:
+        """The server's running count of output tokens, checked: the tokens since its
+        last count, or None where it sent none; a :class:`StreamError` where the count
+        cannot be true (not a whole number, below the count it sent before, or above the
+        ``most`` tokens the request allowed)."""
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StreamError(f"{where} is {value!r}, not a whole number of tokens")
+        if value < self.prev_ct:
+            raise StreamError(f"{where} went down from {self.prev_ct} to {value}")
+        if self.most is not None and value > self.most:
+            raise StreamError(f"{where} is {value}, more than the {self.most} tokens the request allowed")
+        k, self.prev_ct, self.server_count = value - self.prev_ct, value, value
+        return k
 
     def server_tokens(self) -> int | None:
         """The server's own count of the request's output tokens (checked as it came)."""
-        if self.usage and isinstance(self.usage.get("completion_tokens"), int):
-            return self.usage["completion_tokens"]
-        if self.meta and isinstance(self.meta.get("completion_tokens"), int):
-            return self.meta["completion_tokens"]
-        return None
-
-
-def _shape(value: Any) -> str:
-    """A short description of an unexpected JSON value, for a failure's reason."""
-    text = json.dumps(value, default=str)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+        return self.server_count
 
 
 def _failed(start: float, error: str) -> RequestRecord:
@@ -442,34 +378,59 @@ def _failed(start: float, error: str) -> RequestRecord:
                          tpot_s=None, output_tokens=0, counted_tokens=0, chunks=0)
 
 
-def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_s: float, most: int,
+#: Times a request that the server answered with "try again" (``Api.retryable``: 429,
+#: 503, llama.cpp's "slot unavailable") is sent again within its sample, after a short
+#: pause; every retry is counted in the request's record and the boot's provenance.
+MAX_RETRIES = 3
+
+
+def _run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
                  sample_t0: float) -> RequestRecord:
+    retries, why = 0, None
+    while True:
+        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0)
+        if again is None or retries >= MAX_RETRIES:
+            return dataclasses.replace(rec, retries=retries, retry_reason=why) if retries else rec
+        retries += 1
+        why = why or again
+        time.sleep(min(0.05 * 2 ** retries, 1.0))
+
+
+def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
+          sample_t0: float) -> tuple[RequestRecord, str | None]:
+    """One try of a request: its record, and why to send it again (None: do not)."""
     st = _Stream(api, most)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
     dec = SSEDecoder()
     t0 = time.perf_counter()
     start = t0 - sample_t0
+    head = b""  # the body's first bytes: what a server that streamed nothing said instead
     try:
         with http.stream("POST", url, json=payload, timeout=timeout_s) as r:
             if r.status_code != 200:
                 body = r.read()[:500].decode("utf-8", "replace")
-                return _failed(start, f"HTTP {r.status_code} from {url}: {body}")
+                again = f"HTTP {r.status_code}: {body[:120]}" if api.retryable(r.status_code, body) else None
+                return _failed(start, f"HTTP {r.status_code} from {url}: {body}"), again
             handle = st.handle
             for raw in r.iter_bytes():
                 now = time.perf_counter()
+                if len(head) < 512:
+                    head += raw[:512 - len(head)]
                 for event, data in dec.feed(raw):
                     handle(event, data, now)
                 if now - t0 > timeout_s:
-                    return _failed(start, f"request exceeded request_timeout_s={timeout_s:g}")
+                    return _failed(start, f"request exceeded request_timeout_s={timeout_s:g}"), None
             now = time.perf_counter()
             for event, data in dec.close():
                 handle(event, data, now)
     except httpx.HTTPError as e:
-        return _failed(start, f"{type(e).__name__} on {url}: {e}")
-    except (_StreamError, SSELineTooLong) as e:
-        return _failed(start, str(e))
+        return _failed(start, f"{type(e).__name__} on {url}: {e}"), None
+    except (StreamError, SSELineTooLong) as e:
+        return _failed(start, str(e)), None
     t_end = time.perf_counter()
     if not st.times:
-        return _failed(start, f"stream from {url} ended without any output")
+        said = head.decode("utf-8", "replace")
+        again = f"HTTP 200 without output: {said[:120]}" if api.retryable(200, said) else None
+        return _failed(start, f"stream from {url} ended without any output" + (f": {said[:200]}" if said else "")), again
 
     times, ks = st.times, st.ks
     counted = sum(1 if k is None else k for k in ks)
@@ -495,7 +456,7 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: str, timeout_
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
-        usage_mismatch=mismatch)
+        usage_mismatch=mismatch), None
 
 
 def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:
@@ -534,6 +495,7 @@ def percentile_metrics(ok: list[RequestRecord]) -> dict[str, float]:
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
                n: int) -> tuple[list[RequestRecord], float]:
+    api = get_api(bench.api)
     reqs = [_request(bench, base_url, model, i) for i in range(n)]
     results: list[RequestRecord | None] = [None] * n
     indices: Iterator[int] = iter(range(n))
@@ -547,7 +509,7 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
             if i is None:
                 return
             url, payload = reqs[i]
-            results[i] = _run_request(http, url, payload, bench.api, bench.request_timeout_s, bench.output_tokens,
+            results[i] = _run_request(http, url, payload, api, bench.request_timeout_s, bench.output_tokens,
                                       sample_t0)
 
     workers = max(1, min(bench.concurrency, n))
@@ -574,9 +536,7 @@ def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> h
 
 
 def _model_for(base_url: str, bench: BenchmarkSpec, http: httpx.Client) -> str | None:
-    if bench.api not in APIS:
-        raise ValueError(f"unknown benchmark api {bench.api!r}: use one of {', '.join(APIS)}")
-    if bench.api == "generate":
+    if not get_api(bench.api).needs_model:
         return bench.model
     return bench.model if bench.model is not None else resolve_model(base_url, http)
 

@@ -109,6 +109,17 @@ def _stop_check(b: "_Boot", server) -> None:
             b.marks.append("stop_unclean")
 
 
+def _retry_check(b: "_Boot", requests) -> None:
+    """Requests the server answered with "try again" and that were sent again within
+    their sample: how many, how often, and the first answer (``provenance["request_retries"]``)."""
+    tried = [r for r in requests if r.retries]
+    if not tried:
+        return
+    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": tried[0].retry_reason})
+    seen["requests"] += len(tried)
+    seen["retries"] += sum(r.retries for r in tried)
+
+
 def _source(req: BootRequest):
     return (attach.AttachedSource if req.endpoint is not None else attach.LaunchedSource)(req.api_key_env)
 
@@ -348,6 +359,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
                     _usage_check(b, detail.requests)
+                    _retry_check(b, detail.requests)
                     b.samples.append(s)
                     sink.sample(req, s)
             b.provenance.update(bench.provenance())

@@ -79,6 +79,7 @@ def _presets() -> list[str]:
 
 def hypotheses_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a hypotheses file."""
+    from ..boot.apis import APIS
     from ..boot.checkout import CHECKOUT_MODES
 
     engine = _section(_spec._ENGINE, _spec.EngineSpec, {
@@ -97,7 +98,7 @@ def hypotheses_schema() -> dict[str, Any]:
                       "description": "variables whose values key a commit's build (beyond the compiler's)"},
     })
     bench = _section(_spec._BENCH, BenchmarkSpec, {
-        "api": {"type": "string", "enum": ["completions", "generate"], "default": "completions"},
+        "api": {"type": "string", "enum": list(APIS), "default": "completions"},
         "tool_args": _ARGV,
     })
     defaults = _section(_spec._DEFAULTS, _spec.Defaults, {

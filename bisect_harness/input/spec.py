@@ -766,8 +766,11 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         else:
             r.typed(v, path, (str,), "a string")
         kwargs[name] = v
-    if kwargs.get("api", "completions") not in ("completions", "generate"):
-        raise r.doc.error("benchmark.api", f"must be 'completions' or 'generate', got {kwargs['api']!r}")
+    from ..boot.apis import APIS
+
+    if kwargs.get("api", "completions") not in APIS:
+        raise r.doc.error("benchmark.api", f"must be one of {', '.join(APIS)} (the server's streaming API: see "
+                          f"docs/hypotheses-format.md), got {kwargs['api']!r}")
     return BenchmarkSpec(**kwargs)
 
 

@@ -1,0 +1,225 @@
+"""The streaming APIs the client speaks (``benchmark.api``), one class each.
+
+Each kind builds its request and reads its stream, one JSON object at a time:
+which objects carried output text, the server's own running count of output
+tokens (checked by the stream: never believed blindly), and what the server said
+of the request as a whole (usage, ``meta_info``, llama.cpp's ``timings``), which
+``from: response`` metric sources read. A kind also says which failures the
+server means as "try again" (:meth:`Api.retryable`): the client sends such a
+request again within the sample and counts it.
+
+============  ===========================  ====================================================
+api           endpoint                     stream
+============  ===========================  ====================================================
+completions   ``POST /v1/completions``     OpenAI: ``choices[].text``, ``usage`` (vLLM, SGLang,
+                                           llama.cpp's OpenAI endpoint, TGI's, ...)
+chat          ``POST /v1/chat/completions``  OpenAI chat: ``choices[].delta.content``, ``usage``
+generate      ``POST /generate``           SGLang native: cumulative ``text``, ``meta_info``
+llamacpp      ``POST /completion``         llama.cpp native: ``content``, ``stop``; the last
+                                           object has ``tokens_predicted`` and ``timings``
+tgi           ``POST /generate_stream``    Text Generation Inference: ``token.text`` (one
+                                           token an event), ``details.generated_tokens``
+============  ===========================  ====================================================
+
+    >>> get_api("llamacpp").payload(prompt="the river", max_tokens=8, temperature=0.0,
+    ...                             ignore_eos=True, model=None, seed=0)["n_predict"]
+    8
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Protocol
+
+__all__ = ["Api", "APIS", "StreamError", "get_api"]
+
+
+class StreamError(Exception):
+    """A stream that cannot be believed: a field of the wrong shape, a count that
+    cannot be true, an error the server put in the stream."""
+
+
+class Reader(Protocol):
+    """What a kind writes to while it reads a stream (``client._Stream``)."""
+
+    usage: dict | None
+    meta: dict | None
+
+    prev_text: str
+
+    def output(self, now: float, k: int | None) -> None: ...     # a chunk carried output (k tokens; None: unknown)
+    def count(self, value: Any, where: str) -> int | None: ...  # the server's running count, checked: tokens since
+                                                                 # its last count (None where it sent none)
+
+
+def shape(value: Any) -> str:
+    """A short description of an unexpected JSON value, for a failure's reason."""
+    text = json.dumps(value, default=str)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _string(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise StreamError(f"chunk's {where} is {shape(value)}, not a string")
+    return value
+
+
+def _object(value: Any, where: str) -> dict | None:
+    if value is not None and not isinstance(value, dict):
+        raise StreamError(f"chunk's {where} is {shape(value)}, not an object")
+    return value
+
+
+class Api:
+    """One streaming API: its path, its request, how to read one object of its stream."""
+
+    name: ClassVar[str]
+    path: ClassVar[str]
+    #: the model name is part of the request (read from ``GET /v1/models`` unless
+    #: ``benchmark.model`` says it)
+    needs_model: ClassVar[bool] = False
+
+    def payload(self, *, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool, model: str | None,
+                seed: int) -> dict:
+        raise NotImplementedError
+
+    def read(self, st: Reader, obj: dict, now: float) -> None:
+        raise NotImplementedError
+
+    def retryable(self, status: int, body: str) -> bool:
+        """Does the server mean "try again" (a request it never started)? 503 and 429
+        (overloaded, rate limited) for every kind."""
+        return status in (429, 503)
+
+
+class Completions(Api):
+    name, path, needs_model = "completions", "/v1/completions", True
+
+    def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if ignore_eos:
+            # A vLLM/SGLang extension: strict OpenAI servers (transformers serve) answer 422
+            # to any field they do not know, so `benchmark.ignore_eos: false` leaves it out.
+            body["ignore_eos"] = True
+        return body
+
+    def _text(self, choice: dict) -> str:
+        return _string(choice.get("text"), "choices[].text")
+
+    def read(self, st, obj, now):
+        usage = _object(obj.get("usage"), "usage")
+        choices = obj.get("choices")
+        if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+            raise StreamError(f"chunk's choices is {shape(choices)}, not a list of objects")
+        k = None
+        if usage:
+            st.usage = usage
+            k = st.count(usage.get("completion_tokens"), "usage.completion_tokens")  # continuous usage: exact
+        for choice in choices or ():
+            if self._text(choice):
+                st.output(now, k)
+                return
+
+
+class Chat(Completions):
+    name, path = "chat", "/v1/chat/completions"
+
+    def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
+        body = super().payload(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                               ignore_eos=ignore_eos, model=model, seed=seed)
+        del body["prompt"]
+        body["messages"] = [{"role": "user", "content": prompt}]
+        return body
+
+    def _text(self, choice):
+        delta = _object(choice.get("delta"), "choices[].delta") or {}
+        return _string(delta.get("content"), "choices[].delta.content")
+
+
+class Generate(Api):
+    name, path = "generate", "/generate"
+
+    def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
+        return {"text": prompt, "stream": True,
+                "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature,
+                                    "ignore_eos": ignore_eos}}
+
+    def read(self, st, obj, now):
+        text = _string(obj.get("text"), "text")  # cumulative
+        meta = _object(obj.get("meta_info"), "meta_info")
+        k = None
+        if meta is not None:
+            st.meta = meta
+            k = st.count(meta.get("completion_tokens"), "meta_info.completion_tokens")
+        if k is not None:
+            if k > 0:  # tokens arrived even if the detokenizer held their text back
+                st.output(now, k)
+        elif text and text != st.prev_text:
+            st.output(now, None)
+        st.prev_text = text
+
+
+class LlamaCpp(Api):
+    """llama.cpp's own ``/completion`` (every ``llama-server`` since 2023; its OpenAI
+    endpoint came later). The last object (``stop: true``) carries the server's count
+    (``tokens_predicted``) and its own ``timings`` (``predicted_per_second``,
+    ``predicted_ms``, ``prompt_ms``, ...), kept as the request's ``meta_info``."""
+
+    name, path = "llamacpp", "/completion"
+
+    def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
+        return {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "stream": True,
+                "ignore_eos": ignore_eos, "seed": seed}
+
+    def read(self, st, obj, now):
+        content = _string(obj.get("content"), "content")
+        stop = obj.get("stop")
+        if stop is not None and not isinstance(stop, bool):
+            raise StreamError(f"chunk's stop is {shape(stop)}, not true or false")
+        if stop:
+            _object(obj.get("timings"), "timings")
+            st.meta = {key: v for key, v in obj.items() if key != "content"}
+            st.count(obj.get("tokens_predicted"), "tokens_predicted")
+        if content:  # one token or several a chunk: the split is the server's count, at the end
+            st.output(now, None)
+
+    def retryable(self, status, body):
+        # the 2023 server answered a request it had no free slot for with "slot unavailable"
+        return super().retryable(status, body) or "slot unavailable" in body
+
+
+class Tgi(Api):
+    """Hugging Face Text Generation Inference: one event per token; the last has
+    ``details.generated_tokens`` (with ``details: true`` asked)."""
+
+    name, path = "tgi", "/generate_stream"
+
+    def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
+        params: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True, "seed": seed,
+                                  "do_sample": temperature > 0}
+        if temperature > 0:
+            params["temperature"] = temperature
+        return {"inputs": prompt, "parameters": params}
+
+    def read(self, st, obj, now):
+        token = _object(obj.get("token"), "token") or {}
+        text = _string(token.get("text"), "token.text")
+        details = _object(obj.get("details"), "details")
+        if details is not None:
+            st.meta = details
+            st.count(details.get("generated_tokens"), "details.generated_tokens")
+        if text and not token.get("special"):
+            st.output(now, 1)  # an event is a token
+
+
+APIS: dict[str, Api] = {a.name: a for a in (Completions(), Chat(), Generate(), LlamaCpp(), Tgi())}
+
+
+def get_api(name: str) -> Api:
+    try:
+        return APIS[name]
+    except KeyError:
+        raise ValueError(f"unknown benchmark api {name!r}: use one of {', '.join(APIS)}") from None
