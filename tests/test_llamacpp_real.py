@@ -142,3 +142,30 @@ def test_check_flags_reads_llama_servers_help(models, tmp_path):
     r = harness("run", spec, "--dry-run", "--check-flags", cwd=tmp_path, env=_env(), timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--spec-typo: not accepted" in r.stdout
+
+
+def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
+    """llama-server's native ``/completion`` (what its 2023 versions alone had), its
+    OpenAI completions and its OpenAI chat, each read by its own kind (``boot.apis``)
+    from one real server: the same 24 tokens a request, counted by the server and by
+    the stream alike."""
+    from bisect_harness.boot.client import measure_sample_detail
+    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.model import BenchmarkSpec
+
+    target, _ = models
+    port = free_port()
+    argv = [str(SERVER), "--model", str(target), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "512",
+            "--threads", "1", "--parallel", "1"]
+    with ServerProcess(argv, env=_env(), cwd=tmp_path, log_path=tmp_path / "server.log",
+                       base_url=f"http://127.0.0.1:{port}", ready_timeout_s=60) as server:
+        for api in ("llamacpp", "completions", "chat"):
+            bench = BenchmarkSpec(api=api, model="tiny", prompt_tokens=8, output_tokens=24, requests_per_sample=2,
+                                  warmup_requests=0, ignore_eos=True)
+            detail = measure_sample_detail(server.base_url, bench)
+            assert detail.result.errors == 0 and detail.result.output_tokens == 48, (api, detail.requests[0].error)
+            for req in detail.requests:
+                assert req.output_tokens == 24 and req.usage_mismatch is None, (api, req)
+            if api == "llamacpp":  # the native endpoint's own timings, per request
+                timings = detail.responses[0]["timings"]
+                assert timings["predicted_n"] == 24 and timings["predicted_per_second"] > 0, timings
