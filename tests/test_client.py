@@ -190,7 +190,9 @@ def test_vllm_completions_timing_and_usage():
     with Replay("vllm_completions.sse", first_delay=0.20, delay=0.05) as srv:
         detail = measure_sample_detail(srv.base_url, spec())
     r = detail.result
-    assert set(r.metrics) == set(CLIENT_METRICS)
+    # every client metric, and the prompt's real length where the server's usage says it
+    assert set(r.metrics) == set(CLIENT_METRICS) | {"prompt_tokens"}
+    assert r.metrics["prompt_tokens"] == detail.requests[0].prompt_tokens == detail.requests[0].usage["prompt_tokens"]
     assert (r.requests, r.errors, r.output_tokens) == (1, 0, 8)
     req = detail.requests[0]
     assert req.counted_tokens == 8 and req.chunks == 8 and req.usage["completion_tokens"] == 8
@@ -599,3 +601,14 @@ def test_llamacpp_slot_unavailable_is_sent_again():
     assert detail.result.errors == 0 and detail.result.requests == 3
     assert sum(q.retries for q in detail.requests) >= 1
     assert "slot unavailable" in next(q.retry_reason for q in detail.requests if q.retries)
+
+
+def test_a_server_without_a_tokenizer_gets_prompts_in_words_and_says_so():
+    import httpx
+
+    from bisect_harness.boot.client import size_prompts
+
+    with Replay("vllm_completions.sse") as srv, httpx.Client() as http:
+        size = size_prompts(http, srv.base_url, spec(prompt_tokens=24))
+    assert (size.unit, size.words, size.tokens) == ("words", 24, None)
+    assert "count is in words" in size.describe()

@@ -169,3 +169,22 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
             if api == "llamacpp":  # the native endpoint's own timings, per request
                 timings = detail.responses[0]["timings"]
                 assert timings["predicted_n"] == 24 and timings["predicted_per_second"] > 0, timings
+        # prompts in tokens: the words fitted with the server's own /tokenize, and the
+        # server's count of each prompt as sent agrees within the BOS token
+        import httpx
+
+        from bisect_harness.boot.client import size_prompts
+
+        bench = BenchmarkSpec(api="llamacpp", prompt_tokens=40, output_tokens=4, requests_per_sample=2,
+                              warmup_requests=0, ignore_eos=True)
+        with httpx.Client() as http:
+            size = size_prompts(http, server.base_url, bench)
+        # the fit is to the nearest word: this vocabulary spends several tokens on a word
+        per_word = size.tokens / size.words
+        assert size.unit == "tokens" and abs(size.tokens - 40) <= per_word / 2 + 1 and "/tokenize" in size.via, size
+        assert size.words != 40, "the tiny model's vocabulary splits words: the fit is not the identity"
+        detail = measure_sample_detail(server.base_url, bench, prompt=size)
+        counts = [r.prompt_tokens for r in detail.requests]  # each prompt's own words: recorded per request
+        assert counts[0] in (size.tokens, size.tokens + 1), (counts, size)  # the first prompt, plus BOS
+        assert all(abs(n - 40) <= per_word + 2 for n in counts), counts
+        assert detail.result.metrics["prompt_tokens"] == sum(counts) / len(counts)

@@ -93,6 +93,14 @@ class Api:
         (overloaded, rate limited) for every kind."""
         return status in (429, 503)
 
+    def prompt_tokens(self, st: Reader) -> int | None:
+        """The prompt's length as the server counted it, where its stream said."""
+        for where, key in ((st.usage, "prompt_tokens"), (st.meta, "prompt_tokens")):
+            n = (where or {}).get(key)
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+                return n
+        return None
+
 
 class Completions(Api):
     name, path, needs_model = "completions", "/v1/completions", True
@@ -185,6 +193,11 @@ class LlamaCpp(Api):
             st.count(obj.get("tokens_predicted"), "tokens_predicted")
         if content:  # one token or several a chunk: the split is the server's count, at the end
             st.output(now, None)
+
+    def prompt_tokens(self, st):
+        # the prompt's tokens the server evaluated (a prefix it had cached is not among them)
+        n = (st.meta or {}).get("tokens_evaluated")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     def retryable(self, status, body):
         # the 2023 server answered a request it had no free slot for with "slot unavailable"

@@ -242,6 +242,7 @@ class ClientRunner:
     def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint):
         self.bench, self.endpoint = bench, endpoint
         self._http = None
+        self.prompt: client.PromptSize | None = None  # sized once a boot, before its first sample
 
     def warmup(self) -> None:
         client.warmup(self.endpoint.base_url, self.bench, headers=self.endpoint.headers)
@@ -252,6 +253,7 @@ class ClientRunner:
         so no sample window holds the client's setup."""
         with client.boot_session(self.endpoint.base_url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self._http, self.bench = http, bench
+            self.prompt = client.size_prompts(http, self.endpoint.base_url, bench)
             try:
                 yield self
             finally:
@@ -259,10 +261,12 @@ class ClientRunner:
 
     def sample(self, index: int) -> client.SampleDetail:
         return client.measure_sample_detail(self.endpoint.base_url, self.bench, client=self._http,
-                                            headers=self.endpoint.headers)
+                                            headers=self.endpoint.headers, prompt=self.prompt)
 
     def provenance(self) -> dict:
-        return {}
+        """How long the prompts were (``client.PromptSize``: tokens, or words where the
+        server cannot count them)."""
+        return {"prompt": self.prompt.to_dict()} if self.prompt is not None else {}
 
 
 _SCALARS = (int, float, str, bool, type(None))

@@ -208,6 +208,7 @@ class RequestRecord:
     # least): not believed, ``output_tokens`` is the counted figure, and the boot is marked
     usage_mismatch: str | None = None
     retries: int = 0                # times it was sent again because the server said "try again"
+    prompt_tokens: int | None = None  # the prompt's length as the server counted it (usage), where it said
     retry_reason: str | None = None  # the first such answer
 
     def response_fields(self) -> dict[str, Any]:
@@ -289,10 +290,13 @@ def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: 
             http.close()
 
 
-def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int) -> tuple[str, dict]:
-    """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``)."""
+def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
+             words: int | None = None) -> tuple[str, dict]:
+    """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``);
+    its prompt ``words`` long (:class:`PromptSize`; None: ``prompt_tokens`` words)."""
     api = get_api(bench.api)
-    body = api.payload(prompt=synthetic_prompt(bench.prompt_tokens, bench.seed, index), max_tokens=bench.output_tokens,
+    prompt = synthetic_prompt(words if words is not None else bench.prompt_tokens, bench.seed, index)
+    body = api.payload(prompt=prompt, max_tokens=bench.output_tokens,
                        temperature=bench.temperature, ignore_eos=bench.ignore_eos, model=model, seed=bench.seed)
     return base_url.rstrip("/") + api.path, body
 
@@ -456,7 +460,7 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
-        usage_mismatch=mismatch), None
+        usage_mismatch=mismatch, prompt_tokens=api.prompt_tokens(st)), None
 
 
 def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:
@@ -494,9 +498,9 @@ def percentile_metrics(ok: list[RequestRecord]) -> dict[str, float]:
 
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
-               n: int) -> tuple[list[RequestRecord], float]:
+               n: int, words: int | None = None) -> tuple[list[RequestRecord], float]:
     api = get_api(bench.api)
-    reqs = [_request(bench, base_url, model, i) for i in range(n)]
+    reqs = [_request(bench, base_url, model, i, words) for i in range(n)]
     results: list[RequestRecord | None] = [None] * n
     indices: Iterator[int] = iter(range(n))
     lock = threading.Lock()
@@ -553,7 +557,8 @@ def _all_failed(what: str, base_url: str, records: list[RequestRecord]) -> Sampl
 
 def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
                           client: httpx.Client | None = None,
-                          headers: Mapping[str, str] | None = None) -> SampleDetail:
+                          headers: Mapping[str, str] | None = None,
+                          prompt: "PromptSize | None" = None) -> SampleDetail:
     """Send ``bench.requests_per_sample`` streamed requests, ``bench.concurrency`` in
     flight, and measure them. See the module docstring for what is measured.
 
@@ -565,7 +570,8 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
     object in the stream, no output). Raises :class:`SampleFailed` when all fail.
     """
-    records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers)
+    records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers,
+                           prompt.words if prompt is not None else None)
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
@@ -581,20 +587,23 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
     }
     metrics.update(percentile_metrics(ok))
+    counted = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    if counted:  # the prompts' real length, as the server counted it
+        metrics["prompt_tokens"] = _mean(counted)
     result = SampleOutcome(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
     return SampleDetail(result=result, requests=tuple(records))
 
 
 def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None,
-           headers: Mapping[str, str] | None = None):
+           headers: Mapping[str, str] | None = None, words: int | None = None):
     """``n`` requests as a sample sends them, on ``client`` or a client of our own
     (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
     http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)
-        return _run_batch(http, base_url, bench, model, n)
+        return _run_batch(http, base_url, bench, model, n, words)
     finally:
         if own:
             http.close()
@@ -604,6 +613,94 @@ def measure_sample(base_url: str, bench: BenchmarkSpec, *,
                    client: httpx.Client | None = None, headers: Mapping[str, str] | None = None) -> SampleOutcome:
     """:func:`measure_sample_detail` without the per-request records."""
     return measure_sample_detail(base_url, bench, client=client, headers=headers).result
+
+
+# --------------------------------------------------------------------------- prompt length
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    """How long a boot's prompts are. ``benchmark.prompt_tokens`` asks for tokens; the
+    prompts are words, so where the server can count tokens (its ``/tokenize``) the word
+    count is fitted to the asked tokens (``unit: tokens``); where it cannot, the prompt
+    has ``prompt_tokens`` *words* and says so (``unit: words``). Each request's real
+    count, where the server reports it, is the sample's ``prompt_tokens`` metric."""
+
+    asked: int
+    words: int
+    unit: str                 # "tokens" | "words"
+    tokens: int | None = None  # the server's count of the first prompt at ``words``
+    via: str | None = None     # the endpoint that counted
+
+    def to_dict(self) -> dict:
+        return {"asked": self.asked, "words": self.words, "unit": self.unit, "tokens": self.tokens, "via": self.via}
+
+    def describe(self) -> str:
+        if self.unit == "tokens":
+            return (f"prompts of {self.tokens} tokens ({self.words} words), {self.asked} asked, counted by the "
+                    f"server's {self.via}")
+        return (f"prompts of {self.words} words ({self.asked} prompt_tokens asked): the server has no tokenizer "
+                f"endpoint, so the count is in words (about one token each in English)")
+
+
+#: Tokenizer endpoints tried, in order: (path, body builder, count reader). vLLM and
+#: SGLang answer ``{"count": n, "tokens": [...]}`` to ``prompt``, llama.cpp
+#: ``{"tokens": [...]}`` to ``content``, TGI a list of tokens to ``inputs``.
+_TOKENIZERS = (
+    ("/tokenize", lambda text, model: {"model": model, "prompt": text},
+     lambda r: r.get("count", len(r.get("tokens") or [])) if isinstance(r, dict) and ("count" in r or "tokens" in r)
+     else None),
+    ("/tokenize", lambda text, model: {"content": text},
+     lambda r: len(r["tokens"]) if isinstance(r, dict) and isinstance(r.get("tokens"), list) else None),
+    ("/tokenize", lambda text, model: {"inputs": text}, lambda r: len(r) if isinstance(r, list) else None),
+)
+
+
+def _token_counter(http: httpx.Client, base_url: str, model: str | None, probe: str):
+    """A function text -> the server's token count, and its name; (None, None) where
+    no tokenizer endpoint answers."""
+    for path, body, read in _TOKENIZERS:
+        def count(text: str, path=path, body=body, read=read) -> int | None:
+            try:
+                r = http.post(base_url.rstrip("/") + path, json=body(text, model), timeout=10.0)
+                if r.status_code != 200:
+                    return None
+                n = read(r.json())
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                return None
+            return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+        if count(probe) is not None:
+            return count, f"POST {path} ({', '.join(body('', model))})"
+    return None, None
+
+
+def size_prompts(http: httpx.Client, base_url: str, bench: BenchmarkSpec) -> PromptSize:
+    """Fit the prompts' word count to ``bench.prompt_tokens`` tokens with the server's
+    tokenizer (a few counts of the first prompt), or keep words where it has none."""
+    asked = bench.prompt_tokens
+    count, via = _token_counter(http, base_url, bench.model, synthetic_prompt(asked, bench.seed, 0))
+    if count is None:
+        return PromptSize(asked, asked, "words")
+    best: tuple[int, int, int] | None = None  # (distance, words, tokens)
+    words = asked
+    for _ in range(5):
+        n = count(synthetic_prompt(words, bench.seed, 0))
+        if n is None:
+            break
+        if best is None or abs(n - asked) < best[0]:
+            best = (abs(n - asked), words, n)
+        if n == asked:
+            break
+        nxt = max(1, round(words * asked / n))
+        if nxt == words:
+            nxt = words + (1 if n < asked else -1)
+        if nxt < 1:
+            break
+        words = nxt
+    if best is None:
+        return PromptSize(asked, asked, "words")
+    return PromptSize(asked, best[1], "tokens", best[2], via)
 
 
 @contextlib.contextmanager

@@ -258,6 +258,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             engaged = (b.provenance or {}).get("mechanisms")
             if engaged:  # what the flags claim to engage, by the engine's own evidence
                 details.append("- mechanisms: " + _md(mechanisms.summary(engaged)))
+            prompt = (b.provenance or {}).get("prompt")
+            if prompt:  # tokens where the server counted them, else words, said as such
+                details.append("- " + _md(_prompt_text(prompt)))
             sampled = (b.provenance or {}).get("gpu_sampling")
             if sampled:
                 details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
@@ -383,6 +386,15 @@ def _probe_note(p) -> str:
     elif p.skipped:  # stepped over for good: say so first, then why
         rest.insert(0, "skipped")
     return _md("; ".join(rest))
+
+
+def _prompt_text(prompt: dict) -> str:
+    """A boot's prompt length (``client.PromptSize``), in the unit it really is in."""
+    if prompt.get("unit") == "tokens":
+        return (f"prompts: {prompt.get('tokens')} tokens ({prompt.get('words')} words; {prompt.get('asked')} asked), "
+                f"counted by the server's {prompt.get('via')}")
+    return (f"prompts: {prompt.get('words')} words ({prompt.get('asked')} prompt_tokens asked): the server has no "
+            "tokenizer endpoint, so the count is in words, not tokens")
 
 
 def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
