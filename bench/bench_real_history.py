@@ -26,24 +26,24 @@ is left out.
 
 What it does: writes the model and a hypotheses file to a temp folder (engine
 ``repo`` = ``--repo``, preset ``llamacpp``, build ``make -j2 llama-server`` per
-commit in the harness's own worktree, metric = the server's own decode rate,
+commit in the harness's own checkout, metric = the server's own decode rate,
 ``timings.predicted_per_second`` of each stream's last chunk, declared as a
 ``from: response`` source), runs the real ``harness bisect ... --json`` in a
 subprocess, echoes its progress, and scores its answer against the culprit.
 
-Work-around, to go with issue 29 (streaming APIs as registered request kinds):
-the llama-server of that time answers ``POST /v1/completions`` in its native
-format (``{"content": ..., "stop": ...}`` events, ``tokens_predicted`` and
-``timings`` in the last one), which the harness's client cannot read. The launch
-therefore runs this file as a small proxy (``python bench_real_history.py
-proxy --port P -- llama-server ...``) that starts the server on a free port,
-passes every other request through, and rewrites that one stream into OpenAI
-completion chunks with ``usage`` (the server's token counts) and the server's
-``timings`` kept in the last chunk. Nothing else is worked around: make's
-build-info of that era works in a git worktree.
+No shim and no build-script work-around: the harness speaks the native stream
+of that era's server itself (``benchmark.api: llamacpp``: ``POST /completion``,
+``{"content": ..., "stop": ...}`` events, ``tokens_predicted`` and ``timings``
+in the last one), and make's build-info of that era works in a git worktree
+(``--checkout tree`` or ``clone`` take the other checkout modes). The journal
+lists every paired test the search ran and each boot's role. ``CCACHE_NOHASHDIR``
+is set for speed only: make of that era compiles with ``-g``, which puts the
+checkout's folder into ccache's key, so without it no commit reuses another's
+objects.
 
-Measured once on a shared 2-core x86 VM (AMD EPYC, other jobs using 0.6-1.6 of
-its cores throughout; every boot marked ``host_busy``): the endpoints decoded at
+Measured before the native API existed, through a translating proxy (the
+figures stand for the search; the proxy is gone), on a shared 2-core x86 VM
+(AMD EPYC, other jobs using 0.6-1.6 of its cores throughout; every boot marked ``host_busy``): the endpoints decoded at
 1100-3700 tok/s (good) and 130-290 tok/s (bad); ``harness bisect`` named
 ``df270ef74`` with P = 0.999998 (stop reason ``confident``; endpoint test 3
 pairs, p = 0.0045; culprit against its parent 3 pairs, p = 0.0041), after 19
@@ -57,7 +57,7 @@ most of the others short):
 
     git clone https://github.com/ggerganov/llama.cpp llama.cpp
     python bench/bench_real_history.py --repo llama.cpp [--good 49271efba] \\
-        [--bad e32d0816e] [--culprit df270ef74] [--max-boots 60] [--cache-dir DIR]
+        [--bad e32d0816e] [--culprit df270ef74] [--max-boots 60] [--cache-dir DIR] [--checkout worktree]
 
 Its progress is the harness's own output; the last line printed is one JSON
 object: whether the culprit was named, the expected and named commits, the
@@ -67,17 +67,12 @@ posterior probability, builds made, boots, seconds and the stop reason.
 from __future__ import annotations
 
 import argparse
-import http.client
-import http.server
 import json
 import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -119,22 +114,25 @@ def write_model(path: Path, n_vocab: int = N_VOCAB) -> Path:
 
 # --------------------------------------------------------------------------- the spec
 
-def write_spec(folder: Path, repo: Path, model: Path, good: str, bad: str, threads: int) -> Path:
-    server = ["{worktree}/llama-server", "-m", str(model), "-c", "512", "-t", str(threads), "-np", "1", "--metrics"]
+def write_spec(folder: Path, repo: Path, model: Path, good: str, bad: str, threads: int,
+               checkout: str = "worktree") -> Path:
     doc = {
         "version": 1,
         "engine": {
             "preset": "llamacpp",
             "repo": str(repo),
+            "checkout": checkout,
             # make of that era writes build-info from `git rev-parse`, which works in a worktree
             "build": ["make", "-j2", "llama-server"],
             "environment": "shared",
-            "launch": ["{python}", str(Path(__file__).resolve()), "proxy", "--port", "{port}", "--", *server],
+            "launch": ["{worktree}/llama-server", "-m", str(model), "-c", "512", "-t", str(threads), "-np", "1",
+                       "--metrics", "--host", "{host}", "--port", "{port}"],
             "ready_timeout_s": 120,
             "metrics": [{"name": METRIC, "from": "response", "chunk": "last",
                          "field": "timings.predicted_per_second", "unit": "tok/s", "better": "higher"}],
         },
-        "benchmark": {"model": "tiny", "prompt_tokens": 16, "output_tokens": 128, "concurrency": 1,
+        # the server's own /completion stream (its OpenAI endpoint of that time answers natively too)
+        "benchmark": {"api": "llamacpp", "prompt_tokens": 16, "output_tokens": 128, "concurrency": 1,
                       "requests_per_sample": 4, "warmup_requests": 1, "ignore_eos": True, "temperature": 0.0},
         "defaults": {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 6, "host_check": "mark"},
         "hypotheses": [{"id": "greedy-sampling-regression",
@@ -194,7 +192,7 @@ def run(args: argparse.Namespace) -> dict:
     cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else None
     work = Path(tempfile.mkdtemp(prefix="bench-real-history-"))
     model = write_model(work / "tiny-32k-f16.gguf")
-    spec = write_spec(work, repo, model, good, bad, args.threads)
+    spec = write_spec(work, repo, model, good, bad, args.threads, args.checkout)
     db = work / "results.db"
     cmd = [sys.executable, "-m", "bisect_harness.cli", "bisect", str(spec), "--good", good, "--bad", bad,
            "--metric", METRIC, "--max-boots", str(args.max_boots), "--json",
@@ -239,6 +237,7 @@ def run(args: argparse.Namespace) -> dict:
         "builds": builds, "build_seconds": round(build_s, 1), "seconds": round(seconds, 1),
         "candidate_set": (result or {}).get("candidate_set"), "skipped": (result or {}).get("skipped"),
         "endpoint_test": (result or {}).get("endpoint_test"), "verify_test": (result or {}).get("verify_test"),
+        "tests": (result or {}).get("tests"),
         "warnings": (result or {}).get("warnings"), "exit_code": code, "workdir": str(work),
     }
     if db.exists():
@@ -246,134 +245,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- the proxy (issue 29's work-around)
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Proxy(http.server.BaseHTTPRequestHandler):
-    """Everything passes through, except ``POST /v1/completions``: the native stream of
-    llama-server's ``/completion`` rewritten into OpenAI completion chunks."""
-
-    backend_port = 0
-    protocol_version = "HTTP/1.0"  # a stream ends when the connection closes
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, fmt, *args) -> None:  # the server's own log is the boot log
-        pass
-
-    def _backend(self, timeout: float = 600.0) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=timeout)
-
-    def _pass(self, method: str) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
-        try:
-            conn = self._backend()
-            conn.request(method, self.path, body=body, headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            data = r.read()
-        except OSError as exc:  # not listening yet: not ready
-            self.send_error(503, f"llama-server not reachable: {exc}")
-            return
-        self.send_response(r.status)
-        self.send_header("Content-Type", r.getheader("Content-Type", "application/json"))
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._pass("GET")
-
-    def do_POST(self) -> None:
-        if self.path != "/v1/completions":
-            self._pass("POST")
-            return
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        native = {"prompt": req.get("prompt", ""), "n_predict": req.get("max_tokens", 16),
-                  "temperature": req.get("temperature", 0.0), "stream": True,
-                  "ignore_eos": bool(req.get("ignore_eos", False))}
-        conn = self._backend()
-        conn.request("POST", "/completion", body=json.dumps(native), headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        if r.status != 200:
-            data = r.read()
-            self.send_response(r.status)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(data)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-
-        def emit(obj) -> None:
-            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-            self.wfile.flush()
-
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if line.startswith(b"error:"):
-                emit({"error": {"message": line[6:].decode(errors="replace").strip()}})
-                break
-            if not line.startswith(b"data:"):
-                continue
-            ev = json.loads(line[5:])
-            if ev.get("content"):
-                emit({"object": "text_completion", "choices": [{"index": 0, "text": ev["content"],
-                                                                "finish_reason": None}]})
-            if ev.get("stop"):
-                emit({"object": "text_completion",
-                      "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-                      "usage": {"prompt_tokens": ev.get("tokens_evaluated"),
-                                "completion_tokens": ev.get("tokens_predicted"),
-                                "total_tokens": (ev.get("tokens_evaluated") or 0) + (ev.get("tokens_predicted") or 0)},
-                      "timings": ev.get("timings")})
-                break
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-
-def proxy_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="bench_real_history.py proxy")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("server", nargs=argparse.REMAINDER, help="-- llama-server and its arguments")
-    a = p.parse_args(argv)
-    server = a.server[1:] if a.server[:1] == ["--"] else a.server
-    _Proxy.backend_port = _free_port()
-    child = subprocess.Popen([*server, "--host", "127.0.0.1", "--port", str(_Proxy.backend_port)])
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", a.port), _Proxy)
-    httpd.daemon_threads = True
-
-    def stop(*_):
-        threading.Thread(target=httpd.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    threading.Thread(target=lambda: (child.wait(), stop()), daemon=True).start()
-    try:
-        httpd.serve_forever(poll_interval=0.2)
-    finally:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-    return child.returncode if child.returncode and child.returncode > 0 else 0
-
-
 def main() -> int:
-    if sys.argv[1:2] == ["proxy"]:
-        return proxy_main(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repo", required=True, help="a clone of github.com/ggerganov/llama.cpp")
     p.add_argument("--good", default=GOOD)
@@ -382,7 +254,9 @@ def main() -> int:
     p.add_argument("--max-boots", type=int, default=60)
     p.add_argument("--threads", type=int, default=1,
                    help="llama-server -t (1: on a small shared host, two spinning threads stall each other)")
-    p.add_argument("--cache-dir", default=None, help="the harness's cache (worktrees, builds)")
+    p.add_argument("--cache-dir", default=None, help="the harness's cache (checkouts, builds)")
+    p.add_argument("--checkout", default="worktree", choices=("worktree", "tree", "clone"),
+                   help="engine.checkout: how each commit is checked out")
     out = run(p.parse_args())
     print(f"culprit named: {out['culprit'] and out['culprit'][:9]} (expected {out['expected'] and out['expected'][:9]}, "
           f"P={out['probability']}) stopped={out['stopped']} boots={out['boots']} builds={out['builds']} "
