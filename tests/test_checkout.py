@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bisect_harness.boot.checkout import Workspace
+from bisect_harness.boot.checkout import CHECKOUT_FOLDERS, Workspace
 from bisect_harness.errors import BuildFailed, CommitError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
@@ -234,3 +234,30 @@ def test_cache_list_and_prune_cover_every_checkout_mode(repo, tmp_path):
     assert not list((ws.root / "builds").glob(f"{sha}-*"))  # their builds are redone on next use
     assert "worktree" not in git(ws.mirror_path, "worktree", "list").split("\n", 1)[-1]
     assert ws.checkout(sha, "clone").is_dir()  # made again on next use
+
+
+@pytest.mark.parametrize("mode", ["worktree", "clone"])
+def test_a_checkout_moved_to_another_commit_is_made_again(repo, tmp_path, mode):
+    ws = Workspace(repo, tmp_path / "cache")
+    first, head = ws.resolve("HEAD~3"), ws.resolve("HEAD")
+    tree = ws.checkout(head, mode)
+    git(tree, "checkout", "-q", "--detach", first)  # a build script that ran git checkout, say
+    assert (tree / "VERSION").read_text() == "1\n"
+    again = ws.checkout(head, mode)
+    assert again == tree and (again / "VERSION").read_text() == "4\n"
+    assert git(again, "rev-parse", "HEAD").strip() == head
+
+
+def test_a_link_in_the_cache_is_never_followed(repo, tmp_path):
+    ws = Workspace(repo, tmp_path / "cache")
+    sha = ws.resolve("HEAD")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the cache's\n")
+    for mode in ("tree", "worktree"):
+        link = ws.root / CHECKOUT_FOLDERS[mode] / sha
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(elsewhere, target_is_directory=True)
+        got = ws.checkout(sha, mode)
+        assert not got.is_symlink() and (got / "VERSION").read_text() == "4\n"
+    assert (elsewhere / "keep.txt").read_text() == "not the cache's\n" and len(list(elsewhere.iterdir())) == 1

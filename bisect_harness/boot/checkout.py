@@ -179,14 +179,15 @@ class Workspace:
         if mode not in CHECKOUT_MODES:
             raise ValueError(f"unknown checkout mode {mode!r}")
         path = self.root / CHECKOUT_FOLDERS[mode] / sha
-        if path.is_dir():  # only ever renamed into place whole
+        if self._reusable(path, sha, mode):  # only ever renamed into place whole
             _touch(path)
             return path
         mirror = self.mirror()
         with _locked(self._lock()):
-            if path.is_dir():  # another run made it while we waited
+            if self._reusable(path, sha, mode):  # another run made it while we waited
                 _touch(path)
                 return path
+            self._discard(path, mode)
             self._ensure_object(sha)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{sha}.tmp-{os.getpid()}")
@@ -209,14 +210,15 @@ class Workspace:
     def worktree(self, sha: str) -> Path:
         """A clean detached checkout of ``sha`` in the cache (created on first use)."""
         path = self.trees / sha
-        if (path / ".git").exists():
+        if self._reusable(path, sha, "worktree"):
             _touch(path)
             return path
         mirror = self.mirror()
         with _locked(self._lock()):
-            if (path / ".git").exists():  # another run made it while we waited
+            if self._reusable(path, sha, "worktree"):  # another run made it while we waited
                 _touch(path)
                 return path
+            self._discard(path, "worktree")
             self._ensure_object(sha)
             self.trees.mkdir(parents=True, exist_ok=True)
             try:
@@ -225,6 +227,34 @@ class Workspace:
             except git.GitCommandError as exc:
                 raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
         return path
+
+    def _reusable(self, path: Path, sha: str, mode: str) -> bool:
+        """Is the cached checkout at ``path`` what it claims to be? A real folder (not a
+        link to somewhere else), and for a worktree or clone, a repository whose HEAD is
+        ``sha`` (a checkout moved by hand, or by a build script that ran ``git checkout``,
+        is made again rather than measured as the wrong commit)."""
+        if path.is_symlink() or not path.is_dir():
+            return False
+        if mode == "tree":
+            return True
+        dot_git = path / ".git"
+        if not (dot_git.is_file() if mode == "worktree" else dot_git.is_dir()) or dot_git.is_symlink():
+            return False
+        try:
+            return git.Repo(path).git.rev_parse("HEAD").strip() == sha
+        except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+            return False
+
+    def _discard(self, path: Path, mode: str) -> None:
+        """Remove what is at ``path`` (a link itself, never what it points to), so the
+        checkout is made again; a worktree is also dropped from the mirror's list."""
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            _rmtree(path)
+        if mode == "worktree" and (self.mirror_path / "HEAD").exists():
+            with contextlib.suppress(git.GitCommandError):
+                self.mirror().git.worktree("prune")
 
     # ------------------------------------------------------------------ environments (cache only)
 
