@@ -612,3 +612,48 @@ def test_a_server_without_a_tokenizer_gets_prompts_in_words_and_says_so():
         size = size_prompts(http, srv.base_url, spec(prompt_tokens=24))
     assert (size.unit, size.words, size.tokens) == ("words", 24, None)
     assert "count is in words" in size.describe()
+
+
+def test_a_tokenizer_probe_leaves_no_unread_body_for_the_next_request():
+    """A keep-alive server that answers an unknown route without reading the request's
+    body (the demo engine, many http.server handlers) once had the probe's JSON read as
+    the start of the boot's first benchmark request: HTTP 400, every boot failed."""
+    import http.server
+    import json as _json
+    import threading
+
+    import httpx
+
+    from bisect_harness.boot.client import size_prompts
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            if self.path != "/echo":  # unread body left on the connection
+                body = b'{"error": "no route"}'
+                self.send_response(404)
+            else:
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = _json.dumps(_json.loads(raw)).encode()
+                self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with httpx.Client(limits=httpx.Limits(max_connections=1)) as http:
+            size = size_prompts(http, base, spec(prompt_tokens=24))
+            r = http.post(base + "/echo", json={"prompt": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert size.unit == "words"
+    assert r.status_code == 200 and r.json() == {"prompt": "x"}

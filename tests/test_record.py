@@ -119,16 +119,16 @@ def test_journals_and_plots_are_committable_and_logs_are_not():
 
 
 @pytest.mark.slow
-def test_overall_progress_bar_counts_boots_against_the_budget(runs):
-    # the fixture's runs printed their progress to stderr (--json): the overall bar comes first
+def test_progress_in_a_pipe_is_a_line_per_boot_counted_against_the_budget(runs):
+    # the fixture's runs wrote to a pipe (not a terminal): no bars, one plain line per
+    # boot, in the order the ledger holds them, each counting boots done / the budget
     proc, run_id = runs["procs"][1], runs["ids"][1]
-    lines = [ln for ln in proc.stderr.splitlines() if "boots done / budget" in ln]
-    assert lines, proc.stderr[-3000:]
-    n_boots = len(query(runs["db"], "SELECT id FROM boots WHERE run_id = ?", (run_id,)))
-    assert re.search(rf"boots done / budget\s.*\b{n_boots}/4\b", lines[-1]), lines[-1]  # 2 configs x max 2 boots
-    first_boot = next(i for i, ln in enumerate(proc.stderr.splitlines()) if ln.startswith("boot "))
-    overall = next(i for i, ln in enumerate(proc.stderr.splitlines()) if "boots done / budget" in ln)
-    assert overall < first_boot
+    lines = [ln for ln in proc.stderr.splitlines() if re.match(r"boot \d+ \(", ln)]
+    boots = query(runs["db"], "SELECT id, status FROM boots WHERE run_id = ? ORDER BY id", (run_id,))
+    assert len(lines) == len(boots), proc.stderr[-3000:]
+    for k, (line, (boot_id, status)) in enumerate(zip(lines, boots), start=1):
+        assert re.match(rf"boot {boot_id} \(.*#\d+\): {status}\b.* in \d+ s; {k}/4 boots$", line), line
+    assert "\x1b[" not in proc.stderr and "boots done / budget" not in proc.stderr
 
 
 @pytest.mark.slow

@@ -662,7 +662,12 @@ def _token_counter(http: httpx.Client, base_url: str, model: str | None, probe: 
     for path, body, read in _TOKENIZERS:
         def count(text: str, path=path, body=body, read=read) -> int | None:
             try:
-                r = http.post(base_url.rstrip("/") + path, json=body(text, model), timeout=10.0)
+                # Connection: close: a server that answers an unknown route without
+                # reading the body (as Python's http.server handlers often do) would leave
+                # that body in a kept-alive connection, to be read as the start of the
+                # next request -- the boot's first benchmark request
+                r = http.post(base_url.rstrip("/") + path, json=body(text, model), timeout=10.0,
+                              headers={"Connection": "close"})
                 if r.status_code != 200:
                     return None
                 n = read(r.json())
