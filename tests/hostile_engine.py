@@ -10,7 +10,12 @@ eight one-token chunks of text, then a usage chunk, then ``[DONE]``, except:
 - ``huge-usage``: usage says 10**9 tokens;
 - ``wrong-shape``: the first chunk is ``{"choices": [1]}``;
 - ``exit-1-at-stop``: answers truly, but exits 1 on SIGTERM (a wrapper whose server
-  got the signal first, say).
+  got the signal first, say);
+- ``huge-metrics``: ``/metrics`` is 64 MiB of comment lines;
+- ``metrics-bomb``: ``/metrics`` is gzip-encoded and decodes to 1 GiB (about 1 MB sent);
+- ``long-line``: the stream's first line never ends (64 MiB without a newline).
+
+``/metrics`` otherwise holds one counter, ``hostile_generation_tokens_total``.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ import json
 import os
 import signal
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODE = "ok"
+TOKENS = 0
+BOMB = b""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -42,8 +50,31 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/v1/models":
             self._json({"object": "list", "data": [{"id": "hostile", "object": "model"}]})
+        elif self.path == "/metrics":
+            self._metrics()
         else:
             self._json({"status": "ok"})
+
+    def _metrics(self):
+        global TOKENS
+        extra = {}
+        if MODE == "huge-metrics":
+            body = b"# padding\n" * ((64 << 20) // 10)
+        elif MODE == "metrics-bomb":
+            body, extra = BOMB, {"Content-Encoding": "gzip"}
+        else:
+            body = (f"# TYPE hostile_generation_tokens_total counter\n"
+                    f"hostile_generation_tokens_total {TOKENS}\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the reader stopped at its limit
+            pass
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -52,6 +83,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        global TOKENS
+        TOKENS += n
+        if MODE == "long-line":
+            try:
+                self._chunk(b"data: {\"choices\": [{\"text\": \"")
+                piece = b"x" * (1 << 20)
+                for _ in range(64):
+                    self._chunk(piece)
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped at its limit
+                pass
+            return
         chunks = [{"choices": [{"index": 0, "text": f" w{i}"}]} for i in range(n)]
         if MODE == "wrong-shape":
             chunks[0] = {"choices": [1]}
@@ -70,12 +112,16 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    global MODE
+    global MODE, BOMB
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", default="ok")
     a = ap.parse_args()
     MODE = a.mode
+    if MODE == "metrics-bomb":  # 1 GiB of newlines, compressed a MiB at a time
+        z = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip stream
+        mib = b"\n" * (1 << 20)
+        BOMB = b"".join(z.compress(mib) for _ in range(1024)) + z.flush()
     if MODE == "exit-1-at-stop":
         signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()
