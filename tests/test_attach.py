@@ -261,3 +261,25 @@ def test_wrong_or_missing_key(tmp_path, servers):
     assert failures and all("401" in f and "MY_SERVING_KEY" in f and "engine.api_key_env" in f for f in failures)
     assert wrong.encode() not in db.read_bytes() and wrong not in proc.stdout + proc.stderr
     assert fast.counts()["auth_engine_refused_total"] >= 1
+
+
+def test_an_attached_server_without_a_health_route_is_ready_by_its_apis_probe(tmp_path):
+    from bisect_harness.boot.apis import get_api
+    from bisect_harness.boot.attach import AttachedServer
+    from test_server import NO_HEALTH_SERVER
+
+    script = tmp_path / "old_server.py"
+    script.write_text(NO_HEALTH_SERVER)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(script), str(port), "0.5"])
+    try:
+        server = AttachedServer(f"http://127.0.0.1:{port}", log_path=tmp_path / "attach.log", health_path="/health",
+                                ready_timeout_s=30, api_key_env=None, poll_interval_s=0.05,
+                                ready_probe=get_api("llamacpp").ready_probe)
+        with server:
+            assert server.ready_by == "POST /completion (one token), GET /health answering 404"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    log = (tmp_path / "attach.log").read_text()
+    assert "GET /health: 404 (no such route); readiness by POST /completion (one token)" in log

@@ -268,3 +268,61 @@ def test_signal_to_harness_stops_server(tmp_path, fake, sig, outcome):
         assert (tmp_path / "outcome").read_text() == outcome
     else:
         assert rc == 143
+
+
+# A server of llama.cpp's 2023 kind: no /health (404), POST /completion answers 503
+# until its "model" is loaded, then a one-token generation. The request body is read
+# only on the route it knows (as such handlers do).
+NO_HEALTH_SERVER = textwrap.dedent('''
+    import http.server, json, sys, time
+    port, loaded_at = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def log_message(self, *a): pass
+        def _send(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def do_GET(self):
+            self._send(404, {"error": "no route"})
+        def do_POST(self):
+            if self.path != "/completion":
+                return self._send(404, {"error": "no route"})
+            asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if time.monotonic() < loaded_at:
+                return self._send(503, {"error": "loading model"})
+            print("generated", asked.get("n_predict"), "token(s)", flush=True)
+            self._send(200, {"content": "x", "stop": True, "tokens_predicted": 1})
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+def test_a_server_without_a_health_route_is_ready_by_its_apis_own_probe(tmp_path):
+    from bisect_harness.boot.apis import get_api
+
+    script = tmp_path / "old_server.py"
+    script.write_text(NO_HEALTH_SERVER)
+    port = free_port()
+    server = ServerProcess([sys.executable, str(script), str(port), "1.0"], env={"PATH": os.environ["PATH"]},
+                           cwd=tmp_path, log_path=tmp_path / "boot.log", base_url=f"http://127.0.0.1:{port}",
+                           ready_timeout_s=30, poll_interval_s=0.05, ready_probe=get_api("llamacpp").ready_probe)
+    with server:
+        # not before the "model" loaded: a 503 from the probe is "not yet"
+        assert server.ready_after_s >= 0.9
+        assert server.ready_by == "POST /completion (one token), GET /health answering 404"
+    assert "generated 1 token(s)" in server.log_tail()
+
+
+def test_a_missing_health_route_without_a_probe_says_to_set_engine_health(tmp_path):
+    script = tmp_path / "old_server.py"
+    script.write_text(NO_HEALTH_SERVER)
+    port = free_port()
+    server = ServerProcess([sys.executable, str(script), str(port), "0"], env={"PATH": os.environ["PATH"]},
+                           cwd=tmp_path, log_path=tmp_path / "boot.log", base_url=f"http://127.0.0.1:{port}",
+                           ready_timeout_s=2, poll_interval_s=0.05)
+    with pytest.raises(BootTimeout) as info:
+        server.start()
+    assert "GET /health answered 404" in str(info.value) and "engine.health" in str(info.value)

@@ -28,10 +28,26 @@ tgi           ``POST /generate_stream``    Text Generation Inference: ``token.te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, ClassVar, Protocol
 
-__all__ = ["Api", "APIS", "StreamError", "get_api"]
+__all__ = ["Api", "APIS", "ReadyProbe", "StreamError", "get_api"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadyProbe:
+    """How a kind tells that its server is ready where the server has no health route
+    (``engine.health`` answers 404: llama.cpp's server before its ``/health``, a
+    bare OpenAI-compatible server): a request that passes only once the server can
+    do the kind's work. A body makes it a one-token generation."""
+
+    method: str
+    path: str
+    body: dict | None = None
+
+    def describe(self) -> str:
+        return f"{self.method} {self.path}" + (" (one token)" if self.body is not None else "")
 
 
 class StreamError(Exception):
@@ -80,6 +96,8 @@ class Api:
     #: the model name is part of the request (read from ``GET /v1/models`` unless
     #: ``benchmark.model`` says it)
     needs_model: ClassVar[bool] = False
+    #: readiness where the server has no health route (see :class:`ReadyProbe`)
+    ready_probe: ClassVar[ReadyProbe]
 
     def payload(self, *, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool, model: str | None,
                 seed: int) -> dict:
@@ -104,6 +122,8 @@ class Api:
 
 class Completions(Api):
     name, path, needs_model = "completions", "/v1/completions", True
+    # an OpenAI server lists its models once they are loaded
+    ready_probe = ReadyProbe("GET", "/v1/models")
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
@@ -149,6 +169,7 @@ class Chat(Completions):
 
 class Generate(Api):
     name, path = "generate", "/generate"
+    ready_probe = ReadyProbe("POST", "/generate", {"text": "ready", "sampling_params": {"max_new_tokens": 1}})
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         return {"text": prompt, "stream": True,
@@ -177,6 +198,8 @@ class LlamaCpp(Api):
     ``predicted_ms``, ``prompt_ms``, ...), kept as the request's ``meta_info``."""
 
     name, path = "llamacpp", "/completion"
+    # the 2023 server has no /health; it loads the model before it listens
+    ready_probe = ReadyProbe("POST", "/completion", {"prompt": "ready", "n_predict": 1})
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         return {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "stream": True,
@@ -209,6 +232,7 @@ class Tgi(Api):
     ``details.generated_tokens`` (with ``details: true`` asked)."""
 
     name, path = "tgi", "/generate_stream"
+    ready_probe = ReadyProbe("POST", "/generate", {"inputs": "ready", "parameters": {"max_new_tokens": 1}})
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         params: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True, "seed": seed,

@@ -101,10 +101,11 @@ class AttachedSource:
         return Endpoint(config.arm.endpoint.rstrip("/"), headers=headers, api_key=key)
 
     def open(self, argv, *, log_path: Path, base_url: str, health_path: str = "/health",
-             ready_timeout_s: float = 120.0, **_launch_only) -> "AttachedServer":
+             ready_timeout_s: float = 120.0, ready_probe=None, **_launch_only) -> "AttachedServer":
         # env, cwd and the like describe a launch; an attached server has none.
         return AttachedServer(base_url, log_path=log_path, health_path=health_path,
-                              ready_timeout_s=ready_timeout_s, api_key_env=self.api_key_env)
+                              ready_timeout_s=ready_timeout_s, api_key_env=self.api_key_env,
+                              ready_probe=ready_probe)
 
 
 class AttachedServer:
@@ -114,7 +115,7 @@ class AttachedServer:
     pid = None  # no process of ours: env checks and the contention monitor see no server tree
 
     def __init__(self, base_url: str, *, log_path: Path, health_path: str, ready_timeout_s: float,
-                 api_key_env: str | None, poll_interval_s: float = 0.5):
+                 api_key_env: str | None, poll_interval_s: float = 0.5, ready_probe=None):
         self.base_url = base_url.rstrip("/")
         self.log_path = Path(log_path)
         self.health_path = health_path
@@ -122,6 +123,8 @@ class AttachedServer:
         self.api_key_env = api_key_env
         self.poll_interval_s = poll_interval_s
         self.ready_after_s: float | None = None
+        self.ready_probe = ready_probe  # apis.ReadyProbe: used where health_path answers 404
+        self.ready_by: str | None = None
 
     def _log(self, text: str) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,16 +146,29 @@ class AttachedServer:
         started = time.monotonic()
         deadline = started + self.ready_timeout_s
         last = "no answer"
+        probe = None  # the API's probe, once health_path answered 404 (no such route)
         with httpx.Client(trust_env=False, headers=headers) as http:
             while True:
                 remaining = deadline - time.monotonic()
                 try:
-                    r = http.get(url, timeout=max(0.05, min(10.0, remaining)))
+                    timeout = max(0.05, min(10.0, remaining))
+                    if probe is None:
+                        r = http.get(url, timeout=timeout)
+                        by = f"GET {self.health_path}"
+                    else:
+                        r = http.request(probe.method, self.base_url + probe.path, json=probe.body,
+                                         timeout=timeout, headers={"Connection": "close"})
+                        by = f"{probe.describe()}, GET {self.health_path} answering 404"
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
-                        self._log(f"ready after {self.ready_after_s:.2f} s")
+                        self.ready_by = by
+                        self._log(f"ready after {self.ready_after_s:.2f} s ({by})")
                         return self
                     last = f"HTTP {r.status_code}"
+                    if r.status_code == 404 and probe is None and self.ready_probe is not None:
+                        probe = self.ready_probe
+                        self._log(f"GET {self.health_path}: 404 (no such route); readiness by {probe.describe()}")
+                        continue
                     if r.status_code in (401, 403):
                         why = (f"the key in ${self.api_key_env} (engine.api_key_env) was refused"
                                if self.api_key_env else "it needs an API key: set engine.api_key_env to the "

@@ -330,8 +330,11 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
         t0 = time.monotonic()
         with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
                          health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
-                         health_request_timeout_s=req.health_request_timeout_s) as server:
+                         health_request_timeout_s=req.health_request_timeout_s,
+                         ready_probe=req.ready_probe) as server:
             b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
+            if getattr(server, "ready_by", None):
+                b.provenance["ready_by"] = server.ready_by
             if req.settle_s:  # the engine's own warmup after its health check passes (0 when attached)
                 t_settle = time.monotonic()
                 time.sleep(req.settle_s)

@@ -39,6 +39,7 @@ from typing import IO, Mapping, Sequence
 
 import httpx
 
+from .apis import ReadyProbe
 from .rejection import ARGPARSE_EXIT, argparse_rejection
 from ..errors import BootFailed, BootTimeout, FlagNotAccepted
 from .supervisor import LaunchError, Supervised
@@ -147,7 +148,7 @@ class ServerProcess:
                  log_path: Path, base_url: str, health_path: str = "/health",
                  ready_timeout_s: float = 120, poll_interval_s: float = 0.25,
                  health_request_timeout_s: float = 5.0, grace_s: float = 10.0,
-                 record: Path | bool | None = None):
+                 record: Path | bool | None = None, ready_probe: ReadyProbe | None = None):
         if not argv:
             raise ValueError("argv is empty: nothing to launch")
         self.argv = [str(a) for a in argv]
@@ -168,6 +169,9 @@ class ServerProcess:
         self._lock = threading.RLock()
         self._stopped = False
         self.ready_after_s: float | None = None
+        # the benchmark API's own probe, used where health_path answers 404 (no such route)
+        self.ready_probe = ready_probe
+        self.ready_by: str | None = None  # what said "ready": "GET /health", "POST /completion (one token)"
 
     # ---------------------------------------------------------------- properties
 
@@ -243,6 +247,8 @@ class ServerProcess:
 
     def _wait_ready(self) -> None:
         url = self.base_url + self.health_path
+        probe: ReadyProbe | None = None  # the API's probe, once health_path answered 404
+        last = "no answer"
         started = time.monotonic()
         deadline = started + self.ready_timeout_s
         with httpx.Client(trust_env=False) as http:
@@ -265,19 +271,34 @@ class ServerProcess:
                         log_tail=self.log_tail(), log_path=str(self.log_path))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    route = (f"; GET {self.health_path} answered 404: the server has no such route, set "
+                             f"engine.health to one it serves" if last == "HTTP 404" and probe is None else "")
                     raise BootTimeout(
-                        f"server was not ready at {url} after {self.ready_timeout_s:g} s "
-                        f"(command: {' '.join(self.argv)}); raise ready_timeout_s if it is "
-                        f"just slow; log: {self.log_path}\n"
+                        f"server was not ready at {probe and self.base_url + probe.path or url} after "
+                        f"{self.ready_timeout_s:g} s (last: {last}{route}; command: {' '.join(self.argv)}); "
+                        f"raise ready_timeout_s if it is just slow; log: {self.log_path}\n"
                         f"--- last lines of the log ---\n{self.log_tail()}",
                         log_tail=self.log_tail(), log_path=str(self.log_path))
+                timeout = max(0.05, min(self.health_request_timeout_s, remaining))
                 try:
-                    r = http.get(url, timeout=max(0.05, min(self.health_request_timeout_s, remaining)))
+                    if probe is None:
+                        r = http.get(url, timeout=timeout)
+                        if r.status_code == 404 and self.ready_probe is not None:
+                            probe = self.ready_probe  # the server is up and has no such route
+                            last = "HTTP 404"
+                            continue
+                        by = f"GET {self.health_path}"
+                    else:  # Connection: close: a probe's body is never left for the next request
+                        r = http.request(probe.method, self.base_url + probe.path, json=probe.body,
+                                         timeout=timeout, headers={"Connection": "close"})
+                        by = f"{probe.describe()}, GET {self.health_path} answering 404"
+                    last = f"HTTP {r.status_code}"
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
+                        self.ready_by = by
                         return
-                except httpx.HTTPError:
-                    pass
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
                 time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
 
     def stop(self, grace_s: float | None = None) -> None:

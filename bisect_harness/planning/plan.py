@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from ..boot import presets
 from ..boot import sources
+from ..boot.apis import get_api
 from ..boot.request import BootRequest, Checks, freeze
 from ..boot.checkout import Workspace, default_cache_dir
 from ..boot.envs import resolve_python
@@ -164,6 +165,7 @@ class Plan:
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
             env=freeze(env), arm_env=freeze(arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
+            ready_probe=get_api(spec.benchmark.api).ready_probe,
             health_request_timeout_s=preset.health_request_timeout_s,
             # the preset's pause is for a server that just started; an attached one is already warm
             settle_s=preset.settle_s if arm.endpoint is None else 0.0,
