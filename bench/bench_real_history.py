@@ -41,16 +41,15 @@ is set for speed only: make of that era compiles with ``-g``, which puts the
 checkout's folder into ccache's key, so without it no commit reuses another's
 objects.
 
-Measured before the native API existed, through a translating proxy (the
-figures stand for the search; the proxy is gone), on a shared 2-core x86 VM
-(AMD EPYC, other jobs using 0.6-1.6 of its cores throughout; every boot marked ``host_busy``): the endpoints decoded at
-1100-3700 tok/s (good) and 130-290 tok/s (bad); ``harness bisect`` named
-``df270ef74`` with P = 0.999998 (stop reason ``confident``; endpoint test 3
-pairs, p = 0.0045; culprit against its parent 3 pairs, p = 0.0041), after 19
-boots of 8 commits (8 builds), in 1,377 s, of which builds took 1,276 s (two
-full builds of ~500 s; the others 3-133 s from ccache, two of them warm from
-building b3680 and b3681 by hand first). Again with every build cached and a
-fresh ledger: the same commit, P = 0.999998, 19 boots, 78 s.
+Measured with the native API (no proxy, worktree checkouts), on a shared 2-core
+x86 VM with every build already in ccache: ``harness bisect`` named ``df270ef74``
+with P = 0.9999995 (stop reason ``confident``; endpoint test 3 pairs, p = 0.0054;
+culprit against its parent 3 pairs, p = 0.0020), after 19 boots of 8 commits (8
+builds, 14 s of them from ccache), in 59 s; the parent decoded at 3,900-4,800 tok/s,
+the culprit at 380-400; prompts fitted by the server's ``/tokenize`` (2 words, 14
+tokens for 16 asked: the padded vocabulary spends 7 pieces a word). Earlier,
+through a translating proxy and with cold builds: the same commit, P = 0.999998,
+19 boots, 1,377 s, of which builds took 1,276 s.
 
 Run (2 CPU cores: a full build takes about 8 min on a busy host, ccache makes
 most of the others short):
