@@ -33,6 +33,21 @@ TOKENS = 0
 BOMB = b""
 
 
+def gzip_bomb(mib: int) -> bytes:
+    """A gzip stream that decodes to ``mib`` MiB of newlines, made in well under a
+    second: after a full flush deflate starts afresh, so each MiB compresses to the
+    same bytes, compressed once and repeated; the trailer's CRC is computed."""
+    block = b"\n" * (1 << 20)
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: the gzip frame is written here
+    one = z.compress(block) + z.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(block, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    trailer = crc.to_bytes(4, "little") + ((mib << 20) & 0xFFFFFFFF).to_bytes(4, "little")
+    return header + one * mib + z.flush() + trailer
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -118,10 +133,8 @@ def main() -> None:
     ap.add_argument("--mode", default="ok")
     a = ap.parse_args()
     MODE = a.mode
-    if MODE == "metrics-bomb":  # 1 GiB of newlines, compressed a MiB at a time
-        z = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip stream
-        mib = b"\n" * (1 << 20)
-        BOMB = b"".join(z.compress(mib) for _ in range(1024)) + z.flush()
+    if MODE == "metrics-bomb":
+        BOMB = gzip_bomb(1024)
     if MODE == "exit-1-at-stop":
         signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()

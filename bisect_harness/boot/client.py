@@ -66,6 +66,7 @@ import httpx
 
 from ..errors import ConfigFailure
 from ..model import BenchmarkSpec
+from .bodies import UnreadableBody, decoded, read_some
 from .apis import APIS as _APIS, Api, StreamError, get_api, shape as _shape
 from .request import SampleOutcome
 
@@ -411,11 +412,11 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
     try:
         with http.stream("POST", url, json=payload, timeout=timeout_s) as r:
             if r.status_code != 200:
-                body = r.read()[:500].decode("utf-8", "replace")
+                body = read_some(r, 500).decode("utf-8", "replace")  # an error page, however long
                 again = f"HTTP {r.status_code}: {body[:120]}" if api.retryable(r.status_code, body) else None
                 return _failed(start, f"HTTP {r.status_code} from {url}: {body}"), again
             handle = st.handle
-            for raw in r.iter_bytes():
+            for raw in decoded(r, 1 << 20):  # a compressed stream inflated a MiB at a time
                 now = time.perf_counter()
                 if len(head) < 512:
                     head += raw[:512 - len(head)]
@@ -428,7 +429,7 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
                 handle(event, data, now)
     except httpx.HTTPError as e:
         return _failed(start, f"{type(e).__name__} on {url}: {e}"), None
-    except (StreamError, SSELineTooLong) as e:
+    except (StreamError, SSELineTooLong, UnreadableBody) as e:
         return _failed(start, str(e)), None
     t_end = time.perf_counter()
     if not st.times:

@@ -64,6 +64,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from ..errors import SpecError
 from ..model import Better, Metric
+from .bodies import UnreadableBody, decoded
 from .jsonpath import lookup
 
 __all__ = [
@@ -608,7 +609,7 @@ def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, s
     with client.stream("GET", url, timeout=timeout_s,
                        headers={"Accept-Encoding": "identity", **dict(headers or {})}) as resp:
         chunks, size = [], 0
-        for chunk in resp.iter_bytes():
+        for chunk in decoded(resp, 1 << 20):
             size += len(chunk)
             if size > limit:
                 raise BodyTooLarge(f"the body of {url} went past {limit:,} bytes; stopped reading")
@@ -632,7 +633,7 @@ def read_server_info(get: Callable[[str], Any], paths: Sequence[str]) -> tuple[M
                     return data, ""
             tried.append(f"{path}: HTTP {resp.status_code}")
         except Exception as exc:  # a hostile or broken server: say what it did, never raise
-            tried.append(f"{path}: {type(exc).__name__}" + (f" ({exc})" if isinstance(exc, BodyTooLarge) else ""))
+            tried.append(f"{path}: {type(exc).__name__}" + (f" ({exc})" if isinstance(exc, (BodyTooLarge, UnreadableBody)) else ""))
     return None, "no server-info path answered with JSON (" + "; ".join(tried) + ")"
 
 
