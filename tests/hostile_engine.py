@@ -13,7 +13,9 @@ eight one-token chunks of text, then a usage chunk, then ``[DONE]``, except:
   got the signal first, say);
 - ``huge-metrics``: ``/metrics`` is 64 MiB of comment lines;
 - ``metrics-bomb``: ``/metrics`` is gzip-encoded and decodes to 1 GiB (about 1 MB sent);
-- ``long-line``: the stream's first line never ends (64 MiB without a newline).
+- ``long-line``: the stream's first line never ends (64 MiB without a newline);
+- ``log-flood``: writes ``--flood-mb`` MiB (default 1024) of lines to stdout as it
+  starts, before it listens.
 
 ``/metrics`` otherwise holds one counter, ``hostile_generation_tokens_total``.
 """
@@ -131,8 +133,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", default="ok")
+    ap.add_argument("--flood-mb", type=int, default=1024)
     a = ap.parse_args()
     MODE = a.mode
+    if MODE == "log-flood":
+        mib = b"".join(b"flooding the log %08d %s\n" % (i, b"x" * 37) for i in range(1 << 14))  # 64-byte lines
+        for _ in range(a.flood_mb):
+            os.write(1, mib)
     if MODE == "metrics-bomb":
         BOMB = gzip_bomb(1024)
     if MODE == "exit-1-at-stop":

@@ -74,3 +74,26 @@ def test_a_stream_that_cannot_be_true_fails_its_boots_and_the_run_says_not_measu
     out = last_json(proc.stdout) if proc.stdout.strip() else {}
     if out:
         assert all(h["verdict"] != "confirmed" for h in out["hypotheses"])
+
+
+def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_dropped(tmp_path):
+    from bisect_harness.boot.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+
+    engine = {"preset": "openai", "ready_timeout_s": 60,
+              "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", "log-flood", "--flood-mb", "100"]}
+    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
+            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "h.yaml", engine=engine, benchmark=BENCH, hypotheses=hyp,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 1,
+                                "boot_retries": 0, "host_preflight_s": 0})
+    db = tmp_path / "r.db"
+    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    boots = query(db, "SELECT status, marks, provenance FROM boots")
+    assert len(boots) == 4 and all(s == "ok" and "log_capped" in json.loads(m) for s, m, _ in boots), boots
+    log = json.loads(boots[0][2])["log"]
+    assert log["bytes_written"] >= 100 << 20
+    assert log["bytes_dropped"] == log["bytes_written"] - LOG_HEAD_BYTES - LOG_TAIL_BYTES
+    logs = list((tmp_path / "exp" / "logs").rglob("*.log"))
+    assert logs and all(p.stat().st_size < LOG_HEAD_BYTES + LOG_TAIL_BYTES + (1 << 20) for p in logs)

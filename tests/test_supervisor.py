@@ -290,3 +290,50 @@ def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_flooding_command_leaves_the_head_and_tail_of_its_output_and_counts_the_rest(tmp_path):
+    from bisect_harness.boot.supervisor import Supervised
+
+    # 40 MiB of numbered lines, 1,024 at a time; the log keeps 1 MiB of head and of tail
+    script = ("import sys\n"
+              "line = lambda i: b'line %08d ' % i + b'x' * 50 + b'\\n'\n"
+              "for b in range(640):\n"
+              "    sys.stdout.buffer.write(b''.join(line(b * 1024 + i) for i in range(1024)))\n"
+              "sys.stdout.buffer.flush()\n")
+    log_path = tmp_path / "flood.log"
+    log_path.write_bytes(b"$ the harness's own first line\n")
+    with open(log_path, "ab") as log:
+        job = Supervised([sys.executable, "-c", script], env={"PATH": os.environ["PATH"]}, cwd=tmp_path,
+                         stdout=log, timeout_s=120, log_cap=(1 << 20, 1 << 20)).start()
+        assert job.wait(120) == 0
+        job.stop()
+    written = 640 * 1024 * 65  # 65-byte lines
+    assert (job.log_bytes, job.log_dropped) == (written, written - (2 << 20))
+    data = log_path.read_bytes()
+    assert len(data) < (2 << 20) + 4096
+    assert data.startswith(b"$ the harness's own first line\nline 00000000 ")
+    head = data.split(b"\n[bisect-harness supervisor] log capped", 1)[0]
+    assert len(head) == len(b"$ the harness's own first line\n") + (1 << 20)
+    assert b"bytes between them were dropped\n" in data
+    assert data.endswith(b"line %08d " % (640 * 1024 - 1) + b"x" * 50 + b"\n")
+
+
+def test_a_log_past_its_cap_stays_readable_while_the_command_runs(tmp_path):
+    from bisect_harness.boot.supervisor import Supervised
+
+    script = ("import sys, time\n"
+              "sys.stdout.write('x' * 3000000 + '\\nstill running\\n'); sys.stdout.flush()\n"
+              "time.sleep(60)\n")
+    log_path = tmp_path / "live.log"
+    with open(log_path, "ab") as log:
+        job = Supervised([sys.executable, "-c", script], env={"PATH": os.environ["PATH"]}, cwd=tmp_path,
+                         stdout=log, timeout_s=120, log_cap=(1 << 20, 1 << 20)).start()
+        try:
+            deadline = time.monotonic() + 10
+            while b"still running" not in log_path.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert b"still running" in log_path.read_bytes()
+            assert log_path.stat().st_size < (2 << 20) + 4096
+        finally:
+            job.stop(grace_s=1)

@@ -109,6 +109,19 @@ def _stop_check(b: "_Boot", server) -> None:
             b.marks.append("stop_unclean")
 
 
+def _log_check(b: "_Boot", server) -> None:
+    """How much the server wrote to its boot log and, past the log's cap (the first
+    and last 32 MiB kept), how much was dropped: ``provenance["log"]``, and the mark
+    ``log_capped`` when anything was."""
+    out = getattr(server, "log_output", None)
+    if out is None:
+        return
+    written, dropped = out
+    b.provenance["log"] = {"bytes_written": written, "bytes_dropped": dropped}
+    if dropped and "log_capped" not in b.marks:
+        b.marks.append("log_capped")
+
+
 def _retry_check(b: "_Boot", requests) -> None:
     """Requests the server answered with "try again" and that were sent again within
     their sample: how many, how often, and the first answer (``provenance["request_retries"]``)."""
@@ -377,6 +390,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                 b.status = "ok"
             b.log_tail = server.log_tail(40)
         _stop_check(b, server)
+        _log_check(b, server)
     except _Stop:
         b.log_tail = read_tail(log_path)
     except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried

@@ -195,6 +195,14 @@ class ServerProcess:
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None
 
+    @property
+    def log_output(self) -> tuple[int, int] | None:
+        """Once stopped: (bytes the server tree wrote, of them bytes dropped from the
+        middle of the capped log); None before, or where the log was not capped."""
+        if self._proc is None or self._proc.log_bytes is None:
+            return None
+        return self._proc.log_bytes, self._proc.log_dropped
+
     def __repr__(self) -> str:
         return f"ServerProcess(pid={self.pid}, base_url={self.base_url!r}, log={str(self.log_path)!r})"
 

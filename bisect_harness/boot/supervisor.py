@@ -39,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import json
@@ -335,6 +336,15 @@ def _kill_tree(grace_s: float, wake_fd: int, main_pid: int) -> tuple[int, int | 
         _drain(wake_fd)
 
 
+def _is_file(fd: int) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
 def _drain(fd: int) -> None:
     try:
         while os.read(fd, 512):
@@ -360,6 +370,105 @@ def _read_request(fd: int, timeout_s: float) -> tuple[dict | None, bytes]:
         return json.loads(line), rest
     except ValueError:
         return None, b""  # "stop" before any request: the harness changed its mind
+
+
+#: A command's output kept in its log: the first LOG_HEAD_BYTES and the last
+#: LOG_TAIL_BYTES, what came between them dropped and counted. An engine's whole
+#: boot log fits by far; a server that floods stdout cannot fill the disk.
+LOG_HEAD_BYTES = 32 << 20
+LOG_TAIL_BYTES = 32 << 20
+_LOG_REWRITE_S = 1.0
+_F_SETPIPE_SZ = 1031
+
+
+class _CappedLog:
+    """The supervisor's writer of the command's output into the log (its own fd 1).
+
+    The head is written as it comes. Past it, the newest ``tail`` bytes are kept in
+    memory and written after a marker line, the file cut back to the marker first,
+    at most once a second and at the end: the log stays readable while the command
+    runs (about a second behind once capped), and never holds more than head +
+    marker + tail."""
+
+    def __init__(self, fd: int, head: int, tail: int):
+        self.fd, self.head, self.tail = fd, head, tail
+        try:
+            self.start = os.lseek(fd, 0, os.SEEK_END)  # the log may hold lines written before this command
+        except OSError:
+            self.start = 0
+        self.total = 0         # bytes of output the command wrote
+        self.dropped = 0       # of them, those neither in the head nor in the tail
+        self.ring: collections.deque[bytes] = collections.deque()  # the newest output, at most ``tail`` bytes
+        self.ring_bytes = 0
+        self.mark_at: int | None = None
+        self.dirty = False
+        self.rewritten = 0.0
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.mark_at is None:
+            room = self.head - (self.total - len(data))
+            if len(data) <= room:
+                self._raw(data)
+                return
+            self._raw(data[:room])
+            self.mark_at = self.start + self.head
+            data = data[room:]
+        self.ring.append(data)
+        self.ring_bytes += len(data)
+        while self.ring_bytes > self.tail:  # drop from the oldest end, a chunk (or part of one) at a time
+            over = self.ring_bytes - self.tail
+            first = self.ring[0]
+            if len(first) <= over:
+                self.ring.popleft()
+                cut = len(first)
+            else:
+                self.ring[0] = first[over:]
+                cut = over
+            self.ring_bytes -= cut
+            self.dropped += cut
+        self.dirty = True
+
+    def _raw(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.fd, view):]
+            except OSError:  # a full disk: the output is lost, the command is not held up
+                return
+
+    def flush(self, now: float | None = None) -> None:
+        """Write the tail after the marker (no more than once a second unless ``now`` is None)."""
+        if not self.dirty or self.mark_at is None:
+            return
+        if now is not None and now - self.rewritten < _LOG_REWRITE_S:
+            return
+        try:
+            os.ftruncate(self.fd, self.mark_at)
+        except OSError:
+            return
+        self._raw((f"\n[bisect-harness supervisor] log capped: the first {self.head:,} bytes of the output are "
+                   f"above, the last {self.ring_bytes:,} below; {self.dropped:,} bytes between them were "
+                   f"dropped\n").encode())
+        for chunk in self.ring:
+            self._raw(chunk)
+        self.dirty, self.rewritten = False, time.monotonic()
+
+
+def _read_output(fd: int, log: _CappedLog, most: int = 8 << 20) -> bool:
+    """Move what the command wrote into the log (up to ``most`` bytes a call). False at
+    end-of-file: every process holding the pipe has closed it."""
+    moved = 0
+    while moved < most:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if not chunk:
+            return False
+        log.write(chunk)
+        moved += len(chunk)
+    return True
 
 
 def main(args: Sequence[str]) -> int:
@@ -397,12 +506,33 @@ def main(args: Sequence[str]) -> int:
         # plus this tree's token: inherited through double forks and new sessions, it lets the
         # next start find what escaped the record (a fork in the last moment before a SIGKILL).
         env = dict(request["env"], **{TREE_ENV: token})
+        cap = request.get("log_cap")
+        out_r = out_w = None
+        if cap is not None and _is_file(1):  # a log file: the command writes into a pipe we read
+            out_r, out_w = os.pipe()
+            try:
+                import fcntl
+                fcntl.fcntl(out_w, _F_SETPIPE_SZ, 1 << 20)  # room for bursts while the tree is listed
+            except (OSError, ImportError):
+                pass
+        log = _CappedLog(1, int(cap[0]), int(cap[1])) if out_r is not None else None
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 close_fds=True)
+                                 close_fds=True, stdout=out_w, stderr=out_w)
+        if out_w is not None:
+            os.close(out_w)
+            os.set_blocking(out_r, False)
     except OSError as exc:
         status.send(f"error {exc.errno or 0} {exc.strerror or exc}")
         record.remove()
         return 127
+
+    def note(text: str) -> None:  # the supervisor's own lines go where the output goes
+        if log is not None:
+            log.write(text.encode())
+        else:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
     status.send(f"pid {child.pid}")
     started = time.monotonic()
     deadline = started + float(timeout_s) if timeout_s is not None else None
@@ -419,9 +549,16 @@ def main(args: Sequence[str]) -> int:
             wait = max(0.0, min(wait, deadline - now))
         if pending:
             wait = 0.0
-        fds = [ctl, wake_r] + ([harness_fd] if harness_fd is not None else [])
+        fds = [ctl, wake_r] + ([harness_fd] if harness_fd is not None else []) + ([out_r] if out_r is not None else [])
+        if log is not None and log.dirty:
+            wait = min(wait, _LOG_REWRITE_S)
         ready = select.select(fds, [], [], wait)[0]
         _drain(wake_r)
+        if out_r is not None and out_r in ready and not _read_output(out_r, log):
+            os.close(out_r)
+            out_r = None
+        if log is not None:
+            log.flush(time.monotonic())
         got = _reap(child.pid)
         if got is not None:
             rc = got
@@ -448,15 +585,22 @@ def main(args: Sequence[str]) -> int:
     if reason in ("exited",):
         left_behind = _descendants(me, _table())
         if left_behind:
-            sys.stderr.write(f"[bisect-harness supervisor] the command exited ({rc}); stopping "
-                             f"{len(left_behind)} process(es) it left running\n")
+            note(f"[bisect-harness supervisor] the command exited ({rc}); stopping "
+                 f"{len(left_behind)} process(es) it left running\n")
     elif reason not in ("stop",):
-        sys.stderr.write(f"[bisect-harness supervisor] {reason}: stopping the command's process tree\n")
-    sys.stderr.flush()
+        note(f"[bisect-harness supervisor] {reason}: stopping the command's process tree\n")
     left, got = _kill_tree(grace_s, wake_r, child.pid)
     if rc is None and got is not None:
         rc = got
         status.send(f"exit {rc}")
+    if log is not None:
+        if out_r is not None:  # what the tree wrote before it was gone (the pipe's writers are)
+            while _read_output(out_r, log):
+                if not select.select([out_r], [], [], 0.2)[0]:
+                    break
+            os.close(out_r)
+        log.flush()
+        status.send(f"log {log.total} {log.dropped}")
     status.send(f"done {left}")
     if left == 0:
         record.remove()
@@ -480,7 +624,8 @@ class Supervised:
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, stdout: IO[bytes] | int,
-                 timeout_s: float | None = None, grace_s: float = 5.0, record: Path | bool | None = None):
+                 timeout_s: float | None = None, grace_s: float = 5.0, record: Path | bool | None = None,
+                 log_cap: tuple[int, int] | None = (LOG_HEAD_BYTES, LOG_TAIL_BYTES)):
         if not argv:
             raise ValueError("argv is empty: nothing to run")
         self.argv = [str(a) for a in argv]
@@ -499,6 +644,10 @@ class Supervised:
         self._status_fd: int | None = None
         self._buf = b""
         self._eof = False
+        # the log's cap, (head, tail) bytes: None, the output goes to ``stdout`` uncut
+        self.log_cap = log_cap
+        self.log_bytes: int | None = None    # what the command wrote, once it is over (capped logs)
+        self.log_dropped: int | None = None  # of it, bytes dropped from the log's middle
 
     @property
     def supervisor_pid(self) -> int | None:
@@ -524,7 +673,8 @@ class Supervised:
         record = None
         if self.record_dir is not None:
             record = str(self.record_dir / f"{self.supervisor.pid}.json")
-        request = {"argv": self.argv, "env": self.env, "grace_s": self.grace_s, "timeout_s": self.timeout_s, "record": record}
+        request = {"argv": self.argv, "env": self.env, "grace_s": self.grace_s, "timeout_s": self.timeout_s,
+                   "record": record, "log_cap": list(self.log_cap) if self.log_cap else None}
         try:
             self.supervisor.stdin.write(json.dumps(request).encode() + b"\n")
             self.supervisor.stdin.flush()
@@ -575,6 +725,8 @@ class Supervised:
             self.timed_out = True
         elif word == "done":
             self.left_alive = int(rest)
+        elif word == "log":
+            self.log_bytes, self.log_dropped = (int(x) for x in rest.split())
 
     def _pump(self) -> None:
         if self._status_fd is None:
