@@ -14,6 +14,8 @@ eight one-token chunks of text, then a usage chunk, then ``[DONE]``, except:
 - ``huge-metrics``: ``/metrics`` is 64 MiB of comment lines;
 - ``metrics-bomb``: ``/metrics`` is gzip-encoded and decodes to 1 GiB (about 1 MB sent);
 - ``long-line``: the stream's first line never ends (64 MiB without a newline);
+- ``listen-wide``: answers truly on 127.0.0.1, and a side socket (an exporter, say)
+  listens on all interfaces (``0.0.0.0``, a free port; nothing is sent to it);
 - ``log-flood``: writes ``--flood-mb`` MiB (default 1024) of lines to stdout as it
   starts, before it listens.
 
@@ -142,6 +144,10 @@ def main() -> None:
             os.write(1, mib)
     if MODE == "metrics-bomb":
         BOMB = gzip_bomb(1024)
+    if MODE == "listen-wide":
+        import socket
+
+        side = socket.create_server(("0.0.0.0", 0))  # noqa: F841 (held open while serving)
     if MODE == "exit-1-at-stop":
         signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
     ThreadingHTTPServer(("127.0.0.1", a.port), Handler).serve_forever()

@@ -97,3 +97,25 @@ def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_
     assert log["bytes_dropped"] == log["bytes_written"] - LOG_HEAD_BYTES - LOG_TAIL_BYTES
     logs = list((tmp_path / "exp" / "logs").rglob("*.log"))
     assert logs and all(p.stat().st_size < LOG_HEAD_BYTES + LOG_TAIL_BYTES + (1 << 20) for p in logs)
+
+
+def test_a_server_that_listens_beyond_loopback_is_marked_and_the_socket_named(tmp_path):
+    proc, db = _run(tmp_path, "listen-wide")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    boots = query(db, "SELECT status, marks, provenance, port FROM boots")
+    assert len(boots) == 4 and all(s == "ok" and "listens_beyond_loopback" in json.loads(m) for s, m, *_ in boots)
+    listening = json.loads(boots[0][2])["listening"]
+    sockets = {(s["address"], s["port"]) for s in listening["sockets"]}
+    assert ("127.0.0.1", boots[0][3]) in sockets  # where the harness asked it to serve
+    (wide,) = listening["beyond_loopback"]
+    assert wide.startswith("0.0.0.0:") and "(python" in wide
+
+
+def test_a_server_on_loopback_only_is_not_marked(tmp_path):
+    proc, db = _run(tmp_path, "ok")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    boots = query(db, "SELECT marks, provenance, port FROM boots")
+    assert boots and all("listens_beyond_loopback" not in json.loads(m) for m, *_ in boots)
+    listening = json.loads(boots[0][1])["listening"]
+    assert listening["beyond_loopback"] == []
+    assert any((s["address"], s["port"]) == ("127.0.0.1", boots[0][2]) for s in listening["sockets"]), listening

@@ -226,6 +226,12 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
         b.marks.append("env_unverified")
     if not flag_rep.ok:
         b.marks.append("flag_mismatch")
+    sup = getattr(server, "supervisor_pid", None)
+    if sup is not None:  # launched on 127.0.0.1 by the harness: is it reachable from elsewhere?
+        listening = provenance.listening_report(sup)
+        b.provenance["listening"] = listening.to_dict()
+        if listening.beyond_loopback:
+            b.marks.append("listens_beyond_loopback")
     for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
         if mark not in b.marks:
             continue

@@ -1,4 +1,4 @@
-"""Know what really ran. Four questions are answered from data at every boot, one
+"""Know what really ran. Five questions are answered from data at every boot, one
 module each:
 
 * :mod:`.env` -- did the requested env vars reach the root server process *and
@@ -8,6 +8,8 @@ module each:
 * :mod:`.host` -- what host is this: hostname, kernel, boot id, CPU governor,
   packages, the engine commit, and per GPU the clocks, thermals, power and
   throttle reasons through NVML (:func:`collect_host`)
+* :mod:`.listening` -- does the server's tree listen beyond loopback?
+  (:func:`listening_report`)
 * :mod:`.sampling` -- what happened during the benchmark window
   (:class:`GpuSampler`, :class:`SamplerSummary`)
 
@@ -27,13 +29,14 @@ Example::
 from ._schema import SCHEMA_VERSION, _check_schema  # noqa: F401
 from .env import EnvReport, ProcessEnv, VarReport, env_report
 from .flags import (DEFAULT_FLAG_ALIASES, MATCHED, MISMATCHED, NOT_REPORTED, FlagCheck, FlagReport, flag_report, normalise_flag, values_equal, values_match)
+from .listening import ListeningReport, ListeningSocket, listening_report
 from .host import (BENIGN_THROTTLE_REASONS, THROTTLE_REASONS, GpuInfo, HostInfo, collect_host, cpu_governor, decode_throttle_reasons, engine_state, packages_fingerprint, read_gpu, read_gpus)
 from .sampling import GpuSampler, GpuSummary, SamplerSummary, Stat, sample_gpu
 
 __all__ = [
     "BENIGN_THROTTLE_REASONS", "DEFAULT_FLAG_ALIASES", "EnvReport", "FlagCheck", "FlagReport",
-    "GpuInfo", "GpuSampler", "GpuSummary", "HostInfo", "ProcessEnv", "SamplerSummary", "Stat",
+    "GpuInfo", "GpuSampler", "ListeningReport", "ListeningSocket", "GpuSummary", "HostInfo", "ProcessEnv", "SamplerSummary", "Stat",
     "THROTTLE_REASONS", "VarReport", "collect_host", "cpu_governor", "decode_throttle_reasons",
-    "engine_state", "env_report", "flag_report", "normalise_flag", "packages_fingerprint",
+    "engine_state", "env_report", "flag_report", "listening_report", "normalise_flag", "packages_fingerprint",
     "read_gpu", "read_gpus", "sample_gpu", "values_equal", "values_match",
 ]
