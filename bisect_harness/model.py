@@ -134,6 +134,23 @@ class Arm:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """How much the harness reads from a server, and keeps of what it writes (the
+    spec's top-level ``limits:``). Every default fits a real vLLM or SGLang by far
+    (their ``/metrics`` and server info are tens of KiB); a server past one is
+    recorded as such (a source problem, a failed request, a capped log), never
+    believed in part and never allowed the harness's memory or disk.
+
+    A run's limits decide what is refused, not what is measured: they are no part
+    of a config's identity."""
+
+    body_bytes: int = 4 << 20          # a body read whole: /metrics, server info, an error page
+    stream_line_bytes: int = 16 << 20  # one line of a response's event stream
+    log_head_bytes: int = 32 << 20     # of a boot log: the first bytes kept ...
+    log_tail_bytes: int = 32 << 20     # ... and the last; the middle is dropped and counted
+
+
+@dataclass(frozen=True)
 class BenchmarkSpec:
     """How one sample is measured against a ready server.
 
@@ -155,6 +172,7 @@ class BenchmarkSpec:
     seed: int = 0
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
     tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)
+    limits: Limits = Limits()  # from the spec's top-level ``limits:``; not part of a config's identity
 
 
 def utcnow() -> _dt.datetime:

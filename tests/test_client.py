@@ -511,13 +511,13 @@ def test_a_line_split_over_many_reads_is_one_line_and_a_line_past_the_cap_fails(
             dec.feed(b"y" * 1000)  # no line end, ever
 
 
-def test_a_stream_whose_line_never_ends_fails_the_request_not_the_harness(monkeypatch):
-    from bisect_harness.boot import client as client_mod
+def test_a_stream_whose_line_never_ends_fails_the_request_not_the_harness():
+    from bisect_harness.model import Limits
 
-    monkeypatch.setattr(client_mod, "MAX_SSE_LINE", 64 * 1024)
+    # the cap is the spec's limits.stream_line_bytes
     with Replay([b"data: " + b"z" * 200_000]) as srv:
         with pytest.raises(SampleFailed, match="went past 65,536 bytes"):
-            measure_sample_detail(srv.base_url, spec())
+            measure_sample_detail(srv.base_url, spec(limits=Limits(stream_line_bytes=64 * 1024)))
 
 
 def test_a_server_count_below_its_text_chunks_is_not_believed():

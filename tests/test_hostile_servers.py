@@ -76,16 +76,24 @@ def test_a_stream_that_cannot_be_true_fails_its_boots_and_the_run_says_not_measu
         assert all(h["verdict"] != "confirmed" for h in out["hypotheses"])
 
 
-def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_dropped(tmp_path):
+@pytest.mark.parametrize("flood_mb, limits", [(100, None), (8, {"log_head_bytes": "1 MiB", "log_tail_bytes": "2 MiB"})])
+def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_dropped(tmp_path, flood_mb, limits):
+    import yaml
+
     from bisect_harness.boot.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
 
     engine = {"preset": "openai", "ready_timeout_s": 60,
-              "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", "log-flood", "--flood-mb", "100"]}
+              "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", "log-flood",
+                         "--flood-mb", str(flood_mb)]}
     hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
             "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
     spec = write_spec(tmp_path / "h.yaml", engine=engine, benchmark=BENCH, hypotheses=hyp,
                       defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 1,
                                 "boot_retries": 0, "host_preflight_s": 0})
+    if limits:  # the spec's own caps reach the supervisor that writes the log
+        doc = yaml.safe_load(spec.read_text())
+        spec.write_text(yaml.safe_dump({**doc, "limits": limits}, sort_keys=False))
+        LOG_HEAD_BYTES, LOG_TAIL_BYTES = 1 << 20, 2 << 20
     db = tmp_path / "r.db"
     proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
                    "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
@@ -93,7 +101,7 @@ def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_
     boots = query(db, "SELECT status, marks, provenance FROM boots")
     assert len(boots) == 4 and all(s == "ok" and "log_capped" in json.loads(m) for s, m, _ in boots), boots
     log = json.loads(boots[0][2])["log"]
-    assert log["bytes_written"] >= 100 << 20
+    assert log["bytes_written"] >= flood_mb << 20
     assert log["bytes_dropped"] == log["bytes_written"] - LOG_HEAD_BYTES - LOG_TAIL_BYTES
     logs = list((tmp_path / "exp" / "logs").rglob("*.log"))
     assert logs and all(p.stat().st_size < LOG_HEAD_BYTES + LOG_TAIL_BYTES + (1 << 20) for p in logs)

@@ -365,3 +365,49 @@ def test_piped_progress_is_a_plain_line_per_boot_and_per_step():
     assert len(got) == 2 and got[1] == "bisect step 1: endpoints abc 1 boot"
     assert got[0].startswith(f"boot 7 (HEAD TAG={RED}, #1): ok [host_busy] in ") and got[0].endswith("; 1/40 boots")
     assert console.file.getvalue() == ""  # the run's own lines stay on the console; the boots go to stderr
+
+
+# --------------------------------------------------------------------------- limits: what is read from a server
+
+
+@pytest.mark.parametrize("given, size", [(1 << 20, 1 << 20), ("64 MiB", 64 << 20), ("1.5GiB", 3 << 29),
+                                         ("512 KiB", 512 << 10), ("131072", 131072), ("200000 b", 200000)])
+def test_limits_take_bytes_or_a_size_with_a_unit(tmp_path, given, size):
+    doc = yaml.safe_load(dump(SKELETON))
+    doc["limits"] = {"body_bytes": given, "log_tail_bytes": "1 GiB"}
+    spec = parse_spec(dump(doc), tmp_path / "h.yaml")
+    assert spec.benchmark.limits.body_bytes == size and spec.benchmark.limits.log_tail_bytes == 1 << 30
+    assert spec.benchmark.limits.stream_line_bytes == 16 << 20  # the default where unset
+
+
+@pytest.mark.parametrize("limits, key, match", [
+    ({"body_bytes": "lots"}, "limits.body_bytes", "a size like '64 MiB'"),
+    ({"body_bytes": "64 MB"}, "limits.body_bytes", "units: B, KiB, MiB, GiB"),
+    ({"body_bytes": True}, "limits.body_bytes", "must be a size"),
+    ({"log_head_bytes": 1000}, "limits.log_head_bytes", "between 64 KiB and 64 GiB"),
+    ({"stream_line_bytes": "100 GiB"}, "limits.stream_line_bytes", "between 64 KiB and 64 GiB"),
+    ({"metrics_bytes": "1 MiB"}, "limits.metrics_bytes", "unknown key"),
+])
+def test_a_bad_limit_names_its_key(tmp_path, limits, key, match):
+    doc = yaml.safe_load(dump(SKELETON))
+    doc["limits"] = limits
+    with pytest.raises(SpecError, match=match) as info:
+        parse_spec(dump(doc), tmp_path / "h.yaml")
+    assert info.value.key == key
+
+
+def test_limits_are_no_part_of_a_configs_identity(tmp_path):
+    from bisect_harness.planning.plan import engine_fingerprint
+
+    doc = yaml.safe_load(dump(SKELETON))
+    plain = parse_spec(dump(doc), tmp_path / "h.yaml")
+    doc["limits"] = {"body_bytes": "64 MiB", "log_head_bytes": "1 GiB"}
+    raised = parse_spec(dump(doc), tmp_path / "h.yaml")
+    assert engine_fingerprint(plain) == engine_fingerprint(raised)
+
+
+def test_the_supervisors_log_cap_is_the_limits_default():
+    from bisect_harness.boot.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+    from bisect_harness.model import Limits
+
+    assert (LOG_HEAD_BYTES, LOG_TAIL_BYTES) == (Limits().log_head_bytes, Limits().log_tail_bytes)

@@ -90,7 +90,7 @@ class SampleFailed(ConfigFailure):
 
 #: The longest line an event stream may send: a real chunk is a few KB (a few MB with
 #: log-probabilities); past this the request fails instead of taking the memory.
-MAX_SSE_LINE = 16 << 20
+MAX_SSE_LINE = BenchmarkSpec().limits.stream_line_bytes
 
 
 class SSELineTooLong(ValueError):
@@ -390,10 +390,10 @@ MAX_RETRIES = 3
 
 
 def _run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-                 sample_t0: float) -> RequestRecord:
+                 sample_t0: float, max_line: int = MAX_SSE_LINE) -> RequestRecord:
     retries, why = 0, None
     while True:
-        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0)
+        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0, max_line)
         if again is None or retries >= MAX_RETRIES:
             return dataclasses.replace(rec, retries=retries, retry_reason=why) if retries else rec
         retries += 1
@@ -402,10 +402,10 @@ def _run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_
 
 
 def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-          sample_t0: float) -> tuple[RequestRecord, str | None]:
+          sample_t0: float, max_line: int = MAX_SSE_LINE) -> tuple[RequestRecord, str | None]:
     """One try of a request: its record, and why to send it again (None: do not)."""
     st = _Stream(api, most)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
-    dec = SSEDecoder()
+    dec = SSEDecoder(max_line)  # ``limits.stream_line_bytes``
     t0 = time.perf_counter()
     start = t0 - sample_t0
     head = b""  # the body's first bytes: what a server that streamed nothing said instead
@@ -515,7 +515,7 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
                 return
             url, payload = reqs[i]
             results[i] = _run_request(http, url, payload, api, bench.request_timeout_s, bench.output_tokens,
-                                      sample_t0)
+                                      sample_t0, bench.limits.stream_line_bytes)
 
     workers = max(1, min(bench.concurrency, n))
     if workers == 1:

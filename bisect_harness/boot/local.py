@@ -63,12 +63,14 @@ def this_host() -> tuple[dict, str]:
     return host, host_fingerprint(host)
 
 
-def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None) -> dict | None:
+def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None,
+                      limit: int = sources.MAX_BODY_BYTES) -> dict | None:
     """The first server-info endpoint that answers with a JSON object, or None
-    (``sources.read_server_info``, the rule the metric sources use too)."""
+    (``sources.read_server_info``, the rule the metric sources use too); no body
+    is read past ``limit`` bytes (``limits.body_bytes``)."""
     with httpx.Client(trust_env=False) as client:
         data, _ = sources.read_server_info(
-            lambda path: sources.bounded_get(client, base_url + path, 10.0, headers), paths)
+            lambda path: sources.bounded_get(client, base_url + path, 10.0, headers, limit=limit), paths)
     return dict(data) if data is not None else None
 
 
@@ -209,7 +211,7 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
     """Did the env reach every worker, did the flags take effect? Mark, exclude or stop.
     A flag's requested value is compared as rendered into the argv."""
     checks = req.checks
-    info = fetch_server_info(base_url, req.server_info_paths, headers=headers)
+    info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=req.benchmark.limits.body_bytes)
     b.server_info = info
     reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
     b.provenance["engine_version"] = reported.to_dict()
@@ -276,13 +278,15 @@ def _mechanism_check(b: _Boot, req: BootRequest, base_url: str, headers: Mapping
     if not any(m.claimed_by(flags) for m in preset.mechanisms):
         return
     metrics = None
+    limit = req.benchmark.limits.body_bytes
     try:
-        r = httpx.get(base_url + req.metrics_path, timeout=10.0, headers=dict(headers), trust_env=False)
-        if r.status_code == 200 and len(r.content) <= sources.METRICS_MAX_BYTES:
+        with httpx.Client(trust_env=False) as client:
+            r = sources.bounded_get(client, base_url + req.metrics_path, 10.0, headers, limit=limit)
+        if r.status_code == 200:
             metrics = sources.parse_prometheus(r.text)
-    except (httpx.HTTPError, ValueError):
+    except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
         metrics = None
-    info = fetch_server_info(base_url, req.server_info_paths, headers=headers)  # read again: after the requests
+    info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=limit)  # after the requests
     results = mechanisms.check(preset.mechanisms, flags, metrics=metrics, server_info=info,
                                log_text=_log_text(log_path))
     b.provenance["mechanisms"] = [r.to_dict() for r in results]
@@ -350,7 +354,8 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
         with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
                          health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
                          health_request_timeout_s=req.health_request_timeout_s,
-                         ready_probe=req.ready_probe) as server:
+                         ready_probe=req.ready_probe,
+                         log_cap=(req.benchmark.limits.log_head_bytes, req.benchmark.limits.log_tail_bytes)) as server:
             b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
             if getattr(server, "ready_by", None):
                 b.provenance["ready_by"] = server.ready_by
@@ -366,7 +371,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                 b.provenance["sources_not_applicable"] = list(req.sources_not_applicable)
             collector = SourceCollector(req.metric_sources, base_url, log_path, server_info=info,
                                         server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
-                                        headers=endpoint.headers)
+                                        headers=endpoint.headers, body_limit=req.benchmark.limits.body_bytes)
             with provenance.GpuSampler(interval_s=1.0) as sampler, \
                     contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
                     bench.session():  # one HTTP client per boot, opened outside every sample window

@@ -42,7 +42,7 @@ import httpx
 from .apis import ReadyProbe
 from .rejection import ARGPARSE_EXIT, argparse_rejection
 from ..errors import BootFailed, BootTimeout, FlagNotAccepted
-from .supervisor import LaunchError, Supervised
+from .supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LaunchError, Supervised
 
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 
@@ -148,7 +148,8 @@ class ServerProcess:
                  log_path: Path, base_url: str, health_path: str = "/health",
                  ready_timeout_s: float = 120, poll_interval_s: float = 0.25,
                  health_request_timeout_s: float = 5.0, grace_s: float = 10.0,
-                 record: Path | bool | None = None, ready_probe: ReadyProbe | None = None):
+                 record: Path | bool | None = None, ready_probe: ReadyProbe | None = None,
+                 log_cap: tuple[int, int] | None = (LOG_HEAD_BYTES, LOG_TAIL_BYTES)):
         if not argv:
             raise ValueError("argv is empty: nothing to launch")
         self.argv = [str(a) for a in argv]
@@ -171,6 +172,7 @@ class ServerProcess:
         self.ready_after_s: float | None = None
         # the benchmark API's own probe, used where health_path answers 404 (no such route)
         self.ready_probe = ready_probe
+        self.log_cap = log_cap  # (head, tail) bytes of the server's output kept in its log
         self.ready_by: str | None = None  # what said "ready": "GET /health", "POST /completion (one token)"
 
     # ---------------------------------------------------------------- properties
@@ -237,7 +239,7 @@ class ServerProcess:
             install_signal_handlers()
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")
-            self._proc = Supervised(self.argv, env=self.env, cwd=self.cwd, stdout=self._log,
+            self._proc = Supervised(self.argv, env=self.env, cwd=self.cwd, stdout=self._log, log_cap=self.log_cap,
                                     grace_s=self.grace_s, record=self._record)
             with _LIVE_LOCK:  # before the supervisor exists: a signal from here on stops it
                 _LIVE[id(self)] = self

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from ..errors import SpecError
-from ..model import Better, Metric
+from ..model import Better, Limits, Metric
 from .bodies import UnreadableBody, decoded
 from .jsonpath import lookup
 
@@ -574,7 +574,7 @@ _MISSING = object()
 #: The most a ``/metrics`` or server-info body may hold once decoded. Real engines send a
 #: few hundred KB; a larger body (or a compressed bomb) is a source problem, not a read
 #: that takes the harness's memory and minutes of parsing.
-MAX_BODY_BYTES = 4 << 20
+MAX_BODY_BYTES = Limits().body_bytes
 
 
 class BodyTooLarge(Exception):
@@ -661,10 +661,6 @@ def _response_field(resp: Mapping, path: str) -> Any:
     return _MISSING
 
 
-#: The largest ``/metrics`` body read for mechanism evidence (bytes); a larger one is not believed.
-METRICS_MAX_BYTES = 16 << 20
-
-
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     """``(sample name, labels, value)`` of a Prometheus text exposition."""
     return _parse_prometheus(text)
@@ -703,9 +699,10 @@ class SourceCollector:
     def __init__(self, sources: Sequence[MetricSource], base_url: str, log_path: str | Path | None, *,
                  server_info: Mapping | None = None, server_info_paths: Sequence[str] = (),
                  metrics_path: str = "/metrics", timeout_s: float = 10.0, client=None,
-                 headers: Mapping[str, str] | None = None):
+                 headers: Mapping[str, str] | None = None, body_limit: int = MAX_BODY_BYTES):
         self.sources = tuple(sources)
         self.base_url = base_url.rstrip("/")
+        self.body_limit = body_limit  # limits.body_bytes: /metrics and server info read no further
         self.log_path = Path(log_path) if log_path is not None else None
         self.metrics_path = metrics_path
         self.timeout_s = timeout_s
@@ -728,9 +725,9 @@ class SourceCollector:
         import httpx
 
         if self._client is not None:
-            return bounded_get(self._client, self.base_url + path, self.timeout_s, self._headers)
+            return bounded_get(self._client, self.base_url + path, self.timeout_s, self._headers, self.body_limit)
         with httpx.Client(trust_env=False) as client:
-            return bounded_get(client, self.base_url + path, self.timeout_s, self._headers)
+            return bounded_get(client, self.base_url + path, self.timeout_s, self._headers, self.body_limit)
 
     def _scrape(self) -> tuple[list | None, str | None]:
         try:

@@ -375,7 +375,7 @@ def _read_request(fd: int, timeout_s: float) -> tuple[dict | None, bytes]:
 #: A command's output kept in its log: the first LOG_HEAD_BYTES and the last
 #: LOG_TAIL_BYTES, what came between them dropped and counted. An engine's whole
 #: boot log fits by far; a server that floods stdout cannot fill the disk.
-LOG_HEAD_BYTES = 32 << 20
+LOG_HEAD_BYTES = 32 << 20  # model.Limits' defaults (this file runs alone, importing nothing of the package)
 LOG_TAIL_BYTES = 32 << 20
 _LOG_REWRITE_S = 1.0
 _F_SETPIPE_SZ = 1031

@@ -128,9 +128,15 @@ def hypotheses_schema() -> dict[str, Any]:
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 1}},
         "additionalProperties": True,
         "description": "the backend's own keys (partition, time limit, ... for Slurm) are checked by that backend"}
+    size = {"type": ["integer", "string"], "pattern": _spec._SIZE_RE.pattern,
+            "description": "bytes, or a size with a unit: '64 MiB' (B, KiB, MiB, GiB); 64 KiB to 64 GiB"}
+    limits = {"type": "object", "additionalProperties": False,
+              "description": "how much is read from a server and kept of its output",
+              "properties": {name: {**size, "default": f.default}
+                             for name, f in _spec.Limits.__dataclass_fields__.items()}}
     top = {
         "version": {"const": _spec.SPEC_VERSION},
-        "engine": engine, "benchmark": bench, "defaults": defaults, "backend": backend,
+        "engine": engine, "benchmark": bench, "defaults": defaults, "backend": backend, "limits": limits,
         "hypotheses": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/hypothesis"}},
     }
     return {

@@ -23,7 +23,7 @@ import yaml
 from ..boot.contention import Thresholds
 from ..boot.envs import ENV_MODES
 from ..errors import SpecError, UserError
-from ..model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
+from ..model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Limits, Metric
 
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
@@ -516,7 +516,7 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 # --------------------------------------------------------------------------- the loader
 
 
-_TOP = ("version", "engine", "benchmark", "defaults", "backend", "hypotheses")
+_TOP = ("version", "engine", "benchmark", "defaults", "backend", "limits", "hypotheses")
 BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env")
@@ -553,6 +553,8 @@ def parse_spec(text: str, path: Path) -> Spec:
                         "upgrade bisect-harness or rewrite the file")
     engine = _engine(r, top["engine"], path.parent)
     bench = _benchmark(r, top.get("benchmark"))
+    if top.get("limits") is not None:
+        bench = replace(bench, limits=_limits(r, top["limits"]))
     defaults = _defaults(r, top.get("defaults"))
     metrics = dict(CLIENT_METRICS)
     for s in engine.metrics:
@@ -772,6 +774,32 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         raise r.doc.error("benchmark.api", f"must be one of {', '.join(APIS)} (the server's streaming API: see "
                           f"docs/hypotheses-format.md), got {kwargs['api']!r}")
     return BenchmarkSpec(**kwargs)
+
+
+#: ``limits:`` sizes: a whole number of bytes, or a number with a binary unit ("64 MiB").
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_LIMIT_MIN, _LIMIT_MAX = 64 << 10, 64 << 30
+
+
+def _limits(r: _Reader, value) -> Limits:
+    m = r.mapping(value, "limits", tuple(Limits.__dataclass_fields__))
+    kwargs = {}
+    for name, v in m.items():
+        path = f"limits.{name}"
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise r.doc.error(path, f"must be a size: a number of bytes or a string like '64 MiB', got {v!r}")
+        size = v
+        if isinstance(v, str):
+            got = _SIZE_RE.match(v)
+            unit = got and _SIZE_UNITS.get(got.group(2).lower())
+            if not got or unit is None:
+                raise r.doc.error(path, f"must be a size like '64 MiB' (units: B, KiB, MiB, GiB), got {v!r}")
+            size = int(float(got.group(1)) * unit)
+        if not _LIMIT_MIN <= size <= _LIMIT_MAX:
+            raise r.doc.error(path, f"must be between 64 KiB and 64 GiB, got {size:,} bytes")
+        kwargs[name] = size
+    return Limits(**kwargs)
 
 
 def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:

@@ -188,7 +188,9 @@ def engine_fingerprint(spec: Spec) -> str:
     """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
     e = spec.engine
     # Keys added later count only when set, so older files keep the config keys their ledgers hold.
-    bench = {k: v for k, v in spec.benchmark.__dict__.items() if not (k in ("tool", "tool_args") and not v)}
+    # limits decide what is refused, not what is measured: never part of the key
+    bench = {k: v for k, v in spec.benchmark.__dict__.items()
+             if k != "limits" and not (k in ("tool", "tool_args") and not v)}
     fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
               "cwd": e.cwd, "bench": bench,
               "samples_per_boot": spec.defaults.samples_per_boot,
