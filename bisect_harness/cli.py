@@ -398,6 +398,14 @@ def bisect(
             console.print(f"  warning: {w}", markup=False)
         if json_out:
             print(json.dumps(result.to_json()))
+    if result.undetermined:  # the host could not tell: no finding either way
+        u = result.undetermined
+        console.print(f"undetermined, not {u['would_have_stopped']}: {u['why']}; {u['would_decide']}", markup=False)
+        raise typer.Exit(EXIT_UNDETERMINED)
+
+
+#: ``harness bisect``: the search stopped without an answer on a host that was mostly busy
+EXIT_UNDETERMINED = 5
 
 
 @app.command()

@@ -455,3 +455,37 @@ def test_adjust_alpha():
         S.adjust_alpha(0.05, 12, method="holm")
     with pytest.raises(ValueError, match="m "):
         S.adjust_alpha(0.05, 0)
+
+
+@pytest.mark.parametrize("analysis", ["unpaired", "paired"])
+@pytest.mark.parametrize("dd, spread, log_e", [(0.0, 0.07, 0.05), (0.03, 0.04, 0.05), (0.12, 0.3, 0.05)])
+def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, dd, spread, log_e):
+    import re
+
+    from scipy import stats as st
+
+    from bisect_harness.analysis.stats import boots_to_decide
+
+    level = 0.05
+    text = boots_to_decide(dd, spread, log_e, level, "-5.0%", analysis)
+    n = int(re.search(r"about ([\d,]+) ", text).group(1).replace(",", ""))
+    refute = dd < log_e
+    assert ("refuting -5.0%" in text) == refute and ("showing the change" in text) == (not refute)
+
+    def decides(k):  # the one-sided test at `level` with k boots per arm (rounds), the estimate unchanged
+        df = k - 1 if analysis == "paired" else 2 * k - 2
+        se = spread / math.sqrt(k)
+        z = (dd - log_e) / se if refute else -dd / se
+        return st.t.cdf(z, df) <= level
+
+    assert decides(n) and not decides(n - 1)
+
+
+def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_it():
+    from bisect_harness.analysis.stats import Design, evaluate
+
+    b = [[100.0], [104.0], [97.0]]
+    t = [[99.0], [102.0], [96.5]]
+    v = evaluate(b, t, expect=Expect.DECREASE, min_effect=0.05, design=Design(min_boots=3, max_boots=3))
+    assert v.outcome is Outcome.INCONCLUSIVE and v.final
+    assert "At the spread seen, refuting -5.0% would take about" in v.reason

@@ -169,6 +169,10 @@ class StopReason(str, enum.Enum):
     #: a round could boot nothing and the search could not move on (the runner's
     #: guard against asking for the same round for ever)
     STALLED = "stalled"
+    #: the search would have stopped ``not-reproduced`` while most of its boots were
+    #: marked ``host_busy``: the host could not tell, which is no finding that there
+    #: is no step (the runner's judgement of its boots)
+    UNDETERMINED = "undetermined"
 
     @property
     def meaning(self) -> str:
@@ -189,6 +193,8 @@ _STOP_MEANING = {
     StopReason.UNVERIFIED: "the most probable commit (or set) was not shown to differ from its parent head to "
                            "head: not reported as the culprit",
     StopReason.STALLED: "a round could boot nothing and the search could not move on",
+    StopReason.UNDETERMINED: "most of the search's boots were marked busy: the host could not tell whether "
+                             "there is a step, which is no finding that there is none",
 }
 
 

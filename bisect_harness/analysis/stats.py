@@ -811,8 +811,10 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     else:
         outcome, final = Outcome.INCONCLUSIVE, at_budget
         if at_budget:
+            spread = math.sqrt(float(diffs.var(ddof=1))) if design.analysis == "paired" else math.sqrt(vb + vt)
             reason = (f"Budget of {design.max_boots} boots per arm spent without a decision: "
-                      f"{ci_txt}; p={p0:.2g} vs {thr:.2g}.")
+                      f"{ci_txt}; p={p0:.2g} vs {thr:.2g}. "
+                      + boots_to_decide(expect.sign * d, spread, log_e, thr, want, design.analysis))
         elif p0 <= thr:
             reason = (f"A change is shown ({ci_txt}, p={p0:.2g}) but the estimate "
                       f"{_pct(ratio - 1)} is below the hypothesised {want}; boot more.")
@@ -820,6 +822,35 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
             reason = f"Undecided at look {look}: {ci_txt}; p={p0:.2g} vs {thr:.2g}; boot more."
     return StatVerdict(outcome=outcome, final=final, ci=ci, p_value=p0, p_threshold=thr,
                        look=look, reason=reason, **common)
+
+
+def boots_to_decide(dd: float, spread: float, log_e: float, level: float, want: str = "the hypothesised change",
+                    analysis: str = "unpaired") -> str:
+    """What would decide an undecided hypothesis, in a sentence: about how many boots
+    per arm (rounds, paired) the one-sided test at ``level`` needs at the spread seen
+    to refute ``want`` (when the estimate ``dd``, a log change in the expected
+    direction, stops short of ``log_e``), or else to show the change. ``spread``: the
+    standard deviation of one round's log ratio (paired) or the root of the two
+    arms' variances of log boot means (unpaired); the level is the last look's, so
+    the count is a guide for a new run's budget, not a promise."""
+    unit = "rounds" if analysis == "paired" else "boots per arm"
+    if not (math.isfinite(dd) and math.isfinite(spread) and spread > 0):
+        return "How many more boots would decide it is undetermined: the spread could not be estimated."
+    gap, goal = (log_e - dd, f"refuting {want}") if dd < log_e else (dd, "showing the change")
+    if gap <= 0:  # an estimate of exactly no change with a zero minimum effect: nothing can separate them
+        return f"No number of {unit} would decide it at this estimate."
+    def enough(k: int) -> bool:  # the bound at k boots per arm (rounds) clears the gap
+        df = k - 1 if analysis == "paired" else 2 * k - 2
+        return float(_st.t.isf(level, df)) * spread / math.sqrt(k) <= gap
+
+    lo, hi = 1, 2  # the fewest k >= 2 that is enough: double, then halve the interval
+    while not enough(hi) and hi < 10**7:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    n = hi
+    return f"At the spread seen, {goal} would take about {n:,} {unit} (at the last look's level {level:.2g})."
 
 
 def adjust_alpha(alpha: float, m: int, method: str = "bonferroni") -> float:

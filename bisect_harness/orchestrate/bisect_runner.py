@@ -49,6 +49,7 @@ class BisectOutcome:
     verify_test: dict | None = None
     tests: tuple[dict, ...] = ()     # every paired test the search ran, with its boots (``_tests_json``)
     reused_runs: tuple[int, ...] = ()  # the earlier runs whose boots fed the posterior
+    undetermined: dict | None = None   # stopped "undetermined": the busy boots, what would decide it
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
@@ -57,7 +58,7 @@ class BisectOutcome:
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
-                "warnings": list(self.warnings)}
+                "undetermined": self.undetermined, "warnings": list(self.warnings)}
 
 
 def _test_json(test: PairedTest | None) -> dict | None:
@@ -122,6 +123,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         sched.obs.message(f"bisection: {reused_total} boots of earlier runs ({', '.join(map(str, sorted(reused_runs)))})"
                           " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
     test_boots: dict[int, list[int]] = {}
+    searched: set[int] = set()  # every boot this search booked
     new_boots = 0
     step = 0
     stop: StopReason | None = None
@@ -148,6 +150,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                 note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
             results.append(None if m.unmeasurable and not m.values else list(m.values))
             booted = sorted(m.boot_ids + m.failed_ids + m.left_out_ids)
+            searched.update(booted)
             if probe.test is not None:
                 test_boots.setdefault(probe.test, []).extend(booted)
                 if probe.test:
@@ -162,18 +165,49 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
             break
     res: BisectResult = search.result()
+    stopped = stop or res.stopped
+    undetermined = None
+    if stopped is StopReason.NOT_REPRODUCED:  # "no step" is a finding only where the host could tell
+        undetermined = _busy_verdict(sched, configs.values(), searched, stopped)
+        if undetermined is not None:
+            stopped = StopReason.UNDETERMINED
     outcome = BisectOutcome(
         culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
-        skipped=tuple(s for s, _ in res.skipped), stopped=(stop or res.stopped).value, bisection_id=bis.id,
+        skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
         warnings=tuple(_host_warnings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
-        reused_runs=tuple(sorted(reused_runs)))
-    bis.status = "done" if (stop or res.stopped) != StopReason.RUNNING else "running"
+        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined)
+    bis.status = "done" if stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome
+
+
+#: the share of a search's measured boots marked ``host_busy`` from which
+#: ``not-reproduced`` reads ``undetermined`` (``budget`` already says it is no answer)
+BUSY_SHARE_UNDETERMINED = 0.5
+
+
+def _busy_verdict(sched: Scheduler, configs, searched: set[int], would_be: StopReason) -> dict | None:
+    """A search that stopped without an answer on a host that was mostly busy: what
+    it saw (k of n measured boots busy) and what would decide it; None where the
+    host was quiet enough for the stop to stand."""
+    measured = busy = 0
+    for pc in configs:
+        st = sched.states.get(pc.key)
+        for boot in st.boots if st else ():
+            if boot.id in searched and boot.status == "ok":
+                measured += 1
+                busy += "host_busy" in (boot.marks or [])
+    if not measured or busy < BUSY_SHARE_UNDETERMINED * measured:
+        return None
+    return {"would_have_stopped": would_be.value, "busy_boots": busy, "measured_boots": measured,
+            "why": f"{busy} of {measured} measured boots were marked host_busy (other work on the host "
+                   "during the sample windows)",
+            "would_decide": "run again on a quiet host: wait for one (--wait-quiet SECONDS), keep other jobs "
+                            "off this host's cores, or give more boots (--max-boots)"}
 
 
 def step_line(step: int, rnd, results, res: BisectResult, new_boots: int, max_boots: int) -> str:

@@ -423,6 +423,10 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
                    + (f" Candidate set: {', '.join(f'`{c[:12]}`' for c in cset)} (posterior probability "
                       f"{_fmt(result.get('probability'), 3)})." if len(cset) > 1 else "")
                    + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
+    und = result.get("undetermined")
+    if und:
+        summary += (f" It would have stopped `{und.get('would_have_stopped')}`, but {und.get('why')}: "
+                    f"{und.get('would_decide')}.")
     vt = result.get("verify_test")
     if vt:
         summary += (f" Head-to-head test: {vt.get('decision')} after {vt.get('pairs')} paired rounds "
