@@ -387,7 +387,18 @@ def bisect(
                                         log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
                                         backend=boots, fresh=fresh)
         _write_journal(led, executor.run, journal_dir, console, ledger)
-        if result.culprit:
+        if result.culprit and result.releases:
+            console.print(f"culprit release: {result.culprit} (probability {result.probability:.3f}, "
+                          f"{result.boots} boots)", markup=False)
+            d = result.descent
+            if d is not None and d.culprit:
+                console.print(f"culprit commit: {d.culprit} (probability {d.probability:.3f}, {d.boots} boots)",
+                              markup=False)
+            elif d is not None:
+                console.print(f"no single culprit commit ({d.stopped})", markup=False)
+            else:
+                console.print(f"  {result.descent_note}", markup=False)
+        elif result.culprit:
             console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
                           markup=False)
         else:

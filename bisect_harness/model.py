@@ -116,17 +116,21 @@ class Arm:
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     label: str = ""
     endpoint: str | None = None  # an attached server's base URL (engine.base_url); None: launched
+    release: str | None = None   # a version of engine.releases (an installed build), instead of a commit
 
     def key(self) -> str:
         """Stable identity of the config: equal arms share boots."""
         fields = {"commit": self.commit, "env": dict(self.env), "flags": dict(self.flags)}
         if self.endpoint is not None:  # only when attached: launched configs keep their keys
             fields["endpoint"] = self.endpoint
+        if self.release is not None:  # only for releases: commits keep their keys
+            fields["release"] = self.release
         payload = _canonical(fields)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        parts = [self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
+        parts = [f"release {self.release}" if self.release is not None
+                 else self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
         # a label is stored and printed: secret values masked
         parts += [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
         parts += [f"--{k}={v}" for k, v in sorted(redact_env(self.flags).items())]

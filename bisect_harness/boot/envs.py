@@ -79,6 +79,7 @@ class CommitEnv:
     python: str
     venv: Path | None = None
     base_python: str | None = None
+    installed: Mapping | None = None  # a release installed into it (boot.releases): file, sha256, version
 
     @property
     def mode(self) -> str:
@@ -101,8 +102,11 @@ class CommitEnv:
         return out
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "python": self.python, "venv": str(self.venv) if self.venv else None,
-                "base_python": self.base_python or self.python}
+        out = {"mode": self.mode, "python": self.python, "venv": str(self.venv) if self.venv else None,
+               "base_python": self.base_python or self.python}
+        if self.installed is not None:
+            out["release"] = dict(self.installed)
+        return out
 
 
 def resolve_python(python: str | None, *, where: str = "engine.python") -> str:

@@ -215,6 +215,12 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
     b.server_info = info
     reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
     b.provenance["engine_version"] = reported.to_dict()
+    if req.release is not None:  # a released build says which version it is: the one asked for?
+        other = sorted({v for v in reported.values.values() if v != req.release.version})
+        if other and req.release.version not in reported.values.values():
+            b.marks.append("release_mismatch")
+            b.provenance["release_mismatch"] = (f"asked for {req.release.describe()}, the server reports "
+                                                f"{', '.join(other)}")
     # An attached server has no process of ours (pid None) and no env of ours to check.
     env_rep = provenance.env_report(server.pid, dict(req.arm_env)) if server.pid is not None else None
     checkable = {f: _rendered(v, places) for f, v, _k, _m in req.flag_checks}

@@ -27,6 +27,11 @@ def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
     or a clone; None without a commit) and the environment it runs in;
     the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
     worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
+    if req.release is not None:  # a released build: its own environment, installed once (no checkout)
+        from .releases import install
+
+        cenv, _ = install(req.release, Path(req.cache_dir), req.base_python)
+        return None, cenv
     if req.commit is not None and req.repo is not None:
         ws = Workspace(Path(req.repo), Path(req.cache_dir))
         worktree = ws.checkout(req.commit, req.checkout)

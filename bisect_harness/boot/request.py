@@ -109,6 +109,7 @@ class BootRequest:
     devices_needed: int = 1               # GPUs per boot (the config's tensor parallel degree)
     checkout: str = "worktree"            # how the commit is checked out (boot.checkout.CHECKOUT_MODES)
     ready_probe: Any = None               # apis.ReadyProbe: readiness where health_path answers 404
+    release: Any = None                   # releases.ReleaseRequest: a released build, installed, not a commit
     build_env: tuple[str, ...] = ()       # variables that key the build, beyond boot.checkout.BUILD_ENV
     devices: DeviceSet | None = None      # assigned by the backend before the boot starts
 

@@ -49,6 +49,27 @@ MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
+class ReleasesSpec:
+    """``engine.releases``: the engine as released builds, each version a revision.
+    ``index`` is an absolute folder (pip's ``--find-links``) or an index URL;
+    ``versions`` the order (oldest first; empty: every version in the folder, by
+    PEP 440); ``tag`` the source tag of a version (``v{version}``), for descending
+    into the commits between two releases; ``launch`` the argv of an installed
+    release (default: ``engine.launch``)."""
+
+    package: str
+    index: str
+    versions: tuple[str, ...] = ()
+    tag: str | None = None
+    launch: tuple[str, ...] | None = None
+
+    def source(self):
+        from ..boot.releases import ReleaseSource
+
+        return ReleaseSource(self.package, self.index, self.versions)
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """The server under test: where its code lives, how to build and launch it."""
 
@@ -69,6 +90,7 @@ class EngineSpec:
     api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
     checkout: str = "worktree"  # worktree | tree | clone (boot.checkout.CHECKOUT_MODES)
     build_env: tuple[str, ...] = ()  # variables that key a commit's build, beyond boot.checkout.BUILD_ENV
+    releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
 
     @property
     def environment_mode(self) -> str:
@@ -106,6 +128,7 @@ class ArmSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     base_url: str | None = None  # attach mode: this arm's server, instead of engine.base_url
+    release: str | None = None  # a version of engine.releases, instead of a commit
 
 
 @dataclass(frozen=True)
@@ -519,15 +542,18 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 _TOP = ("version", "engine", "benchmark", "defaults", "backend", "limits", "hypotheses")
 BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
-           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env")
+           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
+           "releases")
+_RELEASES = ("package", "index", "versions", "tag", "launch")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
         "explain", "mechanism")
 _MECH = ("metric", "expect", "min_effect")
-_ARM = ("commit", "env", "flags", "base_url")
+_ARM = ("commit", "release", "env", "flags", "base_url")
 #: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
-_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags", "checkout", "build_env")
+_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags", "checkout", "build_env",
+                "releases")
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -564,7 +590,8 @@ def parse_spec(text: str, path: Path) -> Spec:
 
     has_repo = engine.base_url is None and (
         engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
-    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None)
+    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None,
+                       has_releases=engine.releases is not None)
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
     backend = _backend(r, top.get("backend"))
@@ -658,12 +685,40 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
         raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
                           "repository (engine.repo); remove engine.environment or add engine.repo")
     checkout, build_env = _checkout_keys(r, e)
+    releases = _releases(r, e["releases"], spec_dir) if e.get("releases") is not None else None
     return EngineSpec(
         preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
         metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,
-        api_key_env=e.get("api_key_env"), checkout=checkout, build_env=build_env)
+        api_key_env=e.get("api_key_env"), checkout=checkout, build_env=build_env, releases=releases)
+
+
+def _releases(r: _Reader, value, spec_dir: Path) -> ReleasesSpec:
+    m = r.mapping(value, "engine.releases", _RELEASES, required=("package", "index"))
+    package = m["package"]
+    r.typed(package, "engine.releases.package", (str,), "the distribution name, as pip installs it")
+    if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
+        raise r.doc.error("engine.releases.package", f"not a distribution name: {package!r}")
+    index = m["index"]
+    r.typed(index, "engine.releases.index", (str,), "a folder of wheels and sdists, or a package index URL")
+    if not re.match(r"^[a-z][a-z0-9+.-]*://", index):  # a folder, relative to this file
+        index = os.path.abspath(spec_dir / Path(index).expanduser())
+    versions = m.get("versions") or []
+    if not isinstance(versions, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                  for v in versions):
+        raise r.doc.error("engine.releases.versions", "expected a list of versions, oldest first")
+    versions = tuple(str(v) for v in versions)
+    if len(set(versions)) != len(versions):
+        raise r.doc.error("engine.releases.versions", "a version is listed twice")
+    tag = m.get("tag")
+    if tag is not None:
+        r.typed(tag, "engine.releases.tag", (str,), "a tag pattern such as 'v{version}'")
+        if "{version}" not in tag:
+            raise r.doc.error("engine.releases.tag", f"must hold {{version}}, e.g. 'v{{version}}', got {tag!r}")
+    launch = r.argv(m["launch"], "engine.releases.launch") if m.get("launch") is not None else None
+    return ReleasesSpec(package=package, index=index, versions=versions, tag=tag,
+                        launch=tuple(launch) if launch is not None else None)
 
 
 def _checkout_keys(r: _Reader, e: dict) -> tuple[str, tuple[str, ...]]:
@@ -868,7 +923,8 @@ def _defaults(r: _Reader, value) -> Defaults:
     return out
 
 
-def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False) -> ArmSpec:
+def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
+         has_releases: bool = False) -> ArmSpec:
     a = r.mapping(value, path, _ARM)
     base_url = None
     if "base_url" in a:
@@ -882,6 +938,17 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False) -
                 raise r.doc.error(f"{path}.{key}", f"an attached server (engine.base_url) was started by someone "
                                   f"else, so the harness cannot set its {what}; compare two running servers "
                                   f"with baseline.base_url and treatment.base_url instead")
+    release = a.get("release")
+    if release is not None:
+        if isinstance(release, bool) or not isinstance(release, (str, int, float)):
+            raise r.doc.error(f"{path}.release", f"expected a version of engine.releases, got {_typename(release)}")
+        if not has_releases:
+            raise r.doc.error(f"{path}.release", "this engine has no releases: add engine.releases (package and "
+                              "index), or name a commit instead")
+        if a.get("commit") is not None:
+            raise r.doc.error(f"{path}.release", "an arm is a release or a commit, not both: drop one")
+        return ArmSpec(commit=None, release=str(release), env=r.env(a.get("env"), f"{path}.env"),
+                       flags=r.flags(a.get("flags"), f"{path}.flags"))
     commit = a.get("commit")
     if commit is not None:
         if isinstance(commit, bool) or not isinstance(commit, (str, int)):
@@ -915,7 +982,7 @@ def _check_when(engine: EngineSpec, hyps, file: str) -> None:
 
 
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,
-                attached: bool = False) -> tuple[HypothesisSpec, ...]:
+                attached: bool = False, has_releases: bool = False) -> tuple[HypothesisSpec, ...]:
     r.typed(value, "hypotheses", (list,), "a list of hypotheses")
     if not value:
         raise r.doc.error("hypotheses", "no hypotheses: write at least one")
@@ -945,8 +1012,8 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         explain_ = h.get("explain", False)
         r.typed(explain_, f"{path}.explain", (bool,), "true or false")
         mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect)
-        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached)
-        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached)
+        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached, has_releases)
+        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached, has_releases)
         if attached and h.get("matrix") is not None:
             raise r.doc.error(f"{path}.matrix", "a matrix varies flags or env, which an attached server "
                               "(engine.base_url) does not take from the harness; remove the matrix")

@@ -14,6 +14,7 @@ confirm it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,9 @@ class BisectOutcome:
     tests: tuple[dict, ...] = ()     # every paired test the search ran, with its boots (``_tests_json``)
     reused_runs: tuple[int, ...] = ()  # the earlier runs whose boots fed the posterior
     undetermined: dict | None = None   # stopped "undetermined": the busy boots, what would decide it
+    releases: bool = False             # the revisions searched were releases (engine.releases), not commits
+    descent: "BisectOutcome | None" = None  # then the commits between the culprit release and the one before
+    descent_note: str | None = None    # why there was no descent into commits, where there was none
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
@@ -58,7 +62,9 @@ class BisectOutcome:
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
-                "undetermined": self.undetermined, "warnings": list(self.warnings)}
+                "undetermined": self.undetermined, "warnings": list(self.warnings),
+                **({"revisions": "releases", "descent": self.descent.to_json() if self.descent else None,
+                    "descent_note": self.descent_note} if self.releases else {})}
 
 
 def _test_json(test: PairedTest | None) -> dict | None:
@@ -75,28 +81,41 @@ def _tests_json(tests: Sequence[SearchTest], boots: dict[int, list[int]]) -> tup
                   "boot_ids": sorted(boots.get(t.number, []))} for t in tests)
 
 
-def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str) -> tuple[Metric, Plan]:
+def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
+                need_repo: bool = True) -> tuple[Metric, Plan]:
     """The metric and the engine's plan (its workspace made once) for a command that
     walks commits, or a UserError naming what is missing."""
     metrics = spec.metrics()
     if metric not in metrics:
         raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
     plan = Plan.for_engine(spec, cache_dir)
-    if plan.ws is None:
+    if plan.ws is None and need_repo:
         raise UserError(f"{spec.path.name} has no engine.repo: {purpose} needs the engine's git repository")
     return metrics[metric], plan
 
 
 def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
                    confidence: float, max_boots: int, hypothesis_id: int | None = None,
-                   fresh: bool = False) -> BisectOutcome:
-    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark.
+                   fresh: bool = False, releases: bool = False) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
+    with ``releases`` they are versions of ``engine.releases``, each its installed build.
     Finished boots of the same configs on this host, from earlier runs, feed the
     posterior (never the paired tests) unless ``fresh``."""
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
-    configs = {sha: make_config(spec, Arm(commit=sha, env=dict(env), flags=dict(flags))) for sha in commits}
+
+    def arm(rev: str) -> Arm:
+        if releases:
+            return Arm(commit=None, release=rev, env=dict(env), flags=dict(flags))
+        return Arm(commit=rev, env=dict(env), flags=dict(flags))
+
+    def subject(rev: str) -> str:
+        if releases:
+            return f"{spec.engine.releases.package} {rev}"
+        return sched.ws.subject(rev) if sched.ws else ""
+
+    configs = {sha: make_config(spec, arm(sha)) for sha in commits}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}
     for sha, pc in configs.items():
@@ -115,9 +134,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         search.observe(sha, values)
         runs = sorted({b.run_id for b in boots})
         reused_runs.update(runs)
-        subject = sched.ws.subject(sha) if sched.ws else ""
         ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
-                         note=f"{subject} | from run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))}",
+                         note=f"{subject(sha)} | from run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))}",
                          purpose="reused", boot_ids=[b.id for b in boots]))
     if reused_runs:
         sched.obs.message(f"bisection: {reused_total} boots of earlier runs ({', '.join(map(str, sorted(reused_runs)))})"
@@ -142,7 +160,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         new_boots += booked
         results: list[list[float] | None] = []
         for probe, m in zip(rnd, got):
-            note = sched.ws.subject(probe.commit) if sched.ws else ""  # its purpose has a column of its own
+            note = subject(probe.commit)  # its purpose has a column of its own
             if m.unmeasurable:
                 search.skip(probe.commit, m.unmeasurable)  # stepped over for good: its block widens the set
                 note = f"{note} | unmeasurable: {m.unmeasurable}"
@@ -178,7 +196,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         warnings=tuple(_host_warnings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
-        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined)
+        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases)
     bis.status = "done" if stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
@@ -234,7 +252,8 @@ def _host_warnings(sched: Scheduler, configs) -> list[str]:
         for boot in st.boots if st else ():
             rec = host_state.BootContention.of(boot)
             if rec is not None and rec.busy:
-                out.append(host_state.busy_sentence(f"boot {boot.id} ({pc.arm.commit[:12]}, {boot.status})", rec))
+                rev = pc.arm.commit[:12] if pc.arm.commit else f"release {pc.arm.release}"
+                out.append(host_state.busy_sentence(f"boot {boot.id} ({rev}, {boot.status})", rec))
     return out
 
 
@@ -242,7 +261,16 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
                  max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
                  observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None,
                  fresh: bool = False) -> tuple[BisectOutcome, Scheduler]:
-    """``harness bisect``: the engine and benchmark of ``spec``, base env and flags."""
+    """``harness bisect``: the engine and benchmark of ``spec``, base env and flags. Where
+    ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
+    are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
+    between the culprit release and the one before it, in the same run."""
+    rel = spec.engine.releases
+    if rel is not None and good in rel.source().versions() and bad in rel.source().versions():
+        return _bisect_releases(spec, ledger, good=good, bad=bad, metric=metric, confidence=confidence,
+                                max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
+                                log_dir=log_dir, observer=observer, wait_quiet_s=wait_quiet_s, backend=backend,
+                                fresh=fresh)
     m, plan = engine_plan(spec, metric, cache_dir, "bisection")
     ws = plan.ws
     good_sha = ws.resolve(good, where="--good")
@@ -255,6 +283,57 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
     with sched.recording("bisect"):
         outcome = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
                                  expect=m.worse, confidence=confidence, max_boots=max_boots, fresh=fresh)
+    sched.finish_run("done")
+    return outcome, sched
+
+
+def _bisect_releases(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
+                     max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
+                     observer: Observer | None, wait_quiet_s: float | None, backend, fresh: bool
+                     ) -> tuple[BisectOutcome, Scheduler]:
+    """The releases from GOOD to BAD searched like commits; then, where the culprit
+    release and the one before it are tagged in the source, the commits between them,
+    on what is left of the budget, in the same run."""
+    rel = spec.engine.releases
+    m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=False)
+    versions = rel.source().between(good, bad)
+    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
+                      backend=backend)
+    with sched.recording("bisect"):
+        outcome = search_commits(sched, versions, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
+                                 expect=m.worse, confidence=confidence, max_boots=max_boots, fresh=fresh,
+                                 releases=True)
+        descent, note = None, None
+        if outcome.culprit is None:
+            note = f"no single culprit release ({outcome.stopped}): nothing to descend into"
+        elif rel.tag is None or plan.ws is None:
+            note = ("the releases are not mapped to source commits: set engine.releases.tag (e.g. 'v{version}') "
+                    "and engine.repo to descend into the commits between two releases")
+        else:
+            before = versions[versions.index(outcome.culprit) - 1]
+            tags = (rel.tag.format(version=before), rel.tag.format(version=outcome.culprit))
+            try:
+                lo, hi = (plan.ws.resolve(t, where=f"engine.releases.tag of {v}") for t, v in
+                          zip(tags, (before, outcome.culprit)))
+                commits = plan.ws.commits_between(lo, hi, first_parent=first_parent)
+            except UserError as exc:
+                commits, note = (), f"the tags {tags[0]} and {tags[1]} could not be followed: {exc}"
+            left = max_boots - outcome.new_boots
+            if commits and len(commits) < 3:
+                note = (f"{tags[1]} is the only commit after {tags[0]}: it is the culprit commit "
+                        f"({commits[-1][:12]})")
+            elif commits and left < 4:
+                note = f"the budget ({max_boots} boots) was spent on the releases: no boots left to descend"
+            elif commits:
+                sched.obs.message(f"bisection: culprit release {outcome.culprit}; descending into the "
+                                  f"{len(commits) - 1} commits of {tags[0]}..{tags[1]}")
+                descent = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags,
+                                         metric=metric, expect=m.worse, confidence=confidence, max_boots=left,
+                                         fresh=fresh)
+        outcome = dataclasses.replace(outcome, descent=descent, descent_note=note)
+        bis = ledger.session.get(Bisection, outcome.bisection_id)
+        bis.result = outcome.to_json()
+        ledger.commit()
     sched.finish_run("done")
     return outcome, sched
 

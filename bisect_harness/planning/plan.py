@@ -127,7 +127,9 @@ class Plan:
 
     def python_for(self, config: PlannedConfig) -> str:
         """``{python}`` as known before a boot: the base interpreter, or the literal
-        ``{python}`` where each commit's own environment supplies it at boot time."""
+        ``{python}`` where each commit's (or release's) own environment supplies it at boot time."""
+        if config.arm.release is not None:
+            return "{python}"
         return "{python}" if (self.per_commit_env and config.arm.commit is not None) else self.base_python
 
     def devices_needed(self, config: PlannedConfig) -> int:
@@ -148,7 +150,15 @@ class Plan:
         wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
         keys = {f: presets.info_key(f, preset) for f in flags}
         checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
-        template = presets.launch_argv(engine.launch, flags, preset)
+        release = None
+        launch, build = engine.launch, engine.build
+        if arm.release is not None:  # an installed build: no checkout, no build, its own launch
+            from ..boot.releases import ReleaseRequest
+
+            rel = engine.releases
+            release = ReleaseRequest(rel.package, arm.release, rel.index)
+            launch, build, per_commit_env = (rel.launch or engine.launch), None, False
+        template = presets.launch_argv(launch, flags, preset)
         # {worktree} stays a placeholder where a commit is checked out (each boot's own folder:
         # the journal's "ran as"); without one it is the spec's folder, as at boot time
         checked_out = "{worktree}" if arm.commit is not None and self.repo is not None else None
@@ -158,10 +168,10 @@ class Plan:
         env = {**preset.env, **arm.env}  # what the engine needs to be observable, then the arm
         request = BootRequest(
             boot_id=0, config_key=config.key, label=config.label, seq=0, preset=preset.name,
-            commit=arm.commit, repo=str(self.repo) if self.repo is not None else None,
+            commit=arm.commit, repo=str(self.repo) if (self.repo is not None and release is None) else None,
             cache_dir=str(self.cache_dir), per_commit_env=per_commit_env, base_python=base_python,
             argv=tuple(str(x) for x in template),
-            build_argv=tuple(str(x) for x in engine.build) if engine.build else None,
+            build_argv=tuple(str(x) for x in build) if build else None,
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
             env=freeze(env), arm_env=freeze(arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
@@ -176,7 +186,7 @@ class Plan:
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
             log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
-            build_env=engine.build_env)
+            build_env=engine.build_env, release=release)
         return ConfigRecipe(series=series, argv=tuple(shown), request=request)
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
@@ -201,6 +211,9 @@ def engine_fingerprint(spec: Spec) -> str:
         fields["checkout"] = e.checkout
     if e.base_url is not None:  # attached: which server (the key's variable name, never the key)
         fields.update(base_url=e.base_url, api_key_env=e.api_key_env)
+    if e.releases is not None:  # which package, from where, launched how
+        fields["releases"] = {"package": e.releases.package, "index": e.releases.index,
+                              "launch": list(e.releases.launch or ())}
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -227,10 +240,12 @@ def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
     return PlannedConfig(key=key, arm=arm, replica=replica)
 
 
-def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None) -> Arm:
-    """One side as it boots: its revision (resolved), the engine's env and flags under its own."""
+def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None, release: str | None = None) -> Arm:
+    """One side as it boots: its revision (a resolved commit, or a release), the engine's
+    env and flags under its own."""
     endpoint = (base_url or spec.engine.base_url) if spec.engine.base_url is not None else None
-    return Arm(commit=sha, env={**spec.engine.env, **env}, flags={**spec.engine.flags, **flags}, endpoint=endpoint)
+    return Arm(commit=None if release is not None else sha, env={**spec.engine.env, **env},
+               flags={**spec.engine.flags, **flags}, endpoint=endpoint, release=release)
 
 
 def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True,
@@ -254,12 +269,21 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
              for name, arm in (("baseline", h.baseline), ("treatment", h.treatment))]
     shas = [ws.resolve(arm.commit, where=where) if (ws is not None and arm.commit is not None) else arm.commit
             for arm, where in sides]
+    released = [(arm.release, where.replace(".commit", ".release")) for arm, where in sides if arm.release]
+    if released and resolve:  # every release named is one the source holds
+        known = spec.engine.releases.source().versions()
+        for version, where in released:
+            if version not in known:
+                raise CommitError(f"{where}: no release {version} of {spec.engine.releases.package} (known: "
+                                  f"{', '.join(known[:12])}{', ...' if len(known) > 12 else ''})")
     configs: dict[str, PlannedConfig] = {}
     hyps: list[PlannedHypothesis] = []
     for i, h in enumerate(spec.hypotheses):
         bsha, tsha = shas[2 * i], shas[2 * i + 1]
-        base = arm_of(spec, bsha, h.baseline.env, h.baseline.flags, base_url=h.baseline.base_url)
-        treat = arm_of(spec, tsha, h.treatment.env, h.treatment.flags, base_url=h.treatment.base_url)
+        base = arm_of(spec, bsha, h.baseline.env, h.baseline.flags, base_url=h.baseline.base_url,
+                      release=h.baseline.release)
+        treat = arm_of(spec, tsha, h.treatment.env, h.treatment.flags, base_url=h.treatment.base_url,
+                       release=h.treatment.release)
         b = make_config(spec, base)
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)

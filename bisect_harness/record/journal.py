@@ -334,8 +334,15 @@ def _environment_text(boots) -> str:
     for b in boots:
         env = (b.provenance or {}).get("environment")
         if env:
-            text = (f"`{env['python']}` (the commit's own venv over `{env['base_python']}`)" if env["mode"] == "venv"
-                    else f"`{env['python']}` (shared by every commit)")
+            rel = env.get("release")
+            if rel:  # a released build: which file, by its hash, and the version installed
+                text = (f"`{env['python']}` (the release's own venv over `{env['base_python']}`: "
+                        f"{rel.get('package')} {rel.get('version')} installed from `{rel.get('file')}`, "
+                        f"sha256 {str(rel.get('sha256'))[:16]}…)")
+            elif env["mode"] == "venv":
+                text = f"`{env['python']}` (the commit's own venv over `{env['base_python']}`)"
+            else:
+                text = f"`{env['python']}` (shared by every commit)"
             if text not in seen:
                 seen.append(text)
     return "; ".join(seen)
@@ -423,6 +430,12 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
                    + (f" Candidate set: {', '.join(f'`{c[:12]}`' for c in cset)} (posterior probability "
                       f"{_fmt(result.get('probability'), 3)})." if len(cset) > 1 else "")
                    + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
+    if result.get("revisions") == "releases":
+        d = result.get("descent")
+        summary += (f" The revisions were releases; the commits between the culprit release and the one before "
+                    f"it were then bisected (bisection {d.get('bisection_id')}: "
+                    + (f"culprit `{str(d.get('culprit'))[:12]}`" if d.get("culprit") else f"stopped `{d.get('stopped')}`")
+                    + ")." if d else f" The revisions were releases; no descent into commits: {result.get('descent_note')}.")
     und = result.get("undetermined")
     if und:
         summary += (f" It would have stopped `{und.get('would_have_stopped')}`, but {und.get('why')}: "

@@ -1,0 +1,138 @@
+"""Bisecting released builds, then the commits between two of them.
+
+Real parts throughout: the demo engine's generated history, tagged ``v0.1.0`` ..
+``v0.8.0`` at eight commits that build; a wheel of each release built from its tag
+(``bisect_harness.demo.releases``) into a folder that pip reads with
+``--find-links``; each release installed by pip into an environment of its own;
+real servers on 127.0.0.1. The planted regression lies between two releases, with
+commits in between to descend into.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bisect_harness.boot.releases import ReleaseSource
+from bisect_harness.demo import create_demo_repo
+from bisect_harness.demo.releases import build_demo_releases, release_points, tag_releases
+from bisect_harness.errors import CommitError, SpecError
+from bisect_harness.input.spec import parse_spec
+
+from helpers import query
+
+DECODE = {"name": "decode_ms", "from": "log", "pattern": "decode cycle: (?P<value>[0-9.]+) ms/cyc",
+          "reduce": "median", "unit": "ms", "better": "lower"}
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    root = tmp_path_factory.mktemp("releases")
+    hist = create_demo_repo(root / "engine")
+    points = release_points(hist)
+    tag_releases(hist.path, points)
+    wheels = build_demo_releases(hist.path, points, root / "wheels")
+    return hist, points, wheels
+
+
+def _spec(path: Path, hist, wheels: Path, hypotheses=None) -> Path:
+    doc = {
+        "version": 1,
+        "engine": {
+            "preset": "demo", "repo": str(hist.path), "metrics": [DECODE],
+            "releases": {"package": "demo-engine", "index": str(wheels), "tag": "v{version}",
+                         "launch": ["{python}", "-m", "demo_engine", "--host", "{host}", "--port", "{port}"]},
+        },
+        "benchmark": {"prompt_tokens": 16, "output_tokens": 32, "requests_per_sample": 2, "warmup_requests": 1},
+        "defaults": {"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 4},
+        "hypotheses": hypotheses or [{"id": "releases", "baseline": {"release": "0.1.0"},
+                                      "treatment": {"release": "0.8.0"}, "metric": "decode_ms",
+                                      "expect": "increase", "min_effect": "10%"}],
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_the_versions_in_a_folder_are_ordered_by_pep_440(tmp_path):
+    for name in ("demo_engine-0.9.0-py3-none-any.whl", "demo_engine-0.10.0-py3-none-any.whl",
+                 "demo-engine-0.2.0.tar.gz", "other_pkg-1.0.0-py3-none-any.whl", "README.txt"):
+        (tmp_path / name).write_bytes(b"")
+    src = ReleaseSource("demo-engine", str(tmp_path))
+    assert src.versions() == ("0.2.0", "0.9.0", "0.10.0")
+    assert src.between("0.2.0", "0.10.0") == ("0.2.0", "0.9.0", "0.10.0")
+    with pytest.raises(CommitError, match="--bad 0.11.0: no such release of demo-engine"):
+        src.between("0.2.0", "0.11.0")
+    with pytest.raises(CommitError, match="is not older than"):
+        src.between("0.10.0", "0.9.0")
+
+
+def test_a_release_arm_needs_engine_releases_and_is_not_also_a_commit(tmp_path):
+    base = {"version": 1, "engine": {"preset": "openai", "launch": ["srv", "--port", "{port}"]},
+            "hypotheses": [{"id": "h", "baseline": {"release": "1.0"}, "treatment": {}, "metric": "tok_s",
+                            "expect": "decrease", "min_effect": "5%"}]}
+    with pytest.raises(SpecError, match="this engine has no releases") as info:
+        parse_spec(yaml.safe_dump(base), tmp_path / "h.yaml")
+    assert info.value.key == "hypotheses[0].baseline.release"
+    base["engine"]["releases"] = {"package": "srv", "index": "wheels", "tag": "v{version}"}
+    base["engine"]["repo"] = str(tmp_path)
+    base["hypotheses"][0]["baseline"]["commit"] = "HEAD"
+    with pytest.raises(SpecError, match="a release or a commit, not both"):
+        parse_spec(yaml.safe_dump(base), tmp_path / "h.yaml")
+    base["engine"]["releases"]["tag"] = "v-latest"
+    with pytest.raises(SpecError, match="must hold {version}") as info:
+        parse_spec(yaml.safe_dump(base), tmp_path / "h.yaml")
+    assert info.value.key == "engine.releases.tag"
+
+
+def _harness(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bisect_harness.cli", *args, "--json",
+                           "--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", str(tmp_path / "journal"),
+                           "--cache-dir", str(tmp_path / "cache")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit(released, tmp_path):
+    hist, points, wheels = released
+    culprit_commit = hist.events["regression"]
+    order = list(points)
+    # the release that first holds the regression, by the history's own order
+    expected = next(v for v in order if hist.index(points[v]) >= hist.index(culprit_commit))
+    spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels)
+    proc = _harness(tmp_path, "bisect", str(spec), "--good", order[0], "--bad", order[-1], "--metric", "decode_ms",
+                    "--max-boots", "120")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["revisions"] == "releases" and out["culprit"] == expected, out
+    descent = out["descent"]
+    assert descent is not None, out["descent_note"]
+    assert descent["culprit"] == culprit_commit and descent["stopped"] == "confident", descent
+    assert f"culprit release: {expected}" in proc.stderr and f"culprit commit: {culprit_commit}" in proc.stderr
+
+    # each release boot names the version installed and the hash of the very wheel
+    wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
+    rows = query(tmp_path / "r.db", "SELECT c.label, b.provenance FROM boots b JOIN configs c ON c.id = b.config_id "
+                                    "WHERE b.status = 'ok'")
+    released_boots = [(label, json.loads(p)) for label, p in rows if label.startswith("release ")]
+    assert released_boots
+    for label, prov in released_boots:
+        version = label.split()[1]
+        rec = prov["environment"]["release"]
+        assert (rec["version"], rec["sha256"]) == (version, wheel_sha[version]), (label, rec)
+        assert "release_mismatch" not in prov
+        assert version in prov["engine_version"]["label"]  # the server reports the release it is
+
+    # both stages are in one journal
+    (journal,) = [p for p in (tmp_path / "journal").glob("*.md") if p.name != "index.md"]
+    text = journal.read_text()
+    assert "The revisions were releases" in text and f"culprit `{culprit_commit[:12]}`" in text
+    assert "## Bisection 1: 0.1.0..0.8.0" in text and "## Bisection 2: " in text
+    version = released_boots[0][0].split()[1]
+    assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
+           f"{wheel_sha[version][:16]}" in text
