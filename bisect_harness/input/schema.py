@@ -96,6 +96,17 @@ def hypotheses_schema() -> dict[str, Any]:
                                     "or a full clone"},
         "build_env": {"type": "array", "items": {"type": "string"},
                       "description": "variables whose values key a commit's build (beyond the compiler's)"},
+        "releases": {"type": "object", "additionalProperties": False, "required": ["package", "index"],
+                     "description": "the engine as released builds: each version a revision (release: V)",
+                     "properties": {
+                         "package": {"type": "string", "description": "the distribution name"},
+                         "index": {"type": "string",
+                                   "description": "a folder of wheels and sdists (pip --find-links), or an index URL"},
+                         "versions": {"type": "array", "items": {"type": ["string", "number"]},
+                                      "description": "oldest first; omit for every version in the folder"},
+                         "tag": {"type": "string", "pattern": "\\{version\\}",
+                                 "description": "each release's source tag, e.g. v{version}"},
+                         "launch": _ARGV}},
     })
     bench = _section(_spec._BENCH, BenchmarkSpec, {
         "api": {"type": "string", "enum": list(APIS), "default": "completions"},
@@ -113,6 +124,7 @@ def hypotheses_schema() -> dict[str, Any]:
     })
     arm = _section(_spec._ARM, _spec.ArmSpec, {
         "commit": {"type": ["string", "integer"], "description": "a sha, branch, tag or HEAD~N"},
+        "release": {"type": ["string", "number"], "description": "a version of engine.releases, instead of a commit"},
         "env": _ENV, "flags": _FLAGS})
     hyp = _section(_spec._HYP, _spec.HypothesisSpec, {
         "id": {"type": "string", "pattern": _spec._ID_RE.pattern},
