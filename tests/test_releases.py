@@ -136,3 +136,68 @@ def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit
     version = released_boots[0][0].split()[1]
     assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
            f"{wheel_sha[version][:16]}" in text
+
+
+# --------------------------------------------------------------------------- releases as container images
+# No container runtime runs on the machines this is tested on: the runner is tested up
+# to the runtime's argv, and the digest lookup against a stand-in client on PATH.
+
+
+@pytest.mark.parametrize("runtime, head", [
+    ("docker", ["docker", "run", "--rm", "--init", "--network", "host", "--name", "bh-1", "--gpus", "all",
+                "-e", "NCCL_ALGO=Ring", "img:v1"]),
+    ("podman", ["podman", "run", "--rm", "--init", "--network", "host", "--name", "bh-1", "--gpus", "all",
+                "-e", "NCCL_ALGO=Ring", "img:v1"]),
+    ("apptainer", ["apptainer", "exec", "--cleanenv", "--gpus", "all", "--env", "NCCL_ALGO=Ring", "img:v1"]),
+    ("enroot", ["enroot", "start", "--rw", "--gpus", "all", "-e", "NCCL_ALGO=Ring", "img:v1"]),
+])
+def test_each_runtime_runs_the_launch_inside_the_image_with_the_arms_env(runtime, head):
+    from bisect_harness.boot.releases import container_argv
+
+    argv = container_argv(runtime, "img:v1", ["python3", "-m", "sglang.launch_server", "--port", "8000"],
+                          {"NCCL_ALGO": "Ring"}, name="bh-1", runtime_args=["--gpus", "all"])
+    assert argv == head + ["python3", "-m", "sglang.launch_server", "--port", "8000"]
+
+
+def test_an_image_release_plans_its_runtime_argv_and_is_known_by_its_digest(tmp_path, monkeypatch):
+    from bisect_harness.boot.releases import ReleaseRequest, image_record
+    from bisect_harness.errors import BuildFailed
+    from bisect_harness.input.spec import load_spec
+    from bisect_harness.planning.plan import make_plan
+
+    doc = {"version": 1,
+           "engine": {"preset": "openai", "launch": ["srv"],
+                      "releases": {"package": "engine", "image": "registry.invalid/engine:v{version}",
+                                   "versions": ["1.0", "1.1"], "runtime": "docker",
+                                   "launch": ["python3", "-m", "engine.serve", "--port", "{port}"]}},
+           "hypotheses": [{"id": "h", "baseline": {"release": "1.0"}, "treatment": {"release": "1.1",
+                                                                                   "env": {"NCCL_ALGO": "Ring"}},
+                           "metric": "tok_s", "expect": "decrease", "min_effect": "5%"}]}
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    plan = make_plan(load_spec(path), cache_dir=tmp_path / "cache")
+    treat = plan.recipe(plan.hypotheses[0].treatment)
+    assert list(treat.argv) == ["docker", "run", "--rm", "--init", "--network", "host", "--name",
+                                "bisect-harness-{port}", "-e", "NCCL_ALGO=Ring", "registry.invalid/engine:v1.1",
+                                "python3", "-m", "engine.serve", "--port", "{port}"]
+    req = treat.request.release
+    assert (req.image, req.version) == ("registry.invalid/engine:v1.1", "1.1")
+
+    # a stand-in docker client on PATH: `image inspect` knows v1.1 and nothing else; pull fails
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "image inspect" ]; then\n'
+        '  case "$5" in *:v1.1) echo sha256:0123abcd; exit 0;; esac\n'
+        '  echo "Error: No such image: $5" >&2; exit 1\n'
+        "fi\n"
+        'if [ "$1" = "pull" ]; then echo "pull access denied for $2" >&2; exit 1; fi\n'
+        "exit 2\n")
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    rec = image_record(req)
+    assert rec == {"package": "engine", "version": "1.1", "image": "registry.invalid/engine:v1.1",
+                   "runtime": "docker", "digest": "sha256:0123abcd"}
+    with pytest.raises(BuildFailed, match="the image registry.invalid/engine:v1.0 of release 1.0 is not available"):
+        image_record(ReleaseRequest("engine", "1.0", "", image="registry.invalid/engine:v1.0", runtime="docker"))

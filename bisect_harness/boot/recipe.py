@@ -28,8 +28,11 @@ def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
     the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
     worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
     if req.release is not None:  # a released build: its own environment, installed once (no checkout)
-        from .releases import install
+        from .releases import image_record, install
 
+        if req.release.image is not None:  # an image, run through the runtime: known by its digest
+            return None, CommitEnv(python=req.base_python, base_python=req.base_python,
+                                   installed=image_record(req.release))
         cenv, _ = install(req.release, Path(req.cache_dir), req.base_python)
         return None, cenv
     if req.commit is not None and req.repo is not None:

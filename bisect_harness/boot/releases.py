@@ -14,8 +14,13 @@ first (``pip download``), its sha256 recorded, then that very file installed.
     env, record = install(ReleaseRequest("demo-engine", "0.3.0", "/srv/wheels"), cache, sys.executable)
     record["sha256"]                         # of demo_engine-0.3.0-py3-none-any.whl
 
-Containers (an image per revision) are not run here: the hosts this was built on
-have no container runtime to test one with.
+A release may instead be a container image (``engine.releases.image``, a pattern
+such as ``lmsysorg/sglang:v{version}``), run through the host's runtime: docker,
+podman, apptainer or enroot (:func:`container_argv`). The runtime's client is the
+server process the harness owns and stops (docker and podman pass its SIGTERM on
+to the container, ``--rm`` removes it; apptainer and enroot run the processes
+themselves). The image's digest is the boot's record. The machines this was built
+on run no container runtime, so the runner is tested up to the runtime's argv.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping, Sequence
 from filelock import FileLock
 
 from ..errors import BuildFailed, CommitError
@@ -50,14 +56,23 @@ def _is_url(index: str) -> bool:
     return re.match(r"^[a-z][a-z0-9+.-]*://", index) is not None
 
 
+#: the container runtimes a release image runs through, in the order one is looked for
+RUNTIMES = ("docker", "podman", "apptainer", "enroot")
+
+
 @dataclass(frozen=True)
 class ReleaseRequest:
     """One release to install: the package, its version, where its builds are (an
-    absolute folder or a URL)."""
+    absolute folder or a URL); or, with ``image``, the container image to run
+    through ``runtime`` (``runtime_args`` after the runtime's run verb: GPU and
+    mount options)."""
 
     package: str
     version: str
     index: str
+    image: str | None = None
+    runtime: str | None = None
+    runtime_args: tuple[str, ...] = ()
 
     def source_args(self) -> list[str]:
         """pip's options naming where the builds are, and nothing else."""
@@ -147,6 +162,69 @@ def _run(argv: list[str], log: list[str], env: dict[str, str], timeout_s: float)
         raise RuntimeError(f"ran past {timeout_s:g} s")
     if code != 0:
         raise RuntimeError(f"exited {code}")
+
+
+def container_argv(runtime: str, image: str, argv: Sequence[str], env: Mapping[str, str], *,
+                   name: str, runtime_args: Sequence[str] = ()) -> list[str]:
+    """The argv that runs ``argv`` inside ``image`` through ``runtime``, with ``env``
+    set inside, on the host's network (the server listens where the harness looks).
+
+    >>> container_argv("docker", "sglang:v0.5.21", ["python", "-m", "sglang.launch_server"], {"A": "1"},
+    ...                name="bh-1")
+    ['docker', 'run', '--rm', '--init', '--network', 'host', '--name', 'bh-1', '-e', 'A=1', 'sglang:v0.5.21', 'python', '-m', 'sglang.launch_server']
+    """
+    rt = os.path.basename(runtime)
+    pairs = [f"{k}={v}" for k, v in sorted(env.items())]
+    if rt in ("docker", "podman"):
+        return [runtime, "run", "--rm", "--init", "--network", "host", "--name", name, *runtime_args,
+                *(x for p in pairs for x in ("-e", p)), image, *argv]
+    if rt == "apptainer":  # the host's network and process tree already: no daemon between
+        return [runtime, "exec", "--cleanenv", *runtime_args, *(x for p in pairs for x in ("--env", p)), image, *argv]
+    if rt == "enroot":  # image: a container created with `enroot create`
+        return [runtime, "start", "--rw", *runtime_args, *(x for p in pairs for x in ("-e", p)), image, *argv]
+    raise ValueError(f"container runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+
+
+def find_runtime(asked: str | None = None) -> str | None:
+    """The runtime asked for, or the first of :data:`RUNTIMES` on PATH (None: none)."""
+    import shutil
+
+    for name in ((asked,) if asked else RUNTIMES):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def image_record(req: ReleaseRequest) -> dict:
+    """The image a release boots, by digest, pulled first where the runtime does not
+    hold it: ``{"image", "runtime", "digest"}``. Raises BuildFailed (the release's
+    recorded skip) when the runtime cannot find or pull it."""
+    runtime = find_runtime(req.runtime)
+    if runtime is None:
+        raise BuildFailed(f"release {req.version} is the image {req.image}, and no container runtime "
+                          f"({', '.join(RUNTIMES)}) is on PATH here")
+    rt = os.path.basename(runtime)
+    log: list[str] = []
+    env = dict(os.environ)
+    try:
+        if rt in ("docker", "podman"):
+            inspect = [runtime, "image", "inspect", "--format", "{{.Id}}", req.image]
+            try:
+                _run(inspect, log, env, 120)
+            except RuntimeError:
+                _run([runtime, "pull", req.image], log, env, PIP_TIMEOUT_S)
+                _run(inspect, log, env, 120)
+            digest = log[-1].strip().splitlines()[-1] if log[-1].strip() else ""
+        elif Path(req.image).is_file():  # an apptainer .sif, an enroot .sqsh
+            digest = "sha256:" + hashlib.sha256(Path(req.image).read_bytes()).hexdigest()
+        else:
+            digest = ""  # a name the runtime resolves when it runs (docker://..., an enroot container)
+    except RuntimeError as exc:
+        raise BuildFailed(f"the image {req.image} of release {req.version} is not available to {rt}: {exc}",
+                          log_tail="\n".join(log)[-4000:]) from None
+    return {"package": req.package, "version": req.version, "image": req.image, "runtime": rt,
+            "digest": digest or None}
 
 
 def install(req: ReleaseRequest, cache_dir: Path, base_python: str) -> tuple[CommitEnv, dict]:

@@ -62,6 +62,9 @@ class ReleasesSpec:
     versions: tuple[str, ...] = ()
     tag: str | None = None
     launch: tuple[str, ...] | None = None
+    image: str | None = None          # a container image per version ("repo/engine:v{version}"): no install
+    runtime: str | None = None        # docker | podman | apptainer | enroot (default: the first on PATH)
+    runtime_args: tuple[str, ...] = ()  # after the runtime's run verb: GPUs, mounts
 
     def source(self):
         from ..boot.releases import ReleaseSource
@@ -544,7 +547,7 @@ BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
            "releases")
-_RELEASES = ("package", "index", "versions", "tag", "launch")
+_RELEASES = ("package", "index", "versions", "tag", "launch", "image", "runtime", "runtime_args")
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
@@ -695,14 +698,30 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
 
 
 def _releases(r: _Reader, value, spec_dir: Path) -> ReleasesSpec:
-    m = r.mapping(value, "engine.releases", _RELEASES, required=("package", "index"))
+    m = r.mapping(value, "engine.releases", _RELEASES, required=("package",))
     package = m["package"]
     r.typed(package, "engine.releases.package", (str,), "the distribution name, as pip installs it")
     if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
         raise r.doc.error("engine.releases.package", f"not a distribution name: {package!r}")
-    index = m["index"]
-    r.typed(index, "engine.releases.index", (str,), "a folder of wheels and sdists, or a package index URL")
-    if not re.match(r"^[a-z][a-z0-9+.-]*://", index):  # a folder, relative to this file
+    image = m.get("image")
+    if image is not None:
+        r.typed(image, "engine.releases.image", (str,), "an image reference with {version}, e.g. repo/engine:v{version}")
+        if "{version}" not in image:
+            raise r.doc.error("engine.releases.image", f"must hold {{version}} (one image per release), got {image!r}")
+    elif m.get("index") is None:
+        raise r.doc.error("engine.releases", "give index (a folder of wheels and sdists, or a package index URL), "
+                          "or image (a container image per version)")
+    runtime = m.get("runtime")
+    if runtime is not None:
+        from ..boot.releases import RUNTIMES
+
+        if runtime not in RUNTIMES:
+            raise r.doc.error("engine.releases.runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    runtime_args = tuple(r.argv(m["runtime_args"], "engine.releases.runtime_args")) if m.get("runtime_args") else ()
+    index = m.get("index") or ""
+    if index:
+        r.typed(index, "engine.releases.index", (str,), "a folder of wheels and sdists, or a package index URL")
+    if index and not re.match(r"^[a-z][a-z0-9+.-]*://", index):  # a folder, relative to this file
         index = os.path.abspath(spec_dir / Path(index).expanduser())
     versions = m.get("versions") or []
     if not isinstance(versions, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
@@ -711,6 +730,9 @@ def _releases(r: _Reader, value, spec_dir: Path) -> ReleasesSpec:
     versions = tuple(str(v) for v in versions)
     if len(set(versions)) != len(versions):
         raise r.doc.error("engine.releases.versions", "a version is listed twice")
+    if image is not None and not index and not versions:
+        raise r.doc.error("engine.releases.versions", "list the versions (oldest first): images have no folder to "
+                          "read them from")
     tag = m.get("tag")
     if tag is not None:
         r.typed(tag, "engine.releases.tag", (str,), "a tag pattern such as 'v{version}'")
@@ -718,7 +740,8 @@ def _releases(r: _Reader, value, spec_dir: Path) -> ReleasesSpec:
             raise r.doc.error("engine.releases.tag", f"must hold {{version}}, e.g. 'v{{version}}', got {tag!r}")
     launch = r.argv(m["launch"], "engine.releases.launch") if m.get("launch") is not None else None
     return ReleasesSpec(package=package, index=index, versions=versions, tag=tag,
-                        launch=tuple(launch) if launch is not None else None)
+                        launch=tuple(launch) if launch is not None else None, image=image, runtime=runtime,
+                        runtime_args=runtime_args)
 
 
 def _checkout_keys(r: _Reader, e: dict) -> tuple[str, tuple[str, ...]]:

@@ -156,9 +156,17 @@ class Plan:
             from ..boot.releases import ReleaseRequest
 
             rel = engine.releases
-            release = ReleaseRequest(rel.package, arm.release, rel.index)
+            image = rel.image.format(version=arm.release) if rel.image else None
+            release = ReleaseRequest(rel.package, arm.release, rel.index, image=image, runtime=rel.runtime,
+                                     runtime_args=rel.runtime_args)
             launch, build, per_commit_env = (rel.launch or engine.launch), None, False
         template = presets.launch_argv(launch, flags, preset)
+        if release is not None and release.image is not None:  # the launch runs inside the image
+            from ..boot.releases import container_argv, find_runtime
+
+            runtime = rel.runtime or os.path.basename(find_runtime() or "docker")
+            template = container_argv(runtime, release.image, template, {**preset.env, **arm.env},
+                                      name="bisect-harness-{port}", runtime_args=rel.runtime_args)
         # {worktree} stays a placeholder where a commit is checked out (each boot's own folder:
         # the journal's "ran as"); without one it is the spec's folder, as at boot time
         checked_out = "{worktree}" if arm.commit is not None and self.repo is not None else None
@@ -214,6 +222,9 @@ def engine_fingerprint(spec: Spec) -> str:
     if e.releases is not None:  # which package, from where, launched how
         fields["releases"] = {"package": e.releases.package, "index": e.releases.index,
                               "launch": list(e.releases.launch or ())}
+        if e.releases.image is not None:
+            fields["releases"].update(image=e.releases.image, runtime=e.releases.runtime,
+                                      runtime_args=list(e.releases.runtime_args))
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -335,7 +335,10 @@ def _environment_text(boots) -> str:
         env = (b.provenance or {}).get("environment")
         if env:
             rel = env.get("release")
-            if rel:  # a released build: which file, by its hash, and the version installed
+            if rel and rel.get("image"):  # an image through a runtime: which, by its digest
+                text = (f"{rel.get('package')} {rel.get('version')} as the image `{rel.get('image')}` through "
+                        f"{rel.get('runtime')}, digest {rel.get('digest') or 'not known before it ran'}")
+            elif rel:  # a released build: which file, by its hash, and the version installed
                 text = (f"`{env['python']}` (the release's own venv over `{env['base_python']}`: "
                         f"{rel.get('package')} {rel.get('version')} installed from `{rel.get('file')}`, "
                         f"sha256 {str(rel.get('sha256'))[:16]}…)")
