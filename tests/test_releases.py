@@ -201,3 +201,22 @@ def test_an_image_release_plans_its_runtime_argv_and_is_known_by_its_digest(tmp_
                    "runtime": "docker", "digest": "sha256:0123abcd"}
     with pytest.raises(BuildFailed, match="the image registry.invalid/engine:v1.0 of release 1.0 is not available"):
         image_record(ReleaseRequest("engine", "1.0", "", image="registry.invalid/engine:v1.0", runtime="docker"))
+
+
+@pytest.mark.slow
+def test_a_run_compares_two_releases_each_from_its_own_environment(released, tmp_path):
+    hist, points, wheels = released
+    order = list(points)
+    culprit = next(v for v in order if hist.index(points[v]) >= hist.index(hist.events["regression"]))
+    before = order[order.index(culprit) - 1]
+    spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels, hypotheses=[
+        {"id": "release-regression", "baseline": {"release": before}, "treatment": {"release": culprit},
+         "metric": "decode_ms", "expect": "increase", "min_effect": "10%"}])
+    proc = _harness(tmp_path, "run", str(spec), "--no-calibration")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (h,) = json.loads(proc.stdout.strip().splitlines()[-1])["hypotheses"]
+    assert h["verdict"] == "confirmed", h
+    envs = {json.loads(p)["environment"]["python"]
+            for (p,) in query(tmp_path / "r.db", "SELECT provenance FROM boots WHERE status = 'ok'")}
+    assert len(envs) == 2 and all(f"/releases/demo-engine/{v}-" in e for v, e in zip(sorted([before, culprit]),
+                                                                                         sorted(envs)))

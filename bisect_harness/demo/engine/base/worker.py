@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -195,6 +196,20 @@ class Engine:
         return new, accepted, verify_ms
 
 
+def loopback_store(port: int, rank: int, world_size: int, timeout: timedelta):
+    """The workers' rendezvous store, on 127.0.0.1 alone: torch's store server listens
+    on every address unless it is handed a socket, so rank 0 binds one itself."""
+    fd = None
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(64)
+        fd = sock.detach()  # the store owns it from here
+    return dist.TCPStore("127.0.0.1", port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd,
+                         use_libuv=False)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, required=True)
@@ -225,9 +240,12 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, args.threads))
+        # gloo's pair sockets listen on the interface named here, else on every address:
+        # the demo serves on loopback only, its collectives too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
     tuned = os.environ.get("DEMO_COMM_TUNING", "") == "1"
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                            init_method=f"tcp://127.0.0.1:{args.dist_port}",
+                            store=loopback_store(args.dist_port, args.rank, args.world_size, timedelta(seconds=120)),
                             rank=args.rank, world_size=args.world_size,
                             timeout=timedelta(seconds=120),
                             device_id=device if device_type == "cuda" else None)
