@@ -220,3 +220,14 @@ def test_a_run_compares_two_releases_each_from_its_own_environment(released, tmp
             for (p,) in query(tmp_path / "r.db", "SELECT provenance FROM boots WHERE status = 'ok'")}
     assert len(envs) == 2 and all(f"/releases/demo-engine/{v}-" in e for v, e in zip(sorted([before, culprit]),
                                                                                          sorted(envs)))
+
+
+def test_the_dry_run_shows_each_release_and_the_launch_it_runs(released, tmp_path):
+    hist, points, wheels = released
+    spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels)
+    proc = subprocess.run([sys.executable, "-m", "bisect_harness.cli", "run", str(spec), "--dry-run", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["release"] for c in out["configs"]] == ["0.1.0", "0.8.0"]
+    assert all(c["argv"][1:3] == ["-m", "demo_engine"] for c in out["configs"])

@@ -52,11 +52,18 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
         argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
         env, flags = redact_env(c.arm.env), redact_env(c.arm.flags)  # secrets masked (secrets.py)
         users = [h.id for h in plan.hypotheses if c.key in (h.baseline.key, h.treatment.key)]
-        configs.append({"key": c.key, "commit": c.arm.commit, "env": env, "flags": flags,
+        configs.append({"key": c.key, "commit": c.arm.commit, **({"release": c.arm.release} if c.arm.release else {}),
+                        "env": env, "flags": flags,
                         "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
                         "hypotheses": users})
         lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
-        lines.append(f"  commit: {c.arm.commit or c.arm.endpoint or '(installed server)'}")
+        if c.arm.release is not None:
+            rel = spec.engine.releases
+            lines.append(f"  release: {rel.package} {c.arm.release} ("
+                         + (f"the image {rel.image.format(version=c.arm.release)}" if rel.image
+                            else f"installed from {rel.index} into its own environment") + ")")
+        else:
+            lines.append(f"  commit: {c.arm.commit or c.arm.endpoint or '(installed server)'}")
         if c.arm.env:
             lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
         lines.append("  argv:   " + shlex.join(argv))

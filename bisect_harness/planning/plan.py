@@ -100,9 +100,8 @@ class Plan:
         """The launch argv for one boot: template plus flags, placeholders filled, no shell.
         ``python`` is the commit's interpreter (``CommitEnv.python``); by default the base's,
         or the literal ``{python}`` for a config whose commits each get their own."""
-        engine, python = self.spec.engine, python or self.python_for(config)
-        preset = presets.get_preset(engine.preset)
-        template = presets.launch_argv(engine.launch, config.arm.flags, preset)
+        python = python or self.python_for(config)
+        template = list(self.recipe(config).request.argv)  # the one launch template: a release's own, its image's
         return presets.render_argv(template, **presets.placeholder_values(port=port, worktree=worktree, python=python,
                                                                           spec_dir=self.spec.spec_dir))
 
