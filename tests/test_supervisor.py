@@ -21,6 +21,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -239,6 +240,128 @@ def test_what_a_finished_command_left_running_is_killed(tmp_path):
     assert rc == 7
     assert wait_gone(marker, 0.5) == []
     assert "left running" in (tmp_path / "log").read_text()
+
+
+#: A server in the shape of the demo engine and vLLM's front end: a watcher that reports
+#: a crash (exit 1) when its worker dies unasked, and a SIGTERM handler that drains for a
+#: moment, then stops the worker and exits 0.
+WATCHFUL_SERVER = """
+import signal, subprocess, sys, threading, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", sys.argv[1]])
+stopping = False
+def watch():
+    while True:
+        if worker.poll() is not None and not stopping:
+            print("worker died; shutting down", flush=True)
+            import os; os._exit(1)
+        time.sleep(0.02)
+def on_term(signum, frame):
+    global stopping
+    time.sleep(0.5)  # in-flight requests drain
+    stopping = True
+    worker.terminate(); worker.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+threading.Thread(target=watch, daemon=True).start()
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_stop_lets_the_server_stop_its_own_workers_first(tmp_path):
+    """SIGTERM to every process at once kills the worker before its server has handled
+    its own SIGTERM: the server reports a crash and exits 1 (a boot marked
+    ``stop_unclean`` for nothing). The command alone is asked first."""
+    marker = f"sup-{uuid.uuid4().hex}"
+    with open(tmp_path / "log", "wb") as log:
+        job = Supervised([sys.executable, "-c", WATCHFUL_SERVER, marker], env=dict(os.environ), cwd=tmp_path,
+                         stdout=log, record=False).start()
+        deadline = time.monotonic() + 30
+        while b"ready" not in (tmp_path / "log").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.2)
+        job.stop(5.0)
+    assert job.wait() == 0, (tmp_path / "log").read_text()
+    assert "worker died" not in (tmp_path / "log").read_text()
+    assert wait_gone(marker, 0.5) == []
+
+
+def test_the_exit_code_of_a_command_that_ends_between_reap_and_listing_is_kept():
+    """A command that ends just after the supervisor's reap is a zombie when the tree is
+    listed, and zombies are not listed: the tree looks gone with the exit code never
+    collected, and the boot read 125 (unknown) and was marked stop_unclean. Run in a
+    process of its own (the stop lists *its* descendants); the reap that comes too early
+    is the one thing faked."""
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        from bisect_harness.boot import supervisor as s
+        p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+        time.sleep(1.0)  # ended: a zombie until reaped
+        real, calls = s._reap, []
+        s._reap = lambda main: calls.append(main) or (None if len(calls) == 1 else real(main))
+        r, w = os.pipe()
+        print(s._kill_tree(5.0, r, p.pid))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "(0, 3)", (out.stdout, out.stderr)
+
+
+def _threads_alive(pid: int) -> int:
+    """Threads still running in process ``pid`` (0 when it is gone or a plain zombie)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return 0
+    rest = data[data.rindex(b")") + 2:].split()
+    threads = int(rest[17])
+    return threads - 1 if rest[0] == b"Z" else threads
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_process_whose_leader_thread_exited_is_still_stopped(tmp_path):
+    """A process whose main thread has exited while others run is listed as a zombie,
+    yet alive and not reapable (every multi-threaded server is, for a moment, as it
+    ends). The stop waits for it and kills it; it took it for gone, kept no exit code
+    (125, stop_unclean on clean demo boots) and left threads of this kind running."""
+    code = ("import ctypes, sys, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+            "print('ready', flush=True)\n"
+            "ctypes.CDLL(None).pthread_exit(None)\n")
+    with open(tmp_path / "log", "wb") as log:
+        job = Supervised([sys.executable, "-c", code], env=dict(os.environ), cwd=tmp_path, stdout=log,
+                         record=False).start()
+        while b"ready" not in (tmp_path / "log").read_bytes():
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert _threads_alive(job.pid) == 1
+        job.stop(1.0)
+        rc = job.wait()
+    deadline = time.monotonic() + 5
+    while _threads_alive(job.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads_alive(job.pid) == 0
+    assert rc == -signal.SIGTERM, rc  # the SIGTERM to its pid ended the whole group, and its code was kept
+
+
+def test_a_server_that_ignores_sigterm_is_still_stopped_within_the_grace(tmp_path):
+    marker = f"sup-{uuid.uuid4().hex}"
+    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]]); "
+                "print('ready', flush=True); time.sleep(300)")
+    with open(tmp_path / "log", "wb") as log:
+        job = Supervised([sys.executable, "-c", stubborn, marker], env=dict(os.environ), cwd=tmp_path,
+                         stdout=log, record=False).start()
+        deadline = time.monotonic() + 30
+        while b"ready" not in (tmp_path / "log").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        job.stop(1.0)
+        took = time.monotonic() - t0
+    rc = job.wait()
+    assert rc == -signal.SIGKILL and took < 5.0, (rc, took)
+    assert wait_gone(marker, 0.5) == []
 
 
 def test_a_command_that_cannot_start_is_a_launch_error(tmp_path):

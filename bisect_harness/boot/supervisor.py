@@ -16,7 +16,9 @@ The supervisor then
 - starts the command in a session of its own and sends its pid back on the
   status pipe (``pid N``), then its exit code (``exit RC``) when it ends;
 - kills its whole tree -- every descendant, listed again and again from
-  ``/proc`` until none is left, SIGTERM then SIGKILL after the grace -- when the
+  ``/proc`` until none is left: SIGTERM to the command alone for half the grace
+  (a server stops its own workers), then to every descendant left, SIGKILL after
+  the grace -- when the
   harness writes ``stop GRACE``, when the timeout passes, when the harness dies
   (its stdin reaches end-of-file, or the harness's pidfd says it exited: any
   signal, SIGKILL included), when the supervisor itself gets SIGTERM, SIGINT or
@@ -73,6 +75,10 @@ class LaunchError(OSError):
 _PROC = os.path.isdir("/proc/self")
 
 
+#: The state :func:`_stat` gives a process whose leader thread is a zombie while others still run.
+ZOMBIE_LEADER = "Z+threads"
+
+
 def _stat(pid: int | str) -> tuple[int, int, float, str] | None:
     """(ppid, session id, start time, state) of ``pid``, or None when it is gone. The start
     time is in clock ticks since boot where /proc exists (exact), else psutil's create time."""
@@ -84,7 +90,13 @@ def _stat(pid: int | str) -> tuple[int, int, float, str] | None:
     except OSError:
         return None
     rest = data[data.rindex(b")") + 2:].split()
-    return int(rest[1]), int(rest[3]), int(rest[19]), rest[0].decode()
+    state = rest[0].decode()
+    if state == "Z" and int(rest[17]) > 1:
+        # The leader thread has exited and other threads still run (a process ending
+        # with many threads, or a main thread that called pthread_exit): not reapable
+        # yet, and alive; a signal to its pid still reaches the rest of the group.
+        state = ZOMBIE_LEADER
+    return int(rest[1]), int(rest[3]), int(rest[19]), state
 
 
 def _stat_psutil(pid: int) -> tuple[int, int, float, str] | None:  # macOS and other systems without /proc
@@ -307,10 +319,15 @@ def _reap(main_pid: int) -> int | None:
 
 
 def _kill_tree(grace_s: float, wake_fd: int, main_pid: int) -> tuple[int, int | None]:
-    """SIGTERM every descendant, SIGKILL what is left after ``grace_s``, list again until
-    none is left. Returns (processes still alive when it gave up, the command's exit code)."""
+    """Stop the tree in the order a server expects: SIGTERM the command alone and give
+    it half the grace to stop its own workers (a server that sees a worker die before
+    its own SIGTERM arrives reports a crash and exits 1: the race every tree-wide
+    SIGTERM runs); then SIGTERM every descendant left, SIGKILL what is left at the end
+    of ``grace_s``, list again until none is left. Returns (processes still alive when
+    it gave up, the command's exit code)."""
     me = os.getpid()
-    deadline = time.monotonic() + grace_s
+    start = time.monotonic()
+    deadline, leader_until = start + grace_s, start + grace_s / 2
     termed: set[tuple[int, int]] = set()
     killing_since = None
     rc = None
@@ -318,12 +335,14 @@ def _kill_tree(grace_s: float, wake_fd: int, main_pid: int) -> tuple[int, int | 
         got = _reap(main_pid)
         rc = got if got is not None else rc
         tree = _descendants(me, _table())
-        if not tree:
-            return 0, rc
+        if not tree:  # the command may have ended after the reap above: a zombie, not listed
+            got = _reap(main_pid)
+            return 0, got if got is not None else rc
         now = time.monotonic()
         if now < deadline:
+            leader_only = rc is None and now < leader_until and main_pid in tree
             for pid, st in tree.items():
-                if (pid, st[2]) not in termed:
+                if (pid, st[2]) not in termed and (not leader_only or pid == main_pid):
                     _signal(pid, st[2], signal.SIGTERM)
                     termed.add((pid, st[2]))
         else:
