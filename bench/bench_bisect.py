@@ -1,11 +1,12 @@
 """Benchmark: find one culprit commit among 256, on hosts that misbehave.
 
 Every noise model of ``bench/noise.py`` (stationary, unequal_variance, heavy_tail,
-bimodal, drift, bursts) runs these scenarios, each on the same trials for both
+bimodal, drift, bursts, autocorrelated, host_step) runs these scenarios, each on the same trials for both
 searches (the same culprit, each search with its own seeded host):
 
 * ``minus5``: a -5% culprit at a uniform position in 1..255;
-* ``minus2``: a -2% culprit at a uniform position;
+* ``minus2``: a -2% culprit at a uniform position (below a 5% minimum effect);
+* ``minus30``: a -30% culprit at a uniform position (far above it);
 * ``first``: a -5% culprit at commit 1; ``last``: a -5% culprit at commit 255;
 * ``none``: no culprit at all (the endpoints are the same code).
 
@@ -47,14 +48,15 @@ any commit blamed), and for ours ``stopped`` (counts per stop reason) and
 ``mean_reported_probability``. ``boots_ratio_ours_to_pinpoint`` per model and
 scenario. ``goals`` holds the issue's goals (``wrong_confident_at_most_0.01``
 per model over every scenario; ``stationary_top1_0.95_boots_0.4x``;
-``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``).
+``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``;
+``host_step_top1_0.90``: on ``minus5`` with the host's mid-run step).
 Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``,
-``seed``, ``budget``, ``confidence``, ``threshold_simulations``,
+``seed``, ``budget``, ``confidence``, ``verify_alpha``, ``threshold_simulations``,
 ``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
-[--workers N]``. The last line printed is one JSON object with every figure.
+[--scenarios a,b] [--workers N] [--verify-alpha A]``. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.analysis.bisection import BisectionSearch, run_search  # noqa: E402
+from bisect_harness.analysis.bisection import DEFAULT_VERIFY_ALPHA, BisectionSearch, run_search  # noqa: E402
 from bisect_harness.model import Expect  # noqa: E402
 
 N_COMMITS = 256
@@ -82,7 +84,7 @@ BASE = 100.0
 #: the CLI's default ``harness bisect --max-boots``
 BUDGET = 150
 CONFIDENCE = 0.95
-SCENARIOS = {"minus5": -0.05, "minus2": -0.02, "first": -0.05, "last": -0.05, "none": 0.0}
+SCENARIOS = {"minus5": -0.05, "minus2": -0.02, "minus30": -0.30, "first": -0.05, "last": -0.05, "none": 0.0}
 THRESHOLD_SIMULATIONS = 10000
 # Distances (IQR) and the sample sizes simulated for them, as in thresholds_performance.py.
 _SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0: 35, 1.1: 25, 1.2: 25,
@@ -148,9 +150,9 @@ class Range:
         return self.boot_values(int(sha), boots)
 
 
-def ours(rr: Range) -> tuple[int | None, float, str]:
+def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA) -> tuple[int | None, float, str]:
     search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE,
-                             confidence=CONFIDENCE, max_boots=BUDGET)
+                             confidence=CONFIDENCE, max_boots=BUDGET, verify_alpha=verify_alpha)
     result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
     return culprit, result.probability, result.stopped.value
@@ -212,7 +214,7 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 
 
 def run_cell(args) -> dict:
-    model, scenario, trials, seed, rows = args
+    model, scenario, trials, seed, rows, verify_alpha = args
     change = SCENARIOS[scenario]
     master = np.random.default_rng([seed, MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
@@ -224,7 +226,7 @@ def run_cell(args) -> dict:
         for t, culprit in enumerate(culprits):
             rr = Range(model, culprit, change, int(seeds[t, s]))
             if name == "ours":
-                found, prob, why = ours(rr)
+                found, prob, why = ours(rr, verify_alpha)
                 stopped[why] = stopped.get(why, 0) + 1
                 probs.append(prob)
                 confident = found is not None and prob >= CONFIDENCE
@@ -252,6 +254,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
+                        help="level of all head-to-head tests of one search (the shipped default unless "
+                             "given; 0.05 was the level before, per test)")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -265,11 +270,12 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = pinpoint_thresholds(THRESHOLD_SIMULATIONS, args.seed)
     out: dict = {"commits": N_COMMITS, "trials": args.trials, "seed": args.seed, "budget": BUDGET,
-                 "confidence": CONFIDENCE, "threshold_simulations": THRESHOLD_SIMULATIONS,
+                 "confidence": CONFIDENCE, "verify_alpha": args.verify_alpha,
+                 "threshold_simulations": THRESHOLD_SIMULATIONS,
                  "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
                                               "chromium_iqr_1.0_n_10": 0.5708},
                  "results": {m: {} for m in models}}
-    jobs = [(m, s, args.trials, args.seed, rows) for m in models for s in scenarios]
+    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha) for m in models for s in scenarios]
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
             done = list(pool.map(run_cell, jobs))
@@ -293,6 +299,9 @@ def main() -> None:
         if c is not None:
             goals[f"{m}_top1_{acc:.2f}_boots_{ratio}x"] = (c["ours"]["top1_accuracy"] >= acc
                                                           and c["boots_ratio_ours_to_pinpoint"] <= ratio)
+    c = res.get("host_step", {}).get("minus5")
+    if c is not None:
+        goals["host_step_top1_0.90"] = c["ours"]["top1_accuracy"] >= 0.90
     out["goals"] = goals
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out, sort_keys=True))

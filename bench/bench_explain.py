@@ -14,8 +14,11 @@ differences (the slow side), for both methods alike.
 
 Two methods on the same scenario (fresh host draws for each):
 
-* ``explain``: ``analysis.explain.explain`` with its defaults (paired rounds, 3..8
-  boots per side, alpha 0.01 per test).
+* ``explain``: ``analysis.explain.explain`` with the design ``harness explain`` and
+  ``explain: true`` run it with (``explain_runner``): the shipped ``spec.Defaults``
+  (``boots_per_arm`` .. ``max_boots_per_arm`` boots per side, ``defaults.analysis``)
+  and alpha 0.01 per test, the CLI's ``--alpha``. (The function's own defaults, 3..8
+  paired, are not what users run; the JSON says which design ran, under ``design``.)
 * ``one_at_a_time``: each difference left out of the slow config alone, tested with a
   fixed number of boots per side (one look, the same rule and alpha): the member set is
   every difference whose leave-out test confirms. (Leaving out, not adding alone, so
@@ -61,11 +64,16 @@ from noise import MODELS, Host  # noqa: E402
 
 from bisect_harness.analysis import stats as S  # noqa: E402
 from bisect_harness.analysis.explain import explain  # noqa: E402
+from bisect_harness.input.spec import Defaults  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
 
 MIN_EFFECT = 0.05
 FIXED = (3, 5, 8, 12, 16, 24)
 ALPHA = 0.01
+#: the design explain_runner builds from the shipped defaults, as the CLI runs it
+SHIPPED = Defaults()
+DESIGN = S.Design(alpha=ALPHA, min_boots=SHIPPED.boots_per_arm, max_boots=SHIPPED.max_boots_per_arm,
+                  analysis=SHIPPED.analysis)
 
 
 def scenario(n: int, rng: np.random.Generator):
@@ -133,7 +141,7 @@ def run(trials: int, sizes, models, seed: int) -> dict:
                 full = len(names)
                 res = explain(names, lambda s: host.boot(level(s, singles, pair),
                                                          noisy=len(s) > full // 2),
-                              worse=Expect.DECREASE, min_effect=MIN_EFFECT, seed=trial)
+                              worse=Expect.DECREASE, min_effect=MIN_EFFECT, design=DESIGN, alpha=ALPHA, seed=trial)
                 kind = classify(set(res.members), truth)
                 acc[kind] += 1
                 conf_wrong += kind != "exact" and res.confident
@@ -197,6 +205,8 @@ def main() -> None:
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     res = run(a.trials, [int(s) for s in a.sizes.split(",")], models, a.seed)
     print(json.dumps({"trials": a.trials, "seed": a.seed, "min_effect": MIN_EFFECT, "alpha_per_test": ALPHA,
+                      "design": {"min_boots": DESIGN.min_boots, "max_boots": DESIGN.max_boots,
+                                 "analysis": DESIGN.analysis},
                       "models": res, "all_goals_met": all(c["goal_met"] for m in res.values() for c in m.values()),
                       "all_goals_met_on_set": all(c["goal_met_on_set"] for m in res.values() for c in m.values()),
                       "seconds": round(time.time() - t0, 1)}, sort_keys=True))

@@ -24,6 +24,13 @@ Models (keys are stable; benches report under them):
 * ``bursts``: an on/off neighbour (a two-state Markov chain over host time, mean
   burst 6 boots, on a quarter of the time); boots inside a burst run 25% slow with
   a CV of 8%, as the busy-host trace in ``boots.csv`` does (400-950 tok/s).
+* ``autocorrelated``: the host's level wanders: an AR(1) process over host time
+  (``AR_PHI`` 0.8 from one boot to the next, a stationary CV of ``AR_CV`` 2%), so
+  consecutive boots share most of their host effect whatever config they boot (a
+  neighbour's load, a thermal state, a page cache that outlive one boot).
+* ``host_step``: the host turns ``STEP_SLOW`` (6%) slower at one moment of the run,
+  drawn uniformly in boots ``STEP_AT`` (20..80), and stays so (a reboot into other
+  clocks, a neighbour that moved in, a driver update between two boots).
 
 ``no culprit`` and the culprit's position are scenarios of the benches, not noise.
 
@@ -36,9 +43,12 @@ Usage::
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-MODELS = ("stationary", "unequal_variance", "heavy_tail", "bimodal", "drift", "bursts")
+MODELS = ("stationary", "unequal_variance", "heavy_tail", "bimodal", "drift", "bursts", "autocorrelated",
+          "host_step")
 
 WITHIN_CV = 0.02
 BETWEEN_CV = 0.01
@@ -48,6 +58,8 @@ TAIL_P, TAIL_SLOW = 0.05, 0.20
 BIMODAL_P, BIMODAL_SLOW = 0.20, 0.08
 DRIFT_PER_BOOT, DRIFT_FLOOR = -0.001, 0.70
 BURST_MEAN_LEN, BURST_ON_FRACTION, BURST_SLOW, BURST_CV = 6.0, 0.25, 0.25, 0.08
+AR_PHI, AR_CV = 0.8, 0.02
+STEP_SLOW, STEP_AT = 0.06, (20, 80)
 
 
 class Host:
@@ -61,6 +73,8 @@ class Host:
         self.within_cv, self.between_cv, self.samples_per_boot = within_cv, between_cv, samples_per_boot
         self.t = 0  # boots so far, all configs together
         self._burst = False
+        self._ar = AR_CV * rng.standard_normal() if model == "autocorrelated" else 0.0
+        self._step_at = int(rng.integers(STEP_AT[0], STEP_AT[1] + 1)) if model == "host_step" else None
 
     def _advance_burst(self) -> bool:
         # Two-state chain with mean on-length BURST_MEAN_LEN and stationary on-fraction.
@@ -87,6 +101,12 @@ class Host:
             f *= max(DRIFT_FLOOR, 1.0 + DRIFT_PER_BOOT * self.t)
         elif m == "bursts" and self._advance_burst():
             f *= 1.0 - BURST_SLOW + BURST_CV * rng.standard_normal()
+        elif m == "autocorrelated":
+            if self.t > 0:
+                self._ar = AR_PHI * self._ar + AR_CV * math.sqrt(1.0 - AR_PHI ** 2) * rng.standard_normal()
+            f *= 1.0 + self._ar
+        elif m == "host_step" and self.t >= self._step_at:
+            f *= 1.0 - STEP_SLOW
         return f
 
     def boot(self, mu: float, *, arm: str = "a", noisy: bool | None = None) -> np.ndarray:

@@ -84,7 +84,9 @@ def test_noisy_data_finds_culprit(seed):
     result = run_search(search_for(engine), engine)
     assert result.stopped is StopReason.CONFIDENT
     assert result.culprit == engine.commits[culprit]
-    assert result.boots_used < 60
+    # The head-to-head test at 1% for the whole search costs a few pairs more than 5%
+    # per test did (45 boots on average over these seeds, against 40; at most 62).
+    assert result.boots_used < 66
     assert result.candidates[0] == Candidate(result.culprit, result.probability)
 
 

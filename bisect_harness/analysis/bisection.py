@@ -63,7 +63,8 @@ The search runs in *rounds*: the caller boots a round's probes in the order give
 3. **A head-to-head test before a confident answer.** When one commit holds
    ``confidence`` of the mass, it is booted against its parent in paired,
    randomly ordered rounds, with the same sequential paired test at level
-   ``verify_alpha``. Only a commit whose change against its parent is shown this
+   ``verify_alpha`` (1% by default, apart from ``confidence``: the posterior's mass
+   says where to look, the test how often a wrong answer may pass). Only a commit whose change against its parent is shown this
    way is reported as the culprit. A wrong commit and its parent are the same
    code, so a wrong answer is reported at most ``verify_alpha`` of the time,
    whatever the noise, as long as the noise does not depend on which commit is
@@ -117,6 +118,7 @@ __all__ = [
     "SearchTest",
     "BisectionSearch",
     "DEFAULT_CONFIDENCE",
+    "DEFAULT_VERIFY_ALPHA",
     "DEFAULT_MAX_BOOTS",
     "NIGHTLY_MAX_BOOTS",
     "Candidate",
@@ -139,6 +141,9 @@ UNEQUAL_SHRINK = 3.0
 GATE_SHARES = (0.8, 0.1, 0.1)
 #: the posterior mass a culprit must hold (``harness bisect --confidence``, ``bisect: true``, explain, nightly)
 DEFAULT_CONFIDENCE = 0.95
+#: the level of all head-to-head tests of one search together: the chance that a search
+#: names a wrong commit as its culprit, whatever the step's size and the host's noise
+DEFAULT_VERIFY_ALPHA = 0.01
 #: the boot budget of one search (``harness bisect --max-boots``, ``bisect: true``, explain)
 DEFAULT_MAX_BOOTS = 150
 #: the boot budget of the bisection a nightly alert starts (``harness nightly --max-boots``)
@@ -356,7 +361,8 @@ class BisectionSearch:
 
     The endpoint check takes ``initial_boots`` to ``max_endpoint_boots`` paired
     rounds. ``max_probe_boots`` caps the boots of one probe. ``verify`` turns the
-    head-to-head test on (``verify_alpha``, default ``1 - confidence``, up to
+    head-to-head test on (``verify_alpha``, default :data:`DEFAULT_VERIFY_ALPHA`, shared by
+    every head-to-head test of the search, up to
     ``max_verify_pairs`` rounds). ``anchor_every``: an anchor every so many probe
     rounds (0: none). ``seed`` fixes the order inside paired rounds and breaks
     exact ties between probes, the same way on every run.
@@ -401,7 +407,7 @@ class BisectionSearch:
             raise ValueError(f"no_step_prior must lie in [0, 1), got {no_step_prior!r}")
         if not step_scale > 0.0:
             raise ValueError(f"step_scale must be > 0, got {step_scale!r}")
-        verify_alpha = 1.0 - float(confidence) if verify_alpha is None else verify_alpha
+        verify_alpha = DEFAULT_VERIFY_ALPHA if verify_alpha is None else verify_alpha
         if not (0.0 < verify_alpha < 1.0):
             raise ValueError(f"verify_alpha must lie strictly between 0 and 1, got {verify_alpha!r}")
         self._commits = commits
