@@ -29,7 +29,7 @@ Models (keys are stable; benches report under them):
   consecutive boots share most of their host effect whatever config they boot (a
   neighbour's load, a thermal state, a page cache that outlive one boot).
 * ``host_step``: the host turns ``STEP_SLOW`` (6%) slower at one moment of the run,
-  drawn uniformly in boots ``STEP_AT`` (20..80), and stays so (a reboot into other
+  drawn uniformly in boots ``STEP_AT`` (10..40: inside a search of about 45 boots), and stays so (a reboot into other
   clocks, a neighbour that moved in, a driver update between two boots).
 
 ``no culprit`` and the culprit's position are scenarios of the benches, not noise.
@@ -59,7 +59,7 @@ BIMODAL_P, BIMODAL_SLOW = 0.20, 0.08
 DRIFT_PER_BOOT, DRIFT_FLOOR = -0.001, 0.70
 BURST_MEAN_LEN, BURST_ON_FRACTION, BURST_SLOW, BURST_CV = 6.0, 0.25, 0.25, 0.08
 AR_PHI, AR_CV = 0.8, 0.02
-STEP_SLOW, STEP_AT = 0.06, (20, 80)
+STEP_SLOW, STEP_AT = 0.06, (10, 40)
 
 
 class Host:

@@ -657,3 +657,58 @@ def test_a_tokenizer_probe_leaves_no_unread_body_for_the_next_request():
         server.server_close()
     assert size.unit == "words"
     assert r.status_code == 200 and r.json() == {"prompt": "x"}
+
+
+def test_a_request_on_a_connection_the_server_closed_unanswered_is_sent_again():
+    """A keep-alive server that drops a connection as the next request arrives (an idle
+    timeout, a cap on requests per connection) never took that request: it is sent again
+    on a fresh connection and counted as a retry, not failed. (In CI, under load, a
+    sample of a real llama-server lost its second request, the first having streamed
+    all its tokens: the failure this race makes.)"""
+    events = _sse('{"choices": [{"index": 0, "text": "a"}]}', '{"choices": [{"index": 0, "text": "b"}]}')
+    body = b"".join(events)
+    served = []
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            for n in range(2):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                if n == 1:  # the second request on this connection: dropped unanswered
+                    return
+                served.append(json.loads(rest))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def accept_loop():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    try:
+        detail = measure_sample_detail(f"http://127.0.0.1:{listener.getsockname()[1]}",
+                                       spec(requests_per_sample=3, output_tokens=2))
+    finally:
+        stop.set()
+        listener.close()
+    assert detail.result.errors == 0 and detail.result.requests == 3, [r.error for r in detail.requests]
+    assert len(served) == 3
+    retried = [r for r in detail.requests if r.retries]
+    assert len(retried) == 2 and all("before any response" in r.retry_reason for r in retried), retried

@@ -208,7 +208,7 @@ class RequestRecord:
     # the server's count was below the chunks that carried text (each carries a token at
     # least): not believed, ``output_tokens`` is the counted figure, and the boot is marked
     usage_mismatch: str | None = None
-    retries: int = 0                # times it was sent again because the server said "try again"
+    retries: int = 0                # times it was sent again: the server said "try again" or never took it
     prompt_tokens: int | None = None  # the prompt's length as the server counted it (usage), where it said
     retry_reason: str | None = None  # the first such answer
 
@@ -383,9 +383,12 @@ def _failed(start: float, error: str) -> RequestRecord:
                          tpot_s=None, output_tokens=0, counted_tokens=0, chunks=0)
 
 
+#: Transport errors before any response: the request was not taken and may be sent again.
+_NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+
 #: Times a request that the server answered with "try again" (``Api.retryable``: 429,
-#: 503, llama.cpp's "slot unavailable") is sent again within its sample, after a short
-#: pause; every retry is counted in the request's record and the boot's provenance.
+#: 503, llama.cpp's "slot unavailable") or that was never taken (a connection closed
+#: before any answer) is sent again within its sample, after a short pause; every retry is counted in the request's record and the boot's provenance.
 MAX_RETRIES = 3
 
 
@@ -409,8 +412,10 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
     t0 = time.perf_counter()
     start = t0 - sample_t0
     head = b""  # the body's first bytes: what a server that streamed nothing said instead
+    answered = False
     try:
         with http.stream("POST", url, json=payload, timeout=timeout_s) as r:
+            answered = True
             if r.status_code != 200:
                 body = read_some(r, 500).decode("utf-8", "replace")  # an error page, however long
                 again = f"HTTP {r.status_code}: {body[:120]}" if api.retryable(r.status_code, body) else None
@@ -428,7 +433,13 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
             for event, data in dec.close():
                 handle(event, data, now)
     except httpx.HTTPError as e:
-        return _failed(start, f"{type(e).__name__} on {url}: {e}"), None
+        # A kept-alive connection the server closed as the request went out (an idle
+        # timeout, a cap on requests per connection: cpp-httplib's, say) ends before any
+        # answer: the server never took the request, so it is sent again on a fresh
+        # connection, like urllib3 and browsers do, and counted as a retry.
+        again = (f"{type(e).__name__} before any response: {e}"
+                 if not answered and isinstance(e, _NOT_TAKEN) else None)
+        return _failed(start, f"{type(e).__name__} on {url}: {e}"), again
     except (StreamError, SSELineTooLong, UnreadableBody) as e:
         return _failed(start, str(e)), None
     t_end = time.perf_counter()
