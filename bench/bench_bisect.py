@@ -56,7 +56,7 @@ Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
-[--scenarios a,b] [--workers N] [--verify-alpha A]``. The last line printed is one JSON object with every figure.
+[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint]``. The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -214,13 +214,15 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 
 
 def run_cell(args) -> dict:
-    model, scenario, trials, seed, rows, verify_alpha = args
+    model, scenario, trials, seed, rows, verify_alpha, searches = args
     change = SCENARIOS[scenario]
     master = np.random.default_rng([seed, MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
     seeds = master.integers(0, 2**63 - 1, size=(trials, 2))
     out = {}
     for s, name in enumerate(("ours", "pinpoint")):
+        if name not in searches:
+            continue
         t0 = time.perf_counter()
         right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
         for t, culprit in enumerate(culprits):
@@ -243,7 +245,8 @@ def run_cell(args) -> dict:
             cell["stopped"] = dict(sorted(stopped.items()))
             cell["mean_reported_probability"] = float(np.mean(probs))
         out[name] = cell
-    out["boots_ratio_ours_to_pinpoint"] = out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
+    out["boots_ratio_ours_to_pinpoint"] = (out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
+                                           if "pinpoint" in out else None)
     return {"model": model, "scenario": scenario, "cell": out}
 
 
@@ -254,6 +257,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--no-pinpoint", action="store_true",
+                        help="run our search alone (no ratios, no boots goals): for comparing our settings")
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
                         help="level of all head-to-head tests of one search (the shipped default unless "
                              "given; 0.05 was the level before, per test)")
@@ -275,7 +280,8 @@ def main() -> None:
                  "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
                                               "chromium_iqr_1.0_n_10": 0.5708},
                  "results": {m: {} for m in models}}
-    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha) for m in models for s in scenarios]
+    searches = ("ours",) if args.no_pinpoint else ("ours", "pinpoint")
+    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, searches) for m in models for s in scenarios]
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
             done = list(pool.map(run_cell, jobs))
@@ -283,11 +289,13 @@ def main() -> None:
         done = map(run_cell, jobs)
     for r in done:
         out["results"][r["model"]][r["scenario"]] = r["cell"]
-        o, p = r["cell"]["ours"], r["cell"]["pinpoint"]
+        o, p = r["cell"]["ours"], r["cell"].get("pinpoint")
+        theirs = (f"pinpoint top1 {p['top1_accuracy']:.3f} boots {p['mean_boots']:6.1f} wrong "
+                  f"{p['wrong_confident_rate']:.3f} | ratio {r['cell']['boots_ratio_ours_to_pinpoint']:.2f}"
+                  if p else "pinpoint not run")
         print(f"{r['model']:17s} {r['scenario']:7s} ours top1 {o['top1_accuracy']:.3f} boots "
-              f"{o['mean_boots']:6.1f} wrong+conf {o['wrong_confident_rate']:.3f} | pinpoint top1 "
-              f"{p['top1_accuracy']:.3f} boots {p['mean_boots']:6.1f} wrong {p['wrong_confident_rate']:.3f} | "
-              f"ratio {r['cell']['boots_ratio_ours_to_pinpoint']:.2f}  {o['stopped']}", flush=True)
+              f"{o['mean_boots']:6.1f} wrong+conf {o['wrong_confident_rate']:.3f} | {theirs}  {o['stopped']}",
+              flush=True)
     res = out["results"]
     goals = {}
     for m in models:
@@ -296,7 +304,7 @@ def main() -> None:
     for m, acc, ratio in (("stationary", 0.95, 0.4), ("heavy_tail", 0.90, 0.5), ("bimodal", 0.90, 0.5),
                           ("drift", 0.90, 0.5)):
         c = res.get(m, {}).get("minus5")
-        if c is not None:
+        if c is not None and c["boots_ratio_ours_to_pinpoint"] is not None:
             goals[f"{m}_top1_{acc:.2f}_boots_{ratio}x"] = (c["ours"]["top1_accuracy"] >= acc
                                                           and c["boots_ratio_ours_to_pinpoint"] <= ratio)
     c = res.get("host_step", {}).get("minus5")
