@@ -1,8 +1,8 @@
 """Benchmark: find one culprit commit among 256, on hosts that misbehave.
 
 Every noise model of ``bench/noise.py`` (stationary, unequal_variance, heavy_tail,
-bimodal, drift, bursts, autocorrelated, host_step) runs these scenarios, each on the same trials for both
-searches (the same culprit, each search with its own seeded host):
+bimodal, drift, bursts, autocorrelated, host_step) runs these scenarios, each on the
+same trials for both searches (the same culprit, each search with its own seeded host):
 
 * ``minus5``: a -5% culprit at a uniform position in 1..255;
 * ``minus2``: a -2% culprit at a uniform position (below a 5% minimum effect);
@@ -56,7 +56,8 @@ Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
-[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint]``. The last line printed is one JSON object with every figure.
+[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint]``. The last line
+printed is one JSON object with every figure.
 """
 
 from __future__ import annotations

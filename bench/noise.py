@@ -29,8 +29,9 @@ Models (keys are stable; benches report under them):
   consecutive boots share most of their host effect whatever config they boot (a
   neighbour's load, a thermal state, a page cache that outlive one boot).
 * ``host_step``: the host turns ``STEP_SLOW`` (6%) slower at one moment of the run,
-  drawn uniformly in boots ``STEP_AT`` (10..40: inside a search of about 45 boots), and stays so (a reboot into other
-  clocks, a neighbour that moved in, a driver update between two boots).
+  drawn uniformly in boots ``STEP_AT`` (10..40: inside a search of about 45 boots),
+  and stays so (a reboot into other clocks, a neighbour that moved in, a driver
+  update between two boots).
 
 ``no culprit`` and the culprit's position are scenarios of the benches, not noise.
 

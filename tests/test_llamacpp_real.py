@@ -163,7 +163,8 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
             bench = BenchmarkSpec(api=api, model="tiny", prompt_tokens=8, output_tokens=24, requests_per_sample=2,
                                   warmup_requests=0, ignore_eos=True)
             detail = measure_sample_detail(server.base_url, bench)
-            assert detail.result.errors == 0 and detail.result.output_tokens == 48, (api, [r.error for r in detail.requests])
+            errors = [r.error for r in detail.requests]
+            assert detail.result.errors == 0 and detail.result.output_tokens == 48, (api, errors)
             for req in detail.requests:
                 assert req.output_tokens == 24 and req.usage_mismatch is None, (api, req)
             if api == "llamacpp":  # the native endpoint's own timings, per request

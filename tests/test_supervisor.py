@@ -242,6 +242,16 @@ def test_what_a_finished_command_left_running_is_killed(tmp_path):
     assert "left running" in (tmp_path / "log").read_text()
 
 
+def start_ready(tmp_path, argv: list[str], log) -> Supervised:
+    """``argv`` started under its own supervisor, once it has printed ``ready`` to ``log``."""
+    job = Supervised(argv, env=dict(os.environ), cwd=tmp_path, stdout=log, record=False).start()
+    deadline = time.monotonic() + 30
+    while b"ready" not in (tmp_path / "log").read_bytes():
+        assert time.monotonic() < deadline and job.poll() is None, (tmp_path / "log").read_text()
+        time.sleep(0.02)
+    return job
+
+
 #: A server in the shape of the demo engine and vLLM's front end: a watcher that reports
 #: a crash (exit 1) when its worker dies unasked, and a SIGTERM handler that drains for a
 #: moment, then stops the worker and exits 0.
@@ -274,12 +284,7 @@ def test_a_stop_lets_the_server_stop_its_own_workers_first(tmp_path):
     ``stop_unclean`` for nothing). The command alone is asked first."""
     marker = f"sup-{uuid.uuid4().hex}"
     with open(tmp_path / "log", "wb") as log:
-        job = Supervised([sys.executable, "-c", WATCHFUL_SERVER, marker], env=dict(os.environ), cwd=tmp_path,
-                         stdout=log, record=False).start()
-        deadline = time.monotonic() + 30
-        while b"ready" not in (tmp_path / "log").read_bytes():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        job = start_ready(tmp_path, [sys.executable, "-c", WATCHFUL_SERVER, marker], log)
         time.sleep(0.2)
         job.stop(5.0)
     assert job.wait() == 0, (tmp_path / "log").read_text()
@@ -329,10 +334,7 @@ def test_a_process_whose_leader_thread_exited_is_still_stopped(tmp_path):
             "print('ready', flush=True)\n"
             "ctypes.CDLL(None).pthread_exit(None)\n")
     with open(tmp_path / "log", "wb") as log:
-        job = Supervised([sys.executable, "-c", code], env=dict(os.environ), cwd=tmp_path, stdout=log,
-                         record=False).start()
-        while b"ready" not in (tmp_path / "log").read_bytes():
-            time.sleep(0.01)
+        job = start_ready(tmp_path, [sys.executable, "-c", code], log)
         time.sleep(0.3)
         assert _threads_alive(job.pid) == 1
         job.stop(1.0)
@@ -350,12 +352,7 @@ def test_a_server_that_ignores_sigterm_is_still_stopped_within_the_grace(tmp_pat
                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]]); "
                 "print('ready', flush=True); time.sleep(300)")
     with open(tmp_path / "log", "wb") as log:
-        job = Supervised([sys.executable, "-c", stubborn, marker], env=dict(os.environ), cwd=tmp_path,
-                         stdout=log, record=False).start()
-        deadline = time.monotonic() + 30
-        while b"ready" not in (tmp_path / "log").read_bytes():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        job = start_ready(tmp_path, [sys.executable, "-c", stubborn, marker], log)
         t0 = time.monotonic()
         job.stop(1.0)
         took = time.monotonic() - t0

@@ -64,11 +64,11 @@ The search runs in *rounds*: the caller boots a round's probes in the order give
    ``confidence`` of the mass, it is booted against its parent in paired,
    randomly ordered rounds, with the same sequential paired test at level
    ``verify_alpha`` (1% by default, apart from ``confidence``: the posterior's mass
-   says where to look, the test how often a wrong answer may pass). Only a commit whose change against its parent is shown this
-   way is reported as the culprit. A wrong commit and its parent are the same
-   code, so a wrong answer is reported at most ``verify_alpha`` of the time,
-   whatever the noise, as long as the noise does not depend on which commit is
-   booted. A search makes at most three such tests, the first at 80% of
+   says where to look, the test how often a wrong answer may pass). Only a commit
+   whose change against its parent is shown this way is reported as the culprit. A
+   wrong commit and its parent are the same code, so a wrong answer is reported at
+   most ``verify_alpha`` of the time, whatever the noise, as long as the noise does
+   not depend on which commit is booted. A search makes at most three such tests, the first at 80% of
    ``verify_alpha``, the others at 10% each; a test, once started, runs to its
    decision. A commit that fails its test is never reported; when the posterior
    settles on it again, or no test is left, the search ends as ``unverified``.

@@ -388,7 +388,8 @@ _NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, http
 
 #: Times a request that the server answered with "try again" (``Api.retryable``: 429,
 #: 503, llama.cpp's "slot unavailable") or that was never taken (a connection closed
-#: before any answer) is sent again within its sample, after a short pause; every retry is counted in the request's record and the boot's provenance.
+#: before any answer) is sent again within its sample, after a short pause; every retry
+#: is counted in the request's record and the boot's provenance.
 MAX_RETRIES = 3
 
 
