@@ -26,7 +26,7 @@ from .model import NOT_MEASURED, shown_outcome
 from .record.progress import observer_for
 from .secrets import redact_obj, redact_text
 from .input.spec import effect_value
-from .analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
+from .defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -127,8 +127,6 @@ def run(
                                          "keep their verdicts."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
-    from .orchestrate.executor import Executor
-    from .record.ledger import Ledger
     from .planning.plan import make_plan
     from .input.spec import load_spec
 
@@ -144,6 +142,10 @@ def run(
     if dry_run:
         _dry_run(plan, console, json_out=json_out, check_flags=check_flags)
         return
+    # The measuring and statistics modules load only once the file and the plan are good,
+    # so bad input is answered at once.
+    from .orchestrate.executor import Executor
+    from .record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         earlier = None
@@ -337,12 +339,12 @@ def explain(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find which differences (env, flags, commit) between two arms make the slow one slow."""
-    from .orchestrate.explain_runner import explain_file
-    from .record.ledger import Ledger
     from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
+    from .orchestrate.explain_runner import explain_file
+    from .record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
@@ -374,12 +376,12 @@ def bisect(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from .orchestrate.bisect_runner import bisect_range
-    from .record.ledger import Ledger
     from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
+    from .orchestrate.bisect_runner import bisect_range
+    from .record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
@@ -443,12 +445,12 @@ def nightly(
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from .record.ledger import Ledger
-    from .orchestrate.nightly import run_nightly
     from .input.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
+    from .orchestrate.nightly import run_nightly
+    from .record.ledger import Ledger
     budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
     with Ledger(ledger) as led, observer_for(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:

@@ -41,7 +41,7 @@ engine:
 benchmark:
   prompt_tokens: 16
   output_tokens: 32
-  requests_per_sample: 2
+  requests_per_sample: 1
   warmup_requests: 1
 defaults:
   samples_per_boot: 1
@@ -91,17 +91,20 @@ def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str):
     return out, seconds
 
 
-def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
+def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger(hist, tmp_path):
     i_reg = hist.index(hist.events["regression"])
     i_broken = hist.index(hist.events["build_failure"])
-    # good just before the regression; the broken build sits at the uniform
-    # posterior's median (5 of 10 candidates), so it is the first interior probe.
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
-    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "100")
-    print(f"bisection: {out['boots']} boots in {seconds:.0f}s")
+    # A first search out of budget after the endpoint check's first rounds...
+    first, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "4")
+    assert first["stopped"] == "budget" and first["culprit"] is None
+    assert first["boots"] == first["new_boots"] == 4
 
+    # ...and a second over the same range goes on from its boots.
+    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "100")
+    print(f"resumed bisection: {out['new_boots']} new of {out['boots']} boots in {seconds:.0f}s")
     assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
     assert out["culprit"] == hist.events["regression"], out
     assert out["probability"] >= 0.95 and out["stopped"] == "confident"
@@ -109,64 +112,40 @@ def test_finds_the_regression_and_skips_the_broken_build(hist, tmp_path):
     assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
     assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
     assert out["skipped"] == [hist.events["build_failure"]]
-    assert 12 <= out["boots"] <= 60 and out["new_boots"] >= out["boots"]
+    assert 12 <= out["boots"] <= 64
     assert out["endpoint_test"]["decision"] == "passed" and out["endpoint_test"]["pairs"] >= 3
     assert out["verify_test"]["decision"] == "passed" and out["verify_test"]["pairs"] >= 3
     assert out["no_step_probability"] < 0.05
 
     with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
+        # Every usable boot of the first search is reused, none measured again; a boot the
+        # host made busy (CPU steal on a shared VM, say) is kept in the ledger, not reused.
+        first_run = led.session.get(Bisection, first["bisection_id"]).run_id
+        usable = [b for c in led.run(first_run).configs for b in c.boots
+                  if b.status == "ok" and "host_busy" not in (b.marks or [])]
+        assert usable and 0 < out["new_boots"]
+        bis = led.session.get(Bisection, out["bisection_id"])
+        reused = [p for p in bis.probes if p.reused]
+        assert {p.commit for p in reused} <= {good, bad}
+        assert sum(p.reused for p in reused) == len(usable)
+        assert all(p.boots_requested == 0 for p in reused)
+        assert any(not p.reused and p.values for p in bis.probes), "and it measured more"
+        assert led.session.get(Bisection, first["bisection_id"]).result["stopped"] == "budget"
         run = led.latest_run()
         assert run.kind == "bisect" and run.status == "done"
         broken = [c for c in run.configs if c.commit == hist.events["build_failure"]]
         assert [c.status for c in broken] == ["build_failed"]
         assert "build" in (broken[0].failure or "")
 
-    journal = next((tmp_path / "journal").glob("*-run*.md")).read_text()
-    assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
-    assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
-    assert "skipped" in journal
-    (plot,) = re.findall(r"!\[decode_ms against commit order\]\(([^)]*-bisection-1\.png)\)", journal)
+    n = out["bisection_id"]
+    heading = f"## Bisection {n}: {good[:12]}..{bad[:12]} on decode_ms"
+    (text,) = [x for x in (j.read_text() for j in (tmp_path / "journal").glob("*-run*.md")) if heading in x]
+    assert f"Culprit: `{hist.events['regression'][:12]}`" in text
+    assert "skipped" in text
+    (plot,) = re.findall(rf"!\[decode_ms against commit order\]\(([^)]*-bisection-{n}\.png)\)", text)
     png = tmp_path / "journal" / plot
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-
-def test_resumes_from_the_ledger(hist, tmp_path):
-    i_reg = hist.index(hist.events["regression"])
-    good, bad = hist.shas[i_reg - 2], hist.shas[i_reg + 2]
-    spec = write_spec(tmp_path / "spec.yaml", hist)
-
-    first, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "4")
-    assert first["stopped"] == "budget" and first["culprit"] is None
-    assert first["boots"] == first["new_boots"] == 4
-
-    second, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "60")
-    print(f"resumed bisection: {second['new_boots']} new of {second['boots']} boots in {seconds:.0f}s")
-    assert second["culprit"] == hist.events["regression"] and second["probability"] >= 0.95
-    assert 0 < second["new_boots"] < second["boots"]
-    assert second["boots"] - second["new_boots"] == 4, "every boot of the first run is reused, none re-measured"
-
-    with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
-        bis = led.session.get(Bisection, second["bisection_id"])
-        reused = [p for p in bis.probes if p.reused]
-        assert {p.commit for p in reused} == {good, bad}
-        assert sum(p.reused for p in reused) == 4
-        assert all(p.boots_requested == 0 for p in reused)
-        assert any(not p.reused and p.values for p in bis.probes), "and it measured more"
-        assert led.session.get(Bisection, first["bisection_id"]).result["stopped"] == "budget"
-        # the reused boots are listed by run, and every paired test is recorded with its own boots
-        assert all("from run 1" in p.note and len(p.boot_ids) == p.reused for p in reused)
-    assert second["reused_runs"] == [1]
-    tests = second["tests"]
-    assert tests[0]["kind"] == "endpoints" and tests[0]["decision"] == "passed"
-    assert (tests[-1]["kind"], tests[-1]["decision"], tests[-1]["bad"]) == ("verify", "passed", hist.events["regression"])
-    assert all(len(t["boot_ids"]) >= 2 * t["pairs"] for t in tests)
-    assert not set(tests[0]["boot_ids"]) & {b for p in reused for b in p.boot_ids}, "reused boots feed no test"
-    journal = "\n".join(p.read_text() for p in (tmp_path / "journal").glob("*.md"))
-    assert "| endpoint check |" in journal and "| head-to-head 1 |" in journal
-
-    # --fresh: boots of earlier runs are left out, the search starts from nothing
-    third, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh")
-    assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 
 def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):

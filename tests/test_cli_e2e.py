@@ -21,7 +21,7 @@ import pytest
 from bisect_harness.demo import create_demo_repo
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
-DEFAULTS = {"samples_per_boot": 2, "boots_per_arm": 3, "max_boots_per_arm": 10}  # 10: a noisy CI host still decides
+DEFAULTS = {"samples_per_boot": 1, "boots_per_arm": 3, "max_boots_per_arm": 10}  # 10: a noisy CI host still decides
 
 HYPOTHESES = [
     {"id": "head-regression",
@@ -117,7 +117,7 @@ def test_ledger_holds_runs_configs_boots_and_samples(demo_run):
     assert all(b[3] is not None and b[3] > 0 for b in boots)
     samples = query(db, "SELECT s.boot_id, s.metrics, s.requests, s.output_tokens FROM samples s "
                         "JOIN boots b ON b.id = s.boot_id WHERE b.run_id = ?", (run_id,))
-    assert len(samples) == 2 * len(boots)  # samples_per_boot
+    assert len(samples) == DEFAULTS["samples_per_boot"] * len(boots)
     for boot_id, metrics, requests, output_tokens in samples:
         m = json.loads(metrics)
         assert m["tok_s"] > 0 and m["ttft_ms"] > 0

@@ -109,6 +109,7 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import special, stats
 
+from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, DEFAULT_VERIFY_ALPHA
 from bisect_harness.model import Expect, Outcome
 
 from .stats import decide
@@ -117,10 +118,6 @@ __all__ = [
     "BisectResult",
     "SearchTest",
     "BisectionSearch",
-    "DEFAULT_CONFIDENCE",
-    "DEFAULT_VERIFY_ALPHA",
-    "DEFAULT_MAX_BOOTS",
-    "NIGHTLY_MAX_BOOTS",
     "Candidate",
     "PairedTest",
     "Probe",
@@ -139,15 +136,6 @@ EPS_PRIOR_B = 19.0
 UNEQUAL_SHRINK = 3.0
 #: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
 GATE_SHARES = (0.8, 0.1, 0.1)
-#: the posterior mass a culprit must hold (``harness bisect --confidence``, ``bisect: true``, explain, nightly)
-DEFAULT_CONFIDENCE = 0.95
-#: the level of all head-to-head tests of one search together: the chance that a search
-#: names a wrong commit as its culprit, whatever the step's size and the host's noise
-DEFAULT_VERIFY_ALPHA = 0.01
-#: the boot budget of one search (``harness bisect --max-boots``, ``bisect: true``, explain)
-DEFAULT_MAX_BOOTS = 150
-#: the boot budget of the bisection a nightly alert starts (``harness nightly --max-boots``)
-NIGHTLY_MAX_BOOTS = 40
 
 
 class StopReason(str, enum.Enum):

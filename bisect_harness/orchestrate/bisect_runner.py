@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..analysis import host_state
-from ..analysis.bisection import (DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, BisectionSearch, BisectResult,
-                                  PairedTest, SearchTest, StopReason)
+from ..analysis.bisection import BisectionSearch, BisectResult, PairedTest, SearchTest, StopReason
+from ..defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
 from ..record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe

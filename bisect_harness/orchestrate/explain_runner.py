@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..analysis.bisection import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
+from ..defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..analysis import stats
 from ..analysis.explain import Difference, Explanation, Unmeasured, explain
 from ..errors import CommitError, UserError

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bisect_runner import BisectOutcome, engine_plan, search_commits
-from ..analysis.bisection import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
+from ..defaults import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from ..analysis import host_state
 from ..errors import UserError
 from ..analysis.decide import judge_night
