@@ -51,7 +51,7 @@ per model over every scenario; ``stationary_top1_0.95_boots_0.4x``;
 ``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``;
 ``host_step_top1_0.90``: on ``minus5`` with the host's mid-run step).
 Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``,
-``seed``, ``budget``, ``confidence``, ``verify_alpha``, ``threshold_simulations``,
+``seed``, ``budget``, ``confidence``, ``verify_alpha``, ``anchor_every``, ``threshold_simulations``,
 ``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
@@ -63,6 +63,7 @@ printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -152,9 +153,15 @@ class Range:
         return self.boot_values(int(sha), boots)
 
 
-def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA) -> tuple[int | None, float, str]:
+#: the search's own default for how often a round boots an anchor
+ANCHOR_EVERY = inspect.signature(BisectionSearch).parameters["anchor_every"].default
+
+
+def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA,
+         anchor_every: int = ANCHOR_EVERY) -> tuple[int | None, float, str]:
     search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE,
-                             confidence=CONFIDENCE, max_boots=BUDGET, verify_alpha=verify_alpha)
+                             confidence=CONFIDENCE, max_boots=BUDGET, verify_alpha=verify_alpha,
+                             anchor_every=anchor_every)
     result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
     return culprit, result.probability, result.stopped.value
@@ -216,7 +223,7 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 
 
 def run_cell(args) -> dict:
-    model, scenario, trials, seed, rows, verify_alpha, searches = args
+    model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches = args
     change = SCENARIOS[scenario]
     master = np.random.default_rng([seed, MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
@@ -230,7 +237,7 @@ def run_cell(args) -> dict:
         for t, culprit in enumerate(culprits):
             rr = Range(model, culprit, change, int(seeds[t, s]))
             if name == "ours":
-                found, prob, why = ours(rr, verify_alpha)
+                found, prob, why = ours(rr, verify_alpha, anchor_every)
                 stopped[why] = stopped.get(why, 0) + 1
                 probs.append(prob)
                 confident = found is not None and prob >= CONFIDENCE
@@ -264,6 +271,8 @@ def main() -> None:
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
                         help="level of all head-to-head tests of one search (the shipped default unless "
                              "given; 0.05 was the level before, per test)")
+    parser.add_argument("--anchor-every", type=int, default=ANCHOR_EVERY,
+                        help="every how many rounds the search boots an anchor (the search's default unless given)")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     scenarios = [s for s in args.scenarios.split(",") if s]
@@ -277,13 +286,14 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = pinpoint_thresholds(THRESHOLD_SIMULATIONS, args.seed)
     out: dict = {"commits": N_COMMITS, "trials": args.trials, "seed": args.seed, "budget": BUDGET,
-                 "confidence": CONFIDENCE, "verify_alpha": args.verify_alpha,
+                 "confidence": CONFIDENCE, "verify_alpha": args.verify_alpha, "anchor_every": args.anchor_every,
                  "threshold_simulations": THRESHOLD_SIMULATIONS,
                  "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
                                               "chromium_iqr_1.0_n_10": 0.5708},
                  "results": {m: {} for m in models}}
     searches = ("ours",) if args.no_pinpoint else ("ours", "pinpoint")
-    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, searches) for m in models for s in scenarios]
+    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches)
+            for m in models for s in scenarios]
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
             done = list(pool.map(run_cell, jobs))
