@@ -94,6 +94,8 @@ def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str):
 def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger(hist, tmp_path):
     i_reg = hist.index(hist.events["regression"])
     i_broken = hist.index(hist.events["build_failure"])
+    # good just before the regression; the broken build sits at the uniform
+    # posterior's median (5 of 10 candidates), so it is the first interior probe.
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
@@ -121,14 +123,17 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
         # Every usable boot of the first search is reused, none measured again; a boot the
         # host made busy (CPU steal on a shared VM, say) is kept in the ledger, not reused.
         first_run = led.session.get(Bisection, first["bisection_id"]).run_id
-        usable = [b for c in led.run(first_run).configs for b in c.boots
+        usable = [(c.commit, b) for c in led.run(first_run).configs for b in c.boots
                   if b.status == "ok" and "host_busy" not in (b.marks or [])]
         assert usable and 0 < out["new_boots"]
         bis = led.session.get(Bisection, out["bisection_id"])
         reused = [p for p in bis.probes if p.reused]
-        assert {p.commit for p in reused} <= {good, bad}
+        assert {p.commit for p in reused} == {commit for commit, _ in usable} <= {good, bad}
         assert sum(p.reused for p in reused) == len(usable)
+        assert sorted(i for p in reused for i in p.boot_ids) == sorted(b.id for _, b in usable)
         assert all(p.boots_requested == 0 for p in reused)
+        # the reused boots are listed by run, and every paired test is recorded with its own boots
+        assert all(f"from run {first_run}" in p.note and len(p.boot_ids) == p.reused for p in reused)
         assert any(not p.reused and p.values for p in bis.probes), "and it measured more"
         assert led.session.get(Bisection, first["bisection_id"]).result["stopped"] == "budget"
         run = led.latest_run()
@@ -136,6 +141,13 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
         broken = [c for c in run.configs if c.commit == hist.events["build_failure"]]
         assert [c.status for c in broken] == ["build_failed"]
         assert "build" in (broken[0].failure or "")
+    assert out["reused_runs"] == [first_run]
+    tests = out["tests"]
+    assert tests[0]["kind"] == "endpoints" and tests[0]["decision"] == "passed"
+    assert (tests[-1]["kind"], tests[-1]["decision"]) == ("verify", "passed")
+    assert tests[-1]["bad"] == hist.events["regression"]
+    assert all(len(t["boot_ids"]) >= 2 * t["pairs"] for t in tests)
+    assert not set(tests[0]["boot_ids"]) & {b.id for _, b in usable}, "reused boots feed no test"
 
     n = out["bisection_id"]
     heading = f"## Bisection {n}: {good[:12]}..{bad[:12]} on decode_ms"
@@ -145,6 +157,11 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     (plot,) = re.findall(rf"!\[decode_ms against commit order\]\(([^)]*-bisection-{n}\.png)\)", text)
     png = tmp_path / "journal" / plot
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| endpoint check |" in text and "| head-to-head 1 |" in text
+
+    # --fresh: boots of earlier runs are left out, the search starts from nothing
+    third, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh")
+    assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 
 
