@@ -85,3 +85,29 @@ def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
         drifts = host_drift([boots[0]], [boots[1]])
         assert any(d.field.startswith("calibration") for d in drifts), drifts
         assert host_drift([boots[0]], [boots[0]]) == []  # same run, same host: nothing to say
+
+
+def test_only_finished_boots_of_the_same_config_on_the_same_host_are_reusable(tmp_path):
+    """What a bisection may reuse from earlier runs: ok boots (busy-marked ones included, as
+    host_check "mark" counts them), never excluded, failed or running boots, another config's
+    or another host's."""
+    from bisect_harness.record.ledger import Boot
+
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        run = led.add(Run(spec_path="h.yaml", spec_text="", spec_hash="h", harness_version="x"))
+        cfg = led.add(Config(run_id=run.id, key="k"))
+        other = led.add(Config(run_id=run.id, key="k2"))
+
+        def boot(seq, status, *, key="k", host="h1", marks=()):
+            return led.add(Boot(run_id=run.id, config_id=(cfg if key == "k" else other).id, config_key=key,
+                                seq=seq, status=status, host_fingerprint=host, marks=list(marks)))
+
+        ok = boot(1, "ok")
+        busy_ok = boot(2, "ok", marks=["host_busy"])
+        boot(3, "excluded", marks=["host_busy"])
+        boot(4, "failed")
+        boot(5, "running")
+        boot(6, "ok", host="h2")
+        boot(7, "ok", key="k2")
+        assert [b.id for b in led.reusable_boots("k", "h1")] == [ok.id, busy_ok.id]
+        assert len(led.reusable_boots("k", None)) == 3  # no fingerprint: any host's
