@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -110,7 +111,7 @@ def sequential(path, design: S.Design, expect: Expect, min_effect: float) -> tup
     a, b = path
     for k in range(design.min_boots, design.max_boots + 1):
         v = S.evaluate(a[:k], b[:k], expect=expect, min_effect=min_effect, design=design,
-                       rounds=(range(k), range(k)))
+                       rounds=(range(k), range(k)), interval=False)
         if v.final:
             return CODE[v.outcome], k
     return CODE[v.outcome], design.max_boots
@@ -120,7 +121,7 @@ def fixed(path, n: int, design: S.Design, expect: Expect, min_effect: float) -> 
     a, b = path
     one = S.Design(alpha=design.alpha, min_boots=n, max_boots=n, analysis=design.analysis)
     v = S.evaluate(a[:n], b[:n], expect=expect, min_effect=min_effect, design=one,
-                   rounds=(range(n), range(n)))
+                   rounds=(range(n), range(n)), interval=False)
     return CODE[v.outcome]
 
 
@@ -236,20 +237,31 @@ def main() -> int:
     ap.add_argument("--n-sim", type=int, default=2000, help="simulated experiments per cell")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated noise models")
+    ap.add_argument("--analyses", default=",".join(S.ANALYSES), help="comma-separated analyses to compare")
+    ap.add_argument("--workers", type=int, default=1, help="processes, one model each (same figures)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     for m in models:
         if m not in MODELS:
             ap.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
     dz = designs()
+    for a in args.analyses.split(","):
+        if a not in dz:
+            ap.error(f"--analyses: unknown analysis {a!r}; one of {', '.join(dz)}")
+    dz = {a: d for a, d in dz.items() if a in args.analyses.split(",")}
     d0 = next(iter(dz.values()))
     t0 = time.perf_counter()
     out: dict = {"design": {"alpha": d0.alpha, "min_boots": d0.min_boots, "max_boots": d0.max_boots,
                             "spending": d0.spending, "samples_per_boot": d0.samples_per_boot},
                  "n_sim": args.n_sim, "seed": args.seed, "min_effect_rule": "half the true effect",
                  "oc_min_effect": OC_E, "max_fixed": MAX_FIXED, "models": {}}
-    for mi, model in enumerate(models):
-        res = bench_model(model, args.n_sim, args.seed + 1000 * mi, dz)
+    jobs = [(model, args.n_sim, args.seed + 1000 * MODELS.index(model), dz) for model in models]
+    if args.workers > 1:
+        with multiprocessing.Pool(args.workers) as pool:
+            results = pool.starmap(bench_model, jobs)
+    else:
+        results = [bench_model(*job) for job in jobs]
+    for model, res in zip(models, results):
         out["models"][model] = res
         for a, r in res.items():
             eff = "; ".join(f"{k}: power {c['power']:.3f}, boots {c['mean_boots']:.2f} vs fixed "

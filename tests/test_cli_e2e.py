@@ -144,7 +144,7 @@ def test_verdicts_record_analysis_family_and_round_order(demo_run):
     seeds = set()
     for test, alpha, raw in rows:
         st = json.loads(raw)
-        assert st["analysis"] == "unpaired" and "Welch" in test  # the shipped default, named in the test
+        assert st["analysis"] == "robust" and "robust paired" in test  # the shipped default, named in the test
         assert st["family_size"] == 2 and alpha == pytest.approx(0.05 / 2) and st["family_alpha"] == 0.05
         baseline_rounds, treatment_rounds = st["rounds"]
         assert baseline_rounds == list(range(len(baseline_rounds)))

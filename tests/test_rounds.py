@@ -87,11 +87,11 @@ def test_family_is_the_files_hypotheses_whatever_only_selects(tmp_path):
 
 
 def test_analysis_key_defaults_and_errors(tmp_path):
-    assert load_spec(_spec(tmp_path)).defaults.analysis == "unpaired"
+    assert load_spec(_spec(tmp_path)).defaults.analysis == "robust"
     with pytest.raises(SpecError) as err:
         load_spec(_spec(tmp_path, defaults={"analysis": "blocked"}))
     msg = str(err.value)
-    assert "defaults.analysis" in msg and "paired, unpaired" in msg and "blocked" in msg
+    assert "defaults.analysis" in msg and "robust, paired, unpaired" in msg and "blocked" in msg
 
 
 def test_a_round_runs_as_one_batch_when_the_backend_has_the_slots(tmp_path):

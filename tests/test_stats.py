@@ -13,6 +13,10 @@ from bisect_harness.model import Expect, Outcome
 from bisect_harness.analysis.stats import Design, evaluate
 
 INC, DEC = Expect.INCREASE, Expect.DECREASE
+#: The analyses whose boundaries are calibrated t-tests (the simulations of many
+#: thousand paths below); the robust analysis has tests of its own (it runs its
+#: t part through the same code, and its sign-flip part is checked exactly).
+T_ANALYSES = ("paired", "unpaired")
 
 
 def boots_from(rng, mean, n_boots, *, between=0.01, within=0.02, samples=3):
@@ -270,7 +274,7 @@ def test_crossing_probability_by_look_follows_spending():
 @pytest.mark.parametrize("spending,between,within", [
     ("pocock", 0.01, 0.02), ("pocock", 0.03, 0.05), ("pocock", 0.0, 0.02),
     ("obrien-fleming", 0.01, 0.02)])
-@pytest.mark.parametrize("analysis", S.ANALYSES)
+@pytest.mark.parametrize("analysis", T_ANALYSES)
 def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within, analysis):
     r = S.simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
                    design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
@@ -282,7 +286,7 @@ def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within, analys
 
 
 @pytest.mark.parametrize("between_b", [0.04, 0.06, 0.08, 0.20])
-@pytest.mark.parametrize("analysis", S.ANALYSES)
+@pytest.mark.parametrize("analysis", T_ANALYSES)
 def test_aa_false_confirmed_rate_holds_with_unequal_variances(between_b, analysis):
     # The issue's measurement: 1% vs 4-8% between-boot CV took the A/A rate to
     # 0.0625-0.066 with boundaries calibrated at equal variances only.
@@ -310,7 +314,7 @@ def test_false_refuted_rate_at_most_alpha_when_effect_equals_hypothesis():
     assert r.refuted <= 0.05 + 0.006
 
 
-@pytest.mark.parametrize("analysis", S.ANALYSES)
+@pytest.mark.parametrize("analysis", T_ANALYSES)
 def test_effect_equal_to_min_effect_is_confirmed_well_short_of_one_minus_alpha(analysis):
     # What CONFIRMED promises: no error against zero, and an estimate of at least E;
     # not that the effect is at least E. At effect = E it is little better than a coin.
@@ -340,7 +344,7 @@ def test_simulate_decides_exactly_like_evaluate(analysis):
     d = Design(analysis=analysis)
     rng = np.random.default_rng(18)
     samples = S._draw(rng, 60, 0.02, 0.01, 0.02, d.max_boots, d.samples_per_boot)
-    outcomes, boots, _ = S._run_paths(samples, 1, math.log1p(0.01), d, 0.05)
+    outcomes, boots, _ = S._run_paths(samples, INC, 0.01, d, 0.05)
     code = {Outcome.CONFIRMED: 1, Outcome.REFUTED: -1, Outcome.INCONCLUSIVE: 0}
     for i in range(samples.shape[1]):
         for k in d.looks:
@@ -365,7 +369,7 @@ def test_repeated_ci_coverage_at_sequential_stop():
     d = Design()
     rng = np.random.default_rng(20)
     samples = S._draw(rng, 250, 0.03, 0.01, 0.02, d.max_boots, d.samples_per_boot)
-    outcomes, boots, _ = S._run_paths(samples, 1, math.log1p(0.015), d, 0.05)
+    outcomes, boots, _ = S._run_paths(samples, INC, 0.015, d, 0.05)
     hits = 0
     for i in range(samples.shape[1]):
         k = boots[i]
@@ -489,3 +493,100 @@ def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_i
     v = evaluate(b, t, expect=Expect.DECREASE, min_effect=0.05, design=Design(min_boots=3, max_boots=3))
     assert v.outcome is Outcome.INCONCLUSIVE and v.final
     assert "At the spread seen, refuting -5.0% would take about" in v.reason
+
+
+# ------------------------------------------------------------ the robust analysis
+
+
+def _sf_parts(max_boots):
+    d = Design(min_boots=3, max_boots=max_boots, analysis="robust")
+    _, _, sf_looks, a_sf = S.robust_split(d, 0.05)
+    return d, sf_looks, S._sf_spent(d, sf_looks, a_sf)
+
+
+def test_robust_splits_alpha_between_its_t_looks_and_its_sign_flip_looks():
+    assert S.robust_split(Design(min_boots=3, max_boots=20, analysis="robust"), 0.05) == (
+        (3, 4, 5), pytest.approx(0.02), tuple(range(6, 21)), pytest.approx(0.03))
+    assert S.robust_split(Design(min_boots=3, max_boots=5, analysis="robust"), 0.05) == ((3, 4, 5), 0.05, (), 0.0)
+    assert S.robust_split(Design(min_boots=8, max_boots=10, analysis="robust"), 0.05) == ((), 0.0, (8, 9, 10), 0.05)
+
+
+@pytest.mark.parametrize("mags", [
+    np.abs(np.random.default_rng(5).standard_normal(10)),
+    np.r_[np.abs(np.random.default_rng(6).standard_normal(9)), 25.0],  # one round a burst hit
+    np.ones(10),                                                       # every round alike: ties
+    np.arange(1.0, 11.0)])
+def test_sign_flip_crosses_at_most_its_spent_alpha_whatever_the_magnitudes(mags):
+    """Exact, not simulated: under the null the signs are fair coins given the
+    magnitudes, so enumerate all 2^10 sign patterns and count those that cross at
+    some look (6..10)."""
+    import itertools
+
+    _, sf_looks, spent = _sf_parts(10)
+    crossed = 0
+    for signs in itertools.product((-1.0, 1.0), repeat=10):
+        x = np.array(signs) * mags
+        crossed += any(S._sign_flip(x, sf_looks[:j + 1], spent[:j + 1])[0] for j in range(len(sf_looks)))
+    assert crossed / 2 ** 10 <= spent[-1]
+    assert crossed / 2 ** 10 >= spent[-1] / 2  # and not needlessly conservative
+
+
+def test_robust_aa_rate_holds_with_unequal_variances_tails_and_bursts():
+    """A/A with one arm six times noisier, a tail of 20%-slow boots and a neighbour
+    that slows whole stretches of boots: the confirm rate stays within alpha."""
+    rng = np.random.default_rng(40)
+    d = Design(min_boots=3, max_boots=10, analysis="robust")
+    n, confirmed = 1500, 0
+    for _ in range(n):
+        burst = rng.random() < 0.3
+        b, t = [], []
+        for r in range(d.max_boots):
+            for arm, cv in ((b, 0.01), (t, 0.06)):
+                slow = 0.8 if rng.random() < 0.05 else 1.0
+                slow *= 0.75 if (burst and 3 <= r < 6 and rng.random() < 0.5) else 1.0
+                arm.append(list(100 * slow * (1 + cv * rng.standard_normal()) * (1 + 0.02 * rng.standard_normal(3))))
+        for k in d.looks:
+            v = evaluate(b[:k], t[:k], expect=DEC, min_effect=0.0, design=d, interval=False)
+            if v.final:
+                break
+        confirmed += v.outcome is Outcome.CONFIRMED
+    assert confirmed / n <= 0.05 + 0.016  # 3 standard errors
+
+
+def test_robust_confirms_through_rounds_a_burst_hit_where_the_t_test_cannot():
+    """Twelve rounds of a 6% slowdown; three rounds each lose one boot to a neighbour's
+    burst (25% slow), one of them the baseline's. The clipped sign-flip test decides;
+    the paired t-test, whose spread the three rounds blow up, does not."""
+    rng = np.random.default_rng(41)
+    b, t = [], []
+    for r in range(12):
+        bl, tl = 100 * (1 + 0.01 * rng.standard_normal()), 94 * (1 + 0.01 * rng.standard_normal())
+        if r in (2, 6, 9):
+            bl, tl = (bl * 0.75, tl) if r == 2 else (bl, tl * 0.75)
+        b.append([bl])
+        t.append([tl])
+    robust = evaluate(b, t, expect=DEC, min_effect=0.03, design=Design(min_boots=3, max_boots=12, analysis="robust"))
+    paired = evaluate(b, t, expect=DEC, min_effect=0.03, design=Design(min_boots=3, max_boots=12, analysis="paired"))
+    assert robust.outcome is Outcome.CONFIRMED and paired.outcome is Outcome.INCONCLUSIVE
+    assert robust.ratio == pytest.approx(0.94, abs=0.01)  # Hodges-Lehmann: the bursts barely move it
+    lo, hi = robust.ci
+    assert lo < robust.ratio < hi < 1.0  # the interval agrees with the verdict
+    assert "sign-flip" in robust.test and robust.p_value <= robust.p_threshold
+
+
+def test_robust_refutes_an_inert_change_and_its_interval_stops_short_of_the_claim():
+    rng = np.random.default_rng(42)
+    b = boots_from(rng, 100.0, 14, between=0.01)
+    t = boots_from(rng, 100.0, 14, between=0.01)
+    d = Design(min_boots=3, max_boots=14, analysis="robust")
+    for k in d.looks:
+        v = evaluate(b[:k], t[:k], expect=DEC, min_effect=0.05, design=d)
+        if v.final:
+            break
+    assert v.outcome is Outcome.REFUTED and v.ci[0] > 0.95  # the bound on the claimed side stops short of -5%
+
+
+def test_robust_effect_equal_to_min_effect_is_confirmed_about_half_the_time():
+    d = Design(min_boots=3, max_boots=6, analysis="robust")
+    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=1500, seed=33)
+    assert 0.4 <= r.confirmed <= 0.6 and r.refuted <= 0.05 + 0.017

@@ -116,7 +116,7 @@ def hypotheses_schema() -> dict[str, Any]:
         "env_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
         "flag_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
         "host_check": {"type": "string", "enum": list(_spec.HOST_CHECK_MODES), "default": "mark"},
-        "analysis": {"type": "string", "enum": list(_spec.ANALYSES), "default": "unpaired"},
+        "analysis": {"type": "string", "enum": list(_spec.ANALYSES), "default": "robust"},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5, "default": 0.05},
         "host_thresholds": {"type": "object", "additionalProperties": False,
                             "properties": {n: {"type": "number"} for n in Thresholds.names()}},
