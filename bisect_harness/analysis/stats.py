@@ -199,6 +199,10 @@ ANALYSES = ("robust", "paired", "unpaired")
 #: percent (its smallest p-value is 2^-k), so the first looks need the t-test.
 ROBUST_T_LAST_LOOK = 5
 ROBUST_T_SHARE = 0.4
+#: The sign-flip part runs only where its share of alpha lets at least this many of
+#: the 2^max_boots sign patterns cross by the last look (else it could decide
+#: almost nothing, and its share is better spent by the t-test).
+ROBUST_SF_MIN_PATTERNS = 8
 #: The sign-flip test's sign patterns: every one of the 2^k up to ``_SF_EXACT_UPTO``
 #: rounds (the test is then exact), else ``_SF_ROWS`` random ones with a fixed seed
 #: (the verdict stays a deterministic function of the data) and the observed one.
@@ -763,14 +767,19 @@ def robust_split(design: Design, alpha: float) -> tuple[tuple[int, ...], float, 
     of the sign-flip test, its alpha). The t-test keeps every look up to
     ``ROBUST_T_LAST_LOOK`` and ``ROBUST_T_SHARE`` of ``alpha``; the sign-flip test the
     later looks and the rest (all of it where the other part has no look). The two
-    errors add (Bonferroni), so the whole is at most ``alpha``."""
+    errors add (Bonferroni), so the whole is at most ``alpha``. Where the budget is
+    too short for the sign-flip test to matter (fewer than
+    ``ROBUST_SF_MIN_PATTERNS`` of the 2^max_boots sign patterns could ever cross:
+    at alpha 0.05, budgets below 9 boots per arm; smaller alphas need longer ones)
+    the paired t-test takes every look and all of ``alpha``."""
     t_looks = tuple(k for k in design.looks if k <= ROBUST_T_LAST_LOOK)
     sf_looks = tuple(k for k in design.looks if k > ROBUST_T_LAST_LOOK)
-    if not sf_looks:
-        return t_looks, alpha, (), 0.0
+    a_sf = alpha if not t_looks else (1.0 - ROBUST_T_SHARE) * alpha
+    if not sf_looks or a_sf * 2.0 ** min(design.max_boots, 60) < ROBUST_SF_MIN_PATTERNS:
+        return design.looks, alpha, (), 0.0  # too short a budget for signs to decide: the paired t-test
     if not t_looks:
         return (), 0.0, sf_looks, alpha
-    return t_looks, ROBUST_T_SHARE * alpha, sf_looks, (1.0 - ROBUST_T_SHARE) * alpha
+    return t_looks, alpha - a_sf, sf_looks, a_sf
 
 
 def _sf_spent(design: Design, sf_looks: tuple[int, ...], alpha: float) -> np.ndarray:
@@ -947,6 +956,9 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
                         f"with {a_t / a:.0%} of alpha over looks {t_looks[0]}..{t_looks[-1]}; a sign-flip "
                         f"test of the clipped ratios takes looks {sf_looks[0]}..{sf_looks[-1]}, "
                         f"{design.spending} alpha spending {span}")
+            else:
+                name = (f"robust paired, as the paired t-test at every look (a budget of "
+                        f"{design.max_boots} boots per arm is too short for its sign-flip part): " + name)
     else:
         n_pairs = None
         d = mt - mb
