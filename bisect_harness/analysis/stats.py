@@ -66,7 +66,8 @@ At each look two one-sided tests run at the same nominal level ``p_k``:
   ``E``: an effect just below ``E`` is confirmed nearly as often as one just above
   it, and an effect equal to ``E`` is confirmed with probability 0.55-0.71, not
   1 - alpha (seeded simulation, 20,000 runs each: 0.60 unpaired and 0.55 paired
-  for the shipped 3..6 boots per arm, E 3%, boot CVs 1% between and 2% within;
+  at 3..6 boots per arm, E 3%, boot CVs 1% between and 2% within; 0.72-0.77 for
+  the shipped robust rule at 3..20 on bench_stats' quiet models;
   up to 0.71 with 3..8 boots and E 5%; on noisier hosts it falls further, to
   0.17-0.42 in the bench's unequal-variance, heavy-tail, bimodal and burst
   models at the shipped budget; ``bench/bench_stats.py`` reports the whole
