@@ -876,9 +876,9 @@ def _robust_sf_look(diffs: np.ndarray, sign: int, log_e: float, design: Design, 
     in the hypothesised direction, p, threshold, (lower, upper) of the estimate or
     None). Confirmed: "no change" rejected and the Hodges-Lehmann estimate reaches
     ``log_e``; refuted: "a change of ``log_e``" rejected (the shifted differences)."""
-    _, _, sf_looks, a_sf = robust_split(design, alpha)
-    sf_looks = tuple(k for k in sf_looks if k <= look)
-    spent = _sf_spent(design, robust_split(design, alpha)[2], a_sf)[:len(sf_looks)]
+    _, _, all_looks, a_sf = robust_split(design, alpha)
+    sf_looks = tuple(k for k in all_looks if k <= look)
+    spent = _sf_spent(design, all_looks, a_sf)[:len(sf_looks)]
     x = sign * diffs[:look]
     est = _hodges_lehmann(x)
     up, p0, thr = _sign_flip(x, sf_looks, spent)
