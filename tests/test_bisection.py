@@ -66,10 +66,10 @@ def test_clean_data_finds_culprit_with_one_boot_per_probe():
     assert result.candidate_set == ("c037",)
     assert result.probability >= 0.95
     # 3 paired rounds of the endpoints (6 boots), one boot per bisection step
-    # (log2 64 = 6), an anchor every fourth step (1), then 3 paired rounds of the
+    # (log2 64 = 6), an anchor every second step (3), then 3 paired rounds of the
     # culprit against its parent (6).
     assert all(boots == 1 for sha, boots in engine.calls)
-    assert result.boots_used == 6 + 6 + 1 + 6
+    assert result.boots_used == 6 + 6 + 3 + 6
     assert result.endpoint_test.decision == "passed" and result.endpoint_test.pairs == 3
     assert result.verify_test.decision == "passed" and result.verify_test.pairs == 3
     assert result.good_mean == pytest.approx(100.0)

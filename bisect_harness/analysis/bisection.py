@@ -362,7 +362,7 @@ class BisectionSearch:
                  likelihood: str = "slow-mode", drift: bool | None = None,
                  no_step_prior: float = 0.2, step_scale: float = 0.1, verify: bool = True,
                  verify_alpha: float | None = None, max_verify_pairs: int = 24,
-                 anchor_every: int = 4, unequal_variances: bool = True, width: int = 1):
+                 anchor_every: int = 2, unequal_variances: bool = True, width: int = 1):
         commits = tuple(commits)
         if len(commits) < 2:
             raise ValueError(f"bisection needs at least 2 commits (a good and a bad endpoint), "
