@@ -5,8 +5,10 @@ names the commit that slowed decoding and the one that breaks the build. Every
 boot is a real server on 127.0.0.1. The ranges are small and the effect (the
 context length 512 -> 4096: decode cycles about 1.9 times as long) is several
 times the boot-to-boot noise even on a busy 2-core host, so a probe needs about one
-boot; each search here takes 15 to 40 boots, since the endpoint check and the
-culprit against its parent are paired rounds of fresh boots (3 pairs at least). The
+boot; each search here takes 15 to 70 boots, since the endpoint check and the
+culprit against its parent are paired rounds of fresh boots (3 pairs at least) and
+an anchor is measured again every second probe round (31 boots on a quiet host, 68
+on CI's busy one, for the resumed search below). The
 metric is the engine's own decode time per cycle (a declared log source, median
 per sample): on a shared machine it is steadier than the client's tok/s.
 """
@@ -114,7 +116,8 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
     assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
     assert out["skipped"] == [hist.events["build_failure"]]
-    assert 12 <= out["boots"] <= 64
+    # confident well inside the budget of 100: 31 boots on a quiet host, 68 on a busy CI host
+    assert 12 <= out["boots"] <= 80
     assert out["endpoint_test"]["decision"] == "passed" and out["endpoint_test"]["pairs"] >= 3
     assert out["verify_test"]["decision"] == "passed" and out["verify_test"]["pairs"] >= 3
     assert out["no_step_probability"] < 0.05
