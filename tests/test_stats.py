@@ -485,6 +485,23 @@ def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, 
     assert decides(n) and not decides(n - 1)
 
 
+def test_at_a_sign_flip_look_the_rounds_to_decide_are_never_fewer_than_the_test_can_decide_with():
+    import re
+
+    from bisect_harness.analysis.stats import boots_to_decide
+
+    level = 0.002  # a sign-flip test reaches it from 9 rounds on (2^-9 = 0.00195), 2^-8 = 0.0039 does not
+    t_only = boots_to_decide(0.0, 0.01, 0.05, level, "-5.0%", "paired")
+    n_t = int(re.search(r"about ([\d,]+) ", t_only).group(1))
+    assert n_t < 9  # a small spread: a t-test would refute within a few rounds
+    text = boots_to_decide(0.0, 0.01, 0.05, level, "-5.0%", "robust", sign_flip=True)
+    assert "about 9 rounds" in text and "2^-9" in text and f"a t-test would need {n_t}" in text
+    # where the t-test's count is the larger, it stands as it was
+    wide = boots_to_decide(0.0, 0.3, 0.05, level, "-5.0%", "robust", sign_flip=True)
+    assert wide == boots_to_decide(0.0, 0.3, 0.05, level, "-5.0%", "robust")
+    assert int(re.search(r"about ([\d,]+) ", wide).group(1).replace(",", "")) > 9
+
+
 def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_it():
     from bisect_harness.analysis.stats import Design, evaluate
 

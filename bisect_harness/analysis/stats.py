@@ -1049,7 +1049,8 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
             spread = math.sqrt(float(diffs.var(ddof=1))) if design.analysis != "unpaired" else math.sqrt(vb + vt)
             reason = (f"Budget of {design.max_boots} boots per arm spent without a decision: "
                       f"{ci_txt}; p={p0:.2g} vs {thr:.2g}. "
-                      + boots_to_decide(expect.sign * d, spread, log_e, thr, want, design.analysis))
+                      + boots_to_decide(expect.sign * d, spread, log_e, thr, want, design.analysis,
+                                        sign_flip=sf_part))
         elif p0 <= thr:
             reason = (f"A change is shown ({ci_txt}, p={p0:.2g}) but the estimate "
                       f"{_pct(ratio - 1)} is below the hypothesised {want}; boot more.")
@@ -1060,14 +1061,18 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
 
 
 def boots_to_decide(dd: float, spread: float, log_e: float, level: float, want: str = "the hypothesised change",
-                    analysis: str = "unpaired") -> str:
+                    analysis: str = "unpaired", *, sign_flip: bool = False) -> str:
     """What would decide an undecided hypothesis, in a sentence: about how many boots
     per arm (rounds, paired) the one-sided test at ``level`` needs at the spread seen
     to refute ``want`` (when the estimate ``dd``, a log change in the expected
     direction, stops short of ``log_e``), or else to show the change. ``spread``: the
     standard deviation of one round's log ratio (paired) or the root of the two
     arms' variances of log boot means (unpaired); the level is the last look's, so
-    the count is a guide for a new run's budget, not a promise."""
+    the count is a guide for a new run's budget, not a promise.
+
+    ``sign_flip``: the level is a sign-flip look's (the robust analysis). The count
+    is the t-test's at that level, but never below the rounds at which a sign-flip
+    test can reach the level at all (its smallest p-value with k rounds is 2^-k)."""
     unit = "rounds" if analysis != "unpaired" else "boots per arm"
     if not (math.isfinite(dd) and math.isfinite(spread) and spread > 0):
         return "How many more boots would decide it is undetermined: the spread could not be estimated."
@@ -1085,6 +1090,12 @@ def boots_to_decide(dd: float, spread: float, log_e: float, level: float, want: 
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     n = hi
+    if sign_flip and 0 < level < 1:
+        fewest = math.ceil(-math.log2(level) - 1e-12)  # 2^-k <= level
+        if fewest > n:
+            return (f"At the spread seen, {goal} would take about {fewest:,} {unit}: the fewest at which the "
+                    f"sign-flip test can reach the last look's level {level:.2g} (2^-{fewest}); a t-test "
+                    f"would need {n:,}.")
     return f"At the spread seen, {goal} would take about {n:,} {unit} (at the last look's level {level:.2g})."
 
 
