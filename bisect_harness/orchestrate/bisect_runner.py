@@ -264,76 +264,66 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags. Where
     ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
     are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
-    between the culprit release and the one before it, in the same run."""
+    between the culprit release and the one before it, on what is left of the budget,
+    in the same run."""
     rel = spec.engine.releases
-    if rel is not None and good in rel.source().versions() and bad in rel.source().versions():
-        return _bisect_releases(spec, ledger, good=good, bad=bad, metric=metric, confidence=confidence,
-                                max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
-                                log_dir=log_dir, observer=observer, wait_quiet_s=wait_quiet_s, backend=backend,
-                                fresh=fresh)
-    m, plan = engine_plan(spec, metric, cache_dir, "bisection")
-    ws = plan.ws
-    good_sha = ws.resolve(good, where="--good")
-    bad_sha = ws.resolve(bad, where="--bad")
-    if good_sha == bad_sha:
-        raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
-    commits = ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
+    released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
+    m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=not released)
+    if released:
+        revisions = rel.source().between(good, bad)
+    else:
+        good_sha = plan.ws.resolve(good, where="--good")
+        bad_sha = plan.ws.resolve(bad, where="--bad")
+        if good_sha == bad_sha:
+            raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
+        revisions = plan.ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
     sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
                       backend=backend)
     with sched.recording("bisect"):
-        outcome = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
-                                 expect=m.worse, confidence=confidence, max_boots=max_boots, fresh=fresh)
-    sched.finish_run("done")
-    return outcome, sched
-
-
-def _bisect_releases(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
-                     max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
-                     observer: Observer | None, wait_quiet_s: float | None, backend, fresh: bool
-                     ) -> tuple[BisectOutcome, Scheduler]:
-    """The releases from GOOD to BAD searched like commits; then, where the culprit
-    release and the one before it are tagged in the source, the commits between them,
-    on what is left of the budget, in the same run."""
-    rel = spec.engine.releases
-    m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=False)
-    versions = rel.source().between(good, bad)
-    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
-                      backend=backend)
-    with sched.recording("bisect"):
-        outcome = search_commits(sched, versions, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
-                                 expect=m.worse, confidence=confidence, max_boots=max_boots, fresh=fresh,
-                                 releases=True)
-        descent, note = None, None
-        if outcome.culprit is None:
-            note = f"no single culprit release ({outcome.stopped}): nothing to descend into"
-        elif rel.tag is None or plan.ws is None:
-            note = ("the releases are not mapped to source commits: set engine.releases.tag (e.g. 'v{version}') "
-                    "and engine.repo to descend into the commits between two releases")
-        else:
-            before = versions[versions.index(outcome.culprit) - 1]
-            tags = (rel.tag.format(version=before), rel.tag.format(version=outcome.culprit))
+        # One search, or two: a search over releases may add the descent into the commits
+        # of its culprit release, searched in turn on what is left of the budget.
+        searches: list[tuple[Sequence[str], bool, int]] = [(revisions, released, max_boots)]
+        outcomes: list[BisectOutcome] = []
+        note = None
+        for revs, releases, budget in searches:
+            outcomes.append(search_commits(sched, revs, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
+                                           expect=m.worse, confidence=confidence, max_boots=budget, fresh=fresh,
+                                           releases=releases))
+            if not releases:
+                continue
+            found = outcomes[-1]
+            if found.culprit is None:
+                note = f"no single culprit release ({found.stopped}): nothing to descend into"
+                continue
+            if rel.tag is None or plan.ws is None:
+                note = ("the releases are not mapped to source commits: set engine.releases.tag (e.g. 'v{version}') "
+                        "and engine.repo to descend into the commits between two releases")
+                continue
+            before = revs[list(revs).index(found.culprit) - 1]
+            tags = (rel.tag.format(version=before), rel.tag.format(version=found.culprit))
             try:
                 lo, hi = (plan.ws.resolve(t, where=f"engine.releases.tag of {v}") for t, v in
-                          zip(tags, (before, outcome.culprit)))
+                          zip(tags, (before, found.culprit)))
                 commits = plan.ws.commits_between(lo, hi, first_parent=first_parent)
             except UserError as exc:
                 commits, note = (), f"the tags {tags[0]} and {tags[1]} could not be followed: {exc}"
-            left = max_boots - outcome.new_boots
+            left = max_boots - found.new_boots
             if commits and len(commits) < 3:
                 note = (f"{tags[1]} is the only commit after {tags[0]}: it is the culprit commit "
                         f"({commits[-1][:12]})")
             elif commits and left < 4:
                 note = f"the budget ({max_boots} boots) was spent on the releases: no boots left to descend"
             elif commits:
-                sched.obs.message(f"bisection: culprit release {outcome.culprit}; descending into the "
+                sched.obs.message(f"bisection: culprit release {found.culprit}; descending into the "
                                   f"{len(commits) - 1} commits of {tags[0]}..{tags[1]}")
-                descent = search_commits(sched, commits, env=spec.engine.env, flags=spec.engine.flags,
-                                         metric=metric, expect=m.worse, confidence=confidence, max_boots=left,
-                                         fresh=fresh)
-        outcome = dataclasses.replace(outcome, descent=descent, descent_note=note)
-        bis = ledger.session.get(Bisection, outcome.bisection_id)
-        bis.result = outcome.to_json()
-        ledger.commit()
+                searches.append((commits, False, left))
+        outcome = outcomes[0]
+        if released:  # the release search's row says what became of the descent
+            outcome = dataclasses.replace(outcome, descent=outcomes[1] if len(outcomes) > 1 else None,
+                                          descent_note=note)
+            bis = ledger.session.get(Bisection, outcome.bisection_id)
+            bis.result = outcome.to_json()
+            ledger.commit()
     sched.finish_run("done")
     return outcome, sched
 
