@@ -607,3 +607,17 @@ def test_robust_effect_equal_to_min_effect_is_confirmed_about_half_the_time():
     d = Design(min_boots=3, max_boots=6, analysis="robust")
     r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=1500, seed=33)
     assert 0.4 <= r.confirmed <= 0.6 and r.refuted <= 0.05 + 0.017
+
+
+def test_a_sign_flip_look_that_no_pattern_can_cross_says_so_instead_of_a_level_of_zero():
+    rng = np.random.default_rng(1)
+    b, t = ([[100 + rng.normal()] for _ in range(6)] for _ in range(2))
+    design = Design(min_boots=3, max_boots=20, analysis="robust")
+    v = S.evaluate(b, t, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
+    assert v.outcome is Outcome.INCONCLUSIVE and not v.final and v.p_threshold == 0.0
+    assert "no pattern of signs can cross at 6 rounds" in v.reason and "vs 0;" not in v.reason
+    # at 8 rounds (2^-8 below the alpha spent) the look has a level again: here, noise of
+    # 1% against a claim of -3%, it refutes
+    b8, t8 = ([[100 + rng.normal()] for _ in range(8)] for _ in range(2))
+    v8 = S.evaluate(b8, t8, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
+    assert v8.p_threshold > 0 and v8.outcome is Outcome.REFUTED and "no pattern" not in v8.reason

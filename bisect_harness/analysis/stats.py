@@ -1054,6 +1054,9 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
         elif p0 <= thr:
             reason = (f"A change is shown ({ci_txt}, p={p0:.2g}) but the estimate "
                       f"{_pct(ratio - 1)} is below the hypothesised {want}; boot more.")
+        elif sf_part and thr <= 0:  # no sign pattern can cross yet: say so rather than "p vs 0"
+            reason = (f"Undecided at look {look}: {ci_txt}; p={p0:.2g}, and no pattern of signs can cross at "
+                      f"{look} rounds (the alpha spent by this look is below 2^-{look}); boot more.")
         else:
             reason = f"Undecided at look {look}: {ci_txt}; p={p0:.2g} vs {thr:.2g}; boot more."
     return StatVerdict(outcome=outcome, final=final, ci=ci, p_value=p0, p_threshold=thr,
