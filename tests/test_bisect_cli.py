@@ -192,6 +192,12 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     journal = next((tmp_path / "journal").glob("*-run*.md")).read_text()
     assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
     assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
+    # the reused boots are this run's own rounds, not "earlier runs"; the search's boots
+    # count against its own budget, not past the rounds' planned boots
+    assert f"boots of this run's rounds (run {run.id}) fed the posterior" in journal
+    assert f"boots of this run's rounds (run {run.id}) feed the posterior" in proc.stderr
+    search_lines = [x for x in proc.stderr.splitlines() if x.startswith("boot ") and "boots of the bisection" in x]
+    assert search_lines and search_lines[0].endswith("; 1/150 boots of the bisection"), proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("case", ["same", "reversed", "unknown"])

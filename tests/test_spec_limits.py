@@ -367,6 +367,38 @@ def test_piped_progress_is_a_plain_line_per_boot_and_per_step():
     assert console.file.getvalue() == ""  # the run's own lines stay on the console; the boots go to stderr
 
 
+def test_a_search_after_the_rounds_counts_its_boots_against_its_own_budget():
+    """A run's bisection (or explanation) boots past the rounds' planned boots: the line
+    counts them against the search's budget, never as '31/25 boots' of the run."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from bisect_harness.record.progress import BarsObserver, LinesObserver
+
+    lines = io.StringIO()
+    config = SimpleNamespace(label="HEAD")
+    console = Console(file=io.StringIO(), width=200, force_terminal=False, color_system=None)
+    with LinesObserver(console, budget=2, stream=lines) as obs:
+        for i in (1, 2, 3):
+            if i == 3:
+                obs.search_started("bisection", 150)
+            obs.boot_started(config, i, 1)
+            obs.boot_finished(config, SimpleNamespace(id=i, seq=i, status="ok", marks=[]))
+        obs.search_started("explanation", None)
+        obs.boot_finished(config, SimpleNamespace(id=4, seq=4, status="ok", marks=[]))
+    got = [line.rsplit("; ", 1)[1] for line in lines.getvalue().splitlines()]
+    assert got == ["1/2 boots", "2/2 boots", "1/150 boots of the bisection", "1 boot of the explanation"]
+    bars = Console(file=io.StringIO(), width=200, force_terminal=True)
+    with BarsObserver(bars, budget=2) as obs:
+        obs.boot_finished(config, SimpleNamespace(id=1, seq=1, status="ok", marks=[]))
+        obs.search_started("bisection", 150)
+        obs.boot_finished(config, SimpleNamespace(id=2, seq=2, status="ok", marks=[]))
+        shown = {t.description: (t.completed, t.total) for t in obs.progress.tasks}
+    assert shown["boots done / budget"] == (1, 2) and shown["bisection: boots done / budget"] == (1, 150)
+
+
 # --------------------------------------------------------------------------- limits: what is read from a server
 
 

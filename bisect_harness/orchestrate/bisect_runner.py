@@ -25,6 +25,7 @@ from ..analysis.bisection import BisectionSearch, BisectResult, PairedTest, Sear
 from ..defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
+from ..record.journal import reused_from
 from ..record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config
@@ -49,7 +50,7 @@ class BisectOutcome:
     endpoint_test: dict | None = None
     verify_test: dict | None = None
     tests: tuple[dict, ...] = ()     # every paired test the search ran, with its boots (``_tests_json``)
-    reused_runs: tuple[int, ...] = ()  # the earlier runs whose boots fed the posterior
+    reused_runs: tuple[int, ...] = ()  # the runs whose boots fed the posterior (this one's rounds, earlier ones)
     undetermined: dict | None = None   # stopped "undetermined": the busy boots, what would decide it
     releases: bool = False             # the revisions searched were releases (engine.releases), not commits
     descent: "BisectOutcome | None" = None  # then the commits between the culprit release and the one before
@@ -115,6 +116,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             return f"{spec.engine.releases.package} {rev}"
         return sched.ws.subject(rev) if sched.ws else ""
 
+    sched.obs.search_started("bisection", max_boots)
     configs = {sha: make_config(spec, arm(sha)) for sha in commits}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}
@@ -138,7 +140,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                          note=f"{subject(sha)} | from run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))}",
                          purpose="reused", boot_ids=[b.id for b in boots]))
     if reused_runs:
-        sched.obs.message(f"bisection: {reused_total} boots of earlier runs ({', '.join(map(str, sorted(reused_runs)))})"
+        sched.obs.message(f"bisection: {reused_total} boots {reused_from(sorted(reused_runs), sched.run.id)}"
                           " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
     test_boots: dict[int, list[int]] = {}
     searched: set[int] = set()  # every boot this search booked

@@ -101,6 +101,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     diffs = differences(fast, slow)
     if not diffs:
         raise UserError(f"{fast_name} and {slow_name} are the same config (commit, env and flags): nothing to explain")
+    sched.obs.search_started("explanation", None)  # its boots depend on what it finds: no budget to show
     calls: list[tuple[frozenset, int]] = []
 
     def measure(subset: frozenset) -> list[float] | Unmeasured:

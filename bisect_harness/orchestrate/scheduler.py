@@ -78,6 +78,7 @@ class Observer:
     def verdict(self, hypothesis, verdict) -> None: ...
     def message(self, text: str) -> None: ...
     def search_step(self, text: str) -> None: ...  # a search's state after a step (progress, not a record)
+    def search_started(self, name: str, budget: int | None) -> None: ...  # boots from here on count against it
 
 
 @dataclass

@@ -449,7 +449,7 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
                     f"(p = {_fmt(vt.get('p_value'), 4)}, level per look {_fmt(vt.get('alpha_per_look'), 4)}).")
     if result.get("reused_runs"):
         n = sum(p.reused or 0 for p in bis.probes)
-        summary += (f" {n} boots of earlier runs ({', '.join(str(r) for r in result['reused_runs'])}) fed the "
+        summary += (f" {n} boots {reused_from(result['reused_runs'], bis.run_id)} fed the "
                     "posterior, not its paired tests (`reused` rows; hollow in the plot).")
     tests = [{"name": "endpoint check" if t.get("kind") == "endpoints" else f"head-to-head {t.get('test')}",
               "good": str(t.get("good", ""))[:12], "bad": str(t.get("bad", ""))[:12], "pairs": t.get("pairs"),
@@ -510,3 +510,14 @@ def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
     path.write_text(text)
     write_index(ledger, journal_dir)
     return path
+
+
+def reused_from(runs: Sequence[int], this_run: int | None) -> str:
+    """Where a search's reused boots were measured, in words: this run's own rounds (a
+    bisection inside ``harness run`` reuses the hypothesis loop's boots), earlier runs, or both."""
+    here = this_run is not None and this_run in runs
+    earlier = [r for r in runs if r != this_run]
+    words = [f"of this run's rounds (run {this_run})"] if here else []
+    if earlier:
+        words.append(f"of earlier run{'s' if len(earlier) > 1 else ''} ({', '.join(map(str, earlier))})")
+    return " and ".join(words)

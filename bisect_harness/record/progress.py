@@ -52,10 +52,16 @@ class _Common:
     def __init__(self, console: Console, budget: int | None = None):
         self.console = console
         self.budget = budget
+        self.search: str | None = None  # the search the boots count for (a run's bisection, say); None: the command's
 
     def run_started(self, run, plan) -> None:
         self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
         self.budget = boot_budget(plan)
+
+    def search_started(self, name: str, budget: int | None) -> None:
+        """A search (a bisection, an explanation) starts: its boots count against its own
+        budget from here on (a run's planned boots say nothing of a follow-up search's)."""
+        self.search, self.budget = name, budget
 
     def verdict(self, hypothesis, verdict) -> None:
         if verdict.final:
@@ -74,7 +80,7 @@ class BarsObserver(_Common):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
         self.task = None
-        self.search = None
+        self.step = None  # the search's state, a line of its own
         self.overall = None  # made with the run's first line or boot: bad input shows no empty bar
 
     def _overall(self):
@@ -111,10 +117,14 @@ class BarsObserver(_Common):
         if task.total is not None and task.completed > task.total:  # retries past the budget
             self.progress.update(overall, total=task.completed)
 
+    def search_started(self, name: str, budget: int | None) -> None:
+        super().search_started(name, budget)
+        self.overall = self.progress.add_task(escape(f"{name}: boots done / budget"), total=budget)
+
     def search_step(self, text: str) -> None:
-        if self.search is None:
-            self.search = self.progress.add_task("", total=None)
-        self.progress.update(self.search, description=escape(redact_text(text)))
+        if self.step is None:
+            self.step = self.progress.add_task("", total=None)
+        self.progress.update(self.step, description=escape(redact_text(text)))
 
 
 class LinesObserver(_Common):
@@ -125,6 +135,7 @@ class LinesObserver(_Common):
         super().__init__(console, budget)
         self.stream = stream
         self.done = 0
+        self._search_from = 0  # boots done when the search started
         self._started = None
 
     def _line(self, text: str) -> None:
@@ -149,8 +160,13 @@ class LinesObserver(_Common):
         took = f" in {time.monotonic() - self._started:.0f} s" if self._started is not None else ""
         self._started = None
         budget = f"/{self.budget}" if self.budget else ""
-        self._line(f"boot {boot.id} ({config.label[:60]}, #{boot.seq}): {_status(boot)}{took}; "
-                   f"{self.done}{budget} boots")
+        n = self.done - self._search_from if self.search else self.done
+        count = f"{n}{budget} boot{'' if n == 1 and not budget else 's'}" + (f" of the {self.search}" if self.search else "")
+        self._line(f"boot {boot.id} ({config.label[:60]}, #{boot.seq}): {_status(boot)}{took}; {count}")
+
+    def search_started(self, name: str, budget: int | None) -> None:
+        super().search_started(name, budget)
+        self._search_from = self.done
 
     def search_step(self, text: str) -> None:
         self._line(text)
