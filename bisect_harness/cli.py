@@ -157,9 +157,7 @@ def run(
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
                             aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier)
         try:
-            the_run = executor.execute()
-            _bisect_confirmed(executor, console)
-            _explain_confirmed(executor, console)
+            the_run = executor.execute()  # bisect: true and explain: true searches included
         except BaseException:  # the journal of what was recorded, never hiding why the run stopped
             _write_journal(led, executor.run, journal_dir, console, ledger, after_error=True)
             raise
@@ -271,54 +269,11 @@ def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
         backend.close()
 
 
-def _bisect_confirmed(executor, console: Console) -> None:
-    """``bisect: true`` hypotheses whose regression was confirmed get bisected in the same run."""
-    from .orchestrate.bisect_runner import bisect_hypothesis
-
-    for h in executor.plan.hypotheses:
-        row = next(r for r in executor.run.hypotheses if r.hid == h.id)
-        v = row.verdict
-        if h.spec.bisect and v is not None and v.outcome == "confirmed":
-            console.print(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and {h.treatment.arm.commit[:12]}",
-                          markup=False)
-            result = bisect_hypothesis(executor.sched, h, row)
-            console.print(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
-                          f"{result.boots} boots, {result.stopped})", markup=False)
-
-
-def _explain_confirmed(executor, console: Console) -> None:
-    """``explain: true`` hypotheses whose verdict was confirmed get explained in the same run."""
-    from .orchestrate.explain_runner import explain_hypothesis
-
-    for h in executor.plan.hypotheses:
-        row = next(r for r in executor.run.hypotheses if r.hid == h.id)
-        v = row.verdict
-        if h.spec.explain and v is not None and v.outcome == "confirmed":
-            console.print(f"explaining {h.id}: which differences between its arms make the difference", markup=False)
-            out = explain_hypothesis(executor.sched, h, row)
-            _print_explanation(console, out)
-
-
 def _print_explanation(console: Console, out) -> None:
-    res = out.explanation
-    if res.slowdown.outcome != "confirmed":
-        console.print(f"  nothing explained: {res.slowdown.reason}", markup=False)
-    elif not res.explained:
-        console.print("  nothing explained: the slowdown is real, yet no difference was shown to matter", markup=False)
-    else:
-        console.print(f"  minimal set: {', '.join(res.members)} ({res.boots} boots)", markup=False)
-    for pair in res.interactions:
-        console.print(f"  interaction: {' + '.join(pair)} (slow only together)", markup=False)
-    for name in res.opposite:
-        console.print(f"  opposite sign: {name}", markup=False)
-    for name in res.undecided:
-        console.print(f"  undecided: {name}", markup=False)
-    for name in res.sign_open:
-        console.print(f"  no cause, sign open: {name}", markup=False)
-    for config, why in res.unmeasurable:
-        console.print(f"  stepped over: the config with {', '.join(config) or 'none'} of the differences could "
-                      f"not be measured ({why})", markup=False, emoji=False)
-    console.print(f"  stopped: {res.stopped}", markup=False)
+    from .orchestrate.explain_runner import explanation_lines
+
+    for line in explanation_lines(out):
+        console.print(line, markup=False, emoji=False)
 
 
 @app.command()

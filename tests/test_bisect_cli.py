@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.demo import create_demo_repo
-from bisect_harness.record.ledger import Bisection, Ledger
+from bisect_harness.record.ledger import Bisection, Boot, Ledger
 
 pytestmark = pytest.mark.slow
 
@@ -189,6 +189,11 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
         assert bis.hypothesis_id == run.hypotheses[0].id
         assert bis.result["culprit"] == hist.events["regression"]
         assert any(p.reused for p in bis.probes), "the hypothesis' own boots feed the search"
+        # the search is part of the run: it ends, done, after the search's last boot
+        boots = led.session.query(Boot).filter_by(run_id=run.id).all()
+        searched = {b for p in bis.probes if not p.reused for b in (p.boot_ids or [])}
+        assert searched and searched <= {b.id for b in boots}
+        assert run.status == "done" and run.finished_at >= max(b.finished_at for b in boots)
     journal = next((tmp_path / "journal").glob("*-run*.md")).read_text()
     assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
     assert f"Culprit: `{hist.events['regression'][:12]}`" in journal

@@ -360,6 +360,55 @@ def test_resumed_looks_are_the_looks_an_uninterrupted_run_makes(tmp_path, stop):
     assert seed == 7  # the run's seed carries on; the resumed part's stream is derived from it
 
 
+class StopAtSearch(Observer):
+    """Stops the run (KeyboardInterrupt) as its ``n``-th follow-up search starts."""
+
+    def __init__(self, n: int):
+        self.n, self.started = n, []
+
+    def search_started(self, name, budget) -> None:
+        self.started.append(name)
+        if len(self.started) == self.n:
+            raise KeyboardInterrupt
+
+
+def test_a_follow_up_search_is_the_runs_an_interrupted_one_is_resumed_and_a_finished_one_kept(tmp_path):
+    """``explain: true`` searches run inside the run: the run ends after them (its after
+    calibration too), an interruption in one marks the run interrupted, and --resume
+    makes the searches that had not finished, never one that had."""
+    hyps = [{"id": hid, "baseline": {}, "treatment": {"flags": {"x": x}}, "metric": "tok_s", "expect": "increase",
+             "min_effect": "20%", "explain": True} for hid, x in (("one", 1), ("two", 2))]
+    spec = _seam_spec(tmp_path, {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 2,
+                                 "host_preflight_s": 0}, hyps)
+    plan = make_plan(spec)
+    effects = {h.treatment.key: 1.6 for h in plan.hypotheses}
+    db, made = tmp_path / "r.db", {}
+    stop = StopAtSearch(2)  # the second explanation starts: the first has ended
+    with Ledger(f"sqlite:///{db}") as led:
+        with pytest.raises(KeyboardInterrupt):
+            Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, observer=stop,
+                     backend=SeededBackend(made, effects)).execute()
+    assert stop.started == ["explanation", "explanation"]
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    (summary,), = query(db, "SELECT summary FROM runs")
+    first = json.loads(summary)["explain"]
+    assert len(first) == 1 and first[0]["stopped"] == "explained"
+    with Ledger(f"sqlite:///{db}") as led:
+        run = find_run(led, spec, None)
+        check_plan(run, plan)
+        again = StopAtSearch(0)
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, observer=again,
+                 backend=SeededBackend(made, effects), resume=run).execute()
+    assert again.started == ["explanation"]  # only the one that had not finished
+    assert query(db, "SELECT status FROM runs") == [("done",)]
+    (summary,), = query(db, "SELECT summary FROM runs")
+    records = json.loads(summary)["explain"]
+    rows = dict(query(db, "SELECT id, hid FROM hypotheses"))
+    assert sorted(rows[r["hypothesis_id"]] for r in records) == ["one", "two"]
+    (finished,), = query(db, "SELECT finished_at FROM runs")
+    assert finished >= max(f for (f,) in query(db, "SELECT finished_at FROM boots"))
+
+
 def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_another_hosts_boots(tmp_path):
     spec = _seam_spec(tmp_path, {"boots_per_arm": 2, "max_boots_per_arm": 4, "samples_per_boot": 2,
                                  "host_preflight_s": 0},

@@ -21,10 +21,12 @@ from typing import Mapping
 
 from ..analysis import decide, stats
 from ..boot import Backend
-from ..record.ledger import HypothesisRow, Ledger, Run, VerdictRow
+from ..record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow
 from ..model import Outcome
 from ..planning.plan import Plan, PlannedHypothesis, make_config
 from . import resume as resume_mod
+from .bisect_runner import bisect_hypothesis
+from .explain_runner import explain_hypothesis, explanation_lines
 from .scheduler import ConfigState, Observer, Scheduler
 
 __all__ = ["Executor", "Observer", "ConfigState"]
@@ -48,6 +50,7 @@ class Executor:
             self.aa_check = aa_check or bool(resume_mod.options(resume).get("aa_check"))
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
+        self.verdicts: dict[str, VerdictRow] = {}  # each hypothesis' final verdict, as the rounds end it
 
     @property
     def run(self) -> Run | None:
@@ -74,7 +77,8 @@ class Executor:
         return decide.alpha_each(self.spec)
 
     def execute(self) -> Run:
-        """The whole experiment: calibrate, boot rounds until decided, calibrate again."""
+        """The whole experiment: calibrate, boot rounds until decided, bisect and explain
+        the confirmed hypotheses that ask for it, calibrate again."""
         with self.sched.recording("run", resume=self.resume, calibrated=True, finish="done") as run:
             rows = self._hypothesis_rows()
             if self.resume is None:  # what a later resume needs beyond the file
@@ -86,6 +90,7 @@ class Executor:
             if self.spec.defaults.aa_check or self.aa_check:
                 self._aa_check(rows)
             self._sequential(rows, earlier)
+            self._follow_ups(rows)
         return run
 
     def _hypothesis_rows(self) -> dict[str, HypothesisRow]:
@@ -153,6 +158,7 @@ class Executor:
         for h in self.plan.hypotheses:
             final, _ = earlier.get(h.id, (None, 0))
             if final is not None:  # --resume: decided before the interruption; the verdict stands
+                self.verdicts[h.id] = final
                 self.obs.verdict(h, final)
             elif h.id in self.underpowered:  # the power check refused it up front: no boots spent
                 v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
@@ -160,6 +166,7 @@ class Executor:
                                                reason=self.underpowered[h.id],
                                                stats={"noise": self.noise.get(h.baseline.key),
                                                       "family_size": self.spec.multiplicity}))
+                self.verdicts[h.id] = v
                 self.obs.verdict(h, v)
             else:
                 pending.append(h)
@@ -183,10 +190,38 @@ class Executor:
                     still.append(h)
                     continue
                 verdict = self._look(h, rows[h.id], force_final=target >= d.max_boots_per_arm)
-                if not verdict.final:
+                if verdict.final:
+                    self.verdicts[h.id] = verdict
+                else:
                     still.append(h)
             pending = still
             target += 1
+
+    # ------------------------------------------------------------------ bisect: true, explain: true
+
+    def _follow_ups(self, rows: Mapping[str, HypothesisRow]) -> None:
+        """A confirmed hypothesis with ``bisect: true`` is bisected, one with ``explain:
+        true`` explained, inside the run: their boots are the run's, held by it, judged
+        by its calibration after, and an interruption in them marks the run interrupted
+        (so ``--resume`` takes it up). After ``--resume`` a search that ended before the
+        interruption is not made again."""
+        bisected = {b.hypothesis_id for b in self.ledger.session.query(Bisection).filter_by(run_id=self.run.id)
+                    if b.status == "done"}
+        explained = {e.get("hypothesis_id") for e in (self.run.summary or {}).get("explain", [])}
+        for h in self.plan.hypotheses:
+            row, verdict = rows[h.id], self.verdicts.get(h.id)
+            if verdict is None or verdict.outcome != Outcome.CONFIRMED.value:
+                continue
+            if h.spec.bisect and row.id not in bisected:
+                self.obs.message(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and "
+                                 f"{h.treatment.arm.commit[:12]}")
+                result = bisect_hypothesis(self.sched, h, row)
+                self.obs.message(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
+                                 f"{result.boots} boots, {result.stopped})")
+            if h.spec.explain and row.id not in explained:
+                self.obs.message(f"explaining {h.id}: which differences between its arms make the difference")
+                for line in explanation_lines(explain_hypothesis(self.sched, h, row)):
+                    self.obs.message(line)
 
     def _look(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         verdict = self._judge(h, row, force_final=force_final)

@@ -144,6 +144,25 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     return ExplainOutcome(res, tuple(diffs), record)
 
 
+def explanation_lines(out: ExplainOutcome) -> list[str]:
+    """What an explanation found, a line each, as the console shows it (``harness
+    explain`` and a run's ``explain: true``)."""
+    res = out.explanation
+    if res.slowdown.outcome != "confirmed":
+        lines = [f"  nothing explained: {res.slowdown.reason}"]
+    elif not res.explained:
+        lines = ["  nothing explained: the slowdown is real, yet no difference was shown to matter"]
+    else:
+        lines = [f"  minimal set: {', '.join(res.members)} ({res.boots} boots)"]
+    lines += [f"  interaction: {' + '.join(pair)} (slow only together)" for pair in res.interactions]
+    lines += [f"  opposite sign: {name}" for name in res.opposite]
+    lines += [f"  undecided: {name}" for name in res.undecided]
+    lines += [f"  no cause, sign open: {name}" for name in res.sign_open]
+    lines += [f"  stepped over: the config with {', '.join(config) or 'none'} of the differences could not be "
+              f"measured ({why})" for config, why in res.unmeasurable]
+    return lines + [f"  stopped: {res.stopped}"]
+
+
 def _side(h: PlannedHypothesis, side: str) -> Arm:
     return (h.baseline if side == "baseline" else h.treatment).arm
 

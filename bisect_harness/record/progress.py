@@ -68,7 +68,7 @@ class _Common:
             self.console.print(f"  {escape(hypothesis.id)}: [bold]{escape(verdict.outcome)}[/bold] ({escape(verdict.reason)})")
 
     def message(self, text: str) -> None:
-        self.console.print(redact_text(text), markup=False)
+        self.console.print(redact_text(text), markup=False, emoji=False)  # verbatim: names may hold :codes:
 
 
 class BarsObserver(_Common):
