@@ -409,6 +409,23 @@ def test_a_follow_up_search_is_the_runs_an_interrupted_one_is_resumed_and_a_fini
     assert finished >= max(f for (f,) in query(db, "SELECT finished_at FROM boots"))
 
 
+def test_the_journal_written_in_the_runs_own_session_holds_its_closing_calibration(tmp_path):
+    """The looks read the run's calibrations before the closing one is recorded; the
+    journal written at the end, in the same session, must not render that stale list."""
+    from bisect_harness.record import journal
+
+    spec = _seam_spec(tmp_path, {"boots_per_arm": 2, "max_boots_per_arm": 3, "samples_per_boot": 2,
+                                 "host_preflight_s": 0}, SEAM_HYPOTHESES[:1])
+    plan = make_plan(spec)
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        run = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=True,
+                       backend=SeededBackend({}, {plan.hypotheses[0].treatment.key: 1.6})).execute()
+        assert [c.phase for c in run.calibrations] == ["before"]  # read by the looks, before the closing one
+        text = journal.render(led, run)
+    assert [p for (p,) in query(tmp_path / "r.db", "SELECT phase FROM calibrations")] == ["before", "after"]
+    assert "\n- before: " in text and "\n- after: " in text
+
+
 def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_another_hosts_boots(tmp_path):
     spec = _seam_spec(tmp_path, {"boots_per_arm": 2, "max_boots_per_arm": 4, "samples_per_boot": 2,
                                  "host_preflight_s": 0},

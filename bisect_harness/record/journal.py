@@ -159,6 +159,11 @@ def _host_line(host: dict) -> str:
 
 def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     """The journal's markdown for one run."""
+    session = ledger.session
+    if not (session.new or session.dirty or session.deleted):
+        # Rows read while the run went on hold lists that grew since (the closing
+        # calibration, the last looks, a search's boots): the journal reads them again.
+        session.expire_all()
     env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
