@@ -431,7 +431,9 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
         summary = (f"Culprit: `{culprit[:12]}` with posterior probability {_fmt(result.get('probability'), 3)} "
                    f"after {result.get('boots')} boots. Stopped: `{stopped}` ({why}).")
     elif bis.status == "running":
-        summary = "The bisection did not finish; `harness bisect` resumes it from the ledger."
+        summary = ("The bisection did not finish; " + (
+            "`harness run FILE --resume` bisects again, its boots feeding the new search."
+            if bis.hypothesis_id is not None else "`harness bisect` resumes it from the ledger."))
     else:
         cset = result.get("candidate_set") or []
         summary = (f"No single culprit. Stopped: `{stopped}` ({why})."
