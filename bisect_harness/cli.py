@@ -84,12 +84,38 @@ def _checks_json(v) -> dict:
     return {"word": word.strip("*"), "counts": counts}
 
 
+def _follow_ups_json(run) -> dict[int, dict]:
+    """Per hypothesis row id, what its ``bisect: true`` and ``explain: true`` searches
+    found (the last of each, as the journal shows them)."""
+    from sqlalchemy.orm import object_session
+
+    from .record.ledger import Bisection
+
+    out: dict[int, dict] = {}
+    explained = [e for e in (run.summary or {}).get("explain", []) if e.get("hypothesis_id") is not None]
+    inner = {(e.get("bisection") or {}).get("id") for e in explained}  # an explanation's own bisection
+    session = object_session(run)
+    for bis in (session.query(Bisection).filter_by(run_id=run.id).order_by(Bisection.id) if session else []):
+        if bis.hypothesis_id is None or bis.id in inner:
+            continue
+        r = bis.result or {}
+        out.setdefault(bis.hypothesis_id, {})["bisection"] = {
+            "id": bis.id, "status": bis.status, "culprit": r.get("culprit"), "probability": r.get("probability"),
+            "stopped": r.get("stopped"), "boots": r.get("boots"), "candidate_set": r.get("candidate_set")}
+    for e in explained:
+        out.setdefault(e["hypothesis_id"], {})["explanation"] = {
+            k: e.get(k) for k in ("members", "interactions", "opposite", "undecided", "stopped", "boots", "bisection")}
+    return out
+
+
 def run_summary(run) -> dict:
-    """The ``--json`` object of ``harness run``."""
+    """The ``--json`` object of ``harness run``: each hypothesis' verdict, and what its
+    bisection and explanation found where the file asked for them."""
     out = []
+    searches = _follow_ups_json(run)
     for h in run.hypotheses:
         v = h.verdict
-        out.append({
+        out.append({**searches.get(h.id, {}), 
             "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
             "measured": bool(v) and v.test != NOT_MEASURED,
             "effect": v.ratio if v else None,

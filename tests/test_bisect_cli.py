@@ -183,6 +183,7 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     (h,) = summary["hypotheses"]
     assert h["verdict"] == "confirmed", h
+    assert h["bisection"]["culprit"] == hist.events["regression"] and h["bisection"]["status"] == "done", h
     with Ledger(f"sqlite:///{tmp_path / 'results.db'}") as led:
         run = led.latest_run()
         (bis,) = led.session.query(Bisection).filter_by(run_id=run.id).all()

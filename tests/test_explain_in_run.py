@@ -63,6 +63,11 @@ def test_the_commit_is_named_and_bisected(ran):
     assert bis["culprit"] == ran["hist"].events["regression"], bis
     (status, result), = query(ran["db"], "SELECT status, result FROM bisections WHERE id = ?", (bis["id"],))
     assert json.loads(result)["culprit"] == ran["hist"].events["regression"], status
+    # --json says it too: the explanation, with its own bisection (no bisect: true search of its own)
+    (h,) = out["hypotheses"]
+    assert h["explanation"]["members"] == ["commit"] and h["explanation"]["stopped"] == "explained"
+    assert h["explanation"]["bisection"]["culprit"] == ran["hist"].events["regression"]
+    assert "bisection" not in h
 
 
 def test_the_journal_shows_the_explanation_and_the_bisection(ran):
