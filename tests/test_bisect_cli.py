@@ -206,6 +206,31 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     assert search_lines and search_lines[0].endswith("; 1/150 boots of the bisection"), proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("case", ["flags", "env", "same"])
+def test_a_bisect_true_that_cannot_bisect_is_refused_before_any_boot(hist, tmp_path, case):
+    """Arms that differ in more than their commit, or name no two commits, are refused
+    when the plan is made (exit 2, naming the hypothesis, its line and what differs),
+    not after every round was booted."""
+    text = write_spec(tmp_path / "spec.yaml", hist, good="HEAD~1", bad="HEAD" if case != "same" else "HEAD~1",
+                      bisect=True).read_text()
+    if case == "flags":
+        text = text.replace("treatment: {commit: HEAD}", "treatment: {commit: HEAD, flags: {attention-mode: decode}}")
+    elif case == "env":
+        text = text.replace("baseline: {commit: HEAD~1}", "baseline: {commit: HEAD~1, env: {DEMO_SLOW: '1'}}")
+    (tmp_path / "spec.yaml").write_text(text)
+    db = tmp_path / "results.db"
+    for dry in ([], ["--dry-run"]):
+        proc, _ = harness(["run", str(tmp_path / "spec.yaml"), "--no-calibration", *dry,
+                           "--ledger", f"sqlite:///{db}", "--journal-dir", str(tmp_path / "journal")], tmp_path)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        err = " ".join(proc.stderr.split())
+        assert "Traceback" not in err and "hypothesis regression (line " in err, err
+        assert {"flags": "needs sides that differ only in their commit; these differ too: flag attention-mode",
+                "env": "these differ too: env DEMO_SLOW. Split the hypothesis",
+                "same": "both sides are commit"}[case] in err, err
+    assert not db.exists() and not (tmp_path / "journal").exists(), "nothing was booted or written"
+
+
 @pytest.mark.parametrize("case", ["same", "reversed", "unknown"])
 def test_bad_ranges_exit_2_with_a_clear_message(hist, tmp_path, case):
     spec = write_spec(tmp_path / "spec.yaml", hist)

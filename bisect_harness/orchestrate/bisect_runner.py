@@ -28,7 +28,7 @@ from .scheduler import Observer, Scheduler
 from ..record.journal import reused_from
 from ..record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from ..model import Arm, Expect, Metric
-from ..planning.plan import Plan, PlannedHypothesis, make_config
+from ..planning.plan import Plan, PlannedHypothesis, check_bisectable, make_config
 from ..input.spec import Spec
 
 
@@ -334,11 +334,7 @@ def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow
                       *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits."""
     b, t = h.baseline.arm, h.treatment.arm
-    if b.commit is None or t.commit is None or b.commit == t.commit:
-        raise UserError(f"hypothesis {h.id}: bisect: true needs a baseline and a treatment at different commits")
-    if dict(b.env) != dict(t.env) or dict(b.flags) != dict(t.flags):
-        raise UserError(f"hypothesis {h.id}: bisect: true needs arms that differ only in their commit "
-                        "(env and flags equal); split the hypothesis")
+    check_bisectable(h.spec, b, t)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
     return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
                           expect=h.spec.expect, confidence=confidence, max_boots=max_boots,

@@ -20,7 +20,7 @@ from ..boot.apis import get_api
 from ..boot.request import BootRequest, Checks, freeze
 from ..boot.checkout import Workspace, default_cache_dir
 from ..boot.envs import resolve_python
-from ..errors import CommitError
+from ..errors import CommitError, UserError
 from ..model import Arm, Metric
 from ..input.spec import HypothesisSpec, Spec
 
@@ -258,6 +258,28 @@ def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None,
                flags={**spec.engine.flags, **flags}, endpoint=endpoint, release=release)
 
 
+def check_bisectable(h: HypothesisSpec, base: Arm, treat: Arm) -> None:
+    """``bisect: true`` searches the commits between the two sides: refused before any
+    boot when there are none to search, or when the sides differ in more than their
+    commit (the search holds everything else fixed)."""
+    where = f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": bisect: true"
+    if base.release is not None or treat.release is not None:
+        raise UserError(f"{where} bisects commits, and a side is a release; bisect released versions with "
+                        "`harness bisect FILE --good V1 --bad V2`, or drop bisect: true")
+    if base.commit is None or treat.commit is None:
+        raise UserError(f"{where} needs a commit on each side: set baseline.commit and treatment.commit")
+    if base.commit == treat.commit:
+        raise UserError(f"{where}: both sides are commit {base.commit[:12]}, so there is nothing between them to "
+                        "bisect; point the sides at different commits, or drop bisect: true")
+    differ = sorted({f"env {k}" for k in set(base.env) | set(treat.env) if base.env.get(k) != treat.env.get(k)}
+                    | {f"flag {k}" for k in set(base.flags) | set(treat.flags)
+                       if base.flags.get(k) != treat.flags.get(k)})
+    if differ:
+        raise UserError(f"{where} needs sides that differ only in their commit; these differ too: "
+                        f"{', '.join(differ)}. Split the hypothesis (one for the commit, one for the settings), "
+                        "or use explain: true to find which difference matters")
+
+
 def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True,
               resolve_if_present: bool = False) -> Plan:
     """Resolve every revision and dedupe configs. Raises CommitError naming the hypothesis key.
@@ -294,6 +316,8 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
                       release=h.baseline.release)
         treat = arm_of(spec, tsha, h.treatment.env, h.treatment.flags, base_url=h.treatment.base_url,
                        release=h.treatment.release)
+        if h.bisect:
+            check_bisectable(h, base, treat)
         b = make_config(spec, base)
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)
