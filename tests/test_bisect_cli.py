@@ -231,6 +231,15 @@ def test_a_bisect_true_that_cannot_bisect_is_refused_before_any_boot(hist, tmp_p
     assert not db.exists() and not (tmp_path / "journal").exists(), "nothing was booted or written"
 
 
+def test_an_explain_true_between_one_config_is_refused_before_any_boot(hist, tmp_path):
+    text = write_spec(tmp_path / "spec.yaml", hist, good="HEAD", bad="HEAD").read_text()
+    (tmp_path / "spec.yaml").write_text(text.replace("bisect: false", "explain: true"))
+    proc, _ = harness(["run", str(tmp_path / "spec.yaml"), "--dry-run"], tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert ("hypothesis regression (line 21): explain: true needs sides that differ (commit, env or flags)"
+            in " ".join(proc.stderr.split())), proc.stderr
+
+
 @pytest.mark.parametrize("case", ["same", "reversed", "unknown"])
 def test_bad_ranges_exit_2_with_a_clear_message(hist, tmp_path, case):
     spec = write_spec(tmp_path / "spec.yaml", hist)

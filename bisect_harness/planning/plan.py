@@ -318,6 +318,10 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
                        release=h.treatment.release)
         if h.bisect:
             check_bisectable(h, base, treat)
+        if h.explain and base.key() == treat.key():
+            raise UserError(f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": explain: true "
+                            "needs sides that differ (commit, env or flags); these are one config. Drop explain: "
+                            "true, or change a side")
         b = make_config(spec, base)
         t = make_config(spec, treat, replica=1 if base.key() == treat.key() else 0)
         b = configs.setdefault(b.key, b)
