@@ -206,13 +206,13 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     assert search_lines and search_lines[0].endswith("; 1/150 boots of the bisection"), proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("case", ["flags", "env", "same"])
+@pytest.mark.parametrize("case", ["flags", "env", "same", "reversed"])
 def test_a_bisect_true_that_cannot_bisect_is_refused_before_any_boot(hist, tmp_path, case):
     """Arms that differ in more than their commit, or name no two commits, are refused
     when the plan is made (exit 2, naming the hypothesis, its line and what differs),
     not after every round was booted."""
-    text = write_spec(tmp_path / "spec.yaml", hist, good="HEAD~1", bad="HEAD" if case != "same" else "HEAD~1",
-                      bisect=True).read_text()
+    good, bad = {"same": ("HEAD~1", "HEAD~1"), "reversed": ("HEAD", "HEAD~1")}.get(case, ("HEAD~1", "HEAD"))
+    text = write_spec(tmp_path / "spec.yaml", hist, good=good, bad=bad, bisect=True).read_text()
     if case == "flags":
         text = text.replace("treatment: {commit: HEAD}", "treatment: {commit: HEAD, flags: {attention-mode: decode}}")
     elif case == "env":
@@ -227,7 +227,9 @@ def test_a_bisect_true_that_cannot_bisect_is_refused_before_any_boot(hist, tmp_p
         assert "Traceback" not in err and "hypothesis regression (line " in err, err
         assert {"flags": "needs sides that differ only in their commit; these differ too: flag attention-mode",
                 "env": "these differ too: env DEMO_SLOW. Split the hypothesis",
-                "same": "both sides are commit"}[case] in err, err
+                "same": "both sides are commit",
+                "reversed": f"bisect: true searches forward from the baseline's commit, and {hist.head[:12]} is not "
+                            "an ancestor of the treatment's"}[case] in err, err
     assert not db.exists() and not (tmp_path / "journal").exists(), "nothing was booted or written"
 
 

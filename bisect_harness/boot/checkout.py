@@ -112,13 +112,19 @@ class Workspace:
         args = ["--reverse", "--topo-order"]
         if first_parent:
             args.append("--first-parent")
-        try:
-            self.user.git.merge_base("--is-ancestor", good, bad)
-        except git.GitCommandError:
+        if not self.is_ancestor(good, bad):
             raise CommitError(f"good commit {good[:12]} is not an ancestor of bad commit {bad[:12]}; "
-                              "swap --good and --bad or pick commits on one line of history") from None
+                              "swap --good and --bad or pick commits on one line of history")
         out = self.user.git.rev_list(*args, f"{good}..{bad}").split()
         return [good] + out
+
+    def is_ancestor(self, old: str, new: str) -> bool:
+        """Is ``old`` an ancestor of ``new`` (or the same commit)?"""
+        try:
+            self.user.git.merge_base("--is-ancestor", old, new)
+        except git.GitCommandError:
+            return False
+        return True
 
     def subject(self, sha: str) -> str:
         try:

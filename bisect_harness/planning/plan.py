@@ -318,6 +318,11 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
                        release=h.treatment.release)
         if h.bisect:
             check_bisectable(h, base, treat)
+            if ws is not None and not ws.is_ancestor(bsha, tsha):
+                raise CommitError(f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": bisect: true "
+                                  f"searches forward from the baseline's commit, and {bsha[:12]} is not an ancestor "
+                                  f"of the treatment's {tsha[:12]}; swap the sides (and expect), or pick commits on "
+                                  "one line of history")
         if h.explain and base.key() == treat.key():
             raise UserError(f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": explain: true "
                             "needs sides that differ (commit, env or flags); these are one config. Drop explain: "
