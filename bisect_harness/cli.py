@@ -115,7 +115,7 @@ def run_summary(run) -> dict:
     searches = _follow_ups_json(run)
     for h in run.hypotheses:
         v = h.verdict
-        out.append({**searches.get(h.id, {}), 
+        out.append({**searches.get(h.id, {}),
             "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
             "measured": bool(v) and v.test != NOT_MEASURED,
             "effect": v.ratio if v else None,

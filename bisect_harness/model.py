@@ -11,7 +11,7 @@ import math
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Mapping, Sequence, Union
 
 from .secrets import redact_env
 
@@ -54,6 +54,17 @@ def shown_outcome(verdict) -> str:
     if verdict is None:
         return "not decided"
     return NOT_MEASURED if verdict.test == NOT_MEASURED else verdict.outcome
+
+
+def reused_from(runs: Sequence[int], this_run: int | None) -> str:
+    """Where a search's reused boots were measured, in words: this run's own rounds (a
+    bisection inside ``harness run`` reuses the hypothesis loop's boots), earlier runs, or both."""
+    here = this_run is not None and this_run in runs
+    earlier = [r for r in runs if r != this_run]
+    words = [f"of this run's rounds (run {this_run})"] if here else []
+    if earlier:
+        words.append(f"of earlier run{'s' if len(earlier) > 1 else ''} ({', '.join(map(str, earlier))})")
+    return " and ".join(words)
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,14 @@ class Arm:
             fields["release"] = self.release
         payload = _canonical(fields)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def setting_differences(self, other: "Arm") -> list[tuple[str, str]]:
+        """``(kind, key)`` of every env variable (``env``) and flag (``flag``) whose value
+        differs from ``other``'s, set on one side only included; sorted by kind, then key."""
+        out = []
+        for kind, a, b in (("env", self.env, other.env), ("flag", self.flags, other.flags)):
+            out += [(kind, k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) or (k in a) != (k in b)]
+        return out
 
     def describe(self) -> str:
         parts = [f"release {self.release}" if self.release is not None

@@ -25,9 +25,8 @@ from ..analysis.bisection import BisectionSearch, BisectResult, PairedTest, Sear
 from ..defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..errors import UserError
 from .scheduler import Observer, Scheduler
-from ..record.journal import reused_from
 from ..record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
-from ..model import Arm, Expect, Metric
+from ..model import Arm, Expect, Metric, reused_from
 from ..planning.plan import Plan, PlannedHypothesis, check_bisectable, make_config
 from ..input.spec import Spec
 
@@ -334,7 +333,7 @@ def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow
                       *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits."""
     b, t = h.baseline.arm, h.treatment.arm
-    check_bisectable(h.spec, b, t)  # the plan refused such a file already; the rule is one function
+    check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
     return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
                           expect=h.spec.expect, confidence=confidence, max_boots=max_boots,

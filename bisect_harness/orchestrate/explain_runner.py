@@ -57,10 +57,9 @@ def parse_arm(text: str, spec: Spec, *, option: str) -> tuple[str, str]:
 def differences(fast: Arm, slow: Arm) -> list[Difference]:
     """Every env variable and flag whose value differs, then the commit if it does."""
     out = []
-    for kind, a, b in (("env", fast.env, slow.env), ("flag", fast.flags, slow.flags)):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k) or (k in a) != (k in b):
-                out.append(Difference(f"{kind}:{k}", kind, a.get(k), b.get(k)))
+    for kind, k in fast.setting_differences(slow):
+        a, b = (fast.env, slow.env) if kind == "env" else (fast.flags, slow.flags)
+        out.append(Difference(f"{kind}:{k}", kind, a.get(k), b.get(k)))
     if fast.commit != slow.commit:
         out.append(Difference("commit", "commit", fast.commit, slow.commit))
     return out

@@ -258,11 +258,17 @@ def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None,
                flags={**spec.engine.flags, **flags}, endpoint=endpoint, release=release)
 
 
-def check_bisectable(h: HypothesisSpec, base: Arm, treat: Arm) -> None:
-    """``bisect: true`` searches the commits between the two sides: refused before any
-    boot when there are none to search, or when the sides differ in more than their
-    commit (the search holds everything else fixed)."""
-    where = f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": bisect: true"
+def _named(h: HypothesisSpec) -> str:
+    """A hypothesis as an error names it: its id and, where known, its line in the file."""
+    return f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "")
+
+
+def check_bisectable(h: HypothesisSpec, base: Arm, treat: Arm, ws: Workspace | None = None) -> None:
+    """``bisect: true`` searches forward from the baseline's commit to the treatment's:
+    refused before any boot when there is nothing to search (a release, a missing or
+    one commit, with ``ws`` a baseline that is not an ancestor of the treatment), or
+    when the sides differ in more than their commit (the search holds the rest fixed)."""
+    where = f"{_named(h)}: bisect: true"
     if base.release is not None or treat.release is not None:
         raise UserError(f"{where} bisects commits, and a side is a release; bisect released versions with "
                         "`harness bisect FILE --good V1 --bad V2`, or drop bisect: true")
@@ -271,13 +277,15 @@ def check_bisectable(h: HypothesisSpec, base: Arm, treat: Arm) -> None:
     if base.commit == treat.commit:
         raise UserError(f"{where}: both sides are commit {base.commit[:12]}, so there is nothing between them to "
                         "bisect; point the sides at different commits, or drop bisect: true")
-    differ = sorted({f"env {k}" for k in set(base.env) | set(treat.env) if base.env.get(k) != treat.env.get(k)}
-                    | {f"flag {k}" for k in set(base.flags) | set(treat.flags)
-                       if base.flags.get(k) != treat.flags.get(k)})
+    differ = [f"{kind} {key}" for kind, key in base.setting_differences(treat)]
     if differ:
         raise UserError(f"{where} needs sides that differ only in their commit; these differ too: "
                         f"{', '.join(differ)}. Split the hypothesis (one for the commit, one for the settings), "
                         "or use explain: true to find which difference matters")
+    if ws is not None and not ws.is_ancestor(base.commit, treat.commit):
+        raise CommitError(f"{where} searches forward from the baseline's commit, and {base.commit[:12]} is not an "
+                          f"ancestor of the treatment's {treat.commit[:12]}; swap the sides (and expect), or pick "
+                          "commits on one line of history")
 
 
 def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True,
@@ -317,14 +325,9 @@ def make_plan(spec: Spec, *, cache_dir: Path | None = None, resolve: bool = True
         treat = arm_of(spec, tsha, h.treatment.env, h.treatment.flags, base_url=h.treatment.base_url,
                        release=h.treatment.release)
         if h.bisect:
-            check_bisectable(h, base, treat)
-            if ws is not None and not ws.is_ancestor(bsha, tsha):
-                raise CommitError(f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": bisect: true "
-                                  f"searches forward from the baseline's commit, and {bsha[:12]} is not an ancestor "
-                                  f"of the treatment's {tsha[:12]}; swap the sides (and expect), or pick commits on "
-                                  "one line of history")
+            check_bisectable(h, base, treat, ws)
         if h.explain and base.key() == treat.key():
-            raise UserError(f"hypothesis {h.id}" + (f" (line {h.line})" if h.line else "") + ": explain: true "
+            raise UserError(f"{_named(h)}: explain: true "
                             "needs sides that differ (commit, env or flags); these are one config. Drop explain: "
                             "true, or change a side")
         b = make_config(spec, base)

@@ -23,7 +23,7 @@ from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
 from ..secrets import redact_text
-from ..model import shown_outcome
+from ..model import reused_from, shown_outcome
 from . import plots, reproduce
 from . import resumed as _resume
 from .index import journal_stem, write_index
@@ -518,13 +518,3 @@ def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
     write_index(ledger, journal_dir)
     return path
 
-
-def reused_from(runs: Sequence[int], this_run: int | None) -> str:
-    """Where a search's reused boots were measured, in words: this run's own rounds (a
-    bisection inside ``harness run`` reuses the hypothesis loop's boots), earlier runs, or both."""
-    here = this_run is not None and this_run in runs
-    earlier = [r for r in runs if r != this_run]
-    words = [f"of this run's rounds (run {this_run})"] if here else []
-    if earlier:
-        words.append(f"of earlier run{'s' if len(earlier) > 1 else ''} ({', '.join(map(str, earlier))})")
-    return " and ".join(words)
