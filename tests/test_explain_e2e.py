@@ -94,6 +94,9 @@ def test_journal_shows_the_search(explained):
     assert len(journals) == 1
     text = journals[0].read_text()
     assert "## Explanation: tuned.baseline (fast) vs tuned.treatment (slow)" in text
+    # the command that makes this search again is the explain command, not `harness run`
+    assert "- **run again**: `harness explain " in text
+    assert "--fast tuned.baseline --slow tuned.treatment --min-effect 0.2 --alpha 0.05` (with the spec" in text
     if out["members"]:
         head = "Minimal set: " if out["confident"] else "so not claimed as the whole minimal set): "
         assert head + ", ".join(f"`{m}`" for m in out["members"]) in text

@@ -409,6 +409,46 @@ def test_a_follow_up_search_is_the_runs_an_interrupted_one_is_resumed_and_a_fini
     assert finished >= max(f for (f,) in query(db, "SELECT finished_at FROM boots"))
 
 
+def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_makes_it_again(tmp_path):
+    """A real llama-server run on an H200 was stopped 115 boots into its explanation: its
+    journal listed those boots as the verdict's "(unused)" ones and said nothing of the
+    search or of --resume. Now the journal names the unfinished search with its boots, the
+    verdict's table says whose those boots were, and the header says how to continue."""
+    from bisect_harness.record import journal
+
+    spec = _seam_spec(tmp_path, {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 2,
+                                 "host_preflight_s": 0},
+                      [{"id": "one", "baseline": {}, "treatment": {"flags": {"x": 1}}, "metric": "tok_s",
+                        "expect": "increase", "min_effect": "20%", "explain": True}])
+    plan = make_plan(spec)
+    effects = {plan.hypotheses[0].treatment.key: 1.6}
+    db, made = tmp_path / "r.db", {}
+    with Ledger(f"sqlite:///{db}") as led:
+        ex = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False,
+                      backend=SeededBackend(made, effects, stop_after=9))
+        with pytest.raises(KeyboardInterrupt):
+            ex.execute()
+        assert ex.verdicts[plan.hypotheses[0].id].outcome == "confirmed"  # at its first look, on boots 1-6
+        text = journal.render(led, ex.run)
+    assert "## Explanation: one.treatment (fast) vs one.baseline (slow): not finished" in text
+    assert "the run stopped after 4 boots of its configurations (boots 7 to 10, 3 ok)" in text
+    assert f"- **continue**: `harness run {spec.path} --resume 1` boots only what this run still lacks" in text
+    rows = [line for line in text.splitlines() if line.startswith("| baseline | ") or line.startswith("| treatment | ")]
+    later = [line for line in rows if "(booted by the run's explanation, after its rounds)" in line]
+    assert later and all(int(line.split("|")[2]) > 6 for line in later)
+    assert not any("(unused)" in line for line in rows)
+    with Ledger(f"sqlite:///{db}") as led:
+        run = find_run(led, spec, None)
+        check_plan(run, plan)
+        again = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False,
+                         backend=SeededBackend(made, effects), resume=run)
+        text = journal.render(led, again.execute())
+    (summary,), = query(db, "SELECT summary FROM runs")
+    assert "explaining" not in json.loads(summary) and len(json.loads(summary)["explain"]) == 1
+    assert "not finished" not in text and "- **continue**" not in text
+    assert "## Explanation: one.treatment (fast) vs one.baseline (slow)\n" in text
+
+
 def test_the_journal_written_in_the_runs_own_session_holds_its_closing_calibration(tmp_path):
     """The looks read the run's calibrations before the closing one is recorded; the
     journal written at the end, in the same session, must not render that stale list."""

@@ -101,6 +101,14 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     if not diffs:
         raise UserError(f"{fast_name} and {slow_name} are the same config (commit, env and flags): nothing to explain")
     sched.obs.search_started("explanation", None)  # its boots depend on what it finds: no budget to show
+    # The search in progress, in the run's summary until its record replaces it: a run stopped
+    # in it says so in its journal (which search, from which boot), and --resume makes it again.
+    run = sched.run
+    started = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
+               "alpha": alpha, "hypothesis_id": hypothesis_id, "differences": [x.to_json() for x in diffs],
+               "after_boot": max((b.id for st in sched.states.values() for b in st.boots), default=0)}
+    run.summary = {**(run.summary or {}), "explaining": started}
+    ledger.commit()
     calls: list[tuple[frozenset, int]] = []
 
     def measure(subset: frozenset) -> list[float] | Unmeasured:
@@ -135,8 +143,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
                              expect=expect, confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS,
                              hypothesis_id=hypothesis_id)
         record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
-    run = sched.run
-    summary = dict(run.summary or {})
+    summary = {k: v for k, v in (run.summary or {}).items() if k != "explaining"}
     summary["explain"] = list(summary.get("explain", [])) + [record]
     run.summary = summary
     ledger.commit()

@@ -30,8 +30,10 @@ def _effect(t: dict | None) -> str:
     return f"{_fmt(t['ratio'])}x of the fast config's {{metric}}{ci} ({t['outcome']})"
 
 
-def views(summary: dict | None) -> list[dict]:
-    """One dict per search, for the template."""
+def views(summary: dict | None, boots=(), *, again: str = "") -> list[dict]:
+    """One dict per search, for the template; a search the run did not finish
+    (``summary["explaining"]``) last, with the run's ``boots`` it had booted and
+    ``again``, the command that makes it again."""
     out = []
     for rec in (summary or {}).get("explain", []) if isinstance(summary, dict) else []:
         names = [d["name"] for d in rec["differences"]]
@@ -89,8 +91,25 @@ def views(summary: dict | None) -> list[dict]:
         out.append({"fast": rec["fast"], "slow": rec["slow"], "metric": rec["metric"],
                     "differences": [f"`{d['name']}`: {d['fast']!r} -> {d['slow']!r}" for d in rec["differences"]],
                     "summary": summary_line, "notes": notes, "rows": rows, "boots": rec["boots"],
-                    "alpha": rec["alpha_per_test"]})
+                    "alpha": rec["alpha_per_test"], "unfinished": False})
+    started = summary.get("explaining") if isinstance(summary, dict) else None
+    if started:
+        out.append(unfinished_view(started, boots, again))
     return out
+
+
+def unfinished_view(started: dict, boots, again: str) -> dict:
+    """A search that started and was stopped before its record: what it had booted, and
+    that nothing of it is claimed."""
+    mine = [b for b in boots if b.id > started.get("after_boot", 0)]
+    ok = sum(b.status == "ok" for b in mine)
+    span = f" (boots {mine[0].id} to {mine[-1].id}, {ok} ok)" if mine else ""
+    line = (f"The search started and did not finish: the run stopped after {len(mine)} boots of its "
+            f"configurations{span}. It claims nothing; the boots are listed under Configs and boots."
+            + (f" `{again}` makes the search again from its start." if again else ""))
+    return {"fast": started["fast"], "slow": started["slow"], "metric": started["metric"], "unfinished": True,
+            "differences": [f"`{d['name']}`: {d['fast']!r} -> {d['slow']!r}" for d in started["differences"]],
+            "summary": line, "notes": [], "rows": [], "boots": len(mine), "alpha": None}
 
 
 def layers_lines(stats: dict | None) -> list[str]:

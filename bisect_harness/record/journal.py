@@ -171,6 +171,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     stem = journal_stem(run)
     hyps = []
     logs: dict[tuple, tuple[list[str], str]] = {}
+    later = _after_rounds(ledger, run)
     for h in run.hypotheses:
         v = h.verdict
         boot_rows = []
@@ -197,7 +198,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 if boot.id in used and side not in first_used:
                     first_used[side] = boot
                 boot_rows.append({
-                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else " (unused)")
+                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else
+                                                                          later(boot) or " (unused)")
                     + (", from before the resume" if boot.id in before_resume else ""),
                     "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
                     "marks": ", ".join(boot.marks or []) or "-"})
@@ -302,6 +304,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                                 is not None else "n/a", "n": len(vals),
                                 "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
     bisections = []
+    run_command = reproduce.run_command(run, ledger.session.scalars(
+        select(Bisection).where(Bisection.run_id == run.id)).all())
     for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
         bisections.append({**_bisection_view(bis, plots_dir, stem),
                            "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
@@ -310,10 +314,29 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, calibration_figures=cal_figures, bisections=bisections,
         changepoint_lines=_changepoint_lines(run),
-        explanations=explain_view.views(run.summary),
-        run_command=reproduce.run_command(run, ledger.session.scalars(
-            select(Bisection).where(Bisection.run_id == run.id)).all()),
+        explanations=explain_view.views(
+            run.summary, ledger.session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all(),
+            again=reproduce.resume_command(run) or run_command),
+        run_command=run_command, resume_command=reproduce.resume_command(run),
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+
+
+def _after_rounds(ledger: Ledger, run: Run):
+    """A boot's label in a verdict's table when the run's searches booted it: after the
+    run's last final verdict, a boot of a hypothesis' config is a ``bisect: true`` or
+    ``explain: true`` search's, not a round's the verdict left out. Else None."""
+    if any(h.verdict is None or not h.verdict.final for h in run.hypotheses):
+        return lambda boot: None  # rounds were still going: a later boot may be a round's
+    ends = [h.verdict.created_at for h in run.hypotheses]
+    searches = (["bisection"] if ledger.session.scalars(select(Bisection).where(
+        Bisection.run_id == run.id, Bisection.hypothesis_id.is_not(None))).first() is not None else [])
+    summary = run.summary if isinstance(run.summary, dict) else {}
+    searches += ["explanation"] if (summary.get("explain") or summary.get("explaining")) else []
+    if not ends or not searches or run.kind != "run":
+        return lambda boot: None
+    end = max(ends)
+    word = f" (booted by the run's {' or '.join(searches)}, after its rounds)"
+    return lambda boot: word if boot.started_at is not None and boot.started_at > end else None
 
 
 def _changepoint_lines(run) -> list[str]:

@@ -54,6 +54,14 @@ def run_command(run, bisections=()) -> str:
     if run.kind == "bisect" and bisections:
         b = bisections[0]
         return f"harness bisect {spec} --good {b.good} --bad {b.bad} --metric {shlex.quote(b.metric)}"
+    if run.kind == "explain" and isinstance(run.summary, dict):
+        recs = list(run.summary.get("explain") or []) + [run.summary.get("explaining") or {}]
+        e = next((r for r in recs if r.get("fast") and r.get("slow")), None)
+        if e is not None:
+            effect = f" --min-effect {e['min_effect']:.10g}" if e.get("min_effect") is not None else ""
+            alpha = e.get("alpha_per_test", e.get("alpha"))
+            return (f"harness explain {spec} --fast {shlex.quote(e['fast'])} --slow {shlex.quote(e['slow'])}{effect}"
+                    + (f" --alpha {alpha:.10g}" if alpha is not None else ""))
     # a run of some of the file's hypotheses (--only): its verdicts record the file's family size
     family = max((int((v.stats or {}).get("family_size") or 0) for h in run.hypotheses for v in h.verdicts),
                  default=0)
@@ -61,6 +69,14 @@ def run_command(run, bisections=()) -> str:
     if run.hypotheses and family > len(run.hypotheses):
         return f"harness run {spec} " + " ".join(f"--only {shlex.quote(i)}" for i in only)
     return f"harness run {spec}"
+
+
+def resume_command(run) -> str | None:
+    """The command that continues ``run`` in its own row, where the run stopped short and
+    can be continued (``harness run FILE --resume RUN``); else None."""
+    if run.kind != "run" or run.status not in ("interrupted", "failed"):
+        return None
+    return f"harness run {shlex.quote(run.spec_path)} --resume {run.id}"
 
 
 def boot_command(boot) -> str:

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Build llama-server with CUDA (Hopper only), make the models, run the experiment.
-#   experiments/llamacpp-h200/run-on-gpu.sh LLAMA_SRC_TARBALL OUT_DIR
+#   experiments/llamacpp-h200/run-on-gpu.sh LLAMA_SRC_TARBALL OUT_DIR [HYPOTHESES]
 # LLAMA_SRC_TARBALL: the llama.cpp tree vendored in the llama-cpp-python 0.3.36 source
 # package (tools/server/webui left out), as a .tar.xz. Run from the repository root,
-# with the harness importable (pip install -e ., or PYTHONPATH).
+# with the harness importable (pip install -e ., or PYTHONPATH). HYPOTHESES: the file
+# to run (hypotheses.yaml beside this script if left out).
 set -euo pipefail
-src=${1:?tarball}; out=${2:?out dir}
-mkdir -p "$out" /tmp/llama.cpp
+src=${1:?tarball}; out=${2:?out dir}; file=${3:-experiments/llamacpp-h200/hypotheses.yaml}
+mkdir -p "$out" /tmp/llama-src
 t0=$(date +%s)
-tar -xJf "$src" -C /tmp/llama.cpp
-cmake -S /tmp/llama.cpp -B /tmp/llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+tar -xJf "$src" -C /tmp/llama-src  # the tree, or one folder holding it
+tree=$(dirname "$(find /tmp/llama-src -maxdepth 2 -name CMakeLists.txt | sort | head -1)")
+cmake -S "$tree" -B /tmp/llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$out/cmake.log" 2>&1
 cmake --build /tmp/llama.cpp/build --target llama-server -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
@@ -17,6 +19,6 @@ t1=$(date +%s); echo "llama-server built in $((t1 - t0)) s"
 export PATH="/tmp/llama.cpp/build/bin:$PATH"
 llama-server --version 2>&1 | tail -2
 python3 experiments/llamacpp-h200/make_models.py
-python3 -m bisect_harness.cli run experiments/llamacpp-h200/hypotheses.yaml --no-calibration --json \
+python3 -m bisect_harness.cli run "$file" --no-calibration --json \
     --ledger "sqlite:///$out/results.db" --journal-dir "$out/journal" || echo "harness exit $?"
 echo "experiment took $(( $(date +%s) - t1 )) s"
