@@ -211,3 +211,40 @@ def test_the_slow_config_lost_mid_search_ends_every_open_test_and_claims_nothing
     assert not (set(res.members) - {"commit"}) and not res.opposite
     lost = [t for t in res.tests if t.reason.startswith("Not measurable: the slow config could not")]
     assert lost and all(t.outcome == "inconclusive" for t in lost)
+
+
+def _rounds(levels, n, seed, cv=0.01):
+    """n paired rounds (fast samples, slow samples) measured before a search."""
+    measure, _ = fake(levels, seed=seed, cv=cv)
+    return [(measure(frozenset()), measure(frozenset(NAMES))) for _ in range(n)]
+
+
+def test_the_runs_rounds_open_the_slowdown_test_and_are_not_booted_again():
+    """A run that has just confirmed the slowdown hands its rounds over: the search's rule
+    judges them first, at its own alpha, and boots no slowdown round where they decide."""
+    levels = lambda s: 100 * (0.8 if "flag:--mode" in s else 1.0)  # noqa: E731
+    measure, calls = fake(levels)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05, rounds=_rounds(levels, 3, seed=9))
+    first = res.tests[0]
+    assert first.purpose == "slowdown" and first.outcome == "confirmed" and first.boots == (3, 3)
+    assert first.baseline_calls == (0, 2, 4) and first.treatment_calls == (1, 3, 5)
+    assert res.members == ("flag:--mode",) and res.confident
+    assert res.boots == len(calls)  # the given rounds are not the search's boots
+    for t in res.tests[1:]:  # the search's own boots are calls 6 on, in measure()'s order
+        assert [calls[i - 6] for i in t.treatment_calls] == [t.treatment] * t.boots[1]
+
+
+def test_rounds_that_do_not_decide_are_booted_on_and_ones_against_the_claim_refute_it():
+    """Too few rounds to decide: the test boots on from them. Rounds that show no
+    slowdown refute it on their own evidence: the search stops there, booting nothing."""
+    levels = lambda s: 100 * (0.8 if "flag:--mode" in s else 1.0)  # noqa: E731
+    measure, calls = fake(levels, seed=3)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05, rounds=_rounds(levels, 2, seed=4))
+    first = res.tests[0]
+    assert first.outcome == "confirmed" and first.boots[0] >= 3
+    assert first.baseline_calls[:2] == (0, 2) and calls[0] in (frozenset(), frozenset(NAMES))
+    flat = lambda s: 100.0  # noqa: E731
+    measure, calls = fake(flat, seed=5)
+    res = explain(NAMES, measure, worse=Expect.DECREASE, min_effect=0.05,
+                  rounds=_rounds(flat, 8, seed=6))
+    assert res.tests[0].outcome == "refuted" and res.stopped == "no-slowdown" and calls == []

@@ -68,6 +68,15 @@ def test_the_commit_is_named_and_bisected(ran):
     assert h["explanation"]["members"] == ["commit"] and h["explanation"]["stopped"] == "explained"
     assert h["explanation"]["bisection"]["culprit"] == ran["hist"].events["regression"]
     assert "bisection" not in h
+    # The run's rounds open the explanation's slowdown test: it does not boot again what the
+    # run has just shown (each pair is one round of the verdict: baseline, then treatment).
+    (b_ids, t_ids), = query(ran["db"], "SELECT baseline_boot_ids, treatment_boot_ids FROM verdicts WHERE final = 1")
+    given = record["run_rounds"]
+    assert given == [list(p) for p in zip(json.loads(b_ids), json.loads(t_ids))]
+    first = record["tests"][0]
+    assert first["purpose"] == "slowdown"
+    assert first["baseline_boot_ids"][:len(given)] == [f for f, _ in given]
+    assert first["treatment_boot_ids"][:len(given)] == [sl for _, sl in given]
 
 
 def test_the_journal_shows_the_explanation_and_the_bisection(ran):
@@ -75,4 +84,5 @@ def test_the_journal_shows_the_explanation_and_the_bisection(ran):
     text = "\n".join(p.read_text() for p in (ran["root"] / "exp").rglob("*.md"))
     assert "## Explanation: tuned.baseline (fast) vs tuned.treatment (slow)" in text
     assert "the commit is a member: bisection" in text
+    assert "the slowdown test began with the run's " in text
     assert ran["hist"].events["regression"][:12] in text

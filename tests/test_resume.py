@@ -418,8 +418,8 @@ def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_make
 
     spec = _seam_spec(tmp_path, {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 2,
                                  "host_preflight_s": 0},
-                      [{"id": "one", "baseline": {}, "treatment": {"flags": {"x": 1}}, "metric": "tok_s",
-                        "expect": "increase", "min_effect": "20%", "explain": True}])
+                      [{"id": "one", "baseline": {}, "treatment": {"flags": {"x": 1}, "env": {"Y": "1"}},
+                        "metric": "tok_s", "expect": "increase", "min_effect": "20%", "explain": True}])
     plan = make_plan(spec)
     effects = {plan.hypotheses[0].treatment.key: 1.6}
     db, made = tmp_path / "r.db", {}

@@ -230,8 +230,12 @@ class Explanation:
 
 class _Search:
     def __init__(self, names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
-                 design: stats.Design, alpha: float, seed: int, block_rounds: Optional[int] = None):
+                 design: stats.Design, alpha: float, seed: int, block_rounds: Optional[int] = None,
+                 rounds: Sequence[tuple] = ()):
         self.names = tuple(names)
+        # Rounds of the fast and the slow config measured before the search (its run's):
+        # the slowdown test starts from them; they are calls 0 .. 2 * len(rounds) - 1.
+        self.rounds = tuple((list(f), list(sl)) for f, sl in rounds)
         self.all = frozenset(names)
         self.measure, self.worse, self.min_effect = measure, worse, min_effect
         self.better = Expect.INCREASE if worse is Expect.DECREASE else Expect.DECREASE
@@ -269,7 +273,7 @@ class _Search:
             raise _Lost(config)
         samples = list(got)
         self.boots += 1
-        return self.boots - 1, samples
+        return 2 * len(self.rounds) + self.boots - 1, samples
 
     def _label(self, config: frozenset) -> str:
         if config == self.all:
@@ -285,16 +289,21 @@ class _Search:
                 "the search stepped over it")
 
     def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect, *,
-                alpha: Optional[float] = None) -> Test:
+                alpha: Optional[float] = None, given: Sequence[tuple] = ()) -> Test:
         """One paired test: rounds of one boot of each config, in a random order, until
         the harness's sequential rule decides (at ``alpha``, default the search's) or
-        the budget ends."""
-        bb: list = []
-        tb: list = []
-        bc: list = []
-        tc: list = []
+        the budget ends. ``given``: rounds measured before, as (base samples, treatment
+        samples, base call, treatment call); the rule looks at them first, at their
+        count, then boots on where it has not decided. Looking first at a later look
+        than the rule's first only drops looks, so its error stays within alpha,
+        whatever rule stopped the rounds given."""
+        bb: list = [b for b, _, _, _ in given]
+        tb: list = [t for _, t, _, _ in given]
+        bc: list = [i for _, _, i, _ in given]
+        tc: list = [j for _, _, _, j in given]
+        look_first = bool(given)
         while True:
-            for c in self.rng.sample((base, treat), 2):
+            for c in () if look_first else self.rng.sample((base, treat), 2):
                 try:
                     idx, smp = self._boot(c)
                 except _Lost:
@@ -304,6 +313,7 @@ class _Search:
                     return t
                 (bc if c is base else tc).append(idx)
                 (bb if c is base else tb).append(smp)
+            look_first = False
             v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
                                alpha=self.alpha if alpha is None else alpha)
             if v.final:
@@ -492,7 +502,8 @@ class _Search:
         return [self.names[i:i + size] for i in range(0, n, size)]
 
     def run(self) -> Explanation:
-        slowdown = self.compare("slowdown", frozenset(), self.all, self.worse)
+        slowdown = self.compare("slowdown", frozenset(), self.all, self.worse,
+                                given=[(f, sl, 2 * i, 2 * i + 1) for i, (f, sl) in enumerate(self.rounds)])
         if slowdown.outcome != Outcome.CONFIRMED.value:
             return Explanation(slowdown, (), {}, (), (), (), (), None, None, tuple(self.tests), self.boots,
                                self._stopped([], []), self._lost_list())
@@ -580,7 +591,8 @@ class _Search:
 
 def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
             design: stats.Design = stats.Design(min_boots=3, max_boots=8, analysis="paired"),
-            alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None) -> Explanation:
+            alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None,
+            rounds: Sequence[tuple] = ()) -> Explanation:
     """Find a minimal set of ``names`` (the differences) that makes the slow config slow.
 
     ``measure(subset)`` boots the fast config with ``subset``'s differences set to their
@@ -593,10 +605,15 @@ def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect
     each round's boots. ``design`` decides the paired
     tests; ``block_rounds`` caps each block of leave-out or side tests (default twice
     ``design.max_boots``: a block spends rounds only on the configs still open).
+    ``rounds``: (fast samples, slow samples) of paired rounds measured before the search
+    (a run's rounds of the two arms); the slowdown test judges them first, by its own
+    rule and alpha, and boots on only where they do not decide. They are ``measure``
+    calls 0 to ``2 * len(rounds) - 1`` in the tests (fast, slow, round after round) and
+    are not counted in ``boots``.
     """
     if len(set(names)) != len(names) or not names:
         raise ValueError(f"explain: the differences must be distinct and at least one, got {list(names)!r}")
     if not 0 < min_effect < 1:
         raise ValueError(f"explain: min_effect must be in (0, 1), got {min_effect!r}")
     return _Search(names, measure, worse=worse, min_effect=min_effect, design=design, alpha=alpha,
-                   seed=seed, block_rounds=block_rounds).run()
+                   seed=seed, block_rounds=block_rounds, rounds=rounds).run()

@@ -220,7 +220,7 @@ class Executor:
                                  f"{result.boots} boots, {result.stopped})")
             if h.spec.explain and row.id not in explained:
                 self.obs.message(f"explaining {h.id}: which differences between its arms make the difference")
-                for line in explanation_lines(explain_hypothesis(self.sched, h, row)):
+                for line in explanation_lines(explain_hypothesis(self.sched, h, row, verdict)):
                     self.obs.message(line)
 
     def _look(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:

@@ -31,7 +31,7 @@ from ..errors import CommitError, UserError
 from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config, make_plan
 from ..input.spec import Spec
-from ..record.ledger import Ledger
+from ..record.ledger import Boot, Ledger
 from .bisect_runner import search_commits
 from .scheduler import Observer, Scheduler
 
@@ -94,8 +94,10 @@ class ExplainOutcome:
 
 def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_effect: float,
                  fast_name: str, slow_name: str, alpha: float = ALPHA_PER_TEST, hypothesis_id: int | None = None,
-                 bisect: bool = True) -> ExplainOutcome:
-    """Run the search between two resolved arms with ``sched`` (a run is open)."""
+                 bisect: bool = True, rounds: Sequence[tuple[int, int]] = ()) -> ExplainOutcome:
+    """Run the search between two resolved arms with ``sched`` (a run is open).
+    ``rounds``: (fast boot id, slow boot id) of paired rounds the run already has of the
+    two arms (a confirmed hypothesis' verdict): the slowdown test judges them first."""
     spec, ledger = sched.spec, sched.ledger
     diffs = differences(fast, slow)
     if not diffs:
@@ -110,6 +112,13 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     run.summary = {**(run.summary or {}), "explaining": started}
     ledger.commit()
     calls: list[tuple[frozenset, int]] = []
+    given = []  # the run's rounds, with each boot's samples of the metric
+    for f_id, s_id in rounds:
+        f, sl = (ledger.boot_values([ledger.session.get(Boot, i)], metric.name).values for i in (f_id, s_id))
+        if not (f and sl):  # a boot without the metric ends the rounds that can be used
+            break
+        given.append((list(f[0]), list(sl[0])))
+        calls += [(frozenset(), f_id), (frozenset(x.name for x in diffs), s_id)]
 
     def measure(subset: frozenset) -> list[float] | Unmeasured:
         st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
@@ -125,12 +134,13 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     d = spec.defaults
     design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
     res = explain([x.name for x in diffs], measure, worse=metric.worse, min_effect=min_effect, design=design,
-                  alpha=alpha, seed=sched.order_seed)
+                  alpha=alpha, seed=sched.order_seed, rounds=given)
     # Each test names the measure() calls that made each side's boots (a shared boot serves several).
     tests = [{**t.to_json(), "baseline_boot_ids": [calls[i][1] for i in t.baseline_calls],
               "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
     record = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
               "alpha_per_test": alpha, "hypothesis_id": hypothesis_id,
+              "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
               "differences": [x.to_json() for x in diffs], **res.to_json(), "tests": tests}
     if bisect and "commit" in res.members and sched.ws is not None:
         # Oldest first: from the fast commit the metric gets worse; from the slow one, better.
@@ -197,10 +207,25 @@ def explain_file(spec: Spec, ledger: Ledger, *, fast: str, slow: str, min_effect
     return out, sched
 
 
-def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row) -> ExplainOutcome:
+def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None) -> ExplainOutcome:
     """``explain: true``: explain a confirmed hypothesis. The worse side is the slow arm:
-    the treatment when the hypothesis expects the metric to get worse, else the baseline."""
+    the treatment when the hypothesis expects the metric to get worse, else the baseline.
+    The rounds behind ``verdict`` (its i-th boot of each side is round i) open the
+    search's slowdown test, so the run does not measure again what it has just shown."""
     slow_is_treatment = h.spec.expect == h.metric.worse
     fast, slow = ("baseline", "treatment") if slow_is_treatment else ("treatment", "baseline")
     return explain_arms(sched, _side(h, fast), _side(h, slow), metric=h.metric, min_effect=h.spec.min_effect,
-                        fast_name=f"{h.id}.{fast}", slow_name=f"{h.id}.{slow}", hypothesis_id=row.id)
+                        fast_name=f"{h.id}.{fast}", slow_name=f"{h.id}.{slow}", hypothesis_id=row.id,
+                        rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)])
+
+
+def verdict_rounds(verdict) -> list[dict[str, int]]:
+    """The paired rounds behind a verdict, as {"baseline": boot id, "treatment": boot id}:
+    the boots it used, matched by their round (``stats["rounds"]``: a boot's place among
+    its config's good boots), so a boot left out on one side leaves its round out."""
+    if verdict is None:
+        return []
+    ids = (list(verdict.baseline_boot_ids or []), list(verdict.treatment_boot_ids or []))
+    rounds = (verdict.stats or {}).get("rounds") or [list(range(len(x))) for x in ids]
+    by_round = [dict(zip(r, x)) for r, x in zip(rounds, ids)]
+    return [{"baseline": by_round[0][r], "treatment": by_round[1][r]} for r in sorted(set(by_round[0]) & set(by_round[1]))]

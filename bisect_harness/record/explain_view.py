@@ -60,6 +60,13 @@ def views(summary: dict | None, boots=(), *, again: str = "") -> list[dict]:
             summary_line = (head + ", ".join(f"`{m}`" for m in members) + "; together, "
                             + _effect(rec.get("effect")).replace("{metric}", rec["metric"]) + ".")
         notes = []
+        given = rec.get("run_rounds") or []
+        if given:
+            more = max(0, rec["slowdown"]["boots"][0] - len(given))
+            notes.append(f"the slowdown test began with the run's {len(given)} rounds of the two arms (boots "
+                         + ", ".join(f"{f}/{sl}" for f, sl in given) + f"), judged by its own rule at alpha "
+                         f"{rec['alpha_per_test']}; " + (f"it booted {more} more round(s)." if more else
+                                                         "they decided it, so it booted none."))
         for m in members:
             c = rec["confidence"].get(m)
             if c:
