@@ -106,10 +106,10 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     # The search in progress, in the run's summary until its record replaces it: a run stopped
     # in it says so in its journal (which search, from which boot), and --resume makes it again.
     run = sched.run
-    started = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
-               "alpha": alpha, "hypothesis_id": hypothesis_id, "differences": [x.to_json() for x in diffs],
-               "after_boot": max((b.id for st in sched.states.values() for b in st.boots), default=0)}
-    run.summary = {**(run.summary or {}), "explaining": started}
+    search = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
+              "alpha_per_test": alpha, "hypothesis_id": hypothesis_id, "differences": [x.to_json() for x in diffs]}
+    after_boot = max((b.id for st in sched.states.values() for b in st.boots), default=0)
+    run.summary = {**(run.summary or {}), "explaining": {**search, "after_boot": after_boot}}
     ledger.commit()
     calls: list[tuple[frozenset, int]] = []
     given = []  # the run's rounds, with each boot's samples of the metric
@@ -138,10 +138,8 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     # Each test names the measure() calls that made each side's boots (a shared boot serves several).
     tests = [{**t.to_json(), "baseline_boot_ids": [calls[i][1] for i in t.baseline_calls],
               "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
-    record = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
-              "alpha_per_test": alpha, "hypothesis_id": hypothesis_id,
-              "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
-              "differences": [x.to_json() for x in diffs], **res.to_json(), "tests": tests}
+    record = {**search, "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
+              **res.to_json(), "tests": tests}
     if bisect and "commit" in res.members and sched.ws is not None:
         # Oldest first: from the fast commit the metric gets worse; from the slow one, better.
         try:

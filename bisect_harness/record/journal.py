@@ -171,7 +171,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     stem = journal_stem(run)
     hyps = []
     logs: dict[tuple, tuple[list[str], str]] = {}
-    later = _after_rounds(ledger, run)
+    bisection_rows = ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
+    later = _after_rounds(run, bisection_rows)
     for h in run.hypotheses:
         v = h.verdict
         boot_rows = []
@@ -304,9 +305,8 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                                 is not None else "n/a", "n": len(vals),
                                 "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
     bisections = []
-    run_command = reproduce.run_command(run, ledger.session.scalars(
-        select(Bisection).where(Bisection.run_id == run.id)).all())
-    for bis in ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all():
+    run_command, resume_command = reproduce.run_command(run, bisection_rows), reproduce.resume_command(run)
+    for bis in bisection_rows:
         bisections.append({**_bisection_view(bis, plots_dir, stem),
                            "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
     return template.render(
@@ -316,25 +316,24 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         changepoint_lines=_changepoint_lines(run),
         explanations=explain_view.views(
             run.summary, ledger.session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all(),
-            again=reproduce.resume_command(run) or run_command),
-        run_command=run_command, resume_command=reproduce.resume_command(run),
+            again=resume_command or run_command),
+        run_command=run_command, resume_command=resume_command,
         ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
 
 
-def _after_rounds(ledger: Ledger, run: Run):
+def _after_rounds(run: Run, bisection_rows: Sequence[Bisection]):
     """A boot's label in a verdict's table when the run's searches booted it: after the
     run's last final verdict, a boot of a hypothesis' config is a ``bisect: true`` or
     ``explain: true`` search's, not a round's the verdict left out. Else None."""
-    if any(h.verdict is None or not h.verdict.final for h in run.hypotheses):
+    if run.kind != "run" or not run.hypotheses or any(h.verdict is None or not h.verdict.final
+                                                        for h in run.hypotheses):
         return lambda boot: None  # rounds were still going: a later boot may be a round's
-    ends = [h.verdict.created_at for h in run.hypotheses]
-    searches = (["bisection"] if ledger.session.scalars(select(Bisection).where(
-        Bisection.run_id == run.id, Bisection.hypothesis_id.is_not(None))).first() is not None else [])
+    searches = ["bisection"] if any(b.hypothesis_id is not None for b in bisection_rows) else []
     summary = run.summary if isinstance(run.summary, dict) else {}
     searches += ["explanation"] if (summary.get("explain") or summary.get("explaining")) else []
-    if not ends or not searches or run.kind != "run":
+    if not searches:
         return lambda boot: None
-    end = max(ends)
+    end = max(h.verdict.created_at for h in run.hypotheses)
     word = f" (booted by the run's {' or '.join(searches)}, after its rounds)"
     return lambda boot: word if boot.started_at is not None and boot.started_at > end else None
 

@@ -59,7 +59,7 @@ def run_command(run, bisections=()) -> str:
         e = next((r for r in recs if r.get("fast") and r.get("slow")), None)
         if e is not None:
             effect = f" --min-effect {e['min_effect']:.10g}" if e.get("min_effect") is not None else ""
-            alpha = e.get("alpha_per_test", e.get("alpha"))
+            alpha = e.get("alpha_per_test")
             return (f"harness explain {spec} --fast {shlex.quote(e['fast'])} --slow {shlex.quote(e['slow'])}{effect}"
                     + (f" --alpha {alpha:.10g}" if alpha is not None else ""))
     # a run of some of the file's hypotheses (--only): its verdicts record the file's family size
