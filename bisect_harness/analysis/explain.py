@@ -1,10 +1,14 @@
 """Which of the differences between two configs make the slow one slow: a noisy delta debugging.
 
-Pure search over a seam. Two configs differ in a list of *differences* (each env
-variable, each flag, the commit range as one more). A configuration of the
-search is a subset ``S`` of them: the fast config with the differences of ``S``
-set to their slow values. ``measure(S)`` boots that configuration once and
-returns the boot's samples of the metric. Every decision below is sequential: the
+A pure search that boots nothing itself. Two configs differ in a list of
+*differences* (each env variable, each flag, the commit range as one more). A
+configuration of the search is a subset ``S`` of them: the fast config with the
+differences of ``S`` set to their slow values. The search is stepped by its
+driver (:class:`ExplainSearch`): it says which configuration to boot once next and
+is told that boot's samples of the metric; whoever drives it boots
+(``orchestrate/explain_runner`` through the scheduler, the benches and tests through
+a ``measure`` function, :func:`explain`), so the search calls nothing above it, as
+the bisection's search (``bisection.BisectionSearch.next_round``) does not. Every decision below is sequential: the
 paired ones by the harness's verdict rule (:func:`stats.evaluate`), the others by a
 block of many configs against one control (:mod:`blocks`), so a test stops at its
 first look when the answer is clear and spends its budget only where the answer is
@@ -73,10 +77,11 @@ its estimate moved a standard error either way. (Stopping any singleton that cou
 settle nothing more cut another 8% of the boots on the two-mode host at 32
 differences, but lost true causes whose first boots drew low: exact answers fell from
 0.97 to 0.80 on the bursty host at 8 differences and to 0.73 at 32.)
-Every test names the ``measure`` calls behind each of its sides, so a boot shared
-by several tests is counted once in ``boots`` and traced from each.
+Every test names the boots asked for behind each of its sides (by their place in the
+order asked), so a boot shared by several tests is counted once in ``boots`` and
+traced from each.
 
-**Configurations that cannot be measured.** ``measure`` may return :class:`Unmeasured`
+**Configurations that cannot be measured.** The driver may record :class:`Unmeasured`
 (why) instead of samples: the measuring call behind it booted the configuration and its
 retries and gave up (a refused flag, a build that fails, boots that fail in a row). The
 search steps over it, never asks for it again, and says why in the test it ended: a
@@ -98,7 +103,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Generator, Optional, Sequence
 
 import numpy as np
 from scipy import stats as _st
@@ -106,18 +111,22 @@ from scipy import stats as _st
 from ..model import Expect, Outcome
 from . import blocks, stats
 
-__all__ = ["Difference", "Test", "Explanation", "explain", "Measure", "Unmeasured", "STOP_REASONS"]
+__all__ = ["Difference", "Test", "Explanation", "ExplainSearch", "explain", "Measure", "Unmeasured",
+           "STOP_REASONS"]
 
 
 @dataclass(frozen=True)
 class Unmeasured:
-    """What ``measure`` returns for a configuration it cannot measure (after its retries):
+    """What the driver records for a configuration it cannot measure (after its retries):
     why. The search steps over that configuration and never asks for it again."""
 
     reason: str
 
 
 Measure = Callable[[frozenset], "Sequence[float] | Unmeasured"]
+#: the search inside :class:`ExplainSearch`: yields a configuration to boot once, is
+#: sent that boot's samples (or :class:`Unmeasured`), returns the :class:`Explanation`
+_Steps = Generator[frozenset, "Sequence[float] | Unmeasured", "Explanation"]
 
 #: how a search ended (``Explanation.stopped``), one value each
 STOP_REASONS = {
@@ -134,7 +143,7 @@ STOP_REASONS = {
 
 
 class _Lost(Exception):
-    """A configuration ``measure`` could not measure (raised inside the search only)."""
+    """A configuration the driver could not measure (raised inside the search only)."""
 
     def __init__(self, config: frozenset):
         super().__init__(config)
@@ -170,7 +179,7 @@ class Test:
     boots: tuple  # boots per side
     reason: str
     opposite: Optional[str] = None  # the same boots' verdict in the other direction
-    baseline_calls: tuple = ()  # which measure() calls (0-based, in order) made each side's boots
+    baseline_calls: tuple = ()  # which boots asked for (0-based, in order) made each side's
     treatment_calls: tuple = ()
 
     def to_json(self) -> dict:
@@ -229,7 +238,7 @@ class Explanation:
 
 
 class _Search:
-    def __init__(self, names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
+    def __init__(self, names: Sequence[str], *, worse: Expect, min_effect: float,
                  design: stats.Design, alpha: float, seed: int, block_rounds: Optional[int] = None,
                  rounds: Sequence[tuple] = ()):
         self.names = tuple(names)
@@ -237,7 +246,7 @@ class _Search:
         # the slowdown test starts from them; they are calls 0 .. 2 * len(rounds) - 1.
         self.rounds = tuple((list(f), list(sl)) for f, sl in rounds)
         self.all = frozenset(names)
-        self.measure, self.worse, self.min_effect = measure, worse, min_effect
+        self.worse, self.min_effect = worse, min_effect
         self.better = Expect.INCREASE if worse is Expect.DECREASE else Expect.DECREASE
         self.design, self.alpha = design, alpha
         # A block may run twice the paired budget: it spends rounds only on configs still
@@ -260,14 +269,14 @@ class _Search:
         self.rng = random.Random(seed)
         self.tests: list[Test] = []
         self.boots = 0
-        self.lost: dict[frozenset, str] = {}  # configurations measure() could not measure: why
+        self.lost: dict[frozenset, str] = {}  # configurations the driver could not measure: why
 
-    def _boot(self, config: frozenset) -> tuple[int, list]:
-        """One boot of ``config``: (its measure() call index, its samples); raises
-        :class:`_Lost` for a configuration that cannot be measured (asked once only)."""
+    def _boot(self, config: frozenset):
+        """One boot of ``config``, asked of the driver: (its call index, its samples);
+        raises :class:`_Lost` for a configuration that cannot be measured (asked once only)."""
         if config in self.lost:
             raise _Lost(config)
-        got = self.measure(config)
+        got = yield config
         if isinstance(got, Unmeasured):
             self.lost[config] = got.reason
             raise _Lost(config)
@@ -289,7 +298,7 @@ class _Search:
                 "the search stepped over it")
 
     def compare(self, purpose: str, base: frozenset, treat: frozenset, expect: Expect, *,
-                alpha: Optional[float] = None, given: Sequence[tuple] = ()) -> Test:
+                alpha: Optional[float] = None, given: Sequence[tuple] = ()) -> Generator[frozenset, object, Test]:
         """One paired test: rounds of one boot of each config, in a random order, until
         the harness's sequential rule decides (at ``alpha``, default the search's) or
         the budget ends. ``given``: rounds measured before, as (base samples, treatment
@@ -305,7 +314,7 @@ class _Search:
         while True:
             for c in () if look_first else self.rng.sample((base, treat), 2):
                 try:
-                    idx, smp = self._boot(c)
+                    idx, smp = yield from self._boot(c)
                 except _Lost:
                     t = Test(purpose, base, treat, expect.value, Outcome.INCONCLUSIVE.value, None, None, None,
                              (len(bb), len(tb)), self._unmeasured(c), None, tuple(bc), tuple(tc))
@@ -372,7 +381,7 @@ class _Search:
         return True
 
     def block(self, control: frozenset, items: Sequence[tuple[str, frozenset]], *, expect: Expect,
-              thr: float, judge, only_clearing: Sequence[bool] = ()) -> list[tuple[str, Test]]:
+              thr: float, judge, only_clearing: Sequence[bool] = ()) -> Generator[frozenset, object, list]:
         """Configs ``items`` ((purpose, config)) against ``control`` in one block of rounds
         (:mod:`blocks`): each round boots every undecided config once, the control booted
         between chunks of them. A config stops being booted once ``judge`` decides it;
@@ -391,7 +400,7 @@ class _Search:
         done: dict = {}
         name = "the slow config" if control == self.all else "the fast config"
 
-        def step_over(k: int, config: frozenset) -> None:  # a config measure() cannot measure
+        def step_over(k: int, config: frozenset) -> None:  # a config the driver cannot measure
             done[k] = ("unmeasurable", Test(items[k][0], control, items[k][1], expect.value,
                                             Outcome.INCONCLUSIVE.value, None, None, None,
                                             (len(calls[-1]), len(calls[k])), self._unmeasured(config), None,
@@ -403,7 +412,7 @@ class _Search:
                 if k != -1 and k not in open_:
                     continue
                 try:
-                    idx, smp = self._boot(control if k == -1 else items[k][1])
+                    idx, smp = yield from self._boot(control if k == -1 else items[k][1])
                 except _Lost as lost:
                     for j in (sorted(open_) if k == -1 else [k]):  # without its control, no test goes on
                         step_over(j, lost.config)
@@ -481,18 +490,19 @@ class _Search:
                 return False
         return True
 
-    def leave_out_level(self, groups: Sequence[tuple]) -> list[tuple[str, Test]]:
-        return self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
+    def leave_out_level(self, groups: Sequence[tuple]) -> Generator[frozenset, object, list]:
+        return (yield from self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
                           thr=self.block_thr, judge=self._judge_leave_out,
-                          only_clearing=[len(g) > 1 for g in groups])
+                          only_clearing=[len(g) > 1 for g in groups]))
 
-    def side_block(self, items: Sequence[tuple[str, frozenset]]) -> list[Test]:
+    def side_block(self, items: Sequence[tuple[str, frozenset]]) -> Generator[frozenset, object, list]:
         """Configs near the fast one against it, each expected worse: their own
         Bonferroni share of ``alpha`` (over the block's configs and looks)."""
         if not items:
             return []
         thr = self.alpha / (len(items) * len(self.looks))
-        return [t for _, t in self.block(frozenset(), items, expect=self.worse, thr=thr, judge=self._judge_worse)]
+        tests = yield from self.block(frozenset(), items, expect=self.worse, thr=thr, judge=self._judge_worse)
+        return [t for _, t in tests]
 
     def first_groups(self) -> list[tuple]:
         """Singletons up to 16 differences; above, groups of a power of two so that the
@@ -501,8 +511,8 @@ class _Search:
         size = 1 if n <= 16 else 2 ** int(math.log2(n / 8))
         return [self.names[i:i + size] for i in range(0, n, size)]
 
-    def run(self) -> Explanation:
-        slowdown = self.compare("slowdown", frozenset(), self.all, self.worse,
+    def run(self) -> _Steps:
+        slowdown = yield from self.compare("slowdown", frozenset(), self.all, self.worse,
                                 given=[(f, sl, 2 * i, 2 * i + 1) for i, (f, sl) in enumerate(self.rounds)])
         if slowdown.outcome != Outcome.CONFIRMED.value:
             return Explanation(slowdown, (), {}, (), (), (), (), None, None, tuple(self.tests), self.boots,
@@ -520,7 +530,7 @@ class _Search:
             groups = self.first_groups()
         while groups:
             nxt: list = []
-            for g, (status, t) in zip(groups, self.leave_out_level(groups)):
+            for g, (status, t) in zip(groups, (yield from self.leave_out_level(groups))):
                 if status == "cleared":
                     continue
                 if status == "open" and t.outcome == Outcome.REFUTED.value:  # no cause in it; its sign open
@@ -537,7 +547,7 @@ class _Search:
                     undecided.append(g[0])
             groups = nxt
         for d in sorted(candidates, key=self.names.index):
-            t = self.compare("opposite sign", self.all, self.all - {d}, self.worse,
+            t = yield from self.compare("opposite sign", self.all, self.all - {d}, self.worse,
                              alpha=self.alpha / len(candidates))
             if t.outcome == Outcome.CONFIRMED.value:
                 opposite.append(d)
@@ -552,10 +562,10 @@ class _Search:
             items = [("minimal set vs fast", m_f)] if m_f != self.all else []
             if len(members) > 1:
                 items += [("alone vs fast", frozenset([m])) for m in members]
-            side = self.side_block(items)
+            side = yield from self.side_block(items)
             if m_f != self.all:
                 effect, side = side[0], side[1:]
-                residual = self.compare("minimal set vs slow", m_f, self.all, self.worse)
+                residual = yield from self.compare("minimal set vs slow", m_f, self.all, self.worse)
             else:
                 effect = slowdown  # the whole set is the slowdown test already: its boots stand for it
             inert = [m for m, t in zip(members, side) if t.outcome == Outcome.REFUTED.value]
@@ -564,8 +574,8 @@ class _Search:
             # too small on hosts whose bad boots are slow (bench/bench_blocks.py): each
             # pair is a paired test of its own, the pairs sharing alpha by Bonferroni.
             for p in pairs:
-                t = slowdown if frozenset(p) == self.all else self.compare(
-                    "pair vs fast", frozenset(), frozenset(p), self.worse, alpha=self.alpha / len(pairs))
+                t = slowdown if frozenset(p) == self.all else (yield from self.compare(
+                    "pair vs fast", frozenset(), frozenset(p), self.worse, alpha=self.alpha / len(pairs)))
                 if t.outcome == Outcome.CONFIRMED.value:
                     interactions.append(p)
         return Explanation(slowdown, tuple(members), conf, tuple(interactions), tuple(opposite),
@@ -589,31 +599,74 @@ class _Search:
         return "explained" if members else "no-member"
 
 
-def explain(names: Sequence[str], measure: Measure, *, worse: Expect, min_effect: float,
-            design: stats.Design = stats.Design(min_boots=3, max_boots=8, analysis="paired"),
-            alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None,
-            rounds: Sequence[tuple] = ()) -> Explanation:
-    """Find a minimal set of ``names`` (the differences) that makes the slow config slow.
+class ExplainSearch:
+    """Find a minimal set of ``names`` (the differences) that makes the slow config slow,
+    stepped by its driver, as :class:`bisection.BisectionSearch` is: ask
+    :meth:`next_config` what to boot, boot it once, :meth:`record` what came back;
+    ``None`` from :meth:`next_config` means the search has ended and :attr:`result`
+    holds the :class:`Explanation`::
 
-    ``measure(subset)`` boots the fast config with ``subset``'s differences set to their
-    slow values and returns that boot's samples. ``worse`` is the metric's bad direction
+        search = ExplainSearch(names, worse=Expect.DECREASE, min_effect=0.05)
+        while (config := search.next_config()) is not None:
+            search.record(boot_once(config))   # its samples, or Unmeasured(why)
+
+    A configuration is a subset of ``names``: the fast config with those differences
+    set to their slow values. What is recorded for it is that boot's samples of the
+    metric, or :class:`Unmeasured` (why) for a configuration the driver could not
+    measure after its retries. ``worse`` is the metric's bad direction
     (``Expect.DECREASE`` for tok/s), ``min_effect`` the smallest relative change that
     counts. ``alpha`` is the error of each paired test (the slowdown, the minimal set
-    against slow) and of each family of decisions (the leave-out decisions of the
-    whole search share it; so do the side tests of one block, the opposite-sign
-    checks, and the pairs' tests); ``seed`` orders
-    each round's boots. ``design`` decides the paired
+    against slow) and of each family of decisions (the leave-out decisions of the whole
+    search share it; so do the side tests of one block, the opposite-sign checks, and
+    the pairs' tests); ``seed`` orders each round's boots. ``design`` decides the paired
     tests; ``block_rounds`` caps each block of leave-out or side tests (default twice
     ``design.max_boots``: a block spends rounds only on the configs still open).
     ``rounds``: (fast samples, slow samples) of paired rounds measured before the search
     (a run's rounds of the two arms); the slowdown test judges them first, by its own
-    rule and alpha, and boots on only where they do not decide. They are ``measure``
-    calls 0 to ``2 * len(rounds) - 1`` in the tests (fast, slow, round after round) and
-    are not counted in ``boots``.
+    rule and alpha, and boots on only where they do not decide. They are calls 0 to
+    ``2 * len(rounds) - 1`` in the tests (fast, slow, round after round; the boots the
+    search asks for follow) and are not counted in ``boots``. Bad arguments raise
+    ``ValueError`` before the first configuration is asked for.
     """
-    if len(set(names)) != len(names) or not names:
-        raise ValueError(f"explain: the differences must be distinct and at least one, got {list(names)!r}")
-    if not 0 < min_effect < 1:
-        raise ValueError(f"explain: min_effect must be in (0, 1), got {min_effect!r}")
-    return _Search(names, measure, worse=worse, min_effect=min_effect, design=design, alpha=alpha,
-                   seed=seed, block_rounds=block_rounds, rounds=rounds).run()
+
+    def __init__(self, names: Sequence[str], *, worse: Expect, min_effect: float,
+                 design: stats.Design = stats.Design(min_boots=3, max_boots=8, analysis="paired"),
+                 alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None,
+                 rounds: Sequence[tuple] = ()):
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"explain: the differences must be distinct and at least one, got {list(names)!r}")
+        if not 0 < min_effect < 1:
+            raise ValueError(f"explain: min_effect must be in (0, 1), got {min_effect!r}")
+        self._steps = _Search(names, worse=worse, min_effect=min_effect, design=design, alpha=alpha,
+                              seed=seed, block_rounds=block_rounds, rounds=rounds).run()
+        self._asked: Optional[frozenset] = None
+        self.result: Optional[Explanation] = None
+        self._step(lambda: next(self._steps))
+
+    def next_config(self) -> Optional[frozenset]:
+        """The configuration to boot once next; ``None`` once the search has ended."""
+        return self._asked
+
+    def record(self, got: "Sequence[float] | Unmeasured") -> None:
+        """What one boot of :meth:`next_config`'s configuration gave: its samples of the
+        metric, or :class:`Unmeasured`."""
+        if self._asked is None:
+            raise RuntimeError("ExplainSearch.record: the search asked for nothing (it has ended)")
+        self._step(lambda: self._steps.send(got))
+
+    def _step(self, advance: Callable[[], frozenset]) -> None:
+        try:
+            self._asked = advance()
+        except StopIteration as end:
+            self._asked, self.result = None, end.value
+
+
+def explain(names: Sequence[str], measure: Measure, **options) -> Explanation:
+    """An :class:`ExplainSearch` (``options`` are its) driven to its end by
+    ``measure(subset)``: that configuration booted once, its samples or
+    :class:`Unmeasured`. For drivers that boot in one call: the benches' and the
+    tests' simulated hosts."""
+    search = ExplainSearch(names, **options)
+    while (config := search.next_config()) is not None:
+        search.record(measure(config))
+    return search.result

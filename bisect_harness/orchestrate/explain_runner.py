@@ -26,7 +26,7 @@ from typing import Sequence
 
 from ..defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from ..analysis import stats
-from ..analysis.explain import Difference, Explanation, Unmeasured, explain
+from ..analysis.explain import Difference, ExplainSearch, Explanation, Unmeasured
 from ..errors import CommitError, UserError
 from ..model import Arm, Expect, Metric
 from ..planning.plan import Plan, PlannedHypothesis, make_config, make_plan
@@ -120,22 +120,22 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
         given.append((list(f[0]), list(sl[0])))
         calls += [(frozenset(), f_id), (frozenset(x.name for x in diffs), s_id)]
 
-    def measure(subset: frozenset) -> list[float] | Unmeasured:
+    d = spec.defaults
+    design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
+    finder = ExplainSearch([x.name for x in diffs], worse=metric.worse, min_effect=min_effect, design=design,
+                           alpha=alpha, seed=sched.order_seed, rounds=given)
+    while (subset := finder.next_config()) is not None:  # the search says what to boot; this loop boots it
         st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
         m, = sched.measure([st], 1, metric=metric.name)  # retried under the one failure policy
         if m.samples:
             calls.append((subset, m.boot_ids[0]))
-            return list(m.samples[0])
-        # Unmeasurable after its retries: the search steps over this configuration, says why
-        # in the test it ends, and never asks for it again (its boots are in the ledger).
-        return Unmeasured(f"{st.planned.label or 'config ' + st.planned.key}: "
-                          f"{m.unmeasurable or m.short or 'no usable boot of ' + metric.name}; see its boot logs")
-
-    d = spec.defaults
-    design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
-    res = explain([x.name for x in diffs], measure, worse=metric.worse, min_effect=min_effect, design=design,
-                  alpha=alpha, seed=sched.order_seed, rounds=given)
-    # Each test names the measure() calls that made each side's boots (a shared boot serves several).
+            finder.record(list(m.samples[0]))
+        else:  # unmeasurable after its retries: the search steps over it, says why, never asks again
+            finder.record(Unmeasured(f"{st.planned.label or 'config ' + st.planned.key}: "
+                                     f"{m.unmeasurable or m.short or 'no usable boot of ' + metric.name}; "
+                                     "see its boot logs"))
+    res = finder.result
+    # Each test names the boots asked for that made each side's (a shared boot serves several).
     tests = [{**t.to_json(), "baseline_boot_ids": [calls[i][1] for i in t.baseline_calls],
               "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
     record = {**search, "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
