@@ -1,0 +1,241 @@
+"""The package's layers run one way: in its imports, and in the calls a run makes.
+
+``docs/design.md`` draws the package as layers (the shared vocabulary at the bottom,
+then demo, boot, input, planning, analysis, record, orchestrate, cli), each using
+only those below it. Two checks hold the code to that picture:
+
+* the imports, read from the source (module level and inside functions): no import
+  cycle between modules, and no import of a layer above, but the one arrow
+  design.md names (``analysis`` reading the ledger's rows and values);
+* the calls, traced while the harness runs (``sys.setprofile``): a run of
+  ``harness run`` whose hypotheses go on to a bisection and an explanation, and a
+  ``harness bisect``, through a backend seam (boots nothing: its values depend on the
+  commit and the flags), and one real boot of the demo engine through the local
+  backend. A call from a module into one of a layer above is a callback: the searches
+  are stepped by their drivers (``BisectionSearch.next_round``,
+  ``ExplainSearch.next_config``) rather than calling up into them, so the only calls
+  up are the ones named in :data:`UP_CALLS`, each with why it is there.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import bisect_harness
+from bisect_harness.boot import BootOutcome, SampleOutcome
+from bisect_harness.input.spec import load_spec
+from bisect_harness.orchestrate.bisect_runner import bisect_range
+from bisect_harness.orchestrate.executor import Executor
+from bisect_harness.planning.plan import make_plan
+from bisect_harness.record.ledger import Ledger
+from helpers import SMALL_BENCH, git, query, write_spec
+
+PACKAGE = Path(bisect_harness.__file__).parent
+
+#: the layers, lowest first (design.md's picture, read upwards)
+LAYERS = [{"model", "secrets", "errors", "places", "defaults", "__init__"}, {"demo"}, {"boot"}, {"input"},
+          {"planning"}, {"analysis"}, {"record"}, {"orchestrate"}, {"cli"}]
+
+#: imports of a layer above, (importing module, imported module): why each may stay
+UP_IMPORTS = {
+    ("analysis/decide", "record/ledger"): "the verdict rule reads the boots' rows and their values",
+    ("analysis/drift", "record/ledger"): "host drift is read from the boots' rows",
+}
+
+#: calls into a module of a layer above, (calling module, called module): why each may stay
+UP_CALLS = {
+    ("analysis/decide", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
+    ("analysis/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
+    ("boot/local", "orchestrate/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
+                                             "outcome to the Sink it was given (the scheduler's ledger sink)",
+}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return "/".join(rel.parts[:-1]) if rel.name == "__init__" and len(rel.parts) > 1 else "/".join(rel.parts)
+
+
+def _rank(module: str) -> int:
+    top = module.split("/")[0]
+    return next(i for i, layer in enumerate(LAYERS) if top in layer)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module(p): p for p in sorted(PACKAGE.rglob("*.py")) if "demo/engine" not in p.as_posix()}
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (relative and absolute, at any depth)."""
+    mods = _modules()
+    out: dict[str, set[str]] = defaultdict(set)
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition("/")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = [p for p in package.split("/") if p][:len([p for p in package.split("/") if p])
+                                                                 - (node.level - 1)]
+                    target = base + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == "bisect_harness":
+                    target = node.module.split(".")[1:]
+                else:
+                    continue
+                names = [target + [a.name] for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1:] for a in node.names if a.name.split(".")[0] == "bisect_harness"]
+            else:
+                continue
+            for parts in names:
+                while parts and "/".join(parts) not in mods:
+                    parts = parts[:-1]
+                found = "/".join(parts) if parts else "__init__"
+                if found != mod and found in mods:
+                    out[mod].add(found)
+    return out
+
+
+def test_no_module_imports_a_layer_above_it_or_itself_in_a_cycle():
+    graph = _imports()
+    assert sum(len(v) for v in graph.values()) > 200  # the reader found the package's imports
+    up = {(a, b) for a, targets in graph.items() for b in targets if _rank(b) > _rank(a)}
+    assert up <= set(UP_IMPORTS), f"imports of a layer above, not in UP_IMPORTS: {sorted(up - set(UP_IMPORTS))}"
+    # No cycle: every module can be placed after all it imports.
+    placed: set[str] = set()
+    left = set(_modules())
+    while left:
+        ready = {m for m in left if graph.get(m, set()) <= placed}
+        assert ready, f"import cycle among: {sorted(left)}"
+        placed |= ready
+        left -= ready
+
+
+# ------------------------------------------------------------------ the calls, traced
+
+
+class _Calls:
+    """Every call from one module of the package into another, while active."""
+
+    def __init__(self):
+        self.seen: dict[tuple[str, str], str] = {}
+        self.lock = threading.Lock()
+
+    def _hook(self, frame, event, arg):
+        if event != "call":
+            return
+        callee = frame.f_code.co_filename
+        if not callee.startswith(str(PACKAGE)):
+            return
+        caller = frame.f_back
+        while caller is not None and not caller.f_code.co_filename.startswith(str(PACKAGE)):
+            caller = caller.f_back  # through the standard library or a test's own code
+        if caller is None or caller.f_code.co_filename == callee:
+            return
+        pair = (_module(Path(caller.f_code.co_filename)), _module(Path(callee)))
+        with self.lock:
+            self.seen.setdefault(pair, f"{caller.f_code.co_qualname} -> {frame.f_code.co_qualname}")
+
+    def __enter__(self):
+        threading.setprofile(self._hook)
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+    def up(self) -> dict[tuple[str, str], str]:
+        return {pair: where for pair, where in self.seen.items() if _rank(pair[1]) > _rank(pair[0])}
+
+
+class CommitBackend:
+    """Boots nothing: each request comes back ok, its tok_s lower from commit ``culprit``
+    on and with flag ``slow`` set, drawn with a seeded spread."""
+
+    name = "commits"
+    slots = 1
+
+    def __init__(self, order: list[str], culprit: int):
+        self.order, self.culprit = order, culprit
+        self.rng = random.Random(5)
+
+    def run(self, requests, sink):
+        for r in requests:
+            level = 100.0 * (0.7 if self.order.index(r.commit) >= self.culprit else 1.0)
+            level *= 0.8 if dict(r.flags).get("slow") else 1.0
+            samples = tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": level * self.rng.lognormvariate(0.0, 0.01)},
+                                          requests=1, output_tokens=10, duration_s=0.1) for i in range(2))
+            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=samples))
+
+    def close(self):
+        pass
+
+
+def _repo(path: Path, n: int) -> list[str]:
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    for i in range(n):
+        (path / "f.txt").write_text(f"{i}\n")
+        git(path, "add", "f.txt")
+        git(path, "commit", "-q", "-m", f"c{i}")
+    return git(path, "rev-list", "--reverse", "HEAD").split()
+
+
+def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams(tmp_path):
+    order = _repo(tmp_path / "engine", 8)
+    spec = load_spec(write_spec(
+        tmp_path / "h.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"],
+                                     "repo": str(tmp_path / "engine")},
+        defaults={"boots_per_arm": 2, "max_boots_per_arm": 6, "samples_per_boot": 2, "host_preflight_s": 0},
+        hypotheses=[
+            {"id": "commit", "baseline": {"commit": order[0]}, "treatment": {"commit": order[-1]},
+             "metric": "tok_s", "expect": "decrease", "min_effect": "10%", "bisect": True},
+            {"id": "both", "baseline": {"commit": order[0]},
+             "treatment": {"commit": order[-1], "flags": {"slow": 1}, "env": {"INERT": "1"}},
+             "metric": "tok_s", "expect": "decrease", "min_effect": "10%", "explain": True}]))
+    plan = make_plan(spec, cache_dir=tmp_path / "cache")
+    with _Calls() as calls, Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, order_seed=3,
+                 backend=CommitBackend(order, culprit=5)).execute()
+        bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
+                     first_parent=False, cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs",
+                     backend=CommitBackend(order, culprit=5))
+    # The run went where the test means it to: both searches ran and found the culprit.
+    assert [r for (r,) in query(tmp_path / "r.db", "SELECT status FROM runs")] == ["done", "done"]
+    culprits = [json.loads(r)["culprit"] for (r,) in query(tmp_path / "r.db", "SELECT result FROM bisections")]
+    assert len(culprits) == 3 and set(culprits) == {order[5]}  # bisect: true, the explanation's, harness bisect
+    layers_seen = {m.split("/")[0] for pair in calls.seen for m in pair}
+    assert {"orchestrate", "record", "analysis", "planning", "input", "boot"} <= layers_seen
+    up = calls.up()
+    assert set(up) <= set(UP_CALLS), f"calls up a layer, not in UP_CALLS: " + "; ".join(
+        f"{a} -> {b} ({up[(a, b)]})" for a, b in sorted(set(up) - set(UP_CALLS)))
+
+
+@pytest.mark.slow
+def test_a_real_boot_calls_up_only_through_the_backend_seam(tmp_path):
+    from bisect_harness.boot.local import LocalBackend
+    from bisect_harness.orchestrate.scheduler import Scheduler
+
+    spec = load_spec(write_spec(tmp_path / "h.yaml", engine={"preset": "demo"}, benchmark=SMALL_BENCH,
+                                hypotheses=[{"id": "h", "baseline": {"commit": "HEAD~1"},
+                                             "treatment": {"commit": "HEAD"}, "metric": "tok_s",
+                                             "expect": "decrease", "min_effect": "5%"}],
+                                defaults={"samples_per_boot": 1, "host_preflight_s": 0}))
+    plan = make_plan(spec, cache_dir=tmp_path / "cache")
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=LocalBackend())
+        with _Calls() as calls, sched.recording("run", finish="done"):
+            m, = sched.measure([sched.state_for(plan.configs[0])], 1, metric="tok_s")
+    assert m.values, m
+    up = calls.up()
+    assert ("boot/local", "orchestrate/scheduler") in up  # the seam was crossed, and seen
+    assert set(up) <= set(UP_CALLS), f"calls up a layer, not in UP_CALLS: " + "; ".join(
+        f"{a} -> {b} ({up[(a, b)]})" for a, b in sorted(set(up) - set(UP_CALLS)))
