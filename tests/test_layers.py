@@ -34,7 +34,9 @@ from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.input.spec import load_spec
 from bisect_harness.orchestrate.bisect_runner import bisect_range
 from bisect_harness.orchestrate.executor import Executor
+from bisect_harness.orchestrate.nightly import run_nightly
 from bisect_harness.planning.plan import make_plan
+from bisect_harness.record import journal
 from bisect_harness.record.ledger import Ledger
 from helpers import SMALL_BENCH, git, query, write_spec
 
@@ -121,6 +123,11 @@ def test_no_module_imports_a_layer_above_it_or_itself_in_a_cycle():
 # ------------------------------------------------------------------ the calls, traced
 
 
+def _ours(filename: str) -> bool:
+    """Code of one of the package's modules (not a test's, a library's or a compiled template's)."""
+    return filename.startswith(str(PACKAGE)) and filename.endswith(".py")
+
+
 class _Calls:
     """Every call from one module of the package into another, while active."""
 
@@ -132,11 +139,11 @@ class _Calls:
         if event != "call":
             return
         callee = frame.f_code.co_filename
-        if not callee.startswith(str(PACKAGE)):
+        if not _ours(callee):
             return
         caller = frame.f_back
-        while caller is not None and not caller.f_code.co_filename.startswith(str(PACKAGE)):
-            caller = caller.f_back  # through the standard library or a test's own code
+        while caller is not None and not _ours(caller.f_code.co_filename):
+            caller = caller.f_back  # through the standard library, a template or a test's own code
         if caller is None or caller.f_code.co_filename == callee:
             return
         pair = (_module(Path(caller.f_code.co_filename)), _module(Path(callee)))
@@ -208,10 +215,17 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
         bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
                      first_parent=False, cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs",
                      backend=CommitBackend(order, culprit=5))
-    # The run went where the test means it to: both searches ran and found the culprit.
-    assert [r for (r,) in query(tmp_path / "r.db", "SELECT status FROM runs")] == ["done", "done"]
+        nights = CommitBackend(order, culprit=5)
+        for rev in (order[1], order[2], order[3], order[-1]):  # three quiet nights, then the slow one
+            run_nightly(spec, led, rev=rev, metric="tok_s", min_effect=0.1, window=2, calibrate=False,
+                        cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs", backend=nights)
+        for run in led.runs():
+            journal.write(led, run, tmp_path / "journal")
+    # The commands went where the test means them to: every search ran and found the culprit.
+    assert [r for (r,) in query(tmp_path / "r.db", "SELECT status FROM runs")] == ["done"] * 5 + ["alert"]
     culprits = [json.loads(r)["culprit"] for (r,) in query(tmp_path / "r.db", "SELECT result FROM bisections")]
-    assert len(culprits) == 3 and set(culprits) == {order[5]}  # bisect: true, the explanation's, harness bisect
+    # bisect: true, the explanation's, harness bisect's, the slow night's
+    assert len(culprits) == 4 and set(culprits) == {order[5]}
     layers_seen = {m.split("/")[0] for pair in calls.seen for m in pair}
     assert {"orchestrate", "record", "analysis", "planning", "input", "boot"} <= layers_seen
     up = calls.up()

@@ -2,8 +2,8 @@
 
 :func:`judge` turns the boots of a hypothesis' two sides into a verdict row
 (confirmed / refuted / inconclusive, with its statistics and every warning about
-the boots it used); :func:`judge_night` is nightly's rule for one night against
-the nights before. The executor's hypothesis loop, ``harness compare`` and
+the boots it used); :class:`NightRule` is nightly's rule for one night against
+the nights before, stepped by its driver as the searches are. The executor's hypothesis loop, ``harness compare`` and
 ``harness nightly`` all decide through here; the statistics themselves live in
 ``stats``.
 
@@ -29,7 +29,7 @@ from ..record.ledger import Boot, Ledger
 from ..model import NOT_MEASURED, Expect, Outcome, shown_outcome
 from ..input.spec import Spec
 
-__all__ = ["design", "alpha_each", "judge", "side_warnings", "judge_night", "Side", "NOT_MEASURED",
+__all__ = ["design", "alpha_each", "judge", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
            "never_booted", "shown_outcome", "checks_done"]
 
 def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | None:
@@ -204,28 +204,51 @@ def side_warnings(spec: Spec, b: Side, t: Side) -> list[str]:
             *host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)]
 
 
+class NightRule:
+    """Nightly's rule, stepped by its driver: an alert must survive fresh boots.
+
+    Made with the earlier nights' boots and tonight's, it looks once
+    (``stats.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
+    true: the driver boots tonight's commit again (up to its budget) and
+    :meth:`record`\ s all of tonight's boots, and the test runs again on them. Only an
+    alert at both looks stands (:attr:`shift`). Requiring both can only lower the
+    false-alert rate (the first look alone holds alpha), and it removes the false
+    alerts of a night whose few boots stalled together (a heavy-tailed host), which a
+    regression cannot survive: its new boots are slow too::
+
+        rule = NightRule(history, tonight, worse=Expect.DECREASE, min_effect=0.05, alpha=0.01, window=7)
+        if rule.wants_fresh_boots:
+            rule.record(tonight_after_more_boots)
+        rule.shift
+    """
+
+    def __init__(self, history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]], *,
+                 worse: Expect, min_effect: float, alpha: float, window: int):
+        self._history, self._tonight = history, tonight
+        self._kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+        self.shift: stats.Shift = stats.detect_shift(history, tonight, **self._kw)
+        self.wants_fresh_boots = self.shift.regressed
+
+    def record(self, again: Sequence[Sequence[float]]) -> None:
+        """All of tonight's boots after booting it again (those the first look had, first)."""
+        if not self.wants_fresh_boots:
+            raise RuntimeError("NightRule.record: the first look did not alert; no second look is asked for")
+        self.wants_fresh_boots = False
+        first, tonight = self.shift, self._tonight
+        if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
+            return
+        second = stats.detect_shift(self._history, again, **self._kw)
+        self.shift = second if second.regressed else dataclasses.replace(second, reason=(
+            f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
+            f"survive {len(again) - len(tonight)} fresh boots"))
+
+
 def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
                 more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
                 window: int) -> stats.Shift:
-    """Nightly's rule (pure but for ``more``): an alert must survive fresh boots.
-
-    ``detect_shift`` judges tonight's boots; when it alerts, ``more()`` boots tonight
-    again (up to the budget) and returns all of tonight's boots, and the test runs
-    again on them. Only an alert at both looks stands. Requiring both can only
-    lower the false-alert rate (the first look alone holds alpha), and it removes
-    the false alerts of a night whose few boots stalled together (a heavy-tailed
-    host), which a regression cannot survive: its new boots are slow too.
-    """
-    kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
-    first = stats.detect_shift(history, tonight, **kw)
-    if not first.regressed:
-        return first
-    again = more()
-    if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
-        return first
-    second = stats.detect_shift(history, again, **kw)
-    if second.regressed:
-        return second
-    return dataclasses.replace(second, reason=(
-        f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
-        f"survive {len(again) - len(tonight)} fresh boots"))
+    """:class:`NightRule` driven by ``more()`` (boots tonight again, returns all of
+    tonight's boots), for drivers that boot in one call: the benches' simulated hosts."""
+    rule = NightRule(history, tonight, worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+    if rule.wants_fresh_boots:
+        rule.record(more())
+    return rule.shift

@@ -491,9 +491,9 @@ class _Search:
         return True
 
     def leave_out_level(self, groups: Sequence[tuple]) -> Generator[frozenset, object, list]:
-        return (yield from self.block(self.all, [("leave out", self.all - frozenset(g)) for g in groups], expect=self.better,
-                          thr=self.block_thr, judge=self._judge_leave_out,
-                          only_clearing=[len(g) > 1 for g in groups]))
+        items = [("leave out", self.all - frozenset(g)) for g in groups]
+        return (yield from self.block(self.all, items, expect=self.better, thr=self.block_thr,
+                                      judge=self._judge_leave_out, only_clearing=[len(g) > 1 for g in groups]))
 
     def side_block(self, items: Sequence[tuple[str, frozenset]]) -> Generator[frozenset, object, list]:
         """Configs near the fast one against it, each expected worse: their own

@@ -11,7 +11,7 @@ independent replicates. The test
 needs two earlier nights at least (until then the status is ``first-night``).
 More boots tonight would not narrow the spread between nights, which is what
 bounds it, so there is no sequential sampling; but an alert must survive fresh
-boots of tonight's commit up to the budget (``judge_night``), so a night whose
+boots of tonight's commit up to the budget (``decide.NightRule``), so a night whose
 few boots stalled together does not alert. A regression is bisected at once between the
 last good night's commit and tonight's, reusing every boot the ledger already
 holds, and the run ends with status ``alert`` so the CI job can fail loudly. A
@@ -27,7 +27,7 @@ from .bisect_runner import BisectOutcome, engine_plan, search_commits
 from ..defaults import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from ..analysis import host_state
 from ..errors import UserError
-from ..analysis.decide import judge_night
+from ..analysis.decide import NightRule
 from ..analysis.drift import host_drift
 from .scheduler import Observer, Scheduler
 from ..record.ledger import Ledger
@@ -112,14 +112,12 @@ def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, w
         return NightlyOutcome(run.id, sha, metric, "first-night", len(nights), None, None, (), None,
                               f"{len(nights)} earlier night(s) of this series to compare with; the test needs 2 "
                               "(the spread between nights is its noise); tonight is recorded as a reference")
-    budget = ex.spec.defaults.max_boots_per_arm
-
-    def more() -> list[list[float]]:
+    rule = NightRule([n[2] for n in nights], newest, worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+    if rule.wants_fresh_boots:  # an alert must survive fresh boots of tonight's commit, up to the budget
+        budget = ex.spec.defaults.max_boots_per_arm
         ex.measure([st], max(0, budget - len(st.good_boots)), metric=metric, budget=max(0, budget - len(st.boots)))
-        return [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
-
-    shift = judge_night([n[2] for n in nights], newest, more, worse=worse, min_effect=min_effect, alpha=alpha,
-                        window=window)
+        rule.record([list(v) for v in ledger.boot_values(st.good_boots, metric).values])
+    shift = rule.shift
     reference = nights[-1][1]
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
     drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))
