@@ -128,6 +128,42 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
     assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
 
 
+def test_a_run_explains_a_real_slowdown_by_the_two_flags_that_make_it_together(models, tmp_path):
+    """``explain: true`` against the real server: the slow launch adds a draft model,
+    ``--spec-type draft-simple`` and an env variable llama.cpp never reads. Drafting
+    with a draft this model rejects slows decoding several times, and only the two
+    flags together draft at all (``-md`` alone is the trap above): the explanation's
+    search, stepped by the run and booting the real server, names both flags, each
+    shown by leaving it out, and never the inert variable."""
+    target, draft = models
+    hyps = [{"id": "tuned", "baseline": {},
+             "treatment": {"flags": {"model-draft": str(draft), "spec-type": "draft-simple"},
+                           "env": {"BH_INERT_TUNING": "1"}},
+             "metric": "tok_s", "expect": "decrease", "min_effect": "10%", "explain": True}]
+    spec = write_spec(tmp_path / "h.yaml", engine=_engine(target), benchmark=BENCH, hypotheses=hyps,
+                      defaults={"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 2})
+    db = tmp_path / "r.db"
+    r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                "--journal-dir", tmp_path / "experiments", cwd=tmp_path, env=_env(), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (h,) = last_json(r.stdout)["hypotheses"]
+    assert h["verdict"] == "confirmed" and h["effect"] < 0.6, h
+    ex = h["explanation"]
+    assert ex["members"] == ["flag:model-draft", "flag:spec-type"], ex
+    assert "env:BH_INERT_TUNING" not in ex["members"] + ex["opposite"], ex
+    assert ex["stopped"] in ("explained", "undecided"), ex
+    (record,) = json.loads(query(db, "SELECT summary FROM runs")[0][0])["explain"]
+    every = {d["name"] for d in record["differences"]}
+    left_out = {tuple(sorted(every - set(t["treatment"]))): t for t in record["tests"] if t["purpose"] == "leave out"}
+    for name in ("flag:model-draft", "flag:spec-type"):  # left out, the slow launch is fast again
+        t = left_out[(name,)]
+        assert t["outcome"] == "confirmed" and t["ratio"] > 1.5, t
+    # every boot of the search is a real boot of the server, checked like the run's own
+    statuses = {s for (s,) in query(db, "SELECT status FROM boots")}
+    assert statuses == {"ok"}, statuses
+    assert not [p for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"]
+
+
 def test_check_flags_reads_llama_servers_help(models, tmp_path):
     target, draft = models
     hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "on"}},
