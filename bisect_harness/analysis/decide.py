@@ -210,7 +210,7 @@ class NightRule:
     Made with the earlier nights' boots and tonight's, it looks once
     (``stats.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
     true: the driver boots tonight's commit again (up to its budget) and
-    :meth:`record`\ s all of tonight's boots, and the test runs again on them. Only an
+    :meth:`record` gives it all of tonight's boots, and the test runs again on them. Only an
     alert at both looks stands (:attr:`shift`). Requiring both can only lower the
     false-alert rate (the first look alone holds alpha), and it removes the false
     alerts of a night whose few boots stalled together (a heavy-tailed host), which a
