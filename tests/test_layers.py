@@ -83,10 +83,9 @@ def _imports() -> dict[str, set[str]]:
         package = mod if path.name == "__init__.py" else mod.rpartition("/")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = [p for p in package.split("/") if p][:len([p for p in package.split("/") if p])
-                                                                 - (node.level - 1)]
-                    target = base + (node.module.split(".") if node.module else [])
+                if node.level:  # from . / from .. : up from the importing module's package
+                    parts = [p for p in package.split("/") if p]
+                    target = parts[:len(parts) - (node.level - 1)] + (node.module.split(".") if node.module else [])
                 elif node.module and node.module.split(".")[0] == "bisect_harness":
                     target = node.module.split(".")[1:]
                 else:

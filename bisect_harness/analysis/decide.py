@@ -3,9 +3,9 @@
 :func:`judge` turns the boots of a hypothesis' two sides into a verdict row
 (confirmed / refuted / inconclusive, with its statistics and every warning about
 the boots it used); :class:`NightRule` is nightly's rule for one night against
-the nights before, stepped by its driver as the searches are. The executor's hypothesis loop, ``harness compare`` and
-``harness nightly`` all decide through here; the statistics themselves live in
-``stats``.
+the nights before, stepped by its driver as the searches are. The executor's
+hypothesis loop, ``harness compare`` and ``harness nightly`` all decide through
+here; the statistics themselves live in ``stats``.
 
 A side that never booted (no good boot at all: every launch failed, or its
 commit never built) gives no verdict to speak of: the row is ``inconclusive``
@@ -209,8 +209,8 @@ class NightRule:
 
     Made with the earlier nights' boots and tonight's, it looks once
     (``stats.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
-    true: the driver boots tonight's commit again (up to its budget) and
-    :meth:`record` gives it all of tonight's boots, and the test runs again on them. Only an
+    true: the driver boots tonight's commit again (up to its budget) and gives
+    :meth:`record` all of tonight's boots, and the test runs again on them. Only an
     alert at both looks stands (:attr:`shift`). Requiring both can only lower the
     false-alert rate (the first look alone holds alpha), and it removes the false
     alerts of a night whose few boots stalled together (a heavy-tailed host), which a

@@ -8,11 +8,11 @@ driver (:class:`ExplainSearch`): it says which configuration to boot once next a
 is told that boot's samples of the metric; whoever drives it boots
 (``orchestrate/explain_runner`` through the scheduler, the benches and tests through
 a ``measure`` function, :func:`explain`), so the search calls nothing above it, as
-the bisection's search (``bisection.BisectionSearch.next_round``) does not. Every decision below is sequential: the
-paired ones by the harness's verdict rule (:func:`stats.evaluate`), the others by a
-block of many configs against one control (:mod:`blocks`), so a test stops at its
-first look when the answer is clear and spends its budget only where the answer is
-close.
+the bisection's search (``bisection.BisectionSearch.next_round``) does not. Every
+decision below is sequential: the paired ones by the harness's verdict rule
+(:func:`stats.evaluate`), the others by a block of many configs against one control
+(:mod:`blocks`), so a test stops at its first look when the answer is clear and
+spends its budget only where the answer is close.
 
 The search (adaptive group testing, the leave-out form of ddmin):
 

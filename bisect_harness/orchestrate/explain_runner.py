@@ -135,7 +135,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
                                      f"{m.unmeasurable or m.short or 'no usable boot of ' + metric.name}; "
                                      "see its boot logs"))
     res = finder.result
-    # Each test names the boots asked for that made each side's (a shared boot serves several).
+    # Each test names, by the order they were asked for, the boots behind each side (a shared boot serves several).
     tests = [{**t.to_json(), "baseline_boot_ids": [calls[i][1] for i in t.baseline_calls],
               "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
     record = {**search, "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
