@@ -69,19 +69,21 @@ def _verdict_table(run) -> Table:
                   f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
                   f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
                   escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")],
-                                      (v.stats or {}).get("checks")).strip("*")))
+                                      (v.stats or {}).get("checks")).replace("**", "")))
     return t
 
 
 def _checks_json(v) -> dict:
-    """What the verdict's boots checked: counts per check and a word (``ok`` / ``unchecked`` / the marks)."""
+    """What the verdict's boots checked: counts per check (``decide.checks_done``: boots per
+    check, flags compared and not reported) and a word (``ok`` / ``unchecked`` / the marks,
+    with the flags the server did not report named; never ``ok`` for those)."""
     from .record.journal import _checks_cell
 
     if v is None:
         return {"word": "unchecked", "counts": None}
     counts = (v.stats or {}).get("checks")
     word = _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")], counts)
-    return {"word": word.strip("*"), "counts": counts}
+    return {"word": word.replace("**", ""), "counts": counts}
 
 
 def _follow_ups_json(run) -> dict[int, dict]:

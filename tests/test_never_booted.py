@@ -151,3 +151,75 @@ def test_the_checks_word_says_what_was_checked_and_never_ok_for_nothing():
     assert _checks_cell([], [], {"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
     assert _checks_cell(["treatment boot 3: mechanism_not_engaged"], [], {"env": 0, "flags": 0, "mechanisms": 1}) \
         == "**mechanism_not_engaged x1**"
+
+
+def _flag_boot(i, *checks, env_vars=()):
+    """A good boot whose flag report holds ``checks`` (flag, key, requested, effective, status)."""
+    from types import SimpleNamespace
+
+    from bisect_harness.boot.provenance import FlagCheck, FlagReport
+
+    rep = FlagReport(tuple(FlagCheck(*c) for c in checks)).to_dict()
+    env = {"vars": [{"name": v} for v in env_vars], "state": "ok"} if env_vars else None
+    return SimpleNamespace(id=i, status="ok", env_report=env, flag_report=rep, provenance={})
+
+
+def test_a_flag_the_server_does_not_report_is_never_ok():
+    """llama.cpp's /props echoes the model and the slots, not --flash-attn: the flag is
+    planned, listed as not reported, and every word a verdict shows (the checks column,
+    --json, the boot table, the mechanism layer) says so, never "ok" or "yes" for it."""
+    from types import SimpleNamespace
+
+    from bisect_harness.analysis.decide import checks_done
+    from bisect_harness.analysis.mechanism import flag_layer
+    from bisect_harness.boot.provenance import NOT_REPORTED, flag_report
+    from bisect_harness.cli import _checks_json
+    from bisect_harness.record.journal import _checks_cell, _flag_cell, checks_word
+
+    # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
+    rep = flag_report({"model": "/m.gguf", "flash-attn": "auto"}, {"model_path": "/m.gguf", "flash_attn": "auto"},
+                      aliases={"model": "model_path", "flash-attn": None})
+    assert [(c.flag, c.status) for c in rep.checks] == [("model", "matched"), ("flash-attn", NOT_REPORTED)]
+    assert rep.checks[1].key == "" and len(rep.compared) == 1
+
+    llama = ("model", "model_path", "/m.gguf", "/m.gguf", "matched")
+    fa = ("flash-attn", "", "auto", None, "not_reported")
+    boots = [_flag_boot(1, llama, fa, env_vars=("X",)), _flag_boot(2, llama, fa, env_vars=("X",))]
+    counts = checks_done(boots)
+    assert counts["flags"] == 0 and counts["flags_compared"] == 1 and counts["flags_not_reported"] == 1
+    assert counts["not_reported"] == ["flash-attn"] and counts["env"] == 2
+    word = checks_word(counts)
+    assert word == "ok (env), flags: 1 compared, 1 not reported (flash-attn)", word
+    assert checks_word(checks_done([_flag_boot(1, fa)])) == "unchecked, flags: 1 not reported (flash-attn)"
+    # every planned flag compared: then, and only then, "flags" is ok
+    assert checks_word(checks_done([_flag_boot(1, llama)])) == "ok (flags)"
+    # beside a boot's marks too, never hidden
+    cell = _checks_cell(["treatment boot 3: host_busy"], [], counts)
+    assert cell == "**host_busy x1**, flags: 1 compared, 1 not reported (flash-attn)", cell
+    verdict = SimpleNamespace(warnings=[], stats={"checks": counts})
+    out = _checks_json(verdict)
+    assert out["word"] == word and out["counts"]["not_reported"] == ["flash-attn"]
+    assert "ok (flags)" not in out["word"]
+    # the boot table's cell and the mechanism layer
+    cell = _flag_cell(boots[0].flag_report)
+    assert cell == "1 matched; **not reported**: flash-attn" and not cell.startswith("yes"), cell
+    assert _flag_cell(_flag_boot(1, llama).flag_report) == "yes (1 compared, all matched)"
+    layer = flag_layer(boots)
+    assert layer["accepted"] == "unknown" and layer["not_reported"] == ["flash-attn"], layer
+    assert flag_layer([_flag_boot(1, llama)])["accepted"] == "yes"
+    # a verdict recorded before the harness counted not-reported flags does not claim them either
+    assert checks_word({"env": 1, "flags": 2, "mechanisms": 0}).startswith("ok (env), flags: some compared")
+
+
+def test_the_plan_checks_every_flag_even_one_the_preset_cannot_look_up(tmp_path):
+    from bisect_harness.input.spec import load_spec
+    from bisect_harness.planning.plan import make_plan
+
+    hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "auto", "parallel": 2}},
+             "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "h.yaml", engine={"preset": "llamacpp", "flags": {"model": "m.gguf"}},
+                      benchmark=BENCH, hypotheses=hyps)
+    plan = make_plan(load_spec(spec), cache_dir=tmp_path / "cache")
+    treat = plan.recipe(plan.hypotheses[0].treatment).request
+    keys = {flag: key for flag, _v, key, _m in treat.flag_checks}
+    assert keys == {"model": "model_path", "flash-attn": None, "parallel": "total_slots"}, keys

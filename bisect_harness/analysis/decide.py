@@ -139,22 +139,35 @@ def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric:
     return v
 
 
-def checks_done(boots: Sequence[Boot]) -> dict[str, int]:
+def checks_done(boots: Sequence[Boot]) -> dict:
     """How many of ``boots`` (the good ones) had each check answer: the env check
-    (a requested var, every process read), the flag check (a flag the server
-    reported back), the mechanism check (evidence read). A verdict whose boots
-    answered none of them is *unchecked*, never "ok"."""
-    out = {"env": 0, "flags": 0, "mechanisms": 0}
+    (a requested var, every process read), the flag check, the mechanism check
+    (evidence read). A verdict whose boots answered none of them is *unchecked*,
+    never "ok".
+
+    ``flags`` counts the boots whose every planned flag the server reported back
+    (compared, matched or not); ``flags_compared`` and ``flags_not_reported`` count
+    the flags by name over the boots, and ``not_reported`` names those the server
+    did not report in some boot (a flag with no server-info key, or no server
+    info): such a flag is never counted as checked."""
+    out: dict = {"env": 0, "flags": 0, "mechanisms": 0}
+    compared: set[str] = set()
+    missing: set[str] = set()
     for b in boots:
         if b.status != "ok":
             continue
         env = b.env_report or {}
         if env.get("vars") and env.get("state", "ok" if env.get("ok") else "missing") != "unverified":
             out["env"] += 1
-        if any(c.get("status") in ("matched", "mismatched") for c in (b.flag_report or {}).get("checks", [])):
+        flag_checks = (b.flag_report or {}).get("checks", [])
+        answered = {c.get("flag") for c in flag_checks if c.get("status") in ("matched", "mismatched")}
+        compared |= answered
+        missing |= {c.get("flag") for c in flag_checks if c.get("status") not in ("matched", "mismatched")}
+        if flag_checks and len(answered) == len(flag_checks):
             out["flags"] += 1
         if any(m.get("state") in ("engaged", "not_engaged") for m in (b.provenance or {}).get("mechanisms", [])):
             out["mechanisms"] += 1
+    out.update(flags_compared=len(compared), flags_not_reported=len(missing), not_reported=sorted(map(str, missing)))
     return out
 
 

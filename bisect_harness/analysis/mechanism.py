@@ -4,9 +4,9 @@
 move, in a stated direction, for the claim to hold. Each layer has its own statistics:
 
 * **flag accepted**: the treatment's boots' flag check (the server's effective
-  arguments against the flags asked for): ``yes`` when every checked flag matched in
-  every good boot, ``no`` when one was mismatched, ``unknown`` when the server reported
-  none of them;
+  arguments against the flags asked for): ``yes`` when every flag was compared and
+  matched in every good boot, ``no`` when one was mismatched, ``unknown`` when the server
+  did not report one of them (named, never read as accepted);
 * **mechanism engaged**: each mechanism metric judged by the same rule as the outcome
   (``decide.judge``: the boots, the sequential design, the family's alpha), with its own
   verdict; engaged when every one is confirmed, inert when one is refuted;
@@ -26,19 +26,24 @@ __all__ = ["flag_layer", "layers"]
 
 
 def flag_layer(boots: Sequence) -> dict:
-    """What the flag checks of ``boots`` (good ones) say: accepted yes / no / unknown."""
+    """What the flag checks of ``boots`` (good ones) say: accepted yes / no / unknown.
+    ``yes`` only when every flag was compared and matched in every boot; a flag the
+    server did not report leaves it ``unknown`` and is named in ``not_reported``."""
     matched = mismatched = 0
     detail: list[str] = []
+    missing: set[str] = set()
     for b in boots:
         if b.status != "ok" or not b.flag_report:
             continue
         rep = FlagReport.from_dict(b.flag_report)
         matched += len(rep.matched)
+        missing |= {c.flag for c in rep.not_reported}
         for c in rep.mismatched:
             mismatched += 1
             detail.append(f"boot {b.id}: {c.flag} asked {c.requested!r}, server has {c.effective!r}")
-    state = "no" if mismatched else ("yes" if matched else "unknown")
-    return {"accepted": state, "matched": matched, "mismatched": mismatched, "detail": detail[:5]}
+    state = "no" if mismatched else ("yes" if matched and not missing else "unknown")
+    return {"accepted": state, "matched": matched, "mismatched": mismatched, "not_reported": sorted(missing),
+            "detail": detail[:5]}
 
 
 def layers(judge_one, *, flag_boots: Sequence, mechanism: Sequence, outcome: str) -> dict:

@@ -88,7 +88,9 @@ class BootRequest:
     env: tuple[tuple[str, str], ...]      # preset env, then the arm's: laid over that host's environment
     arm_env: tuple[tuple[str, str], ...]  # the arm's alone: what the env check looks for in every worker
     flags: tuple[tuple[str, Any], ...]    # the arm's flags, for `when:` on sources
-    flag_checks: tuple[tuple[str, Any, str, str], ...]  # (flag, value, server-info key, compare mode)
+    # (flag, value, server-info key, compare mode); every flag of the arm, the key None where the
+    # preset knows none (the flag is then reported as not reported, never as a match)
+    flag_checks: tuple[tuple[str, Any, str | None, str], ...]
     # readiness and server info
     health_path: str
     ready_timeout_s: float

@@ -148,7 +148,9 @@ class Plan:
         preset = presets.get_preset(engine.preset)
         wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
         keys = {f: presets.info_key(f, preset) for f in flags}
-        checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items() if keys[f])
+        # every flag is planned for the check: one the preset has no server-info key for (key
+        # None) is listed as not reported, never dropped, so no verdict reads it as compared
+        checks = tuple((f, v, keys[f], presets.compare_mode(f, preset)) for f, v in flags.items())
         release = None
         launch, build = engine.launch, engine.build
         if arm.release is not None:  # an installed build: no checkout, no build, its own launch

@@ -125,8 +125,10 @@ def layers_lines(stats: dict | None) -> list[str]:
     if not lay:
         return []
     f = lay["flag_accepted"]
+    missing = f.get("not_reported") or []
     out = [f"layer 1, flag accepted: **{f['accepted']}** ({f['matched']} flag check(s) matched, "
-           f"{f['mismatched']} mismatched in the treatment's boots)"
+           f"{f['mismatched']} mismatched in the treatment's boots"
+           + (f"; not reported by the server: {', '.join(missing)}" if missing else "") + ")"
            + "".join(f"; {d}" for d in f.get("detail") or [])]
     parts = []
     for m in lay["mechanism"]:

@@ -69,29 +69,51 @@ def _env_cell(report: dict | None) -> str:
 
 
 def _flag_cell(report: dict | None) -> str:
-    """Did each requested flag show up in the server's effective arguments?"""
+    """Did each requested flag show up in the server's effective arguments? ``yes``
+    only when every flag was compared; a flag the server did not report says so."""
     if not report:
         return "n/a"
     rep = FlagReport.from_dict(report)
     if not rep.checks:
-        return "unchecked (no checkable flags)"
+        return "- (no flags)"
     if rep.mismatched:
         return "**NO**: " + _md("; ".join(f"{c.flag}: asked {c.requested!r}, server has {c.effective!r}"
                                           for c in rep.mismatched))
-    text = f"yes ({len(rep.matched)} confirmed"
-    if rep.not_reported:
-        text += f", {len(rep.not_reported)} not reported: " + ", ".join(c.flag for c in rep.not_reported)
-    return _md(text + ")")
+    if not rep.not_reported:
+        return f"yes ({len(rep.matched)} compared, all matched)"
+    matched = f"{len(rep.matched)} matched; " if rep.matched else ""
+    return _md(matched) + "**not reported**: " + _md(", ".join(c.flag for c in rep.not_reported))
 
 
 def checks_word(checked: dict | None) -> str:
     """``ok (env, flags)``: what the boots' checks answered; ``unchecked`` when none did
-    (no env requested, no flag reported back, no mechanism evidence). ``None``: a
-    verdict recorded before the harness counted its checks."""
+    (no env requested, no flag reported back, no mechanism evidence). ``flags`` is
+    there only when every planned flag was compared in every boot counted; flags the
+    server did not report are named after it (``ok (env), flags: 1 compared, 1 not
+    reported (flash-attn)``), never read as ok. ``None``: a verdict recorded before
+    the harness counted its checks."""
     if checked is None:
         return "ok"
-    done = [k for k in ("env", "flags", "mechanisms") if checked.get(k)]
-    return f"ok ({', '.join(done)})" if done else "unchecked"
+    # recorded before the harness counted not-reported flags: its "flags" is a boot with any flag compared
+    earlier = "flags_not_reported" not in checked
+    missing = [] if earlier else list(checked.get("not_reported") or [])
+    done = [k for k in ("env", "flags", "mechanisms") if checked.get(k)
+            and not (k == "flags" and (earlier or missing))]
+    word = f"ok ({', '.join(done)})" if done else "unchecked"
+    if missing:
+        word += ", " + _not_reported(checked)
+    elif earlier and checked.get("flags"):
+        word += ", flags: some compared (recorded before not-reported flags were counted)"
+    return word
+
+
+def _not_reported(checked: dict | None) -> str:
+    """``flags: 2 compared, 1 not reported (flash-attn)``, or "" when every flag was compared."""
+    missing = list((checked or {}).get("not_reported") or [])
+    if not missing:
+        return ""
+    n, compared = checked.get("flags_not_reported") or len(missing), checked.get("flags_compared") or 0
+    return "flags: " + (f"{compared} compared, " if compared else "") + f"{n} not reported ({', '.join(missing)})"
 
 
 def _mechanism_cell(results) -> str:
@@ -122,7 +144,10 @@ def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
         n = sum(1 for w in warnings or [] if w.startswith(prefix))
         if n:
             parts.append(label if n == 1 else f"{label} x{n}")
-    return "**" + ", ".join(parts) + "**" if parts else checks_word(checked)
+    if not parts:
+        return checks_word(checked)
+    unchecked = _not_reported(checked)  # beside the marks too: a flag not compared is never hidden
+    return "**" + ", ".join(parts) + "**" + (f", {unchecked}" if unchecked else "")
 
 
 def _sampling_text(d: dict) -> str:

@@ -27,6 +27,8 @@ DEFAULT_FLAG_ALIASES: Mapping[str, tuple[str, ...]] = {
 }
 
 MATCHED, MISMATCHED, NOT_REPORTED = "matched", "mismatched", "not_reported"
+#: ``FlagCheck.key`` of a flag the preset knows no server-info key for
+NO_KEY = ""
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -179,6 +181,11 @@ class FlagReport:
                 return c
         raise KeyError(flag)
 
+    @property
+    def compared(self) -> tuple[FlagCheck, ...]:
+        """The flags the server reported, matched or not: the ones checked."""
+        return tuple(c for c in self.checks if c.status in (MATCHED, MISMATCHED))
+
     def describe(self) -> str:
         lines = [f"flags: {len(self.matched)} matched, {len(self.mismatched)} mismatched, "
                  f"{len(self.not_reported)} not reported"]
@@ -259,7 +266,10 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     objects), its normalised name (``-`` -> ``_``), then
     :data:`DEFAULT_FLAG_ALIASES`. Values compare with :func:`values_match` by the
     flag's mode in ``compare`` (default ``equal``). ``server_info`` None (the server
-    has no info endpoint) reports every flag as not reported, with a note.
+    has no info endpoint) reports every flag as not reported, with a note. A flag whose
+    entry in ``aliases`` is None has no server-info key the preset knows (llama.cpp's
+    ``/props`` echoes few launch arguments): it is not reported (key ``""``), never
+    looked up by its name.
     """
     aliases = dict(aliases or {})
     compare = dict(compare or {})
@@ -267,6 +277,9 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     info = {normalise_flag(k): v for k, v in server_info.items()} if server_info is not None else None
     for flag, want in requested.items():
         norm = normalise_flag(flag)
+        if flag in aliases and aliases[flag] is None:
+            checks.append(FlagCheck(flag, NO_KEY, want, None, NOT_REPORTED))
+            continue
         mode = compare.get(flag) or compare.get(norm) or "equal"
         candidates: list[str] = []
         for a in (aliases.get(flag), aliases.get(norm), aliases.get("--" + str(flag))):
@@ -301,5 +314,5 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     return FlagReport(tuple(checks), note)
 
 
-__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "NOT_REPORTED",
+__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "NOT_REPORTED", "NO_KEY",
            "flag_report", "normalise_flag", "values_equal", "values_match"]
