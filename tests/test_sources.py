@@ -196,6 +196,38 @@ def test_response_missing_fields_are_problems():
     assert "speculative decoding did not run" in c2.problems()[0]
 
 
+@pytest.mark.parametrize("preset, says, never", [
+    ("llamacpp", "llama.cpp's last object has timings.draft_n", "per-request-spec-decode-metrics"),
+    ("vllm", "--per-request-spec-decode-metrics", "llama.cpp"),
+    ("openai", "", "per-request-spec-decode-metrics"),
+])
+def test_a_missing_field_is_explained_by_the_engine_that_ran(server, preset, says, never):
+    """A llama.cpp boot that never drafted has no ``timings.draft_n`` in its last chunk
+    (server_slot_stats::to_json writes it only when the slot drafted): its problem speaks
+    of llama.cpp, never of vLLM's flag; a vLLM boot's gives vLLM's advice; a preset with
+    no word says nothing more. A /metrics that does not answer likewise."""
+    from bisect_harness.boot.presets import get_preset
+
+    notes = get_preset(preset).source_notes
+    draft = parse_source({"name": "drafted", "from": "response", "chunk": "last", "field": "timings.draft_n",
+                          "better": "higher"}, "a")
+    c = SourceCollector([draft], server.url, None, notes=notes)
+    c.begin_sample()
+    last = {"stop": True, "timings": {"predicted_n": 8, "cache_n": 0, "prompt_n": 17}}
+    assert c.end_sample([{}], 1.0, [last]) == {}
+    (problem,) = c.problems()
+    assert "missing in 1" in problem and says in problem and never not in problem, problem
+
+    rate = parse_source({"name": "r", "from": "prometheus", "metric": "x_total", "kind": "rate",
+                         "better": "higher"}, "b")
+    c = SourceCollector([rate], server.url + "/nothing-here", None, notes=notes)
+    c.begin_sample()
+    c.end_sample([], 1.0)
+    (problem,) = c.problems()
+    assert "HTTP 404" in problem and ("SGLang" not in problem) and (
+        ("--metrics" in problem) == (preset == "llamacpp")), problem
+
+
 def test_log_source_reads_only_new_lines(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("Target verify: 99.00 ms/cyc\n")   # before the window: ignored

@@ -377,7 +377,8 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                 b.provenance["sources_not_applicable"] = list(req.sources_not_applicable)
             collector = SourceCollector(req.metric_sources, base_url, log_path, server_info=info,
                                         server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
-                                        headers=endpoint.headers, body_limit=req.benchmark.limits.body_bytes)
+                                        headers=endpoint.headers, body_limit=req.benchmark.limits.body_bytes,
+                                        notes=presets.get_preset(req.preset).source_notes)
             with provenance.GpuSampler(interval_s=1.0) as sampler, \
                     contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
                     bench.session():  # one HTTP client per boot, opened outside every sample window

@@ -119,6 +119,9 @@ class Preset:
     the evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): a boot
     that sets such a flag is checked after its samples, and one whose mechanism did
     not engage is marked ``mechanism_not_engaged``.
+    ``source_notes`` say what a metric source's miss means on this engine (keys
+    ``metrics``: ``/metrics`` did not answer; ``last_chunk``: a field missing from a
+    stream's last chunk), so a boot's source problems give this engine's advice.
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -144,6 +147,7 @@ class Preset:
     flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     mechanisms: tuple = ()
+    source_notes: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
     #: True when :meth:`default_repo` can make the engine's repository, so a file
@@ -214,6 +218,9 @@ _SGLANG = register_preset(Preset(
     # SGLang sends its own warmup request from a thread after the port opens.
     settle_s=5.0,
     server_info_paths=("/server_info", "/get_server_info"),
+    source_notes={"metrics": "SGLang serves /metrics only with --enable-metrics",
+                  "last_chunk": "SGLang's /generate sends its per-request figures in every chunk's meta_info: "
+                                "read them without chunk: last"},
     false_style="omit",
     underscores_to_dashes=True,
     aliases={
@@ -275,6 +282,10 @@ _VLLM = register_preset(Preset(
     ready_timeout_s=1800.0,
     health_request_timeout_s=10.0,
     server_info_paths=("/server_info?config_format=json", "/version"),
+    # vllm/entrypoints/openai/completion/serving.py (0.33.0): per-request metrics ride on the
+    # final usage chunk, sent only with stream_options.include_usage and the server's flag
+    source_notes={"last_chunk": "vLLM sends per-request metrics in its final usage chunk only with "
+                                "--per-request-spec-decode-metrics"},
     false_style="no-prefix",
     underscores_to_dashes=True,
     aliases={
@@ -352,6 +363,11 @@ _LLAMACPP = register_preset(Preset(
     # tools/server/server-context.cpp get_res_props: build_info, total_slots,
     # model_path, endpoint_metrics; no other launch argument is echoed back.
     server_info_paths=("/props",),
+    # tools/server/server-common.cpp server_slot_stats::to_json (llama.cpp in llama-cpp-python
+    # 0.3.36): timings.draft_n and draft_n_accepted are written only when the slot drafted
+    source_notes={"metrics": "llama-server serves /metrics only with --metrics",
+                  "last_chunk": "llama.cpp's last object has timings.draft_n and timings.draft_n_accepted only "
+                                "when the request drafted: speculative decoding did not run for the others"},
     false_style="omit",
     underscores_to_dashes=True,
     aliases={"m": "model", "md": "model-draft", "spec-draft-model": "model-draft", "c": "ctx-size",

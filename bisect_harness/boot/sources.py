@@ -435,8 +435,8 @@ class LastChunkSource(ResponseSource):
                 found.append(lookup(chunk, self.field))
             except KeyError:
                 found.append(_MISSING)
-        return self._mean(window, found, "last chunks (vLLM sends per-request metrics in its final usage "
-                                         "chunk only with --per-request-spec-decode-metrics)")
+        note = window.note("last_chunk")
+        return self._mean(window, found, "last chunks" + (f" ({note})" if note else ""))
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -693,14 +693,18 @@ class SourceCollector:
     ``server_info_paths`` are given; with paths, server info is read again from
     them (first that answers 200 with JSON) at the end of every window in which a
     server_info source needs it. Network and file errors never raise: they become
-    problems, reported by ``problems()`` and recorded with the boot.
+    problems, reported by ``problems()`` and recorded with the boot. ``notes`` are the
+    engine's own words on what a miss means (``presets.Preset.source_notes``: keys
+    ``metrics``, ``last_chunk``), so a problem gives the advice of the engine that ran.
     """
 
     def __init__(self, sources: Sequence[MetricSource], base_url: str, log_path: str | Path | None, *,
                  server_info: Mapping | None = None, server_info_paths: Sequence[str] = (),
                  metrics_path: str = "/metrics", timeout_s: float = 10.0, client=None,
-                 headers: Mapping[str, str] | None = None, body_limit: int = MAX_BODY_BYTES):
+                 headers: Mapping[str, str] | None = None, body_limit: int = MAX_BODY_BYTES,
+                 notes: Mapping[str, str] | None = None):
         self.sources = tuple(sources)
+        self.notes = dict(notes or {})
         self.base_url = base_url.rstrip("/")
         self.body_limit = body_limit  # limits.body_bytes: /metrics and server info read no further
         self.log_path = Path(log_path) if log_path is not None else None
@@ -735,8 +739,8 @@ class SourceCollector:
         except Exception as exc:  # any transport failure is a problem, not a crash
             return None, f"GET {self.metrics_path} failed: {type(exc).__name__}: {exc}"
         if resp.status_code != 200:
-            return None, (f"GET {self.metrics_path} answered HTTP {resp.status_code} (SGLang serves /metrics "
-                          "only with --enable-metrics)")
+            note = self.notes.get("metrics")
+            return None, f"GET {self.metrics_path} answered HTTP {resp.status_code}" + (f" ({note})" if note else "")
         try:
             return _parse_prometheus(resp.text), None
         except Exception as exc:
@@ -887,6 +891,10 @@ class SampleWindow:
         if self._lines is _UNREAD:
             self._lines = self._c._new_log_lines()
         return self._lines
+
+    def note(self, what: str) -> str:
+        """The engine's word on a miss of ``what`` (``SourceCollector``'s notes), or ""."""
+        return self._c.notes.get(what, "")
 
     def miss(self, source: MetricSource, why: str) -> None:
         """Record why ``source`` gave no (or an incomplete) value in this window."""
