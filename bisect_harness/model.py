@@ -113,6 +113,22 @@ CLIENT_METRICS.update({
 })
 
 
+#: The prompt as the server counted it, per sample (a mean over the requests whose stream
+#: said; absent where none did): ``client.measure_sample_detail``.
+CLIENT_METRICS.update({
+    m.name: m
+    for m in (
+        Metric("prompt_tokens", "tokens", Better.LOWER, "mean prompt length, as the server counted it"),
+        Metric("cached_prompt_tokens", "tokens", Better.HIGHER,
+               "mean of the prompt's tokens the server took from its prefix cache (llama.cpp timings.cache_n, "
+               "SGLang meta_info.cached_tokens, OpenAI usage.prompt_tokens_details.cached_tokens), where it said"),
+        Metric("prompt_tokens_evaluated", "tokens", Better.LOWER,
+               "mean of the prompt's tokens the server computed, not cached (llama.cpp timings.prompt_n), "
+               "where it said"),
+    )
+})
+
+
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -193,6 +209,10 @@ class BenchmarkSpec:
     ignore_eos: bool = True
     request_timeout_s: float = 300.0
     seed: int = 0
+    # False: every request's prompt is unique across the samples and boots of a config (a
+    # seeded tag first, ``client.request_prompt``), so no prefix cache serves a later sample;
+    # True: every sample sends the same prompts, for measuring the cache itself
+    prompt_reuse: bool = False
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
     tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)
     limits: Limits = Limits()  # from the spec's top-level ``limits:``; not part of a config's identity

@@ -199,6 +199,20 @@ def test_sglang_tool_against_a_server_that_wants_a_key(tmp_path):
         assert all(KEY not in a for a in run["argv"])  # the key travels in the tool's env only
     assert "--warmup-requests" in runs[0]["argv"] and runs[0]["argv"][runs[0]["argv"].index("--warmup-requests") + 1] == "2"
     assert runs[1]["argv"][runs[1]["argv"].index("--warmup-requests") + 1] == "0"
+    # each run draws its random prompts from a seed of its own: no prefix cache serves the second
+    seeds = [run["argv"][run["argv"].index("--seed") + 1] for run in runs]
+    assert len(set(seeds)) == 2, seeds
+
+
+def test_a_tools_seed_is_its_samples_own_unless_prompts_are_reused():
+    from bisect_harness.boot.benchtools import tool_seed
+
+    bench = BenchmarkSpec(tool="vllm-bench-serve", seed=3)
+    seeds = {tool_seed(bench, boot, sample) for boot in (1, 2) for sample in (1, 2, 3)}
+    assert len(seeds) == 6 and all(0 <= s < 2 ** 31 for s in seeds)
+    assert tool_seed(bench, 1, 1) == tool_seed(bench, 1, 1)
+    reused = BenchmarkSpec(tool="vllm-bench-serve", seed=3, prompt_reuse=True)
+    assert {tool_seed(reused, boot, sample) for boot in (1, 2) for sample in (1, 2)} == {3}
 
 
 @pytest.mark.slow

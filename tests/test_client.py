@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bisect_harness.boot.client import (SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, synthetic_prompt, warmup)
+from bisect_harness.boot.client import (SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, request_prompt, synthetic_prompt, warmup)
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "streams"
@@ -190,8 +190,9 @@ def test_vllm_completions_timing_and_usage():
     with Replay("vllm_completions.sse", first_delay=0.20, delay=0.05) as srv:
         detail = measure_sample_detail(srv.base_url, spec())
     r = detail.result
-    # every client metric, and the prompt's real length where the server's usage says it
-    assert set(r.metrics) == set(CLIENT_METRICS) | {"prompt_tokens"}
+    # every client metric, the prompt's real length where the server's usage says it; no
+    # cached count: vLLM sends usage.prompt_tokens_details only with --enable-prompt-tokens-details
+    assert set(r.metrics) == set(CLIENT_METRICS) - {"cached_prompt_tokens", "prompt_tokens_evaluated"}
     assert r.metrics["prompt_tokens"] == detail.requests[0].prompt_tokens == detail.requests[0].usage["prompt_tokens"]
     assert (r.requests, r.errors, r.output_tokens) == (1, 0, 8)
     req = detail.requests[0]
@@ -211,7 +212,8 @@ def test_request_payloads_follow_the_documented_shapes():
         assert p["model"] == "served-model"  # from GET /v1/models
         assert p["stream"] is True and p["stream_options"] == {"include_usage": True}
         assert p["max_tokens"] == 33 and p["temperature"] == 0.0 and p["ignore_eos"] is True
-        assert p["prompt"] == synthetic_prompt(20, 4, 0) and len(p["prompt"].split()) == 20
+        bench = spec(model=None, output_tokens=33, prompt_tokens=20, seed=4)
+        assert p["prompt"] == request_prompt(bench, 0) and len(p["prompt"].split()) == 20
     with Replay("sglang_generate_spec.sse") as srv:
         measure_sample(srv.base_url, spec(api="generate", output_tokens=12))
         assert srv.paths == ["/generate"]
@@ -224,6 +226,88 @@ def test_synthetic_prompt_is_seeded():
     assert synthetic_prompt(50, 1, 0) == synthetic_prompt(50, 1, 0)
     assert synthetic_prompt(50, 1, 0) != synthetic_prompt(50, 2, 0)
     assert synthetic_prompt(50, 1, 0) != synthetic_prompt(50, 1, 1)
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("words", [1, 4, 20, 200])
+def test_each_request_has_its_own_prompt_in_every_sample_and_boot_and_as_long(words):
+    """No prefix cache may serve one sample from another: request i's prompt in any
+    sample (the warm-up is sample 0) and boot of a config starts its own way, and has
+    the same words (so the same tokens, wherever a tokenizer splits on spaces or counts
+    bytes) as request i's everywhere else."""
+    bench = BenchmarkSpec(prompt_tokens=words, seed=7)
+    keys = [(boot, sample) for boot in (1, 2, 3) for sample in range(4)]
+    for index in range(6):
+        prompts = [request_prompt(bench, index, boot=b, sample=s) for b, s in keys]
+        if words >= 12:  # a tag of six words (a shorter prompt has a tag of half its words)
+            assert len(set(prompts)) == len(prompts), "every sample and boot has its own"
+        assert {len(p.split()) for p in prompts} == {words}
+        assert len({len(p.encode()) for p in prompts}) == 1, "as many bytes: a byte-level vocabulary counts alike"
+        assert len({tuple(sorted(p.split()[min(6, max(1, words // 2)):])) for p in prompts}) == 1, "one body"
+        if words >= 20:  # a tag of six words: a shared first word is chance (1 in 32), two in a thousand
+            shared = [_shared_prefix(a, b) for i, a in enumerate(prompts) for b in prompts[i + 1:]]
+            assert max(shared) <= 2 and sum(1 for n in shared if n) <= len(shared) // 4, shared
+    # the requests of one sample differ from each other too; the same key gives the same prompt
+    if words >= 12:
+        assert len({request_prompt(bench, i, boot=1, sample=1) for i in range(16)}) == 16
+    assert request_prompt(bench, 3, boot=2, sample=1) == request_prompt(bench, 3, boot=2, sample=1)
+
+
+def test_prompt_reuse_sends_the_same_prompts_every_sample_and_boot():
+    bench = BenchmarkSpec(prompt_tokens=30, prompt_reuse=True)
+    for index in range(3):
+        prompts = {request_prompt(bench, index, boot=b, sample=s) for b in (1, 2) for s in (0, 1, 2)}
+        assert len(prompts) == 1
+        assert len(next(iter(prompts)).split()) == 30 == len(request_prompt(BenchmarkSpec(prompt_tokens=30), index).split())
+
+
+def test_a_boots_samples_and_warmup_send_their_own_prompts():
+    """Through the client as a boot drives it: the warm-up and each sample send prompts
+    no other sends, and each request's prompt is as long in every sample."""
+    from bisect_harness.boot.client import PromptSize
+
+    bench = spec(requests_per_sample=3, warmup_requests=2, prompt_tokens=12)
+    size = PromptSize(12, 12, "words")
+    with Replay("vllm_completions.sse") as srv:
+        warmup(srv.base_url, bench, prompt=size, boot=5)
+        for sample in (1, 2):
+            measure_sample_detail(srv.base_url, bench, prompt=size, boot=5, sample=sample)
+        measure_sample_detail(srv.base_url, bench, prompt=size, boot=6, sample=1)
+    sent = [p["prompt"] for p in srv.payloads]
+    assert len(sent) == 2 + 3 * 3 and len(set(sent)) == len(sent)
+    assert {len(p.split()) for p in sent} == {12}
+    first_requests = [sent[i] for i in (0, 2, 5, 8)]  # request 0 of the warm-up and of each sample
+    assert len({len(p.encode()) for p in first_requests}) == 1
+
+
+def test_the_servers_cached_and_computed_prompt_tokens_are_recorded_per_sample():
+    """llama.cpp's timings (cache_n, prompt_n; a 2023 server without cache_n: the prompt
+    less what it computed) and SGLang's meta_info.cached_tokens become the sample's
+    cached_prompt_tokens and prompt_tokens_evaluated."""
+    with Replay("llamacpp_completion.sse", delay=0.001) as srv:
+        r = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=2)).result
+    assert r.metrics["cached_prompt_tokens"] == 0 and r.metrics["prompt_tokens_evaluated"] == 4
+    assert r.metrics["prompt_tokens"] == 4
+    now = [e.replace(b'"prompt_n":4,', b'"prompt_n":1,"cache_n":3,') for e in fixture_events("llamacpp_completion.sse")]
+    with Replay(now, delay=0.001) as srv:
+        r = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=2)).result
+    assert r.metrics["cached_prompt_tokens"] == 3 and r.metrics["prompt_tokens_evaluated"] == 1
+    cut = [e.replace(b'"prompt_n":4,', b'"prompt_n":1,"cache_n":99,') for e in fixture_events("llamacpp_completion.sse")]
+    with Replay(cut, delay=0.001) as srv:  # more cached than the prompt has: not believed
+        r = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=1)).result
+    assert "cached_prompt_tokens" not in r.metrics
+    with Replay("sglang_generate_spec.sse", delay=0.001) as srv:
+        detail = measure_sample_detail(srv.base_url, spec(api="generate", output_tokens=12))
+    assert detail.requests[0].cached_tokens == detail.requests[0].meta_info["cached_tokens"]
+    assert detail.result.metrics["cached_prompt_tokens"] == detail.requests[0].cached_tokens
 
 
 def test_sglang_openai_completions():

@@ -167,3 +167,21 @@ def test_checkout_and_build_env_reach_the_boot_request(tmp_path):
     assert engine_fingerprint(plain) == engine_fingerprint(parse(GOOD.replace(
         "  env: {NCCL", "  checkout: worktree\n  env: {NCCL"), tmp_path))
     assert engine_fingerprint(plain) != engine_fingerprint(spec)
+
+
+def test_prompt_reuse_is_a_benchmark_key_and_measures_another_thing(tmp_path):
+    """``benchmark.prompt_reuse``: false by default (each sample's prompts its own); true
+    measures a prefix cache. The two measure different things, so their configs differ;
+    a file with true keeps the keys of ledgers written when every sample repeated its prompts."""
+    from bisect_harness.input.schema import hypotheses_schema
+    from bisect_harness.planning.plan import engine_fingerprint
+
+    plain = parse(GOOD, tmp_path)
+    reused = parse(GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  prompt_reuse: true"), tmp_path)
+    assert plain.benchmark.prompt_reuse is False and reused.benchmark.prompt_reuse is True
+    assert engine_fingerprint(plain) != engine_fingerprint(reused)
+    with pytest.raises(SpecError, match="true or false") as err:
+        parse(GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  prompt_reuse: sometimes"), tmp_path)
+    assert err.value.key == "benchmark.prompt_reuse"
+    prop = hypotheses_schema()["properties"]["benchmark"]["properties"]["prompt_reuse"]
+    assert prop["type"] == "boolean" and prop["default"] is False

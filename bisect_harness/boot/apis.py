@@ -17,6 +17,7 @@ chat          ``POST /v1/chat/completions``  OpenAI chat: ``choices[].delta.cont
 generate      ``POST /generate``           SGLang native: cumulative ``text``, ``meta_info``
 llamacpp      ``POST /completion``         llama.cpp native: ``content``, ``stop``; the last
                                            object has ``tokens_predicted`` and ``timings``
+                                           (``prompt_n``, ``cache_n``, ``draft_n`` ...)
 tgi           ``POST /generate_stream``    Text Generation Inference: ``token.text`` (one
                                            token an event), ``details.generated_tokens``
 ============  ===========================  ====================================================
@@ -60,6 +61,7 @@ class Reader(Protocol):
 
     usage: dict | None
     meta: dict | None
+    last: dict | None  # the last JSON object of the stream so far
 
     prev_text: str
 
@@ -118,6 +120,29 @@ class Api:
             if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
                 return n
         return None
+
+    def cached_tokens(self, st: Reader) -> int | None:
+        """The prompt's tokens the server took from its prefix cache, where its stream
+        said: OpenAI's ``usage.prompt_tokens_details.cached_tokens`` (llama.cpp always;
+        vLLM with ``--enable-prompt-tokens-details``; SGLang with ``--enable-cache-report``),
+        SGLang's ``meta_info.cached_tokens``."""
+        details = (st.usage or {}).get("prompt_tokens_details")
+        return _count((details if isinstance(details, dict) else {}).get("cached_tokens"),
+                      (st.meta or {}).get("cached_tokens"))
+
+    def evaluated_tokens(self, st: Reader) -> int | None:
+        """The prompt's tokens the server computed (not taken from a cache), where it
+        said: llama.cpp's ``timings.prompt_n`` in the last object of either of its APIs."""
+        timings = (st.last or {}).get("timings")
+        return _count(timings.get("prompt_n")) if isinstance(timings, dict) else None
+
+
+def _count(*values: Any) -> int | None:
+    """The first of ``values`` that is a whole, non-negative number of tokens."""
+    for n in values:
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            return n
+    return None
 
 
 class Completions(Api):
@@ -218,9 +243,21 @@ class LlamaCpp(Api):
             st.output(now, None)
 
     def prompt_tokens(self, st):
-        # the prompt's tokens the server evaluated (a prefix it had cached is not among them)
-        n = (st.meta or {}).get("tokens_evaluated")
-        return n if isinstance(n, int) and not isinstance(n, bool) else None
+        # the prompt's length, a prefix taken from the cache included: tokens_evaluated is
+        # n_prompt_tokens = task->n_tokens() (tools/server/server-task.cpp and server-context.cpp,
+        # llama.cpp in llama-cpp-python 0.3.36)
+        return _count((st.meta or {}).get("tokens_evaluated"))
+
+    def cached_tokens(self, st):
+        # timings.cache_n: the prompt's tokens reused from the slot's cache (server_slot_stats::to_json);
+        # a server without it: the prompt's tokens less those it computed (timings.prompt_n)
+        timings = (st.meta or {}).get("timings")
+        timings = timings if isinstance(timings, dict) else {}
+        cached = _count(timings.get("cache_n"))
+        if cached is not None:
+            return cached
+        total, computed = self.prompt_tokens(st), _count(timings.get("prompt_n"))
+        return total - computed if total is not None and computed is not None and computed <= total else None
 
     def retryable(self, status, body):
         # the 2023 server answered a request it had no free slot for with "slot unavailable"

@@ -20,7 +20,8 @@ and ``main_async``, ``vllm/benchmarks/datasets/datasets.py``
 ``get_auth_headers`` for ``OPENAI_API_KEY``).
 
 Each tool run is one sample: ``requests_per_sample`` prompts of
-``prompt_tokens`` random tokens, ``output_tokens`` each, ``concurrency`` in
+``prompt_tokens`` random tokens (drawn from a seed of the sample's own,
+:func:`tool_seed`, so no prefix cache serves one sample from another), ``output_tokens`` each, ``concurrency`` in
 flight, all sent at once (request rate inf). It runs in a process group of its
 own with a deadline, its argv built without a shell, the API key (attach mode)
 passed in its environment as ``OPENAI_API_KEY``, never on its command line.
@@ -29,7 +30,8 @@ passed in its environment as ``OPENAI_API_KEY``, never on its command line.
 from __future__ import annotations
 
 import contextlib
-
+import dataclasses
+import hashlib
 import json
 import math
 import shutil
@@ -45,7 +47,7 @@ from ..model import BenchmarkSpec
 from .request import SampleOutcome
 from ..secrets import redact_argv, redact_text
 
-__all__ = ["BenchTool", "TOOLS", "get_tool", "Endpoint", "sample_runner", "ClientRunner", "ToolRunner"]
+__all__ = ["BenchTool", "TOOLS", "get_tool", "Endpoint", "sample_runner", "ClientRunner", "ToolRunner", "tool_seed"]
 
 
 @dataclass(frozen=True)
@@ -237,15 +239,21 @@ def get_tool(name: str) -> BenchTool:
 
 
 class ClientRunner:
-    """The harness's own streaming client (``client``)."""
+    """The harness's own streaming client (``client``). ``boot`` numbers the boot's
+    prompts (``client.request_prompt``): unique to each boot, sample and request."""
 
-    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint):
-        self.bench, self.endpoint = bench, endpoint
+    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0):
+        self.bench, self.endpoint, self.boot = bench, endpoint, boot
         self._http = None
-        self.prompt: client.PromptSize | None = None  # sized once a boot, before its first sample
+        self.prompt: client.PromptSize | None = None  # sized once a boot, before its warm-up
 
     def warmup(self) -> None:
-        client.warmup(self.endpoint.base_url, self.bench, headers=self.endpoint.headers)
+        """Size the prompts (the server's tokenizer), then warm up with prompts that long."""
+        url = self.endpoint.base_url
+        with client.boot_session(url, self.bench, headers=self.endpoint.headers) as (http, bench):
+            self.bench = bench
+            self.prompt = client.size_prompts(http, url, bench, boot=self.boot)
+            client.warmup(url, bench, client=http, prompt=self.prompt, boot=self.boot)
 
     @contextlib.contextmanager
     def session(self):
@@ -253,7 +261,8 @@ class ClientRunner:
         so no sample window holds the client's setup."""
         with client.boot_session(self.endpoint.base_url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self._http, self.bench = http, bench
-            self.prompt = client.size_prompts(http, self.endpoint.base_url, bench)
+            if self.prompt is None:
+                self.prompt = client.size_prompts(http, self.endpoint.base_url, bench, boot=self.boot)
             try:
                 yield self
             finally:
@@ -261,12 +270,22 @@ class ClientRunner:
 
     def sample(self, index: int) -> client.SampleDetail:
         return client.measure_sample_detail(self.endpoint.base_url, self.bench, client=self._http,
-                                            headers=self.endpoint.headers, prompt=self.prompt)
+                                            headers=self.endpoint.headers, prompt=self.prompt, boot=self.boot,
+                                            sample=index + 1)
 
     def provenance(self) -> dict:
         """How long the prompts were (``client.PromptSize``: tokens, or words where the
-        server cannot count them)."""
+        server cannot count them), and whether each sample's were its own."""
         return {"prompt": self.prompt.to_dict()} if self.prompt is not None else {}
+
+
+def tool_seed(bench: BenchmarkSpec, boot: int, sample: int) -> int:
+    """The ``--seed`` of a tool's run: its random prompts differ in every sample and boot
+    (no prefix cache serves one from another), unless ``benchmark.prompt_reuse``."""
+    if bench.prompt_reuse:
+        return bench.seed
+    key = f"{bench.seed}:{boot}:{sample}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") >> 1  # a positive int32
 
 
 _SCALARS = (int, float, str, bool, type(None))
@@ -276,8 +295,8 @@ class ToolRunner:
     """Runs ``tool`` once per sample against ``endpoint`` and reads its result file."""
 
     def __init__(self, tool: BenchTool, bench: BenchmarkSpec, endpoint: Endpoint, *, python: str,
-                 env: Mapping[str, str], cwd: Path, log_path: Path):
-        self.tool, self.bench, self.endpoint = tool, bench, endpoint
+                 env: Mapping[str, str], cwd: Path, log_path: Path, boot: int = 0):
+        self.tool, self.bench, self.endpoint, self.boot = tool, bench, endpoint, boot
         self.python, self.cwd = python, Path(cwd)
         self.env = dict(env)
         if endpoint.api_key is not None:
@@ -304,7 +323,8 @@ class ToolRunner:
         suffix = ".jsonl" if isinstance(self.tool, SglangBenchServing) else ".json"
         result = self.results_dir / f"sample-{index + 1}{suffix}"
         result.unlink(missing_ok=True)
-        argv = self.tool.argv(self.bench, self.endpoint, self.python, result, self._warmups)
+        bench = dataclasses.replace(self.bench, seed=tool_seed(self.bench, self.boot, index + 1))
+        argv = self.tool.argv(bench, self.endpoint, self.python, result, self._warmups)
         self._warmups = 0  # later samples of the boot are warm
         rc, wall = run_owned(argv, env=self.env, cwd=self.cwd, log_path=self.log_path, timeout_s=self.deadline_s())
         tail = _log_tail(self.log_path)
@@ -347,16 +367,17 @@ _FOUND: set[tuple] = set()
 
 
 def sample_runner(bench: BenchmarkSpec, endpoint: Endpoint, *, python: str, env: Mapping[str, str], cwd: Path,
-                  log_path: Path):
-    """The runner for this benchmark: the tool's (checked to be installed) or our client."""
+                  log_path: Path, boot: int = 0):
+    """The runner for this benchmark: the tool's (checked to be installed) or our client.
+    ``boot`` (the boot's ledger id) keeps its prompts apart from every other boot's."""
     if bench.tool is None:
-        return ClientRunner(bench, endpoint)
+        return ClientRunner(bench, endpoint, boot)
     tool = get_tool(bench.tool)
     found = (tool.name, python, env.get("PATH"), env.get("PYTHONPATH"))
     if found not in _FOUND:  # once per interpreter and PATH, not per boot
         tool.find(python, env)
         _FOUND.add(found)
-    return ToolRunner(tool, bench, endpoint, python=python, env=env, cwd=cwd, log_path=log_path)
+    return ToolRunner(tool, bench, endpoint, python=python, env=env, cwd=cwd, log_path=log_path, boot=boot)
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -72,7 +73,8 @@ from .request import SampleOutcome
 
 __all__ = [
     "RequestRecord", "SampleDetail", "SampleFailed", "SSEDecoder", "SSELineTooLong", "boot_session", "measure_sample",
-    "measure_sample_detail", "percentile_metrics", "resolve_model", "synthetic_prompt", "warmup",
+    "measure_sample_detail", "percentile_metrics", "request_prompt", "resolve_model", "reuse_text", "synthetic_prompt",
+    "warmup",
 ]
 
 APIS = tuple(_APIS)  # benchmark.api: the names of ``apis.APIS``
@@ -211,6 +213,10 @@ class RequestRecord:
     retries: int = 0                # times it was sent again: the server said "try again" or never took it
     prompt_tokens: int | None = None  # the prompt's length as the server counted it (usage), where it said
     retry_reason: str | None = None  # the first such answer
+    # of the prompt, the tokens the server took from its prefix cache and those it computed,
+    # where it said (``Api.cached_tokens``, ``Api.evaluated_tokens``)
+    cached_tokens: int | None = None
+    evaluated_tokens: int | None = None
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -266,10 +272,58 @@ _WORDS = (
 
 def synthetic_prompt(n_words: int, seed: int, index: int = 0) -> str:
     """About ``n_words`` common English words (roughly one token each), fixed by
-    ``(seed, index)``. Every sample of a boot sends the same prompts, so a server
-    with a prefix cache treats every sample alike."""
+    ``(seed, index)``: the body of request ``index``'s prompt (:func:`request_prompt`)."""
     rng = random.Random(f"{seed}:{index}")
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, n_words)))
+
+
+#: The words of a prompt's tag (:func:`request_prompt`): 32 of the commonest English
+#: words, each one token in the usual vocabularies (SentencePiece and byte-level BPE
+#: alike, with a leading space or without), and each three letters, so that a
+#: tokenizer that falls back on bytes counts every tag alike too.
+_TAG_WORDS = ("the and for are but not you all any can had her was one our out day get has him his how man new "
+              "now old see two way who its let").split()
+#: words in a tag at most: 32**6, about a billion tags
+_TAG_MAX = 6
+
+
+def _tag_length(words: int) -> int:
+    """How many of a prompt's ``words`` are its tag: at most :data:`_TAG_MAX`, at most
+    half the prompt; fixed by the prompt's length alone, so every prompt of a boot has it."""
+    return min(_TAG_MAX, max(1, words // 2))
+
+
+def request_prompt(bench: BenchmarkSpec, index: int, words: int | None = None, *, boot: int = 0,
+                   sample: int = 1) -> str:
+    """The prompt of request ``index`` of sample ``sample`` (0: the warm-up) of boot ``boot``,
+    ``words`` words long (None: ``prompt_tokens`` words).
+
+    Each prompt starts with a tag, a few words drawn from a hash of ``(seed, boot, sample,
+    index)``, and goes on with request ``index``'s body (:func:`synthetic_prompt`) in an
+    order drawn from the same hash. No two prompts of a config share a prefix beyond a
+    chance word or two (1 in 32 share the first word), so no prefix cache (llama-server's
+    prompt cache, SGLang's radix cache, vLLM's prefix caching) serves a later sample or
+    boot, and a chunk cache (llama.cpp's ``--cache-reuse``) finds the body's chunks
+    reordered. Request ``index``'s prompt has the same words in every sample and boot
+    (the tag's aside, which are all three letters), so the same length in tokens
+    wherever a tokenizer splits on spaces or counts bytes.
+
+    With ``benchmark.prompt_reuse: true`` every sample and boot sends the same prompts
+    (the tag and the body's order depend on ``index`` alone), so a prefix cache serves
+    them: for measuring the cache itself.
+    """
+    n = max(1, words if words is not None else bench.prompt_tokens)
+    k = _tag_length(n)
+    key = f"{bench.seed}:reuse:{index}" if bench.prompt_reuse else f"{bench.seed}:{boot}:{sample}:{index}"
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    tag = []
+    for _ in range(k):  # the hash's low bits first: the first word varies fastest
+        h, digit = divmod(h, len(_TAG_WORDS))
+        tag.append(_TAG_WORDS[digit])
+    body = synthetic_prompt(n - k, bench.seed, index).split() if n > k else []
+    if not bench.prompt_reuse:
+        random.Random(key).shuffle(body)
+    return " ".join(tag + body)
 
 
 # --------------------------------------------------------------------------- requests
@@ -292,11 +346,12 @@ def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: 
 
 
 def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
-             words: int | None = None) -> tuple[str, dict]:
+             words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[str, dict]:
     """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``);
-    its prompt ``words`` long (:class:`PromptSize`; None: ``prompt_tokens`` words)."""
+    its prompt (:func:`request_prompt`) ``words`` long (:class:`PromptSize`; None:
+    ``prompt_tokens`` words)."""
     api = get_api(bench.api)
-    prompt = synthetic_prompt(words if words is not None else bench.prompt_tokens, bench.seed, index)
+    prompt = request_prompt(bench, index, words, boot=boot, sample=sample)
     body = api.payload(prompt=prompt, max_tokens=bench.output_tokens,
                        temperature=bench.temperature, ignore_eos=bench.ignore_eos, model=model, seed=bench.seed)
     return base_url.rstrip("/") + api.path, body
@@ -473,7 +528,17 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
-        usage_mismatch=mismatch, prompt_tokens=api.prompt_tokens(st)), None
+        usage_mismatch=mismatch, **_prompt_counts(api, st)), None
+
+
+def _prompt_counts(api: Api, st: "_Stream") -> dict[str, int | None]:
+    """The prompt's tokens as the server counted them: all, from its cache, computed. A
+    cached or computed count above the whole prompt's cannot be true: not believed."""
+    total, cached, computed = api.prompt_tokens(st), api.cached_tokens(st), api.evaluated_tokens(st)
+    if total is not None:
+        cached = cached if cached is None or cached <= total else None
+        computed = computed if computed is None or computed <= total else None
+    return {"prompt_tokens": total, "cached_tokens": cached, "evaluated_tokens": computed}
 
 
 def _token_gaps(times: list[float], ks: list[int | None], after_first: int) -> tuple[float, ...]:
@@ -511,9 +576,9 @@ def percentile_metrics(ok: list[RequestRecord]) -> dict[str, float]:
 
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
-               n: int, words: int | None = None) -> tuple[list[RequestRecord], float]:
+               n: int, words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[list[RequestRecord], float]:
     api = get_api(bench.api)
-    reqs = [_request(bench, base_url, model, i, words) for i in range(n)]
+    reqs = [_request(bench, base_url, model, i, words, boot, sample) for i in range(n)]
     results: list[RequestRecord | None] = [None] * n
     indices: Iterator[int] = iter(range(n))
     lock = threading.Lock()
@@ -571,11 +636,15 @@ def _all_failed(what: str, base_url: str, records: list[RequestRecord]) -> Sampl
 def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
                           client: httpx.Client | None = None,
                           headers: Mapping[str, str] | None = None,
-                          prompt: "PromptSize | None" = None) -> SampleDetail:
+                          prompt: "PromptSize | None" = None, boot: int = 0, sample: int = 1) -> SampleDetail:
     """Send ``bench.requests_per_sample`` streamed requests, ``bench.concurrency`` in
-    flight, and measure them. See the module docstring for what is measured.
+    flight, and measure them. See the module docstring for what is measured. Their
+    prompts are sample ``sample``'s of boot ``boot`` (:func:`request_prompt`): a boot
+    numbers its samples so that no prefix cache serves one from another.
 
-    ``result.metrics`` has the keys of ``model.CLIENT_METRICS``: ``tok_s`` (output
+    ``result.metrics`` has the keys of ``model.CLIENT_METRICS`` (those of the prompt,
+    ``prompt_tokens``, ``cached_prompt_tokens`` and ``prompt_tokens_evaluated``, where the
+    server reports them, means over the requests that did): ``tok_s`` (output
     tokens of the successful requests / the sample's wall time), ``decode_tok_s``
     (their tokens after the first chunk / their first-to-last-chunk times), and the means of
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
@@ -584,7 +653,7 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     object in the stream, no output). Raises :class:`SampleFailed` when all fail.
     """
     records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers,
-                           prompt.words if prompt is not None else None)
+                           prompt.words if prompt is not None else None, boot, sample)
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
@@ -600,23 +669,26 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
     }
     metrics.update(percentile_metrics(ok))
-    counted = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-    if counted:  # the prompts' real length, as the server counted it
-        metrics["prompt_tokens"] = _mean(counted)
+    for name, field in (("prompt_tokens", "prompt_tokens"), ("cached_prompt_tokens", "cached_tokens"),
+                        ("prompt_tokens_evaluated", "evaluated_tokens")):
+        # the prompts' real length, the share a prefix cache served and the rest, as the server counted
+        counted = [getattr(r, field) for r in ok if getattr(r, field) is not None]
+        if counted:
+            metrics[name] = _mean(counted)
     result = SampleOutcome(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
     return SampleDetail(result=result, requests=tuple(records))
 
 
 def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None,
-           headers: Mapping[str, str] | None = None, words: int | None = None):
+           headers: Mapping[str, str] | None = None, words: int | None = None, boot: int = 0, sample: int = 1):
     """``n`` requests as a sample sends them, on ``client`` or a client of our own
     (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
     http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)
-        return _run_batch(http, base_url, bench, model, n, words)
+        return _run_batch(http, base_url, bench, model, n, words, boot, sample)
     finally:
         if own:
             http.close()
@@ -637,23 +709,40 @@ class PromptSize:
     prompts are words, so where the server can count tokens (its ``/tokenize``) the word
     count is fitted to the asked tokens (``unit: tokens``); where it cannot, the prompt
     has ``prompt_tokens`` *words* and says so (``unit: words``). Each request's real
-    count, where the server reports it, is the sample's ``prompt_tokens`` metric."""
+    count, where the server reports it, is the sample's ``prompt_tokens`` metric.
+    ``unique``: each sample's prompts are its own (:func:`request_prompt`); ``spread``:
+    how far the server's counts of the first request's prompt in other samples and
+    boots were from ``tokens`` (0: alike; None: not counted)."""
 
     asked: int
     words: int
     unit: str                 # "tokens" | "words"
     tokens: int | None = None  # the server's count of the first prompt at ``words``
     via: str | None = None     # the endpoint that counted
+    unique: bool = True
+    spread: int | None = None
 
     def to_dict(self) -> dict:
-        return {"asked": self.asked, "words": self.words, "unit": self.unit, "tokens": self.tokens, "via": self.via}
+        return {"asked": self.asked, "words": self.words, "unit": self.unit, "tokens": self.tokens, "via": self.via,
+                "unique": self.unique, "spread": self.spread}
 
     def describe(self) -> str:
         if self.unit == "tokens":
-            return (f"prompts of {self.tokens} tokens ({self.words} words), {self.asked} asked, counted by the "
+            text = (f"prompts of {self.tokens} tokens ({self.words} words), {self.asked} asked, counted by the "
                     f"server's {self.via}")
-        return (f"prompts of {self.words} words ({self.asked} prompt_tokens asked): the server has no tokenizer "
-                f"endpoint, so the count is in words (about one token each in English)")
+        else:
+            text = (f"prompts of {self.words} words ({self.asked} prompt_tokens asked): the server has no tokenizer "
+                    f"endpoint, so the count is in words (about one token each in English)")
+        return text + "; " + reuse_text(self.unique, self.spread)
+
+
+def reuse_text(unique: bool, spread: int | None) -> str:
+    """How a boot's prompts differ between samples, in words (the journal says it too)."""
+    if not unique:
+        return "the same prompts every sample and boot (benchmark.prompt_reuse: a prefix cache serves them)"
+    alike = ("" if spread is None else ", as long in tokens in every sample" if spread == 0
+             else f", their lengths in tokens up to {spread} apart between samples")
+    return f"each request's prompt its own in every sample and boot (a seeded tag first){alike}"
 
 
 #: Tokenizer endpoints tried, in order: (path, body builder, count reader). vLLM and
@@ -693,17 +782,24 @@ def _token_counter(http: httpx.Client, base_url: str, model: str | None, probe: 
     return None, None
 
 
-def size_prompts(http: httpx.Client, base_url: str, bench: BenchmarkSpec) -> PromptSize:
+def size_prompts(http: httpx.Client, base_url: str, bench: BenchmarkSpec, *, boot: int = 0) -> PromptSize:
     """Fit the prompts' word count to ``bench.prompt_tokens`` tokens with the server's
-    tokenizer (a few counts of the first prompt), or keep words where it has none."""
+    tokenizer (a few counts of the first prompt), or keep words where it has none; then
+    count the first request's prompt as the warm-up, another sample and another boot
+    send it, to say whether they are as long (``PromptSize.spread``)."""
     asked = bench.prompt_tokens
-    count, via = _token_counter(http, base_url, bench.model, synthetic_prompt(asked, bench.seed, 0))
+    unique = not bench.prompt_reuse
+
+    def first(words: int, b: int = boot, sample: int = 1) -> str:
+        return request_prompt(bench, 0, words, boot=b, sample=sample)
+
+    count, via = _token_counter(http, base_url, bench.model, first(asked))
     if count is None:
-        return PromptSize(asked, asked, "words")
+        return PromptSize(asked, asked, "words", unique=unique)
     best: tuple[int, int, int] | None = None  # (distance, words, tokens)
     words = asked
     for _ in range(5):
-        n = count(synthetic_prompt(words, bench.seed, 0))
+        n = count(first(words))
         if n is None:
             break
         if best is None or abs(n - asked) < best[0]:
@@ -717,8 +813,13 @@ def size_prompts(http: httpx.Client, base_url: str, bench: BenchmarkSpec) -> Pro
             break
         words = nxt
     if best is None:
-        return PromptSize(asked, asked, "words")
-    return PromptSize(asked, best[1], "tokens", best[2], via)
+        return PromptSize(asked, asked, "words", unique=unique)
+    spread = None
+    if unique:
+        others = [count(first(best[1], b, sample)) for b, sample in ((boot, 0), (boot, 2), (boot + 1, 1))]
+        if all(n is not None for n in others):
+            spread = max(abs(n - best[2]) for n in others)
+    return PromptSize(asked, best[1], "tokens", best[2], via, unique, spread if unique else 0)
 
 
 @contextlib.contextmanager
@@ -742,14 +843,17 @@ def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, s
 
 
 def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
-           headers: Mapping[str, str] | None = None) -> int:
-    """Send ``bench.warmup_requests`` requests like a sample's and discard them.
+           headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0) -> int:
+    """Send ``bench.warmup_requests`` requests like a sample's and discard them. Their
+    prompts are sample 0's of ``boot``: as long as a sample's, shared with none (with
+    ``benchmark.prompt_reuse``, the samples' own first prompts).
 
     Returns how many failed; raises :class:`SampleFailed` when all of them did.
     """
     if bench.warmup_requests <= 0:
         return 0
-    records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers)
+    records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers,
+                        prompt.words if prompt is not None else None, boot, 0)
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)

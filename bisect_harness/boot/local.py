@@ -355,7 +355,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
         endpoint = source.endpoint(cfg, port)  # base_url and auth headers (never stored)
         base_url = endpoint.base_url
         bench = benchtools.sample_runner(req.benchmark, endpoint, python=cenv.python, env=env, cwd=cwd,
-                                         log_path=log_path)
+                                         log_path=log_path, boot=req.boot_id)
         t0 = time.monotonic()
         with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
                          health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,

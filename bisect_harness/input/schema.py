@@ -111,6 +111,10 @@ def hypotheses_schema() -> dict[str, Any]:
     bench = _section(_spec._BENCH, BenchmarkSpec, {
         "api": {"type": "string", "enum": list(APIS), "default": "completions"},
         "tool_args": _ARGV,
+        "prompt_reuse": {"type": "boolean", "default": False,
+                         "description": "true: every sample and boot sends the same prompts, so a prefix cache "
+                                        "serves them (to measure the cache); false: each request's prompt is "
+                                        "its own (a seeded tag first)"},
     })
     defaults = _section(_spec._DEFAULTS, _spec.Defaults, {
         "env_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},

@@ -209,7 +209,12 @@ def engine_fingerprint(spec: Spec) -> str:
     # Keys added later count only when set, so older files keep the config keys their ledgers hold.
     # limits decide what is refused, not what is measured: never part of the key
     bench = {k: v for k, v in spec.benchmark.__dict__.items()
-             if k != "limits" and not (k in ("tool", "tool_args") and not v)}
+             if k not in ("limits", "prompt_reuse") and not (k in ("tool", "tool_args") and not v)}
+    # Unique prompts per sample (the default since they were made so) measure another thing than
+    # the prompts every sample used to repeat: their configs get keys of their own, and a file
+    # with prompt_reuse: true, which measures as the older files did, keeps the keys they hold.
+    if not spec.benchmark.prompt_reuse:
+        bench["prompts"] = "unique"
     fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
               "cwd": e.cwd, "bench": bench,
               "samples_per_boot": spec.defaults.samples_per_boot,

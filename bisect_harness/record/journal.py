@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from ..analysis.bisection import StopReason
 from ..boot import engine_identity, mechanisms
+from ..boot.client import reuse_text
 from ..analysis import host_state, stats
 from ..input import metric_defs
 from . import explain_view
@@ -451,12 +452,17 @@ def _probe_note(p) -> str:
 
 
 def _prompt_text(prompt: dict) -> str:
-    """A boot's prompt length (``client.PromptSize``), in the unit it really is in."""
+    """A boot's prompt length (``client.PromptSize``), in the unit it really is in, and
+    whether each sample's prompts were its own (a boot recorded before they were says nothing)."""
     if prompt.get("unit") == "tokens":
-        return (f"prompts: {prompt.get('tokens')} tokens ({prompt.get('words')} words; {prompt.get('asked')} asked), "
+        text = (f"prompts: {prompt.get('tokens')} tokens ({prompt.get('words')} words; {prompt.get('asked')} asked), "
                 f"counted by the server's {prompt.get('via')}")
-    return (f"prompts: {prompt.get('words')} words ({prompt.get('asked')} prompt_tokens asked): the server has no "
-            "tokenizer endpoint, so the count is in words, not tokens")
+    else:
+        text = (f"prompts: {prompt.get('words')} words ({prompt.get('asked')} prompt_tokens asked): the server has no "
+                "tokenizer endpoint, so the count is in words, not tokens")
+    if "unique" not in prompt:
+        return text
+    return f"{text}; {reuse_text(bool(prompt['unique']), prompt.get('spread'))}"
 
 
 def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
