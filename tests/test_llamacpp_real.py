@@ -14,6 +14,7 @@ and must say "engaged" when drafting really runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -112,7 +113,15 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
 
     assert "mechanism_not_engaged" in out["md-only"]["checks"]["word"], out["md-only"]
     assert out["md-simple"]["checks"]["counts"]["mechanisms"] == 2
+    # /props echoes the model and the slots, not the rest: those are named, never read as checked
+    for h in out.values():
+        word, counts = h["checks"]["word"], h["checks"]["counts"]
+        assert "ok (flags" not in word and "ok (env, flags" not in word, word
+        assert counts["flags"] == 0 and counts["flags_compared"] == 2, counts  # model, parallel
+        assert {"ctx-size", "threads", "model-draft"} <= set(counts["not_reported"]), counts
+        assert "not reported (" in word and "model-draft" in word, word
     journal = next((tmp_path / "experiments").glob("*-run1.md")).read_text()
+    assert "**not reported**: ctx-size, threads" in journal
     assert "speculative decoding: **NO**" in journal and "speculative decoding: yes" in journal
 
     # the server's own figures are collected beside the client's (how well they agree is a
@@ -225,3 +234,51 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
         assert counts[0] in (size.tokens, size.tokens + 1), (counts, size)  # the first prompt, plus BOS
         assert all(abs(n - 40) <= per_word + 2 for n in counts), counts
         assert detail.result.metrics["prompt_tokens"] == sum(counts) / len(counts)
+
+
+def test_a_boots_samples_hit_no_prefix_cache_unless_the_file_asks_for_reuse(models, tmp_path):
+    """llama-server keeps each slot's last prompt and serves a repeated prefix from it
+    (its log: ``prompt eval time = 2.90 ms / 1 tokens``). A boot's samples send prompts
+    of their own: the server computes every prompt token in every sample
+    (``timings.prompt_n`` alike, ``timings.cache_n`` a few tokens: the BOS, the first
+    word's space and now and then a letter, bytes in this vocabulary), and the time to
+    first token is alike.
+    With ``benchmark.prompt_reuse: true`` the second sample's prompt comes from the cache.
+    One server, both ways (a boot's prompts are numbered by its id)."""
+    from bisect_harness.boot.benchtools import ClientRunner, Endpoint
+    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.model import BenchmarkSpec
+
+    target, _ = models
+    port = free_port()
+    argv = [str(SERVER), "--model", str(target), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "1024",
+            "--threads", "1", "--parallel", "1"]
+    bench = BenchmarkSpec(api="llamacpp", prompt_tokens=300, output_tokens=4, requests_per_sample=1,
+                          warmup_requests=1, ignore_eos=True)
+    runs = {}
+    with ServerProcess(argv, env=_env(), cwd=tmp_path, log_path=tmp_path / "server.log",
+                       base_url=f"http://127.0.0.1:{port}", ready_timeout_s=60) as server:
+        for boot, reuse in ((1, False), (2, True)):
+            runner = ClientRunner(dataclasses.replace(bench, prompt_reuse=reuse), Endpoint(server.base_url), boot)
+            runner.warmup()
+            with runner.session():
+                runs[reuse] = [runner.sample(i).result.metrics for i in range(3)]
+            size = runner.prompt
+            assert size.unit == "tokens" and abs(size.tokens - 300) < 30, size
+            assert size.spread == 0 if not reuse else size.unique is False, size
+    fresh, reused = runs[False], runs[True]
+    # every sample computes its whole prompt but the few tokens any two share in this vocabulary
+    # of bytes (the BOS, the first word's space, now and then its first letter)
+    whole = fresh[0]["prompt_tokens"]
+    assert all(m["prompt_tokens"] == whole for m in fresh), fresh
+    assert all(m["cached_prompt_tokens"] + m["prompt_tokens_evaluated"] == whole for m in fresh), fresh
+    computed = [m["prompt_tokens_evaluated"] for m in fresh]
+    assert max(computed) - min(computed) <= 2 and min(computed) >= whole - 8, computed
+    # the time to first token alike (none served from the cache; the bound allows a shared host),
+    # and each far above a sample the cache serves (measured: 12-24 ms against 1.4-3.6 ms)
+    ttft, served = [m["ttft_ms"] for m in fresh], sorted(m["ttft_ms"] for m in reused)
+    assert max(ttft) < 4 * min(ttft) and min(ttft) > 2 * served[1], (ttft, served)
+    # reused: the warm-up sent the samples' prompt, so every sample finds it in the slot
+    assert reused[0]["prompt_tokens"] == reused[1]["prompt_tokens"]
+    assert reused[1]["cached_prompt_tokens"] >= reused[1]["prompt_tokens"] - 2, reused[1]
+    assert reused[1]["prompt_tokens_evaluated"] <= 2, reused[1]

@@ -280,8 +280,9 @@ def synthetic_prompt(n_words: int, seed: int, index: int = 0) -> str:
 #: The words of a prompt's tag (:func:`request_prompt`): 32 of the commonest English
 #: words, each one token in the usual vocabularies (SentencePiece and byte-level BPE
 #: alike, with a leading space or without), and each three letters, so that a
-#: tokenizer that falls back on bytes counts every tag alike too.
-_TAG_WORDS = ("the and for are but not you all any can had her was one our out day get has him his how man new "
+#: tokenizer that falls back on bytes counts every tag alike too; none starts with
+#: "a", which a small vocabulary holding the article merges with the letters after it.
+_TAG_WORDS = ("the big for end but not you far few can had her was one our out day get has him his how man new "
               "now old see two way who its let").split()
 #: words in a tag at most: 32**6, about a billion tags
 _TAG_MAX = 6
