@@ -35,7 +35,8 @@ def test_a_launch_that_never_boots_is_not_measured_and_exits_3(tmp_path):
     assert f"launch argv: {MISSING} serve --port" in err and "No such file or directory" in err
     (h,) = last_json(r.stdout)["hypotheses"]
     assert h["verdict"] == "not measured" and h["measured"] is False
-    assert h["checks"]["counts"] == {"env": 0, "flags": 0, "mechanisms": 0}
+    assert h["checks"]["counts"] == {"env": 0, "flags": 0, "mechanisms": 0, "flags_compared": 0,
+                                     "flags_not_reported": 0, "not_reported": []}
     assert not h["checks"]["word"].startswith("ok")  # "unchecked" (or what a busy host added)
     # every boot is in the ledger, failed ones too; the verdict row keeps three outcomes
     assert [s for (s,) in query(db, "SELECT status FROM boots")] == ["failed"] * 4

@@ -66,7 +66,10 @@ def _engine(model: Path) -> dict:
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
             "flags": {"model": str(model), "enforce-eager": True, "max-model-len": 256, "seed": 0},
             "metrics": [{"name": "gen_tok_rate", "from": "prometheus", "metric": "vllm:generation_tokens_total",
-                         "kind": "rate", "better": "higher"}]}
+                         "kind": "rate", "better": "higher"},
+                        # vllm/v1/metrics/loggers.py (0.32): prompt tokens served from the prefix cache
+                        {"name": "prefix_hits", "from": "prometheus", "metric": "vllm:prefix_cache_hits_total",
+                         "kind": "delta", "better": "higher"}]}
 
 
 # Eight clients at once: with --max-num-seqs 1 they are served one by one, a change far wider than
@@ -152,6 +155,12 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
     assert rates and all(g is not None for g, _ in rates)
     ratio = sum(g for g, _ in rates) / sum(t for _, t in rates)
     assert 0.5 < ratio < 1.5, ratio
+    # the prefix cache's counter read per sample; nothing served from it (each sample's prompts are
+    # its own, and vLLM's CPU blocks of 128 tokens are longer than these prompts anyway); no cached
+    # count in the stream: vLLM sends it only with --enable-prompt-tokens-details
+    hits = query(db, "SELECT json_extract(metrics, '$.prefix_hits'), json_extract(metrics, '$.cached_prompt_tokens') "
+                     "FROM samples")
+    assert hits and all(h == 0 and cached is None for h, cached in hits), hits
     assert not _vllm_processes(), _vllm_processes()
     print(f"vLLM run: {len(boots)} boots in {took:.0f} s")
 
