@@ -152,10 +152,10 @@ def run_mode(tree: Path, flags: list[str], bench: BenchmarkSpec, samples: int, l
             for i in range(2 * samples):
                 kind = ("session", "own_client")[i % 2]
                 collector.begin_sample()
-                if kind == "session":
-                    detail = client.measure_sample_detail(base, resolved, client=http)
+                if kind == "session":  # each sample its own prompts, as a boot numbers them
+                    detail = client.measure_sample_detail(base, resolved, client=http, sample=i + 1)
                 else:
-                    detail = client.measure_sample_detail(base, bench)
+                    detail = client.measure_sample_detail(base, bench, sample=i + 1)
                 counter = collector.end_sample(detail.responses, detail.result.duration_s)
                 rows[kind].append(sample_figures(detail, counter))
         problems = collector.problems()
