@@ -180,6 +180,14 @@ class TraceSummary:
     truncated_why: str = ""
     skipped: int = 0
     skipped_why: str = ""
+    op_names: int | None = None     # distinct operator names in the trace (``ops`` holds the top ones)
+    kernel_names: int | None = None
+
+    def complete(self, table: str) -> bool:
+        """Whether ``ops`` / ``kernels`` lists every name of the trace, so a name
+        not listed took no time (else it may sit below the cut)."""
+        rows, names = (self.ops, self.op_names) if table == "ops" else (self.kernels, self.kernel_names)
+        return names is not None and names <= len(rows)
 
     # ------------------------------------------------------------------ figures
     def per_token(self, value: float) -> float:
@@ -597,6 +605,7 @@ def summarize_trace(path: str | Path, *, tokens: int, steps: int | None = None,
         copy_calls=copy_calls, copies=copies, copy_bytes=copy_bytes, copy_ms=copy_us / 1e3,
         memsets=memsets, memset_bytes=memset_bytes,
         truncated=bool(truncated_why), truncated_why=truncated_why, skipped=skipped, skipped_why=skipped_why,
+        op_names=len(op_rows), kernel_names=len(kernel_rows),
     )
 
 
