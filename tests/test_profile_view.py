@@ -154,9 +154,14 @@ def test_cpu_traces_do_not_claim_zero_launches(tmp_path):
         text = journal.render(led, run)
     got = section(text, "h0")
     assert "- +0.300 ms per token in aten::mm (op; baseline 0.500, treatment 0.800)\n" in got
-    assert ("- kernel launches, graph launches and memory copies: not counted: the baseline and the treatment's "
-            "traces have no CUDA activity") in got
+    assert ("- kernel launches, graph launches and memory copies: not counted: neither trace has any CUDA "
+            "activity (no CUDA runtime call, kernel or copy: a CPU run, or a profiler without CUDA)\n") in got
     assert "per step" not in got and "kernel time" not in got and "0.00 vs" not in got
+    with Ledger(f"sqlite:///{tmp_path / 'r2.db'}") as led:  # one CPU arm, one GPU arm: still not counted
+        run = build(led, tmp_path, [(profile(summ=cpu_a), profile(summ=DECODE))])
+        mixed = section(journal.render(led, run), "h0")
+    assert ("- kernel launches, graph launches and memory copies: not counted: the baseline's trace has no CUDA "
+            "activity") in mixed and "launches per" not in mixed
 
 
 def test_a_real_trace_round_trips_through_the_ledger(tmp_path):

@@ -203,9 +203,9 @@ def _count_lines(b: TraceSummary, t: TraceSummary) -> list[str]:
     """Launches and copies, side by side, where both traces can count them."""
     missing = [side for side, s in (("baseline", b), ("treatment", t)) if not s.has_cuda]
     if missing:
-        return ["kernel launches, graph launches and memory copies: not counted: the "
-                + " and the ".join(missing) + f"'s trace{'s have' if len(missing) == 2 else ' has'} no CUDA "
-                "activity (no CUDA runtime call, kernel or copy: a CPU run, or a profiler without CUDA)"]
+        whose = "neither trace has any" if len(missing) == 2 else f"the {missing[0]}'s trace has no"
+        return [f"kernel launches, graph launches and memory copies: not counted: {whose} CUDA activity "
+                "(no CUDA runtime call, kernel or copy: a CPU run, or a profiler without CUDA)"]
     out = []
     if b.steps and t.steps:
         out.append(f"graph launches per step: {b.per_step(b.graph_launches):.2f} vs {t.per_step(t.graph_launches):.2f} "
