@@ -113,7 +113,10 @@ def test_journal_sets_the_two_arms_side_by_side(tmp_path):
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
         run = build(led, tmp_path, [
             (profile(summ=DECODE, trace=str(trace)), profile(summ=VERIFY, trace="/elsewhere/t.json.gz", kept=False)),
-            (profile(summ=DECODE), profile("no_profiler", why="no profiler endpoint: llama-server has none")),
+            (profile(summ=DECODE, trace="logs/run-1/boot-6.trace.json.gz", kept=False,
+                     kept_note="the trace (9,000,000 bytes) is over limits.profile_trace_bytes (8,000,000): "
+                               "summed, then removed"),
+             profile("no_profiler", why="no profiler endpoint: llama-server has none")),
             (profile("failed", why="profile trace t.json.gz: the trace has no traceEvents array"), None),
             (None, None),
         ])
@@ -123,6 +126,8 @@ def test_journal_sets_the_two_arms_side_by_side(tmp_path):
     assert got == GOLDEN, got
     # an arm without a profile says why, and no difference is claimed
     h1 = section(text, "h1")
+    assert "; trace not kept: the trace (9,000,000 bytes) is over limits.profile_trace_bytes (8,000,000): summed, " \
+           "then removed\n" in h1
     assert "- treatment (boot 8): no profile: no profiler endpoint: llama-server has none\n" in h1
     assert "- no difference to show: treatment without a profile\n" in h1 and "| kind |" not in h1
     h2 = section(text, "h2")

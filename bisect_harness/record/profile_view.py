@@ -47,7 +47,9 @@ _KIND = {"cpu_op": "op", "user_annotation": "annotation", "cuda_runtime": "CUDA 
 @dataclass(frozen=True)
 class ArmProfile:
     """One arm's profile as the ledger holds it: the boot it came from, its
-    state and why, the summary where one was taken."""
+    state and why, the summary where one was taken. ``record`` is the boot's
+    ``provenance["profile"]`` as stored (a path in ``trace`` is relative to the
+    journal's folder unless absolute)."""
 
     side: str
     boot_id: int | None
@@ -231,6 +233,8 @@ def _link(rec: dict, base: Path | None) -> str:
     if not trace:
         return "no trace file"
     if not rec.get("kept"):
+        if rec.get("kept_note"):  # the capture's own words: over the size cap, summed, then removed
+            return f"trace not kept: {_md(rec['kept_note'])}"
         return f"trace not kept ({_bytes(size)})" if isinstance(size, (int, float)) else "trace not kept"
     p = Path(trace)
     if base is not None and p.is_absolute():
