@@ -21,6 +21,7 @@ import shlex
 from typing import Callable, Mapping, Sequence
 
 from ..boot import attach, engine_identity
+from ..boot.mechanisms import ANSWERED
 from . import host_state, stats
 from .mechanism import layers
 from ..model import jsonable
@@ -142,7 +143,8 @@ def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric:
 def checks_done(boots: Sequence[Boot]) -> dict[str, int]:
     """How many of ``boots`` (the good ones) had each check answer: the env check
     (a requested var, every process read), the flag check (a flag the server
-    reported back), the mechanism check (evidence read). A verdict whose boots
+    reported back), the mechanism check (the measured window read: a state in
+    ``mechanisms.ANSWERED``; "not observable" is no answer). A verdict whose boots
     answered none of them is *unchecked*, never "ok"."""
     out = {"env": 0, "flags": 0, "mechanisms": 0}
     for b in boots:
@@ -153,7 +155,7 @@ def checks_done(boots: Sequence[Boot]) -> dict[str, int]:
             out["env"] += 1
         if any(c.get("status") in ("matched", "mismatched") for c in (b.flag_report or {}).get("checks", [])):
             out["flags"] += 1
-        if any(m.get("state") in ("engaged", "not_engaged") for m in (b.provenance or {}).get("mechanisms", [])):
+        if any(m.get("state") in ANSWERED for m in (b.provenance or {}).get("mechanisms", [])):
             out["mechanisms"] += 1
     return out
 

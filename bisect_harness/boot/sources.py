@@ -435,8 +435,17 @@ class LastChunkSource(ResponseSource):
                 found.append(lookup(chunk, self.field))
             except KeyError:
                 found.append(_MISSING)
-        return self._mean(window, found, "last chunks (vLLM sends per-request metrics in its final usage "
-                                         "chunk only with --per-request-spec-decode-metrics)")
+        note = _LAST_CHUNK_NOTES.get(window.engine)
+        return self._mean(window, found, "last chunks" + (f" ({note})" if note else ""))
+
+
+#: Why a field can be missing from the last chunk, by the preset of the engine that ran
+#: (a note about one engine is no help in another's run).
+_LAST_CHUNK_NOTES = {
+    "vllm": "vLLM sends per-request metrics in its final usage chunk only with --per-request-spec-decode-metrics",
+    # tools/server/server-common.cpp (llama.cpp in llama-cpp-python 0.3.36), result_timings::to_json
+    "llamacpp": "llama-server's timings carry draft_n and draft_n_accepted only for a request that drafted",
+}
 
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
@@ -692,15 +701,17 @@ class SourceCollector:
     server-info JSON when the caller already fetched it, used as is when no
     ``server_info_paths`` are given; with paths, server info is read again from
     them (first that answers 200 with JSON) at the end of every window in which a
-    server_info source needs it. Network and file errors never raise: they become
-    problems, reported by ``problems()`` and recorded with the boot.
+    server_info source needs it. ``engine`` is the preset's name, so a problem's
+    note speaks of the engine that ran. Network and file errors never raise: they
+    become problems, reported by ``problems()`` and recorded with the boot.
     """
 
     def __init__(self, sources: Sequence[MetricSource], base_url: str, log_path: str | Path | None, *,
                  server_info: Mapping | None = None, server_info_paths: Sequence[str] = (),
                  metrics_path: str = "/metrics", timeout_s: float = 10.0, client=None,
-                 headers: Mapping[str, str] | None = None, body_limit: int = MAX_BODY_BYTES):
+                 headers: Mapping[str, str] | None = None, body_limit: int = MAX_BODY_BYTES, engine: str = ""):
         self.sources = tuple(sources)
+        self.engine = engine  # the preset's name: what a note about a missing field speaks of
         self.base_url = base_url.rstrip("/")
         self.body_limit = body_limit  # limits.body_bytes: /metrics and server info read no further
         self.log_path = Path(log_path) if log_path is not None else None
@@ -859,6 +870,11 @@ class SampleWindow:
     @property
     def metrics_path(self) -> str:
         return self._c.metrics_path
+
+    @property
+    def engine(self) -> str:
+        """The preset of the engine that ran ("" when unknown)."""
+        return self._c.engine
 
     @property
     def log_name(self) -> str:
