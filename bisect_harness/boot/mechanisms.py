@@ -384,15 +384,15 @@ def _judge(m: Mechanism, w: Window) -> tuple[str, str, _Reading | None, _Reading
             return "set_up_not_seen", f"{ran.text}; set up at start ({start.text})", ran, start
         tail = f"; not set up at start ({start.text})" if start is not None else ""
         return "not_engaged", ran.text + tail, ran, start
-    tried = ", ".join(p.describe() for p in m.evidence) or "none declared"
+    tried = f" (tried: {', '.join(p.describe() for p in m.evidence)})" if m.evidence else ""
     if start is not None and not start.yes:  # never set up: there was nothing to run
         return "not_engaged", (f"not set up at start ({start.text}), so it could not run; the engine gave no "
-                               f"evidence over the window (tried: {tried})"), None, start
+                               f"evidence over the window{tried}"), None, start
     if start is not None:
         return "not_observable", (f"set up at start ({start.text}); the engine gives no evidence over the "
-                                  f"window (tried: {tried})"), None, start
-    tried_start = "".join(", " + p.describe() for p in m.startup)
-    return "not_observable", f"no evidence could be read (tried: {tried}{tried_start})", None, None
+                                  f"window{tried}"), None, start
+    every = ", ".join(p.describe() for p in (*m.evidence, *m.startup)) or "none declared"
+    return "not_observable", f"no evidence could be read (tried: {every})", None, None
 
 
 def check(mechanisms: Sequence[Mechanism], flags: Mapping[str, Any], window: Window) -> list[MechanismResult]:
