@@ -45,6 +45,12 @@ What each engine really serves (checked against their sources):
   title over each process's environ block (``/proc/PID/environ`` reads as NULs):
   their presets set ``SPT_NOENV=1`` so the env check can read what each worker
   started with.
+* What each says while the samples run (the mechanism check's window evidence):
+  SGLang ``sglang:cuda_graph_passes_total{mode}`` and ``sglang:spec_verify_calls_total``
+  (0.5.23; its gauge ``sglang:is_cuda_graph`` is exported but never set), vLLM
+  ``vllm:spec_decode_num_draft_tokens_total`` and, with ``--cudagraph-metrics``, its
+  CUDA graph table, llama.cpp ``llamacpp:spec_decode_num_draft_tokens_total`` and its
+  ``draft acceptance = ...`` line, the demo ``demo:cuda_graph_passes_total{mode}``.
 """
 
 from __future__ import annotations
@@ -115,10 +121,13 @@ class Preset:
     generation); ``settle_s`` is a pause after the probe first passes and before
     the first request, for warmup the server does on its own after a launch (an
     attached server, ``engine.base_url``, is already running: no pause).
-    ``mechanisms`` are the mechanisms well-known flags claim to engage, each with
-    the evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): a boot
-    that sets such a flag is checked after its samples, and one whose mechanism did
-    not engage is marked ``mechanism_not_engaged``.
+    ``mechanisms`` are the mechanisms well-known flags claim to engage (and those the
+    engine runs by default, with the flags that turn them off), each with the
+    evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): what moves
+    over the measured window (counters per mode, gauges, log lines) and what start-up
+    says was set up. A boot they apply to is judged on the window around its samples:
+    engaged, not engaged (marked ``mechanism_not_engaged``), set up at start and not
+    seen (marked ``mechanism_not_seen``), or not observable.
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
