@@ -121,6 +121,9 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
         assert "llama_context: flash_attn            = enabled" in fa["startup"], fa
 
     assert "mechanism_not_seen" in out["md-only"]["checks"]["word"], out["md-only"]
+    assert out["md-only"]["mechanisms"] == {"treatment": {"speculative decoding": {"set_up_not_seen": 2}}}
+    assert out["md-simple"]["mechanisms"]["treatment"] == {"speculative decoding": {"engaged": 2},
+                                                           "flash attention": {"not_observable": 2}}
     assert out["md-simple"]["checks"]["counts"]["mechanisms"] == 2
     journal = next((tmp_path / "experiments").glob("*-run1.md")).read_text()
     assert "speculative decoding: **set up at start, not seen in the window**" in journal
