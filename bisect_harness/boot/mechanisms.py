@@ -162,7 +162,10 @@ class Counter:
             return _Reading(moved > 0, text)
         ran = math.fsum(delta.get(k, 0.0) for k in self.ran)
         skipped = math.fsum(delta.get(k, 0.0) for k in self.skipped)
-        shown = [*self.ran, *self.skipped, *sorted(k for k in delta if k not in self.ran + self.skipped)]
+        # the first of each always (SGLang exports no decode_cuda_graph until one replays),
+        # the others as the server exports them
+        shown = [k for k in (*self.ran, *self.skipped) if k in delta or k in (self.ran[:1] + self.skipped[:1])]
+        shown += sorted(k for k in delta if k not in shown)
         parts = ", ".join(f"{k} +{_fmt(delta.get(k, 0.0))}" for k in shown)
         if ran + skipped <= 0:
             return None

@@ -380,7 +380,8 @@ _VLLM = register_preset(Preset(
             source="vLLM 0.32 /metrics vllm:spec_decode_num_draft_tokens_total over the window"),
         Mechanism("CUDA graphs", ("compilation-config", "cudagraph-capture-sizes", "max-cudagraph-capture-size",
                                   "cuda-graph-sizes", "enforce-eager"), evidence=(
-            LogLine(engaged=_VLLM_GRAPH_ROW.format(mode="(?:FULL|PIECEWISE)"), disengaged=_VLLM_GRAPH_ROW.format(mode="NONE")),
+            LogLine(engaged=_VLLM_GRAPH_ROW.format(mode="(?:FULL|PIECEWISE)"),
+                    disengaged=_VLLM_GRAPH_ROW.format(mode="NONE")),
         ), startup=(InfoField("vllm_config.compilation_config.cudagraph_mode", lambda v: _cudagraph_mode(v)),),
             source="vLLM 0.32 --cudagraph-metrics table rows (Runtime Mode) over the window",
             claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
