@@ -110,6 +110,24 @@ def _follow_ups_json(run) -> dict[int, dict]:
     return out
 
 
+def _mechanisms_json(v) -> dict:
+    """Per arm, how often each mechanism read each state over the verdict's boots
+    (``boots.provenance["mechanisms"]``), e.g. ``{"treatment": {"CUDA graphs":
+    {"set_up_not_seen": 2}}}``; {} when no boot checked one."""
+    from sqlalchemy.orm import object_session
+
+    from .record.ledger import Boot
+
+    session = object_session(v) if v is not None else None
+    out: dict[str, dict] = {}
+    for arm, ids in (("baseline", v.baseline_boot_ids), ("treatment", v.treatment_boot_ids)) if session else ():
+        for b in session.query(Boot).filter(Boot.id.in_(list(ids or []))).order_by(Boot.id):
+            for m in (b.provenance or {}).get("mechanisms") or []:
+                states = out.setdefault(arm, {}).setdefault(m.get("name"), {})
+                states[m.get("state")] = states.get(m.get("state"), 0) + 1
+    return out
+
+
 def run_summary(run) -> dict:
     """The ``--json`` object of ``harness run``: each hypothesis' verdict, what its
     bisection and explanation found where the file asked for them, and its arms'
@@ -131,6 +149,7 @@ def run_summary(run) -> dict:
                       "treatment": len(v.treatment_boot_ids) if v else 0},
             "reason": v.reason if v else "no verdict recorded",
             "checks": _checks_json(v),
+            "mechanisms": _mechanisms_json(v),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}
 

@@ -328,6 +328,32 @@ def test_metrics_parse_and_count(head_server):
     assert after["demo_spec_verify"] == 0
 
 
+def _by_mode(server) -> dict[str, dict[str, float]]:
+    """``demo:cuda_graph_passes_total`` and ``demo:forward_seconds_total`` by mode."""
+    out: dict[str, dict[str, float]] = {}
+    for fam in text_string_to_metric_families(server.client.get("/metrics").text):
+        if fam.name in ("demo:cuda_graph_passes", "demo:forward_seconds"):
+            assert fam.type == "counter"
+            out[fam.name] = {s.labels["mode"]: s.value for s in fam.samples if s.name.endswith("_total")}
+    return out
+
+
+def test_forward_passes_are_counted_per_mode_as_sglang_does(head_server):
+    """SGLang's mode labels (``<phase>_cuda_graph`` | ``<phase>_none``): on a CPU no
+    graph is captured, so every decode pass is ``decode_none``; each mode's seconds beside."""
+    before = _by_mode(head_server)
+    assert set(before["demo:cuda_graph_passes"]) == {"prefill_none", "decode_cuda_graph", "decode_none",
+                                                     "draft_none", "verify_none"}
+    head_server.client.post("/v1/completions", json={"prompt": "w1 w2", "max_tokens": 6, "temperature": 0,
+                                                     "ignore_eos": True})
+    after = _by_mode(head_server)
+    moved = {m: after["demo:cuda_graph_passes"][m] - v for m, v in before["demo:cuda_graph_passes"].items()}
+    assert moved == {"prefill_none": 1, "decode_cuda_graph": 0, "decode_none": 5, "draft_none": 0, "verify_none": 0}
+    secs = {m: after["demo:forward_seconds"][m] - v for m, v in before["demo:forward_seconds"].items()}
+    assert secs["decode_none"] > 0 and secs["prefill_none"] > 0 and secs["decode_cuda_graph"] == 0
+    assert "cuda graph: False" in head_server.log_text()
+
+
 def test_every_response_carries_the_engines_own_timing(head_server):
     before = _counters(head_server)
     body = {"model": "demo", "prompt": "w1 w2 w3", "max_tokens": 9, "temperature": 0, "ignore_eos": True,
@@ -419,6 +445,10 @@ def test_tp2_with_speculation_matches_plain_greedy(hist, trees, head_server):
         assert metrics["demo_spec_accepted_tokens"] + verify_ct >= 23
         assert "Target verify:" in server.log_text()
         assert "accept_len=" in server.log_text()
+        # each verify cycle: its drafts and one verify pass, all eager; no plain decode pass
+        passes = _by_mode(server)["demo:cuda_graph_passes"]
+        assert passes["verify_none"] == verify_ct and passes["draft_none"] == 2 * verify_ct
+        assert passes["decode_none"] == passes["decode_cuda_graph"] == 0
 
 
 def test_killing_the_process_group_leaves_no_workers(hist, trees):

@@ -8,8 +8,10 @@ tree vendored in the llama-cpp-python 0.3.36 source package) through the
 
 The trap they hold the harness to: ``-md DRAFT`` alone is accepted by this
 llama.cpp and speculative decoding stays off (it wants ``--spec-type
-draft-simple`` too); the shipped mechanism check must say so on every such boot,
-and must say "engaged" when drafting really runs.
+draft-simple`` too); the shipped mechanism check must say so on every such boot
+(the draft model loaded at start, no draft token over the measured window: "set
+up at start, not seen in the window"), and must say "engaged in the window" when
+drafting really runs. Its log patterns are the lines this server prints.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
     hyps = [
         {"id": "md-only", "baseline": {}, "treatment": {"flags": {"model-draft": str(draft)}},
          "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
+        # flash attention on, at verbosity 4: the only level at which llama-server says so
         {"id": "md-simple", "baseline": {}, "treatment": {"flags": {"model-draft": str(draft),
-                                                                      "spec-type": "draft-simple"}},
+                                                                      "spec-type": "draft-simple",
+                                                                      "flash-attn": "on", "verbosity": 4}},
          "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
     ]
     spec = write_spec(tmp_path / "h.yaml", engine=_engine("{spec_dir}/target.gguf"), benchmark=BENCH,
@@ -100,18 +104,27 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
         assert "flag_mismatch" not in marks
     assert all(len(v) == 2 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
     for marks, prov, _ in by_kind["plain"]:
-        assert "mechanism_not_engaged" not in marks and "mechanisms" not in prov
-    for marks, prov, _ in by_kind["md"]:  # accepted, never drafted
-        assert "mechanism_not_engaged" in marks, marks
+        assert "mechanism_not_seen" not in marks and "mechanisms" not in prov
+    for marks, prov, _ in by_kind["md"]:  # accepted, the draft model loaded, never drafted
+        assert "mechanism_not_seen" in marks and "mechanism_not_engaged" not in marks, marks
         (m,) = prov["mechanisms"]
-        assert m["name"] == "speculative decoding" and m["state"] == "not_engaged", m
-        assert "llamacpp:spec_decode_num_draft_tokens_total = 0" in m["evidence"]
+        assert m["name"] == "speculative decoding" and m["state"] == "set_up_not_seen", m
+        assert m["window"] == "llamacpp:spec_decode_num_draft_tokens_total +0 over the window", m
+        assert "loading draft model '" in m["startup"], m
     for marks, prov, _ in by_kind["simple"]:  # drafting really runs
-        assert "mechanism_not_engaged" not in marks, marks
-        (m,) = prov["mechanisms"]
-        assert m["state"] == "engaged", m
+        assert not {"mechanism_not_engaged", "mechanism_not_seen"} & set(marks), marks
+        spec, fa = prov["mechanisms"]
+        assert spec["name"] == "speculative decoding" and spec["state"] == "engaged", spec
+        assert spec["window"].startswith("llamacpp:spec_decode_num_draft_tokens_total +"), spec
+        assert "llamacpp:spec_decode_num_accepted_tokens_total +" in spec["window"], spec
+        # flash attention: set up at start (its -lv 4 line), nothing over the window says it ran
+        assert fa["name"] == "flash attention" and fa["state"] == "not_observable", fa
+        assert "llama_context: flash_attn            = enabled" in fa["startup"], fa
 
-    assert "mechanism_not_engaged" in out["md-only"]["checks"]["word"], out["md-only"]
+    assert "mechanism_not_seen" in out["md-only"]["checks"]["word"], out["md-only"]
+    assert out["md-only"]["mechanisms"] == {"treatment": {"speculative decoding": {"set_up_not_seen": 2}}}
+    assert out["md-simple"]["mechanisms"]["treatment"] == {"speculative decoding": {"engaged": 2},
+                                                           "flash attention": {"not_observable": 2}}
     assert out["md-simple"]["checks"]["counts"]["mechanisms"] == 2
     # /props echoes the model and the slots, not the rest: those are named, never read as checked
     for h in out.values():
@@ -122,7 +135,18 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
         assert "not reported (" in word and "model-draft" in word, word
     journal = next((tmp_path / "experiments").glob("*-run1.md")).read_text()
     assert "**not reported**: ctx-size, threads" in journal
-    assert "speculative decoding: **NO**" in journal and "speculative decoding: yes" in journal
+    assert "speculative decoding: **set up at start, not seen in the window**" in journal
+    assert "speculative decoding: engaged in the window, flash attention: not observable" in journal
+    # the window line llama-server prints when a slot that drafted finishes matches the preset's pattern
+    from bisect_harness.boot.mechanisms import Window, check
+    from bisect_harness.boot.presets import get_preset
+
+    logs = [p.read_text(errors="replace") for p in (tmp_path / "experiments").rglob("*.log")]
+    drafted = [t for t in logs if "draft acceptance = " in t]
+    assert drafted, "no boot log holds llama-server's draft acceptance line"
+    spec_check = [m for m in get_preset("llamacpp").mechanisms if m.name == "speculative decoding"]
+    (r,) = check(spec_check, {"model-draft": "d.gguf"}, Window(log=drafted[0]))
+    assert r.state == "engaged" and "accepted /" in r.window, r
 
     # the server's own figures are collected beside the client's (how well they agree is a
     # GPU measurement: this model decodes faster than a stream's chunks can be timed apart)
@@ -200,8 +224,9 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
 
     target, _ = models
     port = free_port()
+    # flash attention off, said at verbosity 4: the preset's start-up pattern reads it
     argv = [str(SERVER), "--model", str(target), "--host", "127.0.0.1", "--port", str(port), "--ctx-size", "512",
-            "--threads", "1", "--parallel", "1"]
+            "--threads", "1", "--parallel", "1", "--flash-attn", "off", "--verbosity", "4"]
     with ServerProcess(argv, env=_env(), cwd=tmp_path, log_path=tmp_path / "server.log",
                        base_url=f"http://127.0.0.1:{port}", ready_timeout_s=60) as server:
         for api in ("llamacpp", "completions", "chat"):
@@ -234,6 +259,12 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
         assert counts[0] in (size.tokens, size.tokens + 1), (counts, size)  # the first prompt, plus BOS
         assert all(abs(n - 40) <= per_word + 2 for n in counts), counts
         assert detail.result.metrics["prompt_tokens"] == sum(counts) / len(counts)
+    from bisect_harness.boot.mechanisms import Window, check
+    from bisect_harness.boot.presets import get_preset
+
+    (fa,) = check([m for m in get_preset("llamacpp").mechanisms if m.name == "flash attention"], {"flash-attn": "on"},
+                  Window(startup_log=(tmp_path / "server.log").read_text(errors="replace")))
+    assert fa.state == "not_engaged" and "flash_attn            = disabled" in fa.startup, fa
 
 
 def test_a_boots_samples_hit_no_prefix_cache_unless_the_file_asks_for_reuse(models, tmp_path):

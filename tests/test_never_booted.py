@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from bisect_harness.boot import mechanisms
-from bisect_harness.boot.mechanisms import Counter, InfoField, LogLine, Mechanism
+from bisect_harness.boot.mechanisms import InfoField, Mechanism, StartupLine, Window
 from bisect_harness.boot.sources import parse_prometheus
 from bisect_harness.boot.presets import canonical_flag, get_preset
 from bisect_harness.boot.envs import CommitEnv
@@ -73,74 +73,93 @@ llamacpp:tokens_predicted_total 192
 # HELP llamacpp:spec_decode_num_draft_tokens_total Speculative: Total draft tokens generated
 # TYPE llamacpp:spec_decode_num_draft_tokens_total counter
 llamacpp:spec_decode_num_draft_tokens_total {drafted}
+# HELP llamacpp:spec_decode_num_accepted_tokens_total Speculative: Total draft tokens accepted
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total {accepted}
 """
 
 
-def _llamacpp(flags: dict, drafted: int | None, log: str = ""):
+def _scrape(drafted: int, accepted: int = 0):
+    return parse_prometheus(LLAMACPP_METRICS.format(drafted=drafted, accepted=accepted))
+
+
+def _llamacpp(flags: dict, before=None, after=None, log: str = "", startup: str = ""):
     preset = get_preset("llamacpp")
-    text = LLAMACPP_METRICS.format(drafted=drafted) if drafted is not None else ""
     canon = {canonical_flag(k, preset): v for k, v in flags.items()}
-    return mechanisms.check(preset.mechanisms, canon, metrics=parse_prometheus(text) if text else None,
-                            server_info=None, log_text=log)
+    return mechanisms.check(preset.mechanisms, canon, Window(before=before, after=after, log=log, startup_log=startup))
 
 
-def test_the_draft_flag_alone_is_caught_by_its_counter():
-    (r,) = _llamacpp({"-md": "/m/draft.gguf"}, drafted=0)
+def test_the_draft_flag_alone_is_caught_by_its_counter_over_the_window():
+    (r,) = _llamacpp({"-md": "/m/draft.gguf"}, _scrape(0), _scrape(0))
     assert (r.name, r.flags, r.state) == ("speculative decoding", ("model-draft",), "not_engaged")
-    assert r.evidence == "llamacpp:spec_decode_num_draft_tokens_total = 0 after the benchmark"
-    (r,) = _llamacpp({"md": "/m/draft.gguf", "spec-type": "draft-simple"}, drafted=120)
+    assert r.evidence == "llamacpp:spec_decode_num_draft_tokens_total +0 over the window"
+    # the draft model loaded at start and never drafted: set up, not seen
+    (r,) = _llamacpp({"-md": "/m/draft.gguf"}, _scrape(0), _scrape(0),
+                     startup="0.00.014.693 I common_speculative_init_result: loading draft model 'd.gguf'\n")
+    assert r.state == "set_up_not_seen" and "loading draft model" in r.startup
+    # drafted in the warm-up only: still not engaged in the window
+    (r,) = _llamacpp({"md": "/m/draft.gguf", "spec-type": "draft-simple"}, _scrape(87), _scrape(87))
+    assert r.state == "not_engaged"
+    (r,) = _llamacpp({"md": "/m/draft.gguf", "spec-type": "draft-simple"}, _scrape(87, 3), _scrape(207, 93))
     assert r.state == "engaged" and r.flags == ("model-draft", "spec-type")
+    assert r.evidence == ("llamacpp:spec_decode_num_draft_tokens_total +120 over the window, "
+                          "llamacpp:spec_decode_num_accepted_tokens_total +90 (acceptance 75%)")
 
 
-def test_without_metrics_the_log_decides_else_unknown_never_a_pass():
-    log = "slot release: id  0 | task 3 | draft acceptance rate = 0.31250 (   10 accepted /    32 generated)\n"
-    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, drafted=None, log=log)
-    assert r.state == "engaged" and "draft acceptance rate" in r.evidence
-    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, drafted=None)
-    assert r.state == "unknown" and "no evidence" in r.evidence
+def test_without_metrics_the_window_log_decides_else_not_observable_never_a_pass():
+    # the line llama-server really prints when a slot that drafted finishes (server-context.cpp)
+    log = ("0.00.541.501 I slot print_timing: id  0 | task 0 | draft acceptance = 0.97938 (  190 accepted /   194 "
+           "generated), mean len =  1.98\n")
+    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, log=log)
+    assert r.state == "engaged" and "draft acceptance = 0.97938" in r.evidence
+    (r,) = _llamacpp({"model-draft": "/m/d.gguf"}, startup=log)  # printed before the window: not evidence
+    assert r.state == "not_observable" and "no evidence" in r.evidence
+    assert mechanisms.marks([r]) == []
 
 
-def test_flags_that_claim_nothing_are_not_checked():
-    assert _llamacpp({"ctx-size": 512, "flash-attn": "off"}, drafted=0) == []
-    (r,) = _llamacpp({"flash-attn": "on"}, drafted=0,
-                     log="llama_context: flash_attn            = disabled\n")
-    assert (r.name, r.state) == ("flash attention", "not_engaged")
+def test_flash_attention_has_only_start_up_evidence():
+    assert _llamacpp({"ctx-size": 512, "flash-attn": "off"}) == []
+    (r,) = _llamacpp({"flash-attn": "on"}, startup="0.00.007.757 I llama_context: flash_attn            = disabled\n")
+    assert (r.name, r.state) == ("flash attention", "not_engaged") and "could not run" in r.evidence
+    (r,) = _llamacpp({"flash-attn": "on"}, startup="0.00.007.757 I llama_context: flash_attn            = enabled\n")
+    assert r.state == "not_observable" and r.evidence.startswith("set up at start")
 
 
-def test_info_fields_and_the_last_log_line_win():
-    m = Mechanism("CUDA graphs", ("x",), (InfoField("a.b", lambda v: None if v is None else v != "NONE"),
-                                          LogLine(engaged="captured", disengaged="disabled")), source="test")
-    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info={"a": {"b": "NONE"}}, log_text="")[0].state \
+def test_start_up_fields_and_the_last_start_up_line_win():
+    m = Mechanism("CUDA graphs", ("x",), evidence=(), startup=(
+        InfoField("a.b", lambda v: None if v is None else v != "NONE"),
+        StartupLine(set_up="captured", not_set_up="disabled")), source="test")
+    assert mechanisms.check([m], {"x": 1}, Window(server_info={"a": {"b": "NONE"}}))[0].state == "not_engaged"
+    assert mechanisms.check([m], {"x": 1}, Window(server_info={"a": {}},
+                                                  startup_log="graphs captured\nthen graphs disabled\n"))[0].state \
         == "not_engaged"
-    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info={"a": {}},
-                            log_text="graphs captured\nthen graphs disabled\n")[0].state == "not_engaged"
-    assert mechanisms.check([m], {"x": 1}, metrics=None, server_info=None,
-                            log_text="disabled\ncaptured\n")[0].state == "engaged"
-    assert mechanisms.check([m], {"y": 1}, metrics=None, server_info=None, log_text="") == []
+    assert mechanisms.check([m], {"x": 1}, Window(startup_log="disabled\ncaptured\n"))[0].state == "not_observable"
+    assert mechanisms.check([m], {"y": 1}, Window()) == []
 
 
-def test_vllm_declares_its_cuda_graph_claim_and_reads_cudagraph_mode():
+def test_vllm_declares_its_cuda_graph_claim_and_reads_cudagraph_mode_at_start():
     preset = get_preset("vllm")
     graphs = next(m for m in preset.mechanisms if m.name == "CUDA graphs")
     assert graphs.claimed_by({"enforce-eager": False}) == ("enforce-eager",)
     assert graphs.claimed_by({"enforce-eager": True}) == ()
     info = {"vllm_config": {"compilation_config": {"cudagraph_mode": "NONE"}}}
-    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, metrics=None, server_info=info, log_text="")
+    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, Window(server_info=info))
     assert r.state == "not_engaged"
     info["vllm_config"]["compilation_config"]["cudagraph_mode"] = "FULL_AND_PIECEWISE"
-    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, metrics=None, server_info=info, log_text="")
-    assert r.state == "engaged"
+    (r,) = mechanisms.check([graphs], {"enforce-eager": False}, Window(server_info=info))
+    assert r.state == "not_observable"  # set up; without --cudagraph-metrics nothing says it ran
 
 
-def test_sglang_declares_speculative_attention_mode_as_a_cuda_graph_claim():
+def test_sglang_speculative_attention_mode_claims_no_cuda_graphs():
     preset = get_preset("sglang")
     graphs = next(m for m in preset.mechanisms if m.name == "CUDA graphs")
     flags = {canonical_flag("speculative_attention_mode", preset): "decode"}
-    log = ("Capture target decode cuda graph begin. backend=full\n"
-           "Capture target decode cuda graph end. elapsed=3.1 s\n")
-    (r,) = mechanisms.check([graphs], flags, metrics=None, server_info={"disable_cuda_graph": False}, log_text=log)
-    assert r.state == "engaged" and "graph end" in r.evidence
-    (r,) = mechanisms.check([graphs], flags, metrics=None, server_info={"disable_cuda_graph": True}, log_text=log)
+    log = ("[2025-12-01 10:00:00 TP0] Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4\n"
+           "[2025-12-01 10:00:08 TP0] Capture target verify CUDA graph end. bs=[1, 2, 4, 8], elapsed=7.91 s\n")
+    (r,) = mechanisms.check([graphs], flags, Window(server_info={"disable_cuda_graph": False}, startup_log=log))
+    assert r.state == "not_observable" and r.flags == () and r.on_by_default  # a capture is not a replay
+    assert "Capture target verify CUDA graph end" in r.startup
+    (r,) = mechanisms.check([graphs], flags, Window(server_info={"disable_cuda_graph": True}, startup_log=log))
     assert r.state == "not_engaged"
 
 

@@ -21,6 +21,7 @@ import shlex
 from typing import Callable, Mapping, Sequence
 
 from ..boot import attach, engine_identity
+from ..boot.mechanisms import ANSWERED
 from . import host_state, stats
 from .mechanism import layers
 from ..model import jsonable
@@ -142,7 +143,8 @@ def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric:
 def checks_done(boots: Sequence[Boot]) -> dict:
     """How many of ``boots`` (the good ones) had each check answer: the env check
     (a requested var, every process read), the flag check, the mechanism check
-    (evidence read). A verdict whose boots answered none of them is *unchecked*,
+    (the measured window read: a state in ``mechanisms.ANSWERED``; "not observable"
+    is no answer). A verdict whose boots answered none of them is *unchecked*,
     never "ok".
 
     ``flags`` counts the boots whose every planned flag the server reported back
@@ -165,7 +167,7 @@ def checks_done(boots: Sequence[Boot]) -> dict:
         missing |= {c.get("flag") for c in flag_checks if c.get("status") not in ("matched", "mismatched")}
         if flag_checks and len(answered) == len(flag_checks):
             out["flags"] += 1
-        if any(m.get("state") in ("engaged", "not_engaged") for m in (b.provenance or {}).get("mechanisms", [])):
+        if any(m.get("state") in ANSWERED for m in (b.provenance or {}).get("mechanisms", [])):
             out["mechanisms"] += 1
     out.update(flags_compared=len(compared), flags_not_reported=len(missing), not_reported=sorted(map(str, missing)))
     return out

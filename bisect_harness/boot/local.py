@@ -256,48 +256,82 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
 _LOG_READ_MAX = 8 << 20  # bytes of a boot log read for mechanism evidence: its head and its tail
 
 
-def _log_text(path: Path) -> str:
+def _log_text(path: Path, start: int = 0, end: int | None = None) -> str:
+    """The boot log's bytes ``start`` to ``end`` (the file's end when None) as text,
+    its head and tail past :data:`_LOG_READ_MAX`; "" when the log is unreadable or was
+    cut back under ``start`` (the log cap rewrote its tail)."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(0)
-            if size <= _LOG_READ_MAX:
-                data = f.read()
+            size = f.seek(0, os.SEEK_END)
+            end = size if end is None else min(end, size)
+            if end <= start:
+                return ""
+            f.seek(start)
+            if end - start <= _LOG_READ_MAX:
+                data = f.read(end - start)
             else:
                 data = f.read(_LOG_READ_MAX // 2)
-                f.seek(size - _LOG_READ_MAX // 2)
-                data += b"\n" + f.read()
+                f.seek(end - _LOG_READ_MAX // 2)
+                data += b"\n" + f.read(_LOG_READ_MAX // 2)
     except OSError:
         return ""
     return data.decode("utf-8", errors="replace")
 
 
-def _mechanism_check(b: _Boot, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path) -> None:
-    """After the samples: did each mechanism the boot's flags claim engage, by the
-    engine's own evidence (``boot.mechanisms``)? A flag accepted whose mechanism did
-    not engage marks the boot ``mechanism_not_engaged``."""
-    preset = presets.get_preset(req.preset)
-    if not preset.mechanisms:
+class _MechanismWindow:
+    """The window the mechanism check reads (``boot.mechanisms.Window``): ``/metrics``
+    and the log's length just before the first measured sample (after the warm-up)
+    and just after the last, then server info. Nothing is read for a boot no
+    mechanism of its preset applies to. The log is written by the supervisor a
+    moment behind the server: a line at either edge may fall on the other side."""
+
+    def __init__(self, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path):
+        preset = presets.get_preset(req.preset)
+        self.req, self.base_url, self.headers, self.log_path = req, base_url, headers, log_path
+        self.flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
+        self.mechanisms = tuple(m for m in preset.mechanisms if m.applies(self.flags))
+        self.before: list | None = None
+        self.offset = 0
+        self.window: mechanisms.Window | None = None
+
+    def _scrape(self) -> list | None:
+        try:
+            with httpx.Client(trust_env=False) as client:
+                r = sources.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
+                                        limit=self.req.benchmark.limits.body_bytes)
+            return sources.parse_prometheus(r.text) if r.status_code == 200 else None
+        except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
+            return None
+
+    def open(self) -> "_MechanismWindow":
+        if self.mechanisms:
+            self.before = self._scrape()
+            with contextlib.suppress(OSError):
+                self.offset = self.log_path.stat().st_size
+        return self
+
+    def close(self) -> None:
+        if not self.mechanisms:
+            return
+        after = self._scrape()
+        self.window = mechanisms.Window(
+            before=self.before, after=after, log=_log_text(self.log_path, self.offset),
+            startup_log=_log_text(self.log_path, 0, self.offset),
+            server_info=fetch_server_info(self.base_url, self.req.server_info_paths, headers=self.headers,
+                                          limit=self.req.benchmark.limits.body_bytes))
+
+
+def _mechanism_check(b: _Boot, w: _MechanismWindow) -> None:
+    """After the samples: did each mechanism the boot's flags claim (or that its engine
+    runs by default) run in the measured window, by the engine's own evidence
+    (``boot.mechanisms``)? Results in ``provenance["mechanisms"]``; a mechanism that did
+    not run marks the boot ``mechanism_not_engaged``, one set up and not seen running
+    ``mechanism_not_seen``."""
+    if w.window is None:
         return
-    flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
-    if not any(m.claimed_by(flags) for m in preset.mechanisms):
-        return
-    metrics = None
-    limit = req.benchmark.limits.body_bytes
-    try:
-        with httpx.Client(trust_env=False) as client:
-            r = sources.bounded_get(client, base_url + req.metrics_path, 10.0, headers, limit=limit)
-        if r.status_code == 200:
-            metrics = sources.parse_prometheus(r.text)
-    except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
-        metrics = None
-    info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=limit)  # after the requests
-    results = mechanisms.check(preset.mechanisms, flags, metrics=metrics, server_info=info,
-                               log_text=_log_text(log_path))
+    results = mechanisms.check(w.mechanisms, w.flags, w.window)
     b.provenance["mechanisms"] = [r.to_dict() for r in results]
-    if any(r.state == "not_engaged" for r in results):
-        b.marks.append(mechanisms.NOT_ENGAGED)
+    b.marks.extend(m for m in mechanisms.marks(results) if m not in b.marks)
 
 
 def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
@@ -382,6 +416,7 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
             with provenance.GpuSampler(interval_s=1.0) as sampler, \
                     contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
                     bench.session():  # one HTTP client per boot, opened outside every sample window
+                window = _MechanismWindow(req, base_url, endpoint.headers, log_path).open()  # after the warm-up
                 for i in range(req.samples):
                     if cancel is not None and cancel.is_set():
                         raise KeyboardInterrupt
@@ -396,8 +431,9 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
                     _retry_check(b, detail.requests)
                     b.samples.append(s)
                     sink.sample(req, s)
+                window.close()  # the measured samples' window ends here
             b.provenance.update(bench.provenance())
-            _mechanism_check(b, req, base_url, endpoint.headers, log_path)
+            _mechanism_check(b, window)
             b.source_problems = list(collector.problems())
             if b.source_problems:
                 b.marks.append("source_unmatched")

