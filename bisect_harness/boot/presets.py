@@ -57,6 +57,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..boot.mechanisms import Counter, InfoField, LogLine, Mechanism
+from .profilers import PROFILERS
 from ..errors import UserError
 
 __all__ = [
@@ -119,6 +120,9 @@ class Preset:
     the evidence this engine gives (:mod:`bisect_harness.boot.mechanisms`): a boot
     that sets such a flag is checked after its samples, and one whose mechanism did
     not engage is marked ``mechanism_not_engaged``.
+    ``profiler`` names how the engine is profiled (a kind of
+    :mod:`bisect_harness.boot.profilers`: ``sglang``, ``vllm``, ``demo``, or ``none``,
+    which answers a profiled sample with "no profiler endpoint").
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -144,6 +148,7 @@ class Preset:
     flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     mechanisms: tuple = ()
+    profiler: str = "none"
     description: str = ""
 
     #: True when :meth:`default_repo` can make the engine's repository, so a file
@@ -158,6 +163,8 @@ class Preset:
         bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
         if bad:
             raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
+        if self.profiler not in PROFILERS:
+            raise ValueError(f"profiler must be one of {sorted(PROFILERS)}, got {self.profiler!r}")
 
     def describe(self) -> str:
         """One line: the preset's name and what it launches and probes."""
@@ -265,6 +272,7 @@ _SGLANG = register_preset(Preset(
                     disengaged=r"Disable (?:decode|verify) CUDA graph"),
         ), source="sglang 0.5.23 cuda_graph_setup.py 'Capture target decode cuda graph end' log line"),
     ),
+    profiler="sglang",  # POST /start_profile, /stop_profile (boot/profilers.py)
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 ))
 
@@ -327,6 +335,7 @@ _VLLM = register_preset(Preset(
         ), source="vLLM 0.32 /server_info?config_format=json compilation_config.cudagraph_mode",
             claims=lambda v: v is not True and _claims_graphs(v)),
     ),
+    profiler="vllm",  # --profiler-config on the profiled boot's launch (boot/profilers.py)
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
 
@@ -386,6 +395,7 @@ _DEMO = register_preset(DemoPreset(
     server_info_paths=("/server_info",),
     false_style="omit",
     info_key_rule="underscore",
+    profiler="demo",  # SGLang's two endpoints over torch.profiler
     description="the built-in demo engine (a small torch model over HTTP)",
 ))
 
