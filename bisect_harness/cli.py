@@ -110,13 +110,17 @@ def _follow_ups_json(run) -> dict[int, dict]:
 
 
 def run_summary(run) -> dict:
-    """The ``--json`` object of ``harness run``: each hypothesis' verdict, and what its
-    bisection and explanation found where the file asked for them."""
+    """The ``--json`` object of ``harness run``: each hypothesis' verdict, what its
+    bisection and explanation found where the file asked for them, and its arms'
+    profiles side by side (``profile``) where a boot of either arm was profiled."""
+    from .record.profile_view import hypothesis_json
+
     out = []
     searches = _follow_ups_json(run)
     for h in run.hypotheses:
         v = h.verdict
-        out.append({**searches.get(h.id, {}),
+        profile = hypothesis_json(h, run)  # where a boot of either arm was profiled
+        out.append({**searches.get(h.id, {}), **({"profile": profile} if profile else {}),
             "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
             "measured": bool(v) and v.test != NOT_MEASURED,
             "effect": v.ratio if v else None,

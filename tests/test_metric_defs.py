@@ -79,3 +79,37 @@ def test_journal_prints_the_bisection_metric_with_its_definition(tmp_path):
     section = text.split("## Bisection 1:", 1)[1]
     assert section.split("\n\n")[1].startswith(
         "Metric: `gen_tok_rate` (tok/s, higher is better): demo_generation_tokens_total from /metrics")
+
+
+DERIVED_TEXT = """\
+version: 1
+engine:
+  preset: demo
+  metrics:
+    - {name: accepted, from: prometheus, metric: "vllm:spec_decode_num_accepted_tokens", better: higher}
+    - {name: drafts, from: prometheus, metric: "vllm:spec_decode_num_drafts", better: higher}
+    - {name: acceptance_length, from: derived, ratio: [accepted, drafts], offset: 1, unit: tok/draft,
+       better: higher}
+hypotheses: []
+"""
+
+
+def test_a_derived_metric_is_defined_with_its_inputs(tmp_path):
+    line = definition_line("acceptance_length", None, DERIVED_TEXT)
+    assert line == ("`acceptance_length` (tok/draft, higher is better): 1 + accepted / drafts, from each sample "
+                    "window's values of those sources; where accepted: vllm:spec_decode_num_accepted_tokens from "
+                    "/metrics: its increase between the scrapes just before and just after each sample window; "
+                    "drafts: vllm:spec_decode_num_drafts from /metrics: its increase between the scrapes just "
+                    "before and just after each sample window")
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        run = led.add(Run(spec_path="h.yaml", spec_text=DERIVED_TEXT, spec_hash="h", harness_version="x"))
+        a = led.add(Config(run_id=run.id, key="a", label="HEAD"))
+        b = led.add(Config(run_id=run.id, key="b", label="HEAD --speculative"))
+        led.add(HypothesisRow(hid="acc", metric="acceptance_length", spec={}, run_id=run.id, expect="increase",
+                              min_effect=0.1, baseline_config_id=a.id, treatment_config_id=b.id))
+        text = journal.render(led, run)
+    assert f"- metric: {line}\n" in text
+    # a file whose derived metric names an undeclared one still defines the others
+    broken = DERIVED_TEXT.replace("[accepted, drafts]", "[accepted, nowhere]")
+    assert lookup_metric("accepted", broken).unit == "" and "1 + accepted / nowhere" in \
+        lookup_metric("acceptance_length", broken).description

@@ -8,7 +8,7 @@ import pytest
 from bisect_harness.boot import sources as sources_mod
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Better, Metric
-from bisect_harness.boot.sources import (LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector, lookup, parse_source, register_source, source_kinds)
+from bisect_harness.boot.sources import (DerivedSource, LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector, applicable, lookup, parse_source, register_source, resolve_derived, source_kinds)
 from helpers import FakeServer
 
 
@@ -268,13 +268,13 @@ ONE_OF_EACH = [
 
 
 def test_every_kind_is_registered_and_an_unknown_or_missing_one_is_an_error():
-    assert source_kinds() == ("prometheus", "server_info", "response", "log")
+    assert source_kinds() == ("prometheus", "server_info", "response", "log", "derived")
     for entry in ({"name": "x", "from": "stdout", "better": "higher"}, {"name": "x", "better": "higher"},
                   {"name": "x", "from": ["log"], "better": "higher"}):
         with pytest.raises(SpecError) as exc:
             parse_source(entry, "engine.metrics[3]")
         assert exc.value.key == "engine.metrics[3].from"
-        assert "prometheus, server_info, response, log" in str(exc.value)
+        assert "prometheus, server_info, response, log, derived" in str(exc.value)
     with pytest.raises(SpecError, match="missing 'from'"):
         parse_source({"name": "x", "better": "higher"}, "m")
 
@@ -417,3 +417,132 @@ def test_a_metrics_body_past_the_cap_is_a_problem_not_the_harness_memory(path):
     finally:
         srv.close()
     assert srv.sizes["bomb"] < 100_000  # a small body that would decode to 32 MiB
+
+
+# --------------------------------------------------------------------------- derived metrics
+
+
+def vllm_counters(accepted, drafts):
+    """vLLM's two speculative-decoding counters as its /metrics writes them
+    (vllm/v1/spec_decode/metrics.py: Counter "vllm:spec_decode_num_accepted_tokens" and
+    "vllm:spec_decode_num_drafts", one series per engine)."""
+    return f"""# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}
+"""
+
+
+def test_vllm_acceptance_length_from_two_counters_per_window(server):
+    # read 1 and 2 frame the first window, 3 and 4 the second (no drafts in it)
+    server.metrics = lambda n: vllm_counters(*{1: (100, 50), 2: (190, 80), 3: (190, 80), 4: (190, 80)}[n])
+    entries = [  # the derived one first: collected after its inputs all the same
+        {"name": "acceptance_length", "from": "derived", "ratio": ["accepted", "drafts"], "offset": 1,
+         "unit": "tok/draft", "better": "higher"},
+        {"name": "accepted", "from": "prometheus", "metric": "vllm:spec_decode_num_accepted_tokens",
+         "better": "higher"},
+        {"name": "drafts", "from": "prometheus", "metric": "vllm:spec_decode_num_drafts", "better": "higher"},
+    ]
+    srcs = resolve_derived([parse_source(e, f"engine.metrics[{i}]") for i, e in enumerate(entries)])
+    c = SourceCollector(srcs, server.url, None)
+    c.begin_sample()
+    assert c.end_sample([], 1.0) == {"acceptance_length": 4.0, "accepted": 90.0, "drafts": 30.0}  # 1 + 90 / 30
+    c.begin_sample()
+    assert c.end_sample([], 1.0) == {"accepted": 0.0, "drafts": 0.0}  # 0 / 0: a miss, never inf or nan
+    (problem,) = c.problems()
+    assert problem == ("derived source 'acceptance_length': 1 problem(s) over 2 sample(s): drafts is 0 in this "
+                       "window: accepted / drafts is undefined")
+
+
+def test_difference_scale_and_a_derived_input(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("")
+    entries = [
+        {"name": "verify_s", "from": "log", "pattern": r"verify took (?P<value>[\d.]+) s", "reduce": "sum",
+         "unit": "s", "better": "lower"},
+        {"name": "passes", "from": "log", "pattern": r"verify pass (?P<value>\d+)", "reduce": "count",
+         "better": "higher"},
+        {"name": "decode_ms", "from": "log", "pattern": r"decode step (?P<value>[\d.]+) ms", "unit": "ms",
+         "better": "lower"},
+        {"name": "extra_ms", "from": "derived", "difference": ["verify_ms_per_cycle", "decode_ms"], "unit": "ms",
+         "better": "lower", "description": "what a verify cycle costs above a decode step"},
+        {"name": "verify_ms_per_cycle", "from": "derived", "ratio": ["verify_s", "passes"], "scale": 1000,
+         "unit": "ms", "better": "lower"},
+    ]
+    srcs = resolve_derived([parse_source(e, f"engine.metrics[{i}]") for i, e in enumerate(entries)])
+    c = SourceCollector(srcs, "http://127.0.0.1:9", log)
+    c.begin_sample()
+    with log.open("a") as f:
+        f.write("verify pass 1\nverify took 0.030 s\nverify pass 2\nverify took 0.028 s\ndecode step 12.0 ms\n")
+    out = c.end_sample([], 1.0)
+    assert out["verify_ms_per_cycle"] == pytest.approx(29.0) and out["extra_ms"] == pytest.approx(17.0)
+    assert list(out) == ["verify_s", "passes", "decode_ms", "extra_ms", "verify_ms_per_cycle"]  # as declared
+    c.begin_sample()
+    with log.open("a") as f:
+        f.write("verify pass 3\nverify took 0.031 s\n")  # no decode line: its input is missing
+    out = c.end_sample([], 1.0)
+    assert out["verify_ms_per_cycle"] == pytest.approx(31.0) and "extra_ms" not in out
+    probs = c.problems()
+    assert any(p.startswith("derived source 'extra_ms'") and "input 'decode_ms' gave no value in this window" in p
+               for p in probs), probs
+    by = {s.name: s for s in srcs}
+    assert by["verify_ms_per_cycle"].describe() == (
+        "derived source 'verify_ms_per_cycle': verify_s / passes x 1000, from each sample window's values of "
+        "those sources [ms], lower is better")
+    assert by["extra_ms"].how() == "verify_ms_per_cycle - decode_ms, from each sample window's values of those sources"
+    # the definition says what each input is, down to the sources that read the server
+    assert by["extra_ms"].metric.description == (
+        "what a verify cycle costs above a decode step: verify_ms_per_cycle - decode_ms, from each sample window's "
+        "values of those sources; where verify_ms_per_cycle: verify_s / passes x 1000, from each sample window's "
+        "values of those sources; where verify_s: log lines matching 'verify took (?P<value>[\\\\d.]+) s' (sum); "
+        "passes: log lines matching 'verify pass (?P<value>\\\\d+)' (count); decode_ms: log lines matching "
+        "'decode step (?P<value>[\\\\d.]+) ms' (mean)")
+
+
+@pytest.mark.parametrize("entry, key, fragment", [
+    ({"ratio": ["a", "b"], "difference": ["a", "b"]}, "m.difference", "got both ratio and difference"),
+    ({}, "m.ratio", "exactly one of 'ratio: [a, b]'"),
+    ({"ratio": "a/b"}, "m.ratio", "must name two metrics"),
+    ({"ratio": ["a", "b", "c"]}, "m.ratio", "must name two metrics"),
+    ({"ratio": ["a", "a"]}, "m.ratio", "names 'a' twice"),
+    ({"ratio": ["x", "b"]}, "m.ratio", "cannot be derived from itself"),
+    ({"ratio": ["a", "b"], "scale": 0}, "m.scale", "'scale' of 0"),
+    ({"ratio": ["a", "b"], "scale": "1000"}, "m.scale", "must be a number"),
+    ({"ratio": ["a", "b"], "offset": float("inf")}, "m.offset", "must be a number"),
+    ({"ratio": ["a", "b"], "field": "f"}, "m.field", "unknown key"),
+])
+def test_derived_parse_errors_name_the_key(entry, key, fragment):
+    with pytest.raises(SpecError) as exc:
+        parse_source({"name": "x", "from": "derived", "better": "lower", **entry}, "m")
+    assert exc.value.key == key and fragment in str(exc.value)
+
+
+def test_derived_names_are_checked_against_the_declared_sources():
+    def load(*entries):
+        return resolve_derived([parse_source(e, f"engine.metrics[{i}]") for i, e in enumerate(entries)])
+
+    a = {"name": "a", "from": "log", "pattern": "(?P<value>1)", "better": "lower"}
+    with pytest.raises(SpecError) as exc:
+        load(a, {"name": "r", "from": "derived", "ratio": ["a", "tok_s"], "better": "lower"})
+    assert exc.value.key == "engine.metrics[1].ratio" and "names 'tok_s', which is not a metric" in str(exc.value)
+    assert "client's own metrics, like tok_s, are not among them" in str(exc.value)
+    with pytest.raises(SpecError) as exc:
+        load(a, {"name": "p", "from": "derived", "ratio": ["a", "q"], "better": "lower"},
+             {"name": "q", "from": "derived", "difference": ["p", "a"], "better": "lower"})
+    assert exc.value.key == "engine.metrics[1].ratio" and "a cycle: p -> q -> p" in str(exc.value)
+
+
+def test_a_derived_metric_applies_only_where_its_inputs_are_collected():
+    entries = [{"name": "verify_ms", "from": "log", "pattern": "(?P<value>1)", "better": "lower",
+                "when": {"speculative-algorithm": True}},
+               {"name": "steps", "from": "log", "pattern": "(?P<value>1)", "reduce": "count", "better": "lower"},
+               {"name": "per_step", "from": "derived", "ratio": ["verify_ms", "steps"], "better": "lower"},
+               {"name": "per_per", "from": "derived", "ratio": ["per_step", "steps"], "better": "lower"}]
+    srcs = resolve_derived([parse_source(e, f"m[{i}]") for i, e in enumerate(entries)])
+    yes, no = applicable(srcs, {"speculative-algorithm": "EAGLE3"})
+    assert [s.name for s in yes] == ["verify_ms", "steps", "per_step", "per_per"] and no == ()
+    yes, no = applicable(srcs, {})
+    assert [s.name for s in yes] == ["steps"] and [s.name for s in no] == ["verify_ms", "per_step", "per_per"]
+    assert isinstance(srcs[2], DerivedSource) and pickle.loads(pickle.dumps(srcs[2])) == srcs[2]

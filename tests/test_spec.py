@@ -167,3 +167,70 @@ def test_checkout_and_build_env_reach_the_boot_request(tmp_path):
     assert engine_fingerprint(plain) == engine_fingerprint(parse(GOOD.replace(
         "  env: {NCCL", "  checkout: worktree\n  env: {NCCL"), tmp_path))
     assert engine_fingerprint(plain) != engine_fingerprint(spec)
+
+
+# --------------------------------------------------------------------------- derived metrics
+
+DERIVED = textwrap.dedent("""\
+    version: 1
+    engine:
+      preset: openai
+      launch: [my-server, --port, "{port}"]
+      metrics:
+        - {name: verify_s, from: log, pattern: 'verify took (?P<value>[0-9.]+) s', reduce: sum, unit: s, better: lower}
+        - {name: passes, from: log, pattern: 'verify pass (?P<value>[0-9]+)', reduce: count, better: higher}
+        - {name: verify_ms_per_cycle, from: derived, ratio: [verify_s, passes], scale: 1000, unit: ms, better: lower}
+    hypotheses:
+      - id: spec
+        baseline: {flags: {speculative-num-steps: 1}}
+        treatment: {flags: {speculative-num-steps: 2}}
+        metric: verify_ms_per_cycle
+        expect: decrease
+        min_effect: 10%
+    """)
+
+
+def test_a_derived_metric_loads_and_a_hypothesis_may_name_it(tmp_path):
+    spec = parse(DERIVED, tmp_path)
+    src = spec.engine.metrics[2]
+    assert src.kind_name == "derived" and src.inputs == ("verify_s", "passes") and src.scale == 1000
+    m = spec.metrics()["verify_ms_per_cycle"]
+    assert m.unit == "ms" and m.description.startswith("verify_s / passes x 1000, from each sample window's values")
+    assert "; where verify_s: log lines matching" in m.description and "passes: log lines matching" in m.description
+
+
+@pytest.mark.parametrize("old, new, key, line, words", [
+    ("ratio: [verify_s, passes]", "ratio: [verify_s, tok_s]", "engine.metrics[2].ratio", 8,
+     "names 'tok_s', which is not a metric of engine.metrics"),
+    ("ratio: [verify_s, passes]", "ratio: [verify_s, verify_ms_per_cycle]", "engine.metrics[2].ratio", 8,
+     "cannot be derived from itself"),
+    ("ratio: [verify_s, passes]", "difference: [verify_s]", "engine.metrics[2].difference", 8, "must name two"),
+    ("- {name: passes, from: log, pattern: 'verify pass (?P<value>[0-9]+)', reduce: count, better: higher}",
+     "- {name: passes, from: derived, ratio: [verify_ms_per_cycle, verify_s], better: higher}",
+     "engine.metrics[1].ratio", 7, "a cycle: passes -> verify_ms_per_cycle -> passes"),
+])
+def test_derived_metric_errors_name_key_and_line(tmp_path, old, new, key, line, words):
+    assert old in DERIVED
+    with pytest.raises(SpecError) as err:
+        parse(DERIVED.replace(old, new), tmp_path)
+    assert (err.value.key, err.value.line) == (key, line) and words in str(err.value)
+
+
+def test_a_derived_metric_is_judged_only_where_its_inputs_are_collected(tmp_path):
+    text = DERIVED.replace("reduce: sum, unit: s, better: lower}",
+                           "reduce: sum, unit: s, better: lower, when: {speculative-num-steps: 2}}")
+    with pytest.raises(SpecError) as err:
+        parse(text, tmp_path)
+    assert "metric 'verify_ms_per_cycle' is collected only where its input 'verify_s' is, and the baseline arm " \
+           "does not match it" in str(err.value)
+    parse(text.replace("{speculative-num-steps: 1}", "{speculative-num-steps: 2, x: 1}"), tmp_path)  # both match
+
+
+def test_the_dry_run_prints_a_derived_metric_definition(tmp_path):
+    from helpers import harness
+
+    (tmp_path / "h.yaml").write_text(DERIVED)
+    proc = harness("run", "h.yaml", "--dry-run", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("  derived source 'verify_ms_per_cycle': verify_s / passes x 1000, from each sample window's values "
+            "of those sources [ms], lower is better\n") in proc.stdout

@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import SpecError
 from ..model import CLIENT_METRICS, Metric
-from ..boot.sources import parse_source
+from ..boot.sources import parse_source, resolve_derived
 
 __all__ = ["definition_line", "lookup_metric"]
 
@@ -35,13 +35,18 @@ def lookup_metric(name: str, spec_text: str) -> Metric | None:
         return None
     engine = doc.get("engine") if isinstance(doc, Mapping) else None
     entries = engine.get("metrics") if isinstance(engine, Mapping) else None
+    parsed = []
     for i, entry in enumerate(entries if isinstance(entries, list) else []):
-        if isinstance(entry, Mapping) and entry.get("name") == name:
-            try:
-                return parse_source(entry, f"engine.metrics[{i}]").metric
-            except SpecError:
+        try:
+            parsed.append(parse_source(entry, f"engine.metrics[{i}]"))
+        except SpecError:
+            if isinstance(entry, Mapping) and entry.get("name") == name:
                 return None
-    return None
+    try:  # a derived metric's definition names its inputs' (sources.resolve_derived)
+        parsed = list(resolve_derived(parsed))
+    except SpecError:
+        pass
+    return next((s.metric for s in parsed if s.name == name), None)
 
 
 def definition_line(name: str, stored: Mapping[str, Any] | None, spec_text: str) -> str:

@@ -80,6 +80,7 @@ def _presets() -> list[str]:
 def hypotheses_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a hypotheses file."""
     from ..boot.apis import APIS
+    from ..boot.sources import source_kinds
     from ..boot.checkout import CHECKOUT_MODES
 
     engine = _section(_spec._ENGINE, _spec.EngineSpec, {
@@ -89,7 +90,7 @@ def hypotheses_schema() -> dict[str, Any]:
         "server_info": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
         "env": _ENV, "flags": _FLAGS,
         "metrics": {"type": "array", "items": {"type": "object"},
-                    "description": "metric sources (kind: prometheus | server_info | log_pattern ...)"},
+                    "description": f"metric sources (from: {' | '.join(source_kinds())})"},
         "environment": {"type": "string", "enum": list(ENV_MODES)},
         "checkout": {"type": "string", "enum": list(CHECKOUT_MODES), "default": CHECKOUT_MODES[0],
                      "description": "how each commit is checked out: a git worktree, its files alone (tree), "

@@ -675,6 +675,10 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
             raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
         seen.add(source.metric.name)
         metrics.append(source)
+    try:  # a derived metric names other declared ones, with no cycle; its definition takes theirs
+        metrics = list(sources.resolve_derived(metrics, "engine.metrics"))
+    except SpecError as exc:
+        raise r.doc.error(exc.key or "engine.metrics", exc.message) from None
     python = e.get("python")
     if python is not None:
         r.typed(python, "engine.python", (str,), "the path (or PATH name) of the base environment's python")
@@ -988,21 +992,28 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
 
 
 def _check_when(engine: EngineSpec, hyps, file: str) -> None:
-    """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be judged."""
-    from ..boot import presets
+    """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be
+    judged; nor one on a derived metric where one of its inputs is not collected."""
+    from ..boot import presets, sources
 
     preset = presets.get_preset(engine.preset)
     by_name = {s.name: s for s in engine.metrics}
+    canonical = lambda f: presets.canonical_flag(f, preset)  # noqa: E731
     for h in hyps:
         source = by_name.get(h.metric)
-        if source is None or not source.when:
+        if source is None:
             continue
         for side, arm in (("baseline", h.baseline), ("treatment", h.treatment)):
-            if not source.applies({**engine.flags, **arm.flags}, lambda f: presets.canonical_flag(f, preset)):
-                raise SpecError(f"hypothesis {h.id}: metric {h.metric!r} is collected only where "
-                                f"when: {dict(source.when)} holds, and the {side} arm does not match it; compare "
-                                "two arms that both match, or pick another metric", key="metric", line=h.line,
-                                file=file)
+            flags = {**engine.flags, **arm.flags}
+            collected, _ = sources.applicable(engine.metrics, flags, canonical)
+            if source in collected:
+                continue
+            where = [f"when: {dict(source.when)} holds"] if source.when and not source.applies(flags, canonical) else []
+            where += [f"its input {n!r} is" for n in getattr(source, "inputs", ()) if by_name[n] not in collected]
+            raise SpecError(f"hypothesis {h.id}: metric {h.metric!r} is collected only where "
+                            f"{' and '.join(where)}, and the {side} arm does not match it; compare "
+                            "two arms that both match, or pick another metric", key="metric", line=h.line,
+                            file=file)
 
 
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,

@@ -18,7 +18,7 @@ from ..analysis.bisection import StopReason
 from ..boot import engine_identity, mechanisms
 from ..analysis import host_state, stats
 from ..input import metric_defs
-from . import explain_view
+from . import explain_view, profile_view
 from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
@@ -236,6 +236,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "same_host": same, "not_same": "; ".join(not_same),
             "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
             "layers": explain_view.layers_lines(v.stats if v else None),
+            "profile": profile_view.hypothesis_view(h, run, plots_dir),
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
