@@ -198,3 +198,12 @@ def test_a_profiled_demo_boot_keeps_its_samples_and_records_a_trace_and_its_summ
         else:
             assert SMALL_BENCH["requests_per_sample"] <= prof["steps"] < SMALL_BENCH["requests_per_sample"] * per_request
     assert not list((tmp_path / "exp" / "logs" / "run-1").glob("*.profile")), "the engine's folders are gone"
+    # the journal and --json set the two arms side by side (record/profile_view.py)
+    (h,) = last_json(r.stdout)["hypotheses"]
+    assert [h["profile"][side]["boot"] for side in ("baseline", "treatment")] == [by_arm[0][0], by_arm[2][0]]
+    assert h["profile"]["difference"]
+    (path,) = (tmp_path / "exp").glob("*-run1.md")
+    text = path.read_text()
+    assert f"- baseline (boot {by_arm[0][0]}, demo): {tokens} tokens from 2 request(s) in " in text
+    assert f"[trace](logs/run-1/boot-{by_arm[2][0]}.trace.json.gz)" in text
+    assert "| kind | name | baseline ms/token | treatment ms/token | difference |" in text

@@ -133,6 +133,7 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
     boots = query(db, "SELECT status, marks, env_report, flag_report, provenance, argv FROM boots")
     assert boots and all(b[0] == "ok" for b in boots), [b[:2] for b in boots]
     _assert_each_seqs_arm_profiled_once(db)
+    _assert_the_journal_sets_the_arms_profiles_side_by_side(tmp_path / "experiments", verdicts)
 
     for status, marks, env_rep, flag_rep, prov, argv in boots:
         marks, env_rep, flag_rep, prov, argv = map(json.loads, (marks, env_rep, flag_rep, prov, argv))
@@ -190,6 +191,30 @@ def _assert_each_seqs_arm_profiled_once(db: Path) -> None:
         assert any("mm" in name for name in ops), sorted(ops)
         profiled[arm] = ops
     assert set(profiled) == {"base", 1}, profiled
+
+
+def _assert_the_journal_sets_the_arms_profiles_side_by_side(journal_dir: Path, verdicts: dict) -> None:
+    """The journal and --json read the two profiles of "seqs": each arm's line, the
+    operators per token of both arms and their difference; "inert" shares the profiled
+    baseline and says its treatment was not profiled."""
+    tokens = BENCH["requests_per_sample"] * BENCH["output_tokens"]
+    prof = verdicts["seqs"]["profile"]
+    assert prof["baseline"]["state"] == prof["treatment"]["state"] == "taken", prof
+    assert prof["baseline"]["boot"] != prof["treatment"]["boot"]
+    rows = prof["difference"]
+    assert rows and any(r["difference_ms_per_token"] is not None for r in rows), rows
+    assert {r["kind"] for r in rows} >= {"op"}
+    assert verdicts["inert"]["profile"]["treatment"]["state"] == "not_taken"
+    (path,) = journal_dir.glob("*-run1.md")
+    text = path.read_text()
+    section = text[text.index("### `seqs`"):]
+    section = section[:section.index("\n### ", 1)]  # the seqs hypothesis' part, up to the next heading
+    assert "Where the time goes: each arm's profiled sample (not a sample of the verdict)" in section
+    for side in ("baseline", "treatment"):
+        assert f"- {side} (boot {prof[side]['boot']}, vllm): {tokens} tokens from 8 request(s)" in section, side
+    assert "| kind | name | baseline ms/token | treatment ms/token | difference |" in section
+    assert " ms per token in " in section  # the largest differences, said in words
+    assert "treatment: no profile: no boot of this arm was profiled" in text  # inert
 
 
 def _paired_effect(db: Path, hid: str) -> float:
