@@ -10,6 +10,7 @@ progress and tables go to stderr when ``--json`` is given.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import sys
@@ -176,6 +177,9 @@ def run(
                                          help="Continue an interrupted or failed run of FILE (default: the newest) "
                                          "in the same run: its boots on this host count, decided hypotheses "
                                          "keep their verdicts."),
+    profile: bool = typer.Option(False, "--profile", help="Profile every hypothesis (as profile: true): one extra "
+                                 "sample per arm under the engine's profiler, after the measured ones, never a "
+                                 "sample of the verdict; the summary in the ledger, the trace beside the journal."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from .planning.plan import make_plan
@@ -190,6 +194,8 @@ def run(
     resume_id = _resume_id(resume)
     # One plan for the command: a dry run resolves revisions only where the repository is here.
     plan = make_plan(spec, cache_dir=cache_dir, resolve_if_present=dry_run)
+    if profile:
+        plan = dataclasses.replace(plan, profile_all=True)
     if dry_run:
         _dry_run(plan, console, json_out=json_out, check_flags=check_flags)
         return
@@ -206,7 +212,8 @@ def run(
             earlier = find_run(led, spec, resume_id)
             check_plan(earlier, plan, aa_check=aa_check)
         executor = Executor(plan, led, log_dir=journal_dir / "logs", observer=obs, calibrate=not no_calibration,
-                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier)
+                            aa_check=aa_check, wait_quiet_s=wait_quiet, backend=boots, resume=earlier,
+                            profile=profile)
         try:
             the_run = executor.execute()  # bisect: true and explain: true searches included
         except BaseException:  # the journal of what was recorded, never hiding why the run stopped

@@ -187,6 +187,7 @@ class Limits:
     stream_line_bytes: int = 16 << 20  # one line of a response's event stream
     log_head_bytes: int = 32 << 20     # of a boot log: the first bytes kept ...
     log_tail_bytes: int = 32 << 20     # ... and the last; the middle is dropped and counted
+    profile_trace_bytes: int = 50 << 20  # a profiled sample's raw trace, kept beside the log up to this
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ The venv is made by ``.ci/install-vllm DIR`` (CI does it); the tests find it at
 The model is a tiny random-weight Llama made here (no hub); a boot is ready in
 20-60 s on two cores, so these tests are few: the flag check against the real
 ``--help=all``, one run of two hypotheses (a flag that must slow decoding at
-concurrency 4, an env var that must not) with every per-boot check on, and the
-env check on a worker that renamed itself without ``SPT_NOENV``.
+concurrency 4, an env var that must not) with every per-boot check on and a
+profile of each arm of the first (``profile: true``: vLLM's own torch profiler),
+and the env check on a worker that renamed itself without ``SPT_NOENV``.
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ def test_check_flags_reads_the_real_help(model, tmp_path):
 
 def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
     hyps = [
-        # one sequence at a time serves eight clients one by one: decode tok/s falls (0.40-0.50x seen at four)
+        # one sequence at a time serves eight clients one by one: decode tok/s falls (0.40-0.50x seen at four);
+        # each arm's first boot takes one more sample under vLLM's torch profiler
         {"id": "seqs", "baseline": {}, "treatment": {"flags": {"max-num-seqs": 1}},
-         "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
+         "metric": "tok_s", "expect": "decrease", "min_effect": "20%", "profile": True},
         # an env var nothing reads: must not be confirmed
         {"id": "inert", "baseline": {}, "treatment": {"env": {"BH_INERT_TUNING": "1"}},
          "metric": "tok_s", "expect": "decrease", "min_effect": "20%"},
@@ -133,6 +135,8 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
 
     boots = query(db, "SELECT status, marks, env_report, flag_report, provenance, argv FROM boots")
     assert boots and all(b[0] == "ok" for b in boots), [b[:2] for b in boots]
+    _assert_each_seqs_arm_profiled_once(db)
+    _assert_the_journal_sets_the_arms_profiles_side_by_side(tmp_path / "experiments", verdicts)
 
     for status, marks, env_rep, flag_rep, prov, argv in boots:
         marks, env_rep, flag_rep, prov, argv = map(json.loads, (marks, env_rep, flag_rep, prov, argv))
@@ -163,6 +167,63 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
     assert hits and all(h == 0 and cached is None for h, cached in hits), hits
     assert not _vllm_processes(), _vllm_processes()
     print(f"vLLM run: {len(boots)} boots in {took:.0f} s")
+
+
+def _assert_each_seqs_arm_profiled_once(db: Path) -> None:
+    """``profile: true`` on "seqs": the first boot of each of its arms (the baseline is
+    shared with "inert") was launched with vLLM's --profiler-config, measured its four
+    samples as every boot did, and took one more under the profiler, summed per token;
+    no other boot was profiled or launched so."""
+    rows = query(db, "SELECT b.id, b.seq, c.flags, c.env, b.provenance, b.argv, "
+                     "(SELECT COUNT(*) FROM samples s WHERE s.boot_id = b.id) FROM boots b "
+                     "JOIN configs c ON c.id = b.config_id ORDER BY b.id")
+    profiled = {}
+    tokens = BENCH["requests_per_sample"] * BENCH["output_tokens"]  # ignore_eos: every request its 32
+    for boot_id, seq, flags, env, prov, argv, samples in rows:
+        prof, argv = json.loads(prov).get("profile"), json.loads(argv)
+        assert samples == 4, (boot_id, samples)  # the profiled sample is never one of them
+        arm = "inert" if json.loads(env).get("BH_INERT_TUNING") else json.loads(flags).get("max-num-seqs", "base")
+        assert (prof is not None) == (seq == 1 and arm != "inert"), (boot_id, seq, arm, prof)
+        assert ("--profiler-config" in argv) == (prof is not None), argv
+        if prof is None:
+            continue
+        assert prof["state"] == "taken", prof
+        assert prof["profiler"] == "vllm" and prof["launched_with"][0] == "--profiler-config"
+        assert prof["tokens"] == tokens and prof["requests"] == BENCH["requests_per_sample"]
+        assert prof["kept"] and Path(prof["trace"]).name == f"boot-{boot_id}.trace.json.gz"
+        assert Path(prof["trace"]).stat().st_size == prof["trace_bytes"] > 0
+        summary = prof["summary"]
+        assert summary["tokens"] == tokens and not summary["truncated"] and summary["skipped"] == 0
+        ops = {op["name"]: op["ms"] / tokens for op in summary["ops"]}  # ms per generated token
+        assert ops and all(ms >= 0 for ms in ops.values()) and summary["op_ms"] > 0
+        # vLLM's CPU matmul (oneDNN) runs in every decode step of the tiny Llama
+        assert any("mm" in name for name in ops), sorted(ops)
+        profiled[arm] = ops
+    assert set(profiled) == {"base", 1}, profiled
+
+
+def _assert_the_journal_sets_the_arms_profiles_side_by_side(journal_dir: Path, verdicts: dict) -> None:
+    """The journal and --json read the two profiles of "seqs": each arm's line, the
+    operators per token of both arms and their difference; "inert" shares the profiled
+    baseline and says its treatment was not profiled."""
+    tokens = BENCH["requests_per_sample"] * BENCH["output_tokens"]
+    prof = verdicts["seqs"]["profile"]
+    assert prof["baseline"]["state"] == prof["treatment"]["state"] == "taken", prof
+    assert prof["baseline"]["boot"] != prof["treatment"]["boot"]
+    rows = prof["difference"]
+    assert rows and any(r["difference_ms_per_token"] is not None for r in rows), rows
+    assert {r["kind"] for r in rows} >= {"op"}
+    assert verdicts["inert"]["profile"]["treatment"]["state"] == "not_taken"
+    (path,) = journal_dir.glob("*-run1.md")
+    text = path.read_text()
+    section = text[text.index("### `seqs`"):]
+    section = section[:section.index("\n### ", 1)]  # the seqs hypothesis' part, up to the next heading
+    assert "Where the time goes: each arm's profiled sample (not a sample of the verdict)" in section
+    for side in ("baseline", "treatment"):
+        assert f"- {side} (boot {prof[side]['boot']}, vllm): {tokens} tokens from 8 request(s)" in section, side
+    assert "| kind | name | baseline ms/token | treatment ms/token | difference |" in section
+    assert " ms per token in " in section  # the largest differences, said in words
+    assert "treatment: no profile: no boot of this arm was profiled" in text  # inert
 
 
 def _paired_effect(db: Path, hid: str) -> float:

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from . import attach, benchtools, contention, engine_identity, mechanisms, presets, provenance, sources
+from . import attach, benchtools, contention, engine_identity, mechanisms, presets, profilers, provenance, sources
 from .checkout import read_tail
 from .recipe import checkout, placeholders, process_env, working_dir
 from .rejection import FLAG_NOT_ACCEPTED
@@ -354,6 +354,17 @@ def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None
                      "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
 
 
+def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None:
+    """A refused flag fails the config at this commit: marked, with the preset's notes on it."""
+    b.marks.append(FLAG_NOT_ACCEPTED)
+    notes = presets.notes_for(exc.engine_message, presets.get_preset(req.preset))
+    b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
+                                         "notes": notes}
+    where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
+    b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
+    b.config_status = "boot_failed"
+
+
 def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Event | None = None) -> BootOutcome:
     """Build (once), boot, verify, warm up, sample, tear down; never raises for a boot
     that fails (the outcome says how). An interrupt reports an ``interrupted`` outcome
@@ -379,6 +390,11 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     env = process_env(req, cenv)
     places = placeholders(req, port=port, worktree=worktree, python=cenv.python)
     argv = presets.render_argv(list(req.argv), **places)
+    profiler = profilers.get_profiler(presets.get_preset(req.preset).profiler)
+    launched_with: tuple[str, ...] = ()
+    if req.profile and req.endpoint is None:  # an engine whose profiler is a launch setting (vLLM)
+        launched_with = profiler.launch_args(profilers.profile_dir(log_path))
+        argv += list(launched_with)
     argv = _with_devices(req, argv, env)
     cwd = working_dir(req, worktree, cenv.python)
     b.port, b.argv = port, tuple(argv)
@@ -440,6 +456,9 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
             b.provenance["gpu_sampling"] = sampler.summary().to_dict()
             b.provenance["host"] = provenance.collect_host(worktree, req.commit).to_dict()
             _host_check(b, req, monitor)
+            if req.profile and b.status == "running":  # one more sample, never one of the verdict's
+                b.provenance["profile"] = profilers.capture(req, profiler, bench, endpoint, log_path,
+                                                            launched_with=launched_with)
             if b.status == "running":
                 b.status = "ok"
             b.log_tail = server.log_tail(40)
@@ -450,13 +469,10 @@ def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Ev
     except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
         b.status, b.failure = "failed", str(exc)
         b.log_tail = exc.log_tail or read_tail(log_path)
-        b.marks.append(FLAG_NOT_ACCEPTED)
-        notes = presets.notes_for(exc.engine_message, presets.get_preset(req.preset))
-        b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
-                                             "notes": notes}
-        where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
-        b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
-        b.config_status = "boot_failed"
+        if launched_with and launched_with[0] in exc.engine_message:  # the profiler's setting, not the config's
+            b.provenance["profile"] = profilers.refused_at_launch(profiler, launched_with, exc.engine_message)
+        else:
+            _flag_not_accepted(b, req, exc)
     except (BootFailed, ConfigFailure) as exc:
         b.status, b.failure = "failed", str(exc)
         b.log_tail = exc.log_tail or read_tail(log_path)

@@ -63,6 +63,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..boot.mechanisms import Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine
+from .profilers import PROFILERS
 from ..errors import UserError
 
 __all__ = [
@@ -131,6 +132,9 @@ class Preset:
     ``source_notes`` say what a metric source's miss means on this engine (keys
     ``metrics``: ``/metrics`` did not answer; ``last_chunk``: a field missing from a
     stream's last chunk), so a boot's source problems give this engine's advice.
+    ``profiler`` names how the engine is profiled (a kind of
+    :mod:`bisect_harness.boot.profilers`: ``sglang``, ``vllm``, ``demo``, or ``none``,
+    which answers a profiled sample with "no profiler endpoint").
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -157,6 +161,7 @@ class Preset:
     env: Mapping[str, str] = field(default_factory=dict)
     mechanisms: tuple = ()
     source_notes: Mapping[str, str] = field(default_factory=dict)
+    profiler: str = "none"
     description: str = ""
 
     #: True when :meth:`default_repo` can make the engine's repository, so a file
@@ -171,6 +176,8 @@ class Preset:
         bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
         if bad:
             raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
+        if self.profiler not in PROFILERS:
+            raise ValueError(f"profiler must be one of {sorted(PROFILERS)}, got {self.profiler!r}")
 
     def describe(self) -> str:
         """One line: the preset's name and what it launches and probes."""
@@ -314,6 +321,7 @@ _SGLANG = register_preset(Preset(
             claims=lambda v: _sglang_decode_graphs(v), default_on=True,
             off_flags=("disable-cuda-graph", "disable-decode-cuda-graph")),
     ),
+    profiler="sglang",  # POST /start_profile, /stop_profile (boot/profilers.py)
     description="SGLang: python -m sglang.launch_server; readiness by /health_generate",
 ))
 
@@ -397,6 +405,7 @@ _VLLM = register_preset(Preset(
             source="vLLM 0.32 --cudagraph-metrics table rows (Runtime Mode) over the window",
             claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
     ),
+    profiler="vllm",  # --profiler-config on the profiled boot's launch (boot/profilers.py)
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
 
@@ -498,6 +507,7 @@ _DEMO = register_preset(DemoPreset(
             source="the demo engine's /metrics demo:cuda_graph_passes_total{mode=verify_none} over the window",
             claims=lambda v: bool(_positive(v))),
     ),
+    profiler="demo",  # SGLang's two endpoints over torch.profiler
     description="the built-in demo engine (a small torch model over HTTP)",
 ))
 

@@ -114,6 +114,9 @@ class BootRequest:
     release: Any = None                   # releases.ReleaseRequest: a released build, installed, not a commit
     build_env: tuple[str, ...] = ()       # variables that key the build, beyond boot.checkout.BUILD_ENV
     devices: DeviceSet | None = None      # assigned by the backend before the boot starts
+    # one extra sample after the measured ones, under the engine's profiler (boot.profilers);
+    # set by the scheduler on a boot of a config that still lacks its profile
+    profile: bool = False
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -127,6 +130,10 @@ class BootRequest:
 
     def with_devices(self, devices: DeviceSet | None) -> "BootRequest":
         return dataclasses.replace(self, devices=devices)
+
+    def profiled(self) -> "BootRequest":
+        """This boot, taking the profiled sample after its measured ones."""
+        return dataclasses.replace(self, profile=True)
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,9 @@ def hypotheses_schema() -> dict[str, Any]:
         "min_effect": _EFFECT,
         "matrix": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1,
                                                              "items": {"type": ["string", "number", "boolean"]}}},
+        "profile": {"type": "boolean", "default": False,
+                    "description": "one extra sample per arm under the engine's profiler, after the measured ones "
+                                   "(never a sample of the verdict)"},
     })
     hyp["required"] = ["id", "baseline", "treatment", "metric", "expect", "min_effect"]
     backend = {"type": "object", "properties": {

@@ -148,6 +148,7 @@ class HypothesisSpec:
     matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
     explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
     mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
+    profile: bool = False  # one extra sample per arm under the engine's profiler (boot.profilers)
 
 
 @dataclass(frozen=True)
@@ -551,7 +552,7 @@ _RELEASES = ("package", "index", "versions", "tag", "launch", "image", "runtime"
 _BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
-        "explain", "mechanism")
+        "explain", "mechanism", "profile")
 _MECH = ("metric", "expect", "min_effect")
 _ARM = ("commit", "release", "env", "flags", "base_url")
 #: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
@@ -1045,6 +1046,8 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
             raise r.doc.error(f"{path}.bisect", "bisection needs commits: add engine.repo")
         explain_ = h.get("explain", False)
         r.typed(explain_, f"{path}.explain", (bool,), "true or false")
+        profile = h.get("profile", False)
+        r.typed(profile, f"{path}.profile", (bool,), "true or false")
         mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect)
         base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached, has_releases)
         treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached, has_releases)
@@ -1081,6 +1084,7 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
             out.append(HypothesisSpec(
                 id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
                 min_effect=min_effect, bisect=bisect, line=line, explain=explain_, mechanism=mechanism,
+                profile=profile,
                 matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point}))
     return tuple(out)
 

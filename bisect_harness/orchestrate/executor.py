@@ -16,6 +16,7 @@ and when to look.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Mapping
 
@@ -37,7 +38,12 @@ class Executor:
 
     def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
                  calibrate: bool = True, aa_check: bool = False, order_seed: int | None = None,
-                 wait_quiet_s: float | None = None, backend: Backend | None = None, resume: Run | None = None):
+                 wait_quiet_s: float | None = None, backend: Backend | None = None, resume: Run | None = None,
+                 profile: bool = False):
+        # --profile: every hypothesis' arms take a profiled sample; a resume keeps what the run was started with
+        self.profile = profile or (resume is not None and bool(resume_mod.options(resume).get("profile")))
+        if self.profile and not plan.profile_all:
+            plan = dataclasses.replace(plan, profile_all=True)
         self.sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate,
                                order_seed=order_seed, wait_quiet_s=wait_quiet_s, backend=backend)
         self.plan = plan
@@ -83,7 +89,7 @@ class Executor:
             rows = self._hypothesis_rows()
             if self.resume is None:  # what a later resume needs beyond the file
                 resume_mod.record_options(self.ledger, run, aa_check=self.aa_check or self.spec.defaults.aa_check,
-                                          hypotheses=[h.id for h in self.plan.hypotheses])
+                                          hypotheses=[h.id for h in self.plan.hypotheses], profile=self.profile)
                 earlier = {}
             else:  # the looks recorded before the interruption, read once
                 earlier = resume_mod.looks_done(self.ledger, rows)

@@ -44,7 +44,7 @@ __all__ = ["RESUMABLE", "RESUMED_KEY", "OPTIONS_KEY", "find_run", "check_plan", 
 
 #: Run statuses a resume takes up; ``done`` runs are finished, ``running`` ones owned.
 RESUMABLE = ("interrupted", "failed")
-#: ``runs.host`` key of what a run was started with beyond its file (A/A check, hypotheses kept).
+#: ``runs.host`` key of what a run was started with beyond its file (A/A check, hypotheses kept, --profile).
 OPTIONS_KEY = "run_options"
 #: Boot statuses of boots that ended; they count when their host matches.
 ENDED = ("ok", "failed", "excluded")
@@ -156,9 +156,12 @@ def order_stream(seed: int, n: int) -> str:
     return f"{seed}:resume:{n}"
 
 
-def record_options(ledger: Ledger, run: Run, *, aa_check: bool, hypotheses: Sequence[str]) -> None:
-    """Keep what the run was started with beyond its file, for a later resume."""
-    run.host = {**(run.host or {}), OPTIONS_KEY: {"aa_check": bool(aa_check), "hypotheses": list(hypotheses)}}
+def record_options(ledger: Ledger, run: Run, *, aa_check: bool, hypotheses: Sequence[str],
+                   profile: bool = False) -> None:
+    """Keep what the run was started with beyond its file, for a later resume (``--profile``
+    too: a resume profiles the arms the run profiled, whether or not it is passed again)."""
+    run.host = {**(run.host or {}), OPTIONS_KEY: {"aa_check": bool(aa_check), "hypotheses": list(hypotheses),
+                                                  "profile": bool(profile)}}
     ledger.commit()
 
 

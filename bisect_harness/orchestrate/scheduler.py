@@ -60,7 +60,10 @@ from ..errors import HarnessError, InfrastructureError, UserError
 from ..record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
 from ..planning.plan import ConfigRecipe, Plan, PlannedConfig
 
-__all__ = ["Observer", "ConfigState", "Measurement", "Scheduler", "MEASURED_FAILURES_IN_A_ROW"]
+__all__ = ["Observer", "ConfigState", "Measurement", "Scheduler", "MEASURED_FAILURES_IN_A_ROW", "PROFILE_ATTEMPTS"]
+
+#: a config of ``profile: true`` stops asking for its profile after this many profiles failed
+PROFILE_ATTEMPTS = 2
 
 #: a config that has booted ok is unmeasurable only after this many times
 #: ``boot_retries + 1`` failed boots in a row (at 10% random failures and one
@@ -96,6 +99,25 @@ class ConfigState:
     @property
     def good_boots(self) -> list[Boot]:
         return [b for b in self.boots if b.status == "ok"]
+
+    @property
+    def wants_profile(self) -> bool:
+        """Whether this config's next boot takes the profiled sample: its recipe asks for
+        one (``profile: true``, ``--profile``) and none of its boots has it yet. A boot
+        records its profile in ``provenance["profile"]``; the config has it once an ok
+        boot's profile was taken or a boot found the engine has no profiler, or after
+        :data:`PROFILE_ATTEMPTS` failed profiles. A profiled boot that failed (or was left
+        out) before its profile records none: the next boot is profiled. Read from the
+        boots themselves, so a resumed run goes on where the interrupted one was."""
+        if not self.recipe.profile:
+            return False
+        failed = 0
+        for boot in [*self.boots, *self.not_counted]:
+            state = ((boot.provenance or {}).get("profile") or {}).get("state")
+            if state == "no_profiler" or (state == "taken" and boot.status == "ok"):
+                return False
+            failed += state == "failed"
+        return failed < PROFILE_ATTEMPTS
 
     def failures_allowed(self, boot_retries: int) -> int:
         """Failed boots in a row that make this config unmeasurable (the policy above)."""
@@ -499,6 +521,7 @@ class Scheduler:
         for st in batch:
             pc = st.planned
             seq = len(st.boots) + len(st.not_counted) + 1
+            profile = st.wants_profile  # asked before this boot's row joins the config's boots
             self.obs.boot_started(pc, seq, self.spec.defaults.samples_per_boot)
             boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                                         host_fingerprint=self.host_fp))
@@ -506,6 +529,8 @@ class Scheduler:
             log_path = self.log_dir / f"boot-{boot.id}.log"
             boot.log_path = str(log_path)
             req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
+            if profile:
+                req = req.profiled()
             sink.expect(req, boot, st)
             requests.append(req)
         self.ledger.commit()

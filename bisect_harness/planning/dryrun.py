@@ -52,10 +52,11 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
         argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
         env, flags = redact_env(c.arm.env), redact_env(c.arm.flags)  # secrets masked (secrets.py)
         users = [h.id for h in plan.hypotheses if c.key in (h.baseline.key, h.treatment.key)]
+        profiler = get_preset(spec.engine.preset).profiler if plan.profiles(c) else None
         configs.append({"key": c.key, "commit": c.arm.commit, **({"release": c.arm.release} if c.arm.release else {}),
                         "env": env, "flags": flags,
                         "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
-                        "hypotheses": users})
+                        "hypotheses": users, "profile": profiler})
         lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
         if c.arm.release is not None:
             rel = spec.engine.releases
@@ -67,6 +68,9 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
         if c.arm.env:
             lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
         lines.append("  argv:   " + shlex.join(argv))
+        if profiler is not None:
+            lines.append(f"  profile: one extra sample after the measured ones of a boot, profiler {profiler}"
+                         + (" (no profiler endpoint: the sample is not taken)" if profiler == "none" else ""))
     hyps = []
     lines.append("")
     for h in plan.hypotheses:
@@ -75,6 +79,7 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
         hyps.append({"id": h.id, "metric": h.metric.name, "expect": h.spec.expect.value,
                      "min_effect": h.spec.min_effect, "baseline": h.baseline.key, "treatment": h.treatment.key,
                      "bisect": h.spec.bisect, "explain": h.spec.explain,
+                     "profile": h.spec.profile or plan.profile_all,
                      "mechanism": [{"metric": m.metric, "expect": m.expect.value, "min_effect": m.min_effect}
                                    for m in h.spec.mechanism]})
         lines.append(f"hypothesis {h.id}: config {b} vs config {t}, {h.metric.name} {h.spec.expect.value} "

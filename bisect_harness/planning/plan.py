@@ -45,11 +45,13 @@ class ConfigRecipe:
     """All the scheduler needs of one config, handed over once (``Plan.recipe``):
     its series, its launch as the config row shows it (``{port}`` left open) and
     the request every boot of it goes out as, less the boot's id, number and log
-    (``BootRequest.for_boot``)."""
+    (``BootRequest.for_boot``). ``profile``: the config is an arm to profile (one
+    extra sample under the engine's profiler, on one of its boots: the scheduler's)."""
 
     series: str
     argv: tuple[str, ...]
     request: BootRequest
+    profile: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class Plan:
     base_interpreter: str | None = None  # resolved engine.python; None: resolved on first use
     #: the engine repository's mirror and worktrees in the cache (None: no repository, or not resolved)
     ws: Workspace | None = field(default=None, compare=False)
+    #: ``harness run --profile``: every hypothesis' arms are profiled, as with ``profile: true``
+    profile_all: bool = False
 
     @property
     def preset(self) -> presets.Preset:
@@ -130,6 +134,13 @@ class Plan:
         if config.arm.release is not None:
             return "{python}"
         return "{python}" if (self.per_commit_env and config.arm.commit is not None) else self.base_python
+
+    def profiles(self, config: PlannedConfig) -> bool:
+        """Whether ``config`` takes a profiled sample: it is an arm of a hypothesis with
+        ``profile: true``, or of any hypothesis under ``harness run --profile``. The
+        configs a bisection or an explanation adds are not arms: never profiled."""
+        return any(config.key in (h.baseline.key, h.treatment.key)
+                   for h in self.hypotheses if h.spec.profile or self.profile_all)
 
     def devices_needed(self, config: PlannedConfig) -> int:
         """GPUs one boot of ``config`` takes: its tensor parallel degree (``tp`` in any of
@@ -196,7 +207,7 @@ class Plan:
                           thresholds=d.host_thresholds),
             log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
             build_env=engine.build_env, release=release)
-        return ConfigRecipe(series=series, argv=tuple(shown), request=request)
+        return ConfigRecipe(series=series, argv=tuple(shown), request=request, profile=self.profiles(config))
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
         """The frozen recipe of one boot of ``config`` (:meth:`recipe`'s request, as that boot)."""

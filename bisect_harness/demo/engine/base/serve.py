@@ -6,6 +6,11 @@
 Endpoints: POST /v1/completions (OpenAI), POST /generate (SGLang-native),
 GET /health, GET /server_info, GET /metrics (Prometheus text), GET /v1/models.
 Requests are served one at a time by the worker processes.
+
+POST /start_profile and POST /stop_profile, as SGLang names them: a JSON body
+``{"output_dir": DIR, "profile_id": NAME}`` starts ``torch.profiler`` in rank 0's
+worker; the stop writes ``DIR/NAME-TP-0.trace.json.gz`` (Chrome trace, gzipped)
+and answers ``{"trace": PATH, "steps": {"decode": N, "verify": M}}``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -303,6 +309,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         path = self.path.split("?", 1)[0]
         app = self.server.app
+        if path in ("/start_profile", "/stop_profile"):
+            self._profile(app, path)
+            return
         if path not in ("/v1/completions", "/generate"):
             self._send_json(404, {"error": f"no route {path}"})
             return
@@ -321,6 +330,33 @@ class Handler(BaseHTTPRequestHandler):
                 self._generate(app, body)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _profile(self, app, path: str) -> None:
+        """Start or stop rank 0's profiler; the answer comes once the worker has done it."""
+        try:
+            body = self._body()
+        except ValueError as exc:
+            self._send_json(400, {"error": f"bad request body: {exc}"})
+            return
+        if not app.workers.ready.is_set():
+            self._send_json(503, {"error": "server is starting"})
+            return
+        request = {"type": path.strip("/")}
+        if path == "/start_profile":
+            # SGLang's default folder is SGLANG_TORCH_PROFILER_DIR, else the temporary one
+            request["output_dir"] = str(body.get("output_dir") or os.environ.get("DEMO_TORCH_PROFILER_DIR")
+                                        or tempfile.gettempdir())
+            request["profile_id"] = str(body.get("profile_id") or f"{time.time():.3f}")
+        answer = {"event": "error", "message": "the worker did not answer"}
+        for event in app.workers.run(request):
+            answer = event
+        if answer["event"] == "error":
+            self._send_json(400, {"error": answer["message"]})
+        elif path == "/start_profile":
+            self._send_json(200, {"message": "Start profiling.", "activities": answer.get("activities")})
+        else:
+            self._send_json(200, {"message": "Stop profiling.", "trace": answer.get("path"),
+                                  "steps": answer.get("steps")})
 
     def _completions(self, app, body: dict) -> None:
         prompt = body.get("prompt", "")

@@ -8,6 +8,14 @@ event says its ``kind`` (prefill, decode, verify), ``cycle_ms``, whether a CUDA 
 ran it (``graph``) and its forward passes (``passes``; a verify cycle: ``draft_passes``
 and ``draft_ms`` besides ``verify_ms``). Logs go to stderr. The worker
 exits when stdin reaches end-of-file or when its parent dies.
+
+A request with ``"type": "start_profile"`` (``output_dir``, ``profile_id``) starts
+``torch.profiler`` in rank 0 (CPU activities, and CUDA where the worker runs on a
+GPU); ``"type": "stop_profile"`` stops it and writes the Chrome trace, gzipped, to
+``<output_dir>/<profile_id>-TP-0.trace.json.gz`` (SGLang's name for rank 0's trace).
+Rank 0 answers each with one ``done`` event (``profile``: started | stopped; on stop
+the trace's ``path`` and the decode and verify ``steps`` run while it recorded), or
+``error``; the other ranks take no part.
 """
 
 from __future__ import annotations
@@ -209,6 +217,71 @@ class Engine:
         return new, accepted, verify_ms, draft_ms
 
 
+class Profile:
+    """``torch.profiler`` over the requests between a start and a stop (rank 0 only)."""
+
+    REQUESTS = ("start_profile", "stop_profile")
+
+    def __init__(self, device_type: str):
+        self.activities = [torch.profiler.ProfilerActivity.CPU]
+        if device_type == "cuda":
+            self.activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = None
+        self.path: Path | None = None
+        self.steps = {"decode": 0, "verify": 0}
+
+    def counting(self, emit):
+        """``emit``, counting the decode and verify steps while a profile records."""
+        if self.prof is None:
+            return emit
+
+        def counted(event: dict) -> None:
+            if event.get("event") == "tokens" and event.get("kind") in self.steps:
+                self.steps[event["kind"]] += 1
+            emit(event)
+
+        return counted
+
+    def handle(self, req: dict, emit) -> None:
+        try:
+            if req["type"] == "start_profile":
+                self._start(req)
+                emit({"event": "done", "profile": "started",
+                      "activities": [a.name for a in self.activities]})
+            else:
+                path, steps = self._stop()
+                emit({"event": "done", "profile": "stopped", "path": str(path), "steps": steps})
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            emit({"event": "error", "message": f"{req['type']}: {exc}"})
+
+    def _start(self, req: dict) -> None:
+        if self.prof is not None:
+            raise RuntimeError("a profile is already recording; POST /stop_profile first")
+        out = Path(str(req["output_dir"]))
+        name = str(req.get("profile_id") or f"{time.time():.3f}")
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"profile_id {name!r} must be a plain file name")
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / f"{name}-TP-0.trace.json.gz"
+        self.steps = {"decode": 0, "verify": 0}
+        prof = torch.profiler.profile(activities=self.activities, record_shapes=False, with_stack=False)
+        prof.start()
+        self.prof = prof
+        log(f"Profiling starts. Traces will be saved to: {out} (with profile id: {name})")
+
+    def _stop(self) -> tuple[Path, dict]:
+        if self.prof is None:
+            raise RuntimeError("no profile is recording; POST /start_profile first")
+        prof, self.prof = self.prof, None
+        prof.stop()
+        # Written under a temporary name and renamed: a reader never sees half a trace.
+        part = self.path.with_suffix(".partial.gz")  # gzipped too: torch reads the suffix
+        prof.export_chrome_trace(str(part))
+        os.replace(part, self.path)
+        log(f"Profiling done. Traces are saved to: {self.path}")
+        return self.path, dict(self.steps)
+
+
 def loopback_store(port: int, rank: int, world_size: int, timeout: timedelta):
     """The workers' rendezvous store, on 127.0.0.1 alone: torch's store server listens
     on every address unless it is handed a socket, so rank 0 binds one itself."""
@@ -276,6 +349,7 @@ def main(argv=None) -> int:
     dist.barrier()
 
     out = sys.stdout
+    profile = Profile(device_type)
 
     def emit(event: dict) -> None:
         if args.rank == 0:
@@ -293,8 +367,12 @@ def main(argv=None) -> int:
         if not line.strip():
             continue
         req = json.loads(line)
+        if req.get("type") in Profile.REQUESTS:
+            if args.rank == 0:
+                profile.handle(req, emit)
+            continue
         try:
-            engine.generate(req, emit)
+            engine.generate(req, profile.counting(emit))
         except ValueError as exc:
             emit({"event": "error", "message": str(exc)})
     dist.destroy_process_group()
