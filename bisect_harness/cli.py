@@ -132,8 +132,11 @@ def _mechanisms_json(v) -> dict:
 def run_summary(run) -> dict:
     """The ``--json`` object of ``harness run``: each hypothesis' verdict, what its
     bisection and explanation found where the file asked for them, and its arms'
-    profiles side by side (``profile``) where a boot of either arm was profiled."""
+    profiles side by side (``profile``) where a boot of either arm was profiled, and
+    each arm's mean of the engine's declared metrics over the verdict's windows
+    (``window_metrics``)."""
     from .record.profile_view import hypothesis_json
+    from .record.window_view import hypothesis_json as window_json
 
     out = []
     searches = _follow_ups_json(run)
@@ -151,6 +154,7 @@ def run_summary(run) -> dict:
             "reason": v.reason if v else "no verdict recorded",
             "checks": _checks_json(v),
             "mechanisms": _mechanisms_json(v),
+            "window_metrics": (window_json(h) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}
 

@@ -19,7 +19,7 @@ from ..boot import engine_identity, mechanisms
 from ..boot.client import reuse_text
 from ..analysis import host_state, stats
 from ..input import metric_defs
-from . import explain_view, profile_view
+from . import explain_view, profile_view, window_view
 from .ledger import Bisection, Boot, Ledger, Run
 from ..analysis.drift import host_drift
 from ..boot.provenance import EnvReport, FlagReport
@@ -267,6 +267,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
             "layers": explain_view.layers_lines(v.stats if v else None),
             "profile": profile_view.hypothesis_view(h, run, plots_dir),
+            "window": window_view.hypothesis_view(h, _declared_units(h, run.spec_text)),
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
@@ -375,6 +376,17 @@ def _changepoint_lines(run) -> list[str]:
 
     report = (run.summary or {}).get("changepoints")
     return [_md(line.strip()) for line in report_lines(report)] if report else []
+
+
+def _declared_units(h, spec_text: str) -> dict[str, str]:
+    """The unit of each metric the verdict's boots recorded, from the spec as written."""
+    names = {k for cfg in (h.baseline, h.treatment) for b in cfg.boots for s in b.samples for k in (s.metrics or {})}
+    units = {}
+    for name in names:
+        metric = metric_defs.lookup_metric(name, spec_text)
+        if metric is not None and metric.unit:
+            units[name] = metric.unit
+    return units
 
 
 def _unit(h, spec_text: str) -> str:
