@@ -136,7 +136,7 @@ def test_an_sglang_profile_is_taken_summed_per_token_and_kept_beside_the_log(tmp
     assert runner.asked == [3], "one sample, numbered after the boot's three measured ones"
     assert rec["tokens"] == 16 and rec["requests"] == 4 and rec["seconds"] == 0.5 and rec["steps"] is None
     kept = tmp_path / "logs" / "boot-7.trace.json.gz"
-    assert rec["trace"] == str(kept) and rec["kept"] and kept.read_bytes() == TRACE.read_bytes()
+    assert rec["trace"] == str(kept.resolve()) and rec["kept"] and kept.read_bytes() == TRACE.read_bytes()
     assert rec["trace_bytes"] == TRACE.stat().st_size
     summary = rec["summary"]
     assert summary["tokens"] == 16 and summary["ops"] and summary["op_ms"] > 0

@@ -265,7 +265,7 @@ def capture(req, profiler: Profiler, bench, endpoint, log_path: Path | str, *,
     profile that could not be taken (an interrupt goes on)::
 
         {"state": "taken" | "no_profiler" | "failed", "why": "", "profiler": "vllm",
-         "trace": "logs/run-1/boot-7.trace.json.gz" or None, "trace_bytes": 123456,
+         "trace": "/abs/logs/run-1/boot-7.trace.json.gz" or None, "trace_bytes": 123456,
          "kept": True, "tokens": 256, "requests": 4, "steps": 63 or None, "seconds": 1.9,
          "summary": TraceSummary.to_dict() or None}
 
@@ -342,7 +342,8 @@ def _take(rec: dict, req, profiler: Profiler, bench, endpoint, log_path: Path, o
     if size <= req.benchmark.limits.profile_trace_bytes:
         kept = kept_trace_path(log_path)
         os.replace(trace, kept)
-        rec.update(trace=str(kept), kept=True)
+        # absolute: the journal links it relative to wherever the journal is written
+        rec.update(trace=str(Path(kept).resolve()), kept=True)
     else:
         rec["kept_note"] = (f"the trace ({size:,} bytes) is over limits.profile_trace_bytes "
                             f"({req.benchmark.limits.profile_trace_bytes:,}): summed, then removed")
