@@ -63,7 +63,7 @@ from typing import Any, ClassVar, Mapping
 
 import httpx
 
-from .bodies import decoded
+from .sources import BodyTooLarge, bounded_request
 
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
            "profile_dir", "kept_trace_path", "capture", "refused_at_launch", "STATES"]
@@ -100,19 +100,14 @@ class _Call:
         self.http, self.base_url, self.headers = http, base_url.rstrip("/"), dict(headers)
 
     def post(self, path: str, body: Mapping[str, Any] | None, timeout_s: float) -> tuple[int, bytes]:
-        deadline = time.monotonic() + timeout_s
-        kwargs = {"json": dict(body)} if body is not None else {}
-        with self.http.stream("POST", self.base_url + path, timeout=timeout_s,
-                              headers={"Accept-Encoding": "identity", **self.headers}, **kwargs) as resp:
-            got, size = [], 0
-            for piece in decoded(resp, 1 << 16):
-                size += len(piece)
-                if size > ANSWER_BYTES:
-                    raise ProfileFailed(f"POST {path}: the answer went past {ANSWER_BYTES:,} bytes")
-                if time.monotonic() > deadline:
-                    raise ProfileFailed(f"POST {path}: the answer was not read within {timeout_s:g} s")
-                got.append(piece)
-            return resp.status_code, b"".join(got)
+        try:
+            got = bounded_request(self.http, "POST", self.base_url + path, timeout_s, self.headers, ANSWER_BYTES,
+                                  json_body=dict(body) if body is not None else None, chunk=1 << 16)
+        except BodyTooLarge:
+            raise ProfileFailed(f"POST {path}: the answer went past {ANSWER_BYTES:,} bytes") from None
+        except TimeoutError:
+            raise ProfileFailed(f"POST {path}: the answer was not read within {timeout_s:g} s") from None
+        return got.status_code, got.content
 
 
 def _said(content: bytes) -> str:

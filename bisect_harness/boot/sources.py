@@ -76,6 +76,7 @@ __all__ = [
     "BodyTooLarge",
     "MAX_BODY_BYTES",
     "bounded_get",
+    "bounded_request",
     "MetricSource",
     "PrometheusSource",
     "ServerInfoSource",
@@ -793,17 +794,26 @@ def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, s
     body). Asks for no compression; a server that compresses anyway is decoded chunk
     by chunk and stopped at the limit. Raises :class:`BodyTooLarge` or
     :class:`TimeoutError` with what happened."""
+    return bounded_request(client, "GET", url, timeout_s, headers, limit)
+
+
+def bounded_request(client: Any, method: str, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
+                    limit: int = MAX_BODY_BYTES, *, json_body: Any = None, chunk: int = 1 << 20) -> Body:
+    """:func:`bounded_get` for any method, with an optional JSON body (a profiler's
+    ``POST /start_profile``): the answer read within ``limit`` bytes and ``timeout_s``
+    in all."""
     deadline = time.monotonic() + timeout_s
-    with client.stream("GET", url, timeout=timeout_s,
-                       headers={"Accept-Encoding": "identity", **dict(headers or {})}) as resp:
+    kwargs = {"json": json_body} if json_body is not None else {}
+    with client.stream(method, url, timeout=timeout_s,
+                       headers={"Accept-Encoding": "identity", **dict(headers or {})}, **kwargs) as resp:
         chunks, size = [], 0
-        for chunk in decoded(resp, 1 << 20):
-            size += len(chunk)
+        for piece in decoded(resp, chunk):
+            size += len(piece)
             if size > limit:
                 raise BodyTooLarge(f"the body of {url} went past {limit:,} bytes; stopped reading")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the body of {url} was not read within {timeout_s:g} s")
-            chunks.append(chunk)
+            chunks.append(piece)
         return Body(resp.status_code, b"".join(chunks))
 
 
