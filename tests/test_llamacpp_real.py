@@ -306,9 +306,10 @@ def test_a_boots_samples_hit_no_prefix_cache_unless_the_file_asks_for_reuse(mode
     computed = [m["prompt_tokens_evaluated"] for m in fresh]
     assert max(computed) - min(computed) <= 2 and min(computed) >= whole - 8, computed
     # the time to first token alike (none served from the cache; the bound allows a shared host),
-    # and each far above a sample the cache serves (measured: 12-24 ms against 1.4-3.6 ms)
-    ttft, served = [m["ttft_ms"] for m in fresh], sorted(m["ttft_ms"] for m in reused)
-    assert max(ttft) < 4 * min(ttft) and min(ttft) > 2 * served[1], (ttft, served)
+    # and above what a sample the cache serves takes (measured: 12-24 ms against 1.4-3.6 ms;
+    # medians compared, so one slow read on a busy host decides nothing)
+    ttft, served = sorted(m["ttft_ms"] for m in fresh), sorted(m["ttft_ms"] for m in reused)
+    assert ttft[-1] < 6 * ttft[0] and ttft[1] > 1.5 * served[1], (ttft, served)
     # reused: the warm-up sent the samples' prompt, so every sample finds it in the slot
     assert reused[0]["prompt_tokens"] == reused[1]["prompt_tokens"]
     assert reused[1]["cached_prompt_tokens"] >= reused[1]["prompt_tokens"] - 2, reused[1]
