@@ -135,11 +135,13 @@ def run_summary(run) -> dict:
     profiles side by side (``profile``) where a boot of either arm was profiled, and
     each arm's mean of the engine's declared metrics over the verdict's windows
     (``window_metrics``)."""
+    from .input.metric_defs import declared_metrics
     from .record.profile_view import hypothesis_json
     from .record.window_view import hypothesis_json as window_json
 
     out = []
     searches = _follow_ups_json(run)
+    declared = declared_metrics(run.spec_text)
     for h in run.hypotheses:
         v = h.verdict
         profile = hypothesis_json(h, run)  # where a boot of either arm was profiled
@@ -154,7 +156,7 @@ def run_summary(run) -> dict:
             "reason": v.reason if v else "no verdict recorded",
             "checks": _checks_json(v),
             "mechanisms": _mechanisms_json(v),
-            "window_metrics": (window_json(h) or {}).get("metrics", []),
+            "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}
 

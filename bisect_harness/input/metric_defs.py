@@ -21,7 +21,7 @@ from ..errors import SpecError
 from ..model import CLIENT_METRICS, Metric
 from ..boot.sources import parse_source, resolve_derived
 
-__all__ = ["definition_line", "lookup_metric"]
+__all__ = ["declared_metrics", "definition_line", "lookup_metric"]
 
 
 def lookup_metric(name: str, spec_text: str) -> Metric | None:
@@ -29,10 +29,17 @@ def lookup_metric(name: str, spec_text: str) -> Metric | None:
     ``spec_text``; None when neither defines it (or the text cannot be read)."""
     if name in CLIENT_METRICS:
         return CLIENT_METRICS[name]
+    return declared_metrics(spec_text).get(name)
+
+
+def declared_metrics(spec_text: str) -> dict[str, Metric]:
+    """The metrics ``engine.metrics`` of ``spec_text`` declares, by name in the order
+    written; an entry that does not parse is left out (and so is every entry when the
+    text cannot be read)."""
     try:
         doc = yaml.safe_load(spec_text or "")
     except yaml.YAMLError:
-        return None
+        return {}
     engine = doc.get("engine") if isinstance(doc, Mapping) else None
     entries = engine.get("metrics") if isinstance(engine, Mapping) else None
     parsed = []
@@ -40,13 +47,12 @@ def lookup_metric(name: str, spec_text: str) -> Metric | None:
         try:
             parsed.append(parse_source(entry, f"engine.metrics[{i}]"))
         except SpecError:
-            if isinstance(entry, Mapping) and entry.get("name") == name:
-                return None
+            continue
     try:  # a derived metric's definition names its inputs' (sources.resolve_derived)
         parsed = list(resolve_derived(parsed))
     except SpecError:
         pass
-    return next((s.metric for s in parsed if s.name == name), None)
+    return {s.name: s.metric for s in parsed}
 
 
 def definition_line(name: str, stored: Mapping[str, Any] | None, spec_text: str) -> str:

@@ -200,6 +200,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     template = env.get_template("journal.md.j2")
     stem = journal_stem(run)
     hyps = []
+    declared = metric_defs.declared_metrics(run.spec_text)  # engine.metrics, read once for the window view
     logs: dict[tuple, tuple[list[str], str]] = {}
     bisection_rows = ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
     later = _after_rounds(run, bisection_rows)
@@ -267,7 +268,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
             "layers": explain_view.layers_lines(v.stats if v else None),
             "profile": profile_view.hypothesis_view(h, run, plots_dir),
-            "window": window_view.hypothesis_view(h, _declared_units(h, run.spec_text)),
+            "window": window_view.hypothesis_view(h, declared),
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
@@ -376,17 +377,6 @@ def _changepoint_lines(run) -> list[str]:
 
     report = (run.summary or {}).get("changepoints")
     return [_md(line.strip()) for line in report_lines(report)] if report else []
-
-
-def _declared_units(h, spec_text: str) -> dict[str, str]:
-    """The unit of each metric the verdict's boots recorded, from the spec as written."""
-    names = {k for cfg in (h.baseline, h.treatment) for b in cfg.boots for s in b.samples for k in (s.metrics or {})}
-    units = {}
-    for name in names:
-        metric = metric_defs.lookup_metric(name, spec_text)
-        if metric is not None and metric.unit:
-            units[name] = metric.unit
-    return units
 
 
 def _unit(h, spec_text: str) -> str:

@@ -24,7 +24,7 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..boot import mechanisms
-from ..model import CLIENT_METRICS
+from ..model import Metric
 
 __all__ = ["hypothesis_view", "hypothesis_json", "mechanism_states", "metric_means"]
 
@@ -58,14 +58,10 @@ def mechanism_states(boots: Sequence) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _declared(boots: Iterable, exclude: set[str]) -> list[str]:
-    names: dict[str, None] = {}
-    for b in boots:
-        for s in b.samples:
-            for k in (s.metrics or {}):
-                if k not in CLIENT_METRICS and k not in exclude:
-                    names.setdefault(k, None)
-    return list(names)
+def _recorded(boots: Iterable, declared: Mapping[str, Metric], exclude: str) -> list[str]:
+    """The declared metrics (in the order written) that some sample of ``boots`` holds."""
+    seen = {k for b in boots for s in b.samples for k in (s.metrics or {})}
+    return [name for name in declared if name in seen and name != exclude]
 
 
 def metric_means(boots: Sequence, metric: str) -> tuple[float | None, int]:
@@ -99,17 +95,17 @@ def _state_text(m: Mapping[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
-def hypothesis_json(h, metric_units: Mapping[str, str] | None = None) -> dict | None:
-    """What ran in the verdict's windows, per arm: mechanism states and the declared
-    metrics' means (None when the boots recorded neither)."""
+def hypothesis_json(h, declared: Mapping[str, Metric]) -> dict | None:
+    """What ran in the verdict's windows, per arm: mechanism states and the means of
+    the metrics ``engine.metrics`` declared (``metric_defs.declared_metrics`` of the
+    run's file); None when the boots recorded neither."""
     used = _used(h)
     states = {side: mechanism_states(used[side]) for side in SIDES}
-    names = _declared([*used["baseline"], *used["treatment"]], {h.metric})
     metrics = []
-    for name in names:
+    for name in _recorded([*used["baseline"], *used["treatment"]], declared, h.metric):
         (bm, bn), (tm, tn) = metric_means(used["baseline"], name), metric_means(used["treatment"], name)
         ratio = tm / bm if bm not in (None, 0) and tm is not None else None
-        metrics.append({"metric": name, "unit": (metric_units or {}).get(name, ""), "baseline": bm,
+        metrics.append({"metric": name, "unit": declared[name].unit or "", "baseline": bm,
                         "baseline_boots": bn, "treatment": tm, "treatment_boots": tn, "ratio": ratio})
     if not any(states.values()) and not metrics:
         return None
@@ -118,11 +114,11 @@ def hypothesis_json(h, metric_units: Mapping[str, str] | None = None) -> dict | 
             "metrics": metrics}
 
 
-def hypothesis_view(h, metric_units: Mapping[str, str] | None = None) -> dict | None:
+def hypothesis_view(h, declared: Mapping[str, Metric]) -> dict | None:
     """The journal's lines and table: one line per mechanism (each arm's states over
     the verdict's boots, and the evidence of the first boot in each state), one
     table row per declared metric (each arm's mean of boot means, their ratio)."""
-    data = hypothesis_json(h, metric_units)
+    data = hypothesis_json(h, declared)
     if data is None:
         return None
     used = _used(h)
