@@ -309,10 +309,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         path = self.path.split("?", 1)[0]
         app = self.server.app
-        if path in ("/start_profile", "/stop_profile"):
-            self._profile(app, path)
-            return
-        if path not in ("/v1/completions", "/generate"):
+        if path not in ("/v1/completions", "/generate", "/start_profile", "/stop_profile"):
             self._send_json(404, {"error": f"no route {path}"})
             return
         try:
@@ -326,21 +323,15 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path == "/v1/completions":
                 self._completions(app, body)
-            else:
+            elif path == "/generate":
                 self._generate(app, body)
+            else:
+                self._profile(app, path, body)
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _profile(self, app, path: str) -> None:
+    def _profile(self, app, path: str, body: dict) -> None:
         """Start or stop rank 0's profiler; the answer comes once the worker has done it."""
-        try:
-            body = self._body()
-        except ValueError as exc:
-            self._send_json(400, {"error": f"bad request body: {exc}"})
-            return
-        if not app.workers.ready.is_set():
-            self._send_json(503, {"error": "server is starting"})
-            return
         request = {"type": path.strip("/")}
         if path == "/start_profile":
             # SGLang's default folder is SGLANG_TORCH_PROFILER_DIR, else the temporary one
