@@ -57,7 +57,7 @@ def _warm(cache: Path, env: dict) -> str:
     """Make the demo repository and a worktree for every commit of the range; return
     the planted culprit's sha."""
     os.environ["BISECT_HARNESS_CACHE"] = str(cache)
-    from bisect_harness.boot.checkout import Workspace
+    from bisect_harness.engines.checkout import Workspace
     from bisect_harness.demo import ensure_demo_repo, read_demo_history
 
     repo = ensure_demo_repo(cache)

@@ -78,7 +78,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.analysis.bisection import BisectionSearch, run_search  # noqa: E402
+from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
 from bisect_harness.model import Expect  # noqa: E402
 

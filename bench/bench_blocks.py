@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.analysis import blocks  # noqa: E402
+from bisect_harness.decide import blocks  # noqa: E402
 
 LEVELS = (0.05, 0.01, 0.001)
 NULL_CONFIGS = 8

@@ -1,9 +1,9 @@
 """How fast can the benchmark client read a token stream, and does it miss any?
 
 A loopback server (a separate process, started and torn down by
-``bisect_harness.boot.server.ServerProcess``) streams OpenAI ``/v1/completions``
+``bisect_harness.engines.server.ServerProcess``) streams OpenAI ``/v1/completions``
 chunks as fast as it can, one token per chunk, then a final usage chunk with
-the true count. Our client (``bisect_harness.boot.client``) and the reference client
+the true count. Our client (``bisect_harness.measure.client``) and the reference client
 (the ``openai`` package, ``client.completions.create(stream=True)``) read it in
 alternating rounds, each pinned to one core and the server to another where
 the machine has two. Reported per client: sustained tok/s (the best and the
@@ -94,7 +94,7 @@ def serve(port: int, cpu: int | None) -> None:
 # --------------------------------------------------------------------------- clients
 
 def run_ours(base_url: str, tokens: int, requests: int, concurrency: int) -> dict:
-    from bisect_harness.boot.client import measure_sample_detail
+    from bisect_harness.measure.client import measure_sample_detail
     from bisect_harness.model import BenchmarkSpec
 
     bench = BenchmarkSpec(api="completions", model="bench", prompt_tokens=8, output_tokens=tokens,
@@ -160,7 +160,7 @@ def main() -> None:
 
     import httpx
 
-    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.engines.server import ServerProcess, free_port
 
     cpus = sorted(os.sched_getaffinity(0))
     client_cpu, server_cpu = (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)

@@ -31,7 +31,7 @@ def _open_ledger(url: str) -> None:
 
 
 def _make_tree(repo: str, cache: str, sha: str) -> None:
-    from bisect_harness.boot.checkout import Workspace
+    from bisect_harness.engines.checkout import Workspace
 
     ws = Workspace(Path(repo), cache_dir=Path(cache))
     tree = ws.worktree(sha)

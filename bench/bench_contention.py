@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_demo import DEMO_LAUNCH, boot, stream_once  # noqa: E402
-from bisect_harness.boot import calibration, contention  # noqa: E402
+from bisect_harness.observe import calibration, contention  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
 
 #: Started by an intermediate process that exits at once, so the loops are not

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bisect_harness.demo import create_demo_repo  # noqa: E402
-from bisect_harness.boot.presets import get_preset  # noqa: E402
+from bisect_harness.engines.presets import get_preset  # noqa: E402
 
 DEMO_LAUNCH = get_preset("demo")
 

@@ -116,12 +116,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_harness.boot.benchtools import Endpoint, sample_runner  # noqa: E402
-from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
+from bisect_harness.engines.benchtools import Endpoint, sample_runner  # noqa: E402
+from bisect_harness.engines.server import ServerProcess, free_port  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
-from bisect_harness.boot.presets import get_preset  # noqa: E402
+from bisect_harness.engines.presets import get_preset  # noqa: E402
 from bisect_harness.model import BenchmarkSpec  # noqa: E402
-import bisect_harness.orchestrate.executor  # noqa: E402,F401  (what a run has loaded before a sample)
+import bisect_harness.run.executor  # noqa: E402,F401  (what a run has loaded before a sample)
 
 DEMO = get_preset("demo")
 #: The benchmark client's own imports that an interpreter may lack, with aiohttp's

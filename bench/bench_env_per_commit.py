@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bisect_harness.planning.cache import list_cache
-from bisect_harness.boot.checkout import Workspace
+from bisect_harness.plan.cache import list_cache
+from bisect_harness.engines.checkout import Workspace
 
 PYPROJECT = ('[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
              '[project]\nname = "benchengine"\nversion = "{v}"\n')

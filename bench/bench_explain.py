@@ -62,9 +62,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.analysis import stats as S  # noqa: E402
-from bisect_harness.analysis.explain import explain  # noqa: E402
-from bisect_harness.input.spec import Defaults  # noqa: E402
+from bisect_harness.decide import stats as S  # noqa: E402
+from bisect_harness.decide.explain import explain  # noqa: E402
+from bisect_harness.spec.parse import Defaults  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
 
 MIN_EFFECT = 0.05

@@ -67,15 +67,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_harness.boot import client  # noqa: E402
+from bisect_harness.measure import client  # noqa: E402
 from bisect_harness.demo import create_demo_repo  # noqa: E402
 from bisect_harness.model import BenchmarkSpec  # noqa: E402
-from bisect_harness.boot.presets import get_preset  # noqa: E402
-from bisect_harness.boot.server import ServerProcess, free_port  # noqa: E402
-from bisect_harness.boot.sources import SourceCollector, parse_source  # noqa: E402
+from bisect_harness.engines.presets import get_preset  # noqa: E402
+from bisect_harness.engines.server import ServerProcess, free_port  # noqa: E402
+from bisect_harness.measure.sources import SourceCollector, parse_source  # noqa: E402
 # What a run has loaded before its first sample window (numpy.ma among it, which the
 # client's first percentile would import inside the first window: 5 ms here).
-import bisect_harness.orchestrate.executor  # noqa: E402,F401
+import bisect_harness.run.executor  # noqa: E402,F401
 
 DEMO = get_preset("demo")
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

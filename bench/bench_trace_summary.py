@@ -75,7 +75,7 @@ path, how, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 if how == "stream":
-    from bisect_harness.boot.trace_summary import summarize_trace
+    from bisect_harness.observe.trace_summary import summarize_trace
     s = summarize_trace(path, tokens=tokens, max_events=50_000_000, max_bytes=1 << 40)
     out = {"kernels": s.kernel_count, "graph_launches": s.graph_launches, "truncated": s.truncated}
 else:

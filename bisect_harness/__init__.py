@@ -11,8 +11,8 @@ is small on purpose::
         for h in run.hypotheses:
             print(h.hid, h.verdict.outcome, h.verdict.ratio)
 
-The statistics (``bisect_harness.analysis.stats``) and the bisection search
-(``bisect_harness.analysis.bisection``) are pure and usable on their own.
+The statistics (``bisect_harness.decide.stats``) and the bisection search
+(``bisect_harness.decide.bisection``) are pure and usable on their own.
 """
 
 __version__ = "0.1.0"

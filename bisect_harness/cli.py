@@ -22,12 +22,12 @@ from rich.console import Console
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
-from .errors import HarnessError, InfrastructureError, UserError
-from .model import NOT_MEASURED, shown_outcome
-from .record.progress import observer_for
-from .secrets import redact_obj, redact_text
-from .input.spec import effect_value
-from .defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
+from bisect_harness.errors import HarnessError, InfrastructureError, UserError
+from bisect_harness.model import NOT_MEASURED, shown_outcome
+from bisect_harness.report.progress import observer_for
+from bisect_harness.secrets import redact_obj, redact_text
+from bisect_harness.spec.parse import effect_value
+from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Hypothesis-driven regression bisection for LLM inference engines.")
@@ -56,7 +56,7 @@ def _console(json_mode: bool) -> Console:
 
 def _verdict_table(run) -> Table:
     t = Table(title=f"run {run.id}: verdicts")
-    from .record.journal import _checks_cell
+    from bisect_harness.report.journal import _checks_cell
 
     for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
         t.add_column(col)
@@ -78,7 +78,7 @@ def _checks_json(v) -> dict:
     """What the verdict's boots checked: counts per check (``decide.checks_done``: boots per
     check, flags compared and not reported) and a word (``ok`` / ``unchecked`` / the marks,
     with the flags the server did not report named; never ``ok`` for those)."""
-    from .record.journal import _checks_cell
+    from bisect_harness.report.journal import _checks_cell
 
     if v is None:
         return {"word": "unchecked", "counts": None}
@@ -92,7 +92,7 @@ def _follow_ups_json(run) -> dict[int, dict]:
     found (the last of each, as the journal shows them)."""
     from sqlalchemy.orm import object_session
 
-    from .record.ledger import Bisection
+    from bisect_harness.record.ledger import Bisection
 
     out: dict[int, dict] = {}
     explained = [e for e in (run.summary or {}).get("explain", []) if e.get("hypothesis_id") is not None]
@@ -117,7 +117,7 @@ def _mechanisms_json(v) -> dict:
     {"set_up_not_seen": 2}}}``; {} when no boot checked one."""
     from sqlalchemy.orm import object_session
 
-    from .record.ledger import Boot
+    from bisect_harness.record.ledger import Boot
 
     session = object_session(v) if v is not None else None
     out: dict[str, dict] = {}
@@ -135,9 +135,9 @@ def run_summary(run) -> dict:
     profiles side by side (``profile``) where a boot of either arm was profiled, and
     each arm's mean of the engine's declared metrics over the verdict's windows
     (``window_metrics``)."""
-    from .input.metric_defs import declared_metrics
-    from .record.profile_view import hypothesis_json
-    from .record.window_view import hypothesis_json as window_json
+    from bisect_harness.spec.metric_defs import declared_metrics
+    from bisect_harness.report.profile_view import hypothesis_json
+    from bisect_harness.report.window_view import hypothesis_json as window_json
 
     out = []
     searches = _follow_ups_json(run)
@@ -188,8 +188,8 @@ def run(
                                  "sample of the verdict; the summary in the ledger, the trace beside the journal."),
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
-    from .planning.plan import make_plan
-    from .input.spec import load_spec
+    from bisect_harness.plan.build import make_plan
+    from bisect_harness.spec.parse import load_spec
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
@@ -207,13 +207,13 @@ def run(
         return
     # The measuring and statistics modules load only once the file and the plan are good,
     # so bad input is answered at once.
-    from .orchestrate.executor import Executor
-    from .record.ledger import Ledger
+    from bisect_harness.run.executor import Executor
+    from bisect_harness.record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         earlier = None
         if resume is not None:  # the run to continue, refused before anything is written
-            from .orchestrate.resume import check_plan, find_run
+            from bisect_harness.run.resume import check_plan, find_run
 
             earlier = find_run(led, spec, resume_id)
             check_plan(earlier, plan, aa_check=aa_check)
@@ -252,7 +252,7 @@ def _write_journal(led, run, journal_dir: Path, console: Console, ledger_url: st
     file where the folder should be) is a machine failure, exit 3, saying what failed
     and how to write the journal again from the ledger; after another error (the run
     already stopped) it is one line, and that error goes on."""
-    from .record import journal
+    from bisect_harness.report import journal
 
     if run is None:
         return
@@ -279,7 +279,7 @@ def _write_journal(led, run, journal_dir: Path, console: Console, ledger_url: st
 
 def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> None:
     """``harness run --dry-run``: the plan printed (secrets masked), the flag check's refusals as exit 2."""
-    from .planning.dryrun import describe
+    from bisect_harness.plan.dryrun import describe
 
     text, obj = describe(plan, check_flags=check_flags, say=lambda t: console.print(redact_text(t), markup=False))
     text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
@@ -324,7 +324,7 @@ def _fail_if_not_measured(run, log_dir: Path) -> None:
 def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
     """The run's backend (``--backend``/``--slots`` over the file's ``backend:``), closed
     on the way out: a Slurm backend cancels jobs still in flight."""
-    from .boot.choose import make_backend
+    from bisect_harness.backends.choose import make_backend
 
     backend = make_backend(spec, kind=kind, slots=slots, log_dir=journal_dir / "logs")
     try:
@@ -334,7 +334,7 @@ def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
 
 
 def _print_explanation(console: Console, out) -> None:
-    from .orchestrate.explain_runner import explanation_lines
+    from bisect_harness.run.explain_runner import explanation_lines
 
     for line in explanation_lines(out):
         console.print(line, markup=False, emoji=False)
@@ -358,12 +358,12 @@ def explain(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find which differences (env, flags, commit) between two arms make the slow one slow."""
-    from .input.spec import load_spec
+    from bisect_harness.spec.parse import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
-    from .orchestrate.explain_runner import explain_file
-    from .record.ledger import Ledger
+    from bisect_harness.run.explain_runner import explain_file
+    from bisect_harness.record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
@@ -395,12 +395,12 @@ def bisect(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from .input.spec import load_spec
+    from bisect_harness.spec.parse import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
-    from .orchestrate.bisect_runner import bisect_range
-    from .record.ledger import Ledger
+    from bisect_harness.run.bisect_runner import bisect_range
+    from bisect_harness.record.ledger import Ledger
     with Ledger(ledger) as led, observer_for(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
@@ -464,12 +464,12 @@ def nightly(
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from .input.spec import load_spec
+    from bisect_harness.spec.parse import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
-    from .orchestrate.nightly import run_nightly
-    from .record.ledger import Ledger
+    from bisect_harness.run.nightly import run_nightly
+    from bisect_harness.record.ledger import Ledger
     budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
     with Ledger(ledger) as led, observer_for(console, budget=budget) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
@@ -479,7 +479,7 @@ def nightly(
                                         calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
         report = None
         if changepoints:
-            from .record.series import change_point_report
+            from bisect_harness.report.series import change_point_report
 
             report = change_point_report(led, executor.run, metric, alpha=alpha, min_effect=_effect(min_effect),
                                          window=window)
@@ -488,7 +488,7 @@ def nightly(
         _write_journal(led, executor.run, journal_dir, console, ledger)
     console.print(f"{outcome.status}: {outcome.reason}", markup=False)
     if report is not None:
-        from .record.series import report_lines
+        from bisect_harness.report.series import report_lines
 
         for line in report_lines(report):
             console.print(line, markup=False)
@@ -505,7 +505,7 @@ def nightly(
 @demo_app.command("init")
 def demo_init(directory: Path = typer.Argument(..., help="Where to create the demo engine's git repository.")) -> None:
     """Lay down the demo engine: a real git history of a small torch inference server."""
-    from .demo import create_demo_repo
+    from bisect_harness.demo import create_demo_repo
 
     if directory.exists() and any(directory.iterdir()):
         raise UserError(f"{directory} exists and is not empty; pick a new folder")
@@ -516,7 +516,7 @@ def demo_init(directory: Path = typer.Argument(..., help="Where to create the de
 @ledger_app.command("list")
 def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "--json")) -> None:
     """The runs in the ledger, newest first."""
-    from .record.ledger import Ledger, require_existing
+    from bisect_harness.record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         runs = led.runs()
@@ -538,7 +538,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
 def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
                 json_out: bool = typer.Option(False, "--json")) -> None:
     """One run: its verdicts, configs and boots."""
-    from .record.ledger import Ledger, require_existing
+    from bisect_harness.record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id)
@@ -561,7 +561,7 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
 def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help="Run id (default: the latest)."),
                 ledger: str = LEDGER_OPT, journal_dir: Path = JOURNAL_OPT) -> None:
     """Render a run's journal again from the ledger."""
-    from .record.ledger import Ledger, require_existing
+    from bisect_harness.record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
@@ -574,7 +574,7 @@ CACHE_DIR_OPT = typer.Option(None, "--cache-dir", help="The cache folder (defaul
 
 def _cache_lines(entries) -> list[str]:
     """One plain line per entry (commit, kind, size, last use, repository): never wrapped or cut."""
-    from .planning.cache import human_age, human_size
+    from bisect_harness.plan.cache import human_age, human_size
 
     lines = [f"  {'commit':<12}  {'kind':<11}  {'size':>10}  {'last used':>10}  repository"]
     for e in entries:
@@ -587,8 +587,8 @@ def _cache_lines(entries) -> list[str]:
 def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line.")) -> None:
     """Every worktree and environment in the cache, least recently used first."""
-    from .planning.cache import human_size, list_cache
-    from .places import default_cache_dir
+    from bisect_harness.plan.cache import human_size, list_cache
+    from bisect_harness.places import default_cache_dir
 
     root = cache_dir or default_cache_dir()
     entries = list_cache(root)
@@ -616,8 +616,8 @@ def cache_prune(
 ) -> None:
     """Reclaim worktrees and environments by age and/or total size (the user's repository is never touched;
     a removed commit is checked out and built again when next used)."""
-    from .planning.cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
-    from .places import default_cache_dir
+    from bisect_harness.plan.cache import human_size, list_cache, parse_age, parse_size, prune, select_for_prune
+    from bisect_harness.places import default_cache_dir
 
     age = parse_age(older_than) if older_than is not None else None
     size = parse_size(max_size) if max_size is not None else None
@@ -643,7 +643,7 @@ def cache_prune(
 def doctor(json_out: bool = typer.Option(False, "--json"),
            seconds: float = typer.Option(3.0, "--seconds", help="Budget of the calibration probe.")) -> None:
     """This host's provenance and a calibration probe, now."""
-    from .boot import calibration
+    from bisect_harness.observe import calibration
 
     report = calibration.doctor_report(seconds_budget=seconds)
     if json_out:
@@ -695,7 +695,7 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, help="
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from bisect_harness import __version__
 
         typer.echo(f"bisect-harness {__version__}")
         raise typer.Exit(0)
@@ -714,8 +714,8 @@ def compare(
 ) -> None:
     """Each config measured in both runs, RUN_B against RUN_A, by the verdict rule (boot-level
     statistics, host drift and every boot warning)."""
-    from .record.compare import compare_runs, render_lines
-    from .record.ledger import Ledger, require_existing
+    from bisect_harness.report.compare import compare_runs, render_lines
+    from bisect_harness.record.ledger import Ledger, require_existing
 
     if expect is not None and expect not in ("increase", "decrease"):
         raise UserError(f"--expect must be increase or decrease, got {expect!r}")
@@ -737,8 +737,8 @@ def ledger_export(
     ledger: str = LEDGER_OPT,
 ) -> None:
     """Boots and samples as flat tables (one row per boot, one per sample, metrics as columns)."""
-    from .record.export import export
-    from .record.ledger import Ledger, require_existing
+    from bisect_harness.record.export import export
+    from bisect_harness.record.ledger import Ledger, require_existing
 
     with Ledger(require_existing(ledger)) as led:
         paths = export(led, out, fmt, run_ids=run or None)
@@ -749,7 +749,7 @@ def ledger_export(
 @app.command()
 def schema() -> None:
     """The JSON Schema of hypotheses.yaml (for editors: completion and checks as you type)."""
-    from .input.schema import hypotheses_schema
+    from bisect_harness.spec.schema import hypotheses_schema
 
     typer.echo(json.dumps(hypotheses_schema(), indent=2))
 
@@ -771,7 +771,7 @@ def _wait_quiet_value(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: the one place errors become exit codes."""
-    from .boot.server import install_signal_handlers
+    from bisect_harness.engines.server import install_signal_handlers
 
     install_signal_handlers()  # SIGTERM/SIGHUP stop every server we started, then exit
     argv = _resume_value(_wait_quiet_value(list(sys.argv[1:] if argv is None else argv)))

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from .secrets import redact_env
+from bisect_harness.secrets import redact_env
 
 FlagValue = Union[str, int, float, bool, list, dict, None]
 

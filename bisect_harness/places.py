@@ -1,8 +1,8 @@
 """Where the harness keeps its files on this machine: the cache folder.
 
 The ground floor beside ``model`` and ``errors``: the checkout's mirrors and
-worktrees (``boot/checkout``) and the supervisors' records of their process
-trees (``boot/supervisor``) both live under it, and neither imports the other
+worktrees (``engines/checkout``) and the supervisors' records of their process
+trees (``process/supervisor``) both live under it, and neither imports the other
 to find it.
 """
 

@@ -19,7 +19,7 @@ import faulthandler
 import signal
 
 from bisect_harness.errors import BootTimeout
-from bisect_harness.boot.server import ServerProcess, free_port
+from bisect_harness.engines.server import ServerProcess, free_port
 
 
 def main() -> int:

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from bisect_harness.errors import SpecError
-from bisect_harness.boot.server import free_port
-from bisect_harness.input.spec import parse_spec
+from bisect_harness.engines.server import free_port
+from bisect_harness.spec.parse import parse_spec
 from helpers import harness, last_json, query, wait_for, write_spec
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +62,7 @@ def test_attached_spec_has_no_launch_and_arms_name_their_servers(tmp_path):
     assert h.baseline.commit is None and h.baseline.base_url is None
     assert h.treatment.base_url == "http://10.0.0.6:30000"
 
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.plan.build import make_plan
 
     plan = make_plan(spec, cache_dir=tmp_path / "cache")
     assert plan.repo is None and plan.source.attached
@@ -264,8 +264,8 @@ def test_wrong_or_missing_key(tmp_path, servers):
 
 
 def test_an_attached_server_without_a_health_route_is_ready_by_its_apis_probe(tmp_path):
-    from bisect_harness.boot.apis import get_api
-    from bisect_harness.boot.attach import AttachedServer
+    from bisect_harness.measure.apis import get_api
+    from bisect_harness.engines.attach import AttachedServer
     from test_server import NO_HEALTH_SERVER
 
     script = tmp_path / "old_server.py"

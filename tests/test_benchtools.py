@@ -21,12 +21,12 @@ import psutil
 import pytest
 
 from bench_tool_standin import _sglang_parser, _vllm_parser, standin_bin
-from bisect_harness.boot import benchtools
-from bisect_harness.boot.benchtools import Endpoint, get_tool, run_owned, sample_runner
-from bisect_harness.boot.client import SampleFailed
+from bisect_harness.engines import benchtools
+from bisect_harness.engines.benchtools import Endpoint, get_tool, run_owned, sample_runner
+from bisect_harness.measure.client import SampleFailed
 from bisect_harness.errors import SpecError, UserError
 from bisect_harness.model import BenchmarkSpec
-from bisect_harness.input.spec import parse_spec
+from bisect_harness.spec.parse import parse_spec
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
 BENCH = BenchmarkSpec(prompt_tokens=8, output_tokens=12, requests_per_sample=3, concurrency=2, warmup_requests=1,
@@ -152,7 +152,7 @@ def test_a_tool_dies_with_a_harness_killed_by_sigkill(tmp_path):
     script.write_text(textwrap.dedent(f"""\
         import os, sys
         from pathlib import Path
-        from bisect_harness.boot.benchtools import run_owned
+        from bisect_harness.engines.benchtools import run_owned
         run_owned([sys.executable, "-c", {tool!r}, {marker!r}], env=dict(os.environ), cwd=Path({str(tmp_path)!r}),
                   log_path=Path({str(tmp_path / "t.log")!r}), timeout_s=300)
         """))
@@ -205,7 +205,7 @@ def test_sglang_tool_against_a_server_that_wants_a_key(tmp_path):
 
 
 def test_a_tools_seed_is_its_samples_own_unless_prompts_are_reused():
-    from bisect_harness.boot.benchtools import tool_seed
+    from bisect_harness.engines.benchtools import tool_seed
 
     bench = BenchmarkSpec(tool="vllm-bench-serve", seed=3)
     seeds = {tool_seed(bench, boot, sample) for boot in (1, 2) for sample in (1, 2, 3)}

@@ -7,7 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bisect_harness.analysis.bisection import (BisectionSearch, BisectResult, Candidate, Probe, StopReason, look_schedule, paired_sequential_test, run_search)
+from bisect_harness.decide.bisection import (
+    BisectionSearch, BisectResult, Candidate, Probe, StopReason, look_schedule, paired_sequential_test,
+    run_search,
+)
 from bisect_harness.model import Expect
 
 

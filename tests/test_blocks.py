@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import special
 
-from bisect_harness.analysis import blocks
+from bisect_harness.decide import blocks
 
 CTRL = "ctrl"
 

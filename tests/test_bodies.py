@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from bisect_harness.boot.bodies import UnreadableBody, decoded, read_some
-from bisect_harness.boot.sources import MAX_BODY_BYTES, BodyTooLarge, bounded_get
+from bisect_harness.measure.bodies import UnreadableBody, decoded, read_some
+from bisect_harness.measure.sources import MAX_BODY_BYTES, BodyTooLarge, bounded_get
 from hostile_engine import gzip_bomb
 
 BOMB = gzip_bomb(256)  # 256 MiB of newlines in about 260 KB

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.planning.cache import CacheEntry, parse_age, parse_size, select_for_prune
-from bisect_harness.boot.checkout import Workspace
+from bisect_harness.plan.cache import CacheEntry, parse_age, parse_size, select_for_prune
+from bisect_harness.engines.checkout import Workspace
 from bisect_harness.errors import UserError
 from helpers import diff_snapshots, git, harness, last_json, snapshot_checkout
 from packaged_engine import make_packaged_engine

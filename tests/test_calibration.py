@@ -9,9 +9,12 @@ import time
 import pytest
 import torch
 
-from bisect_harness.boot.calibration import (Calibration, Doctor, Drift, Measurement, Severity, allreduce_bandwidth, calibrate, compare_hosts, doctor_report, host_warnings, render_doctor_text)
+from bisect_harness.observe.calibration import (
+    Calibration, Doctor, Drift, Measurement, Severity, allreduce_bandwidth, calibrate, compare_hosts,
+    doctor_report, host_warnings, render_doctor_text,
+)
 from bisect_harness.errors import UserError
-from bisect_harness.boot.provenance import GpuInfo, GpuSummary, HostInfo, SamplerSummary, Stat
+from bisect_harness.observe.provenance import GpuInfo, GpuSummary, HostInfo, SamplerSummary, Stat
 
 
 def gpu(i=0, **over) -> GpuInfo:

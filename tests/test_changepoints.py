@@ -1,4 +1,4 @@
-"""The change-point pass over a whole nightly series (analysis/changepoints.py, record/series.py).
+"""The change-point pass over a whole nightly series (decide/changepoints.py, report/series.py).
 
 The search is checked on seeded series with known shifts (where, how many) and on
 series with none (how often it is wrong), then over a real SQLite ledger of nightly
@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from bisect_harness.analysis.changepoints import find_change_points
+from bisect_harness.decide.changepoints import find_change_points
 
 
 def _series(levels: list[tuple[int, float]], cv: float, seed: int) -> list[float]:
@@ -60,7 +60,7 @@ def _nightly_ledger(tmp_path, values: list[float], alerts: set[int]):
 
 @pytest.mark.parametrize("alerted", [False, True])
 def test_report_over_a_ledger_names_the_night_and_whether_it_was_flagged(tmp_path, alerted):
-    from bisect_harness.record.series import change_point_report, report_lines
+    from bisect_harness.report.series import change_point_report, report_lines
 
     values = _series([(8, 100.0), (8, 88.0)], cv=0.01, seed=7)
     led = _nightly_ledger(tmp_path, values, alerts={10} if alerted else set())  # an alert two nights late
@@ -80,7 +80,7 @@ def test_report_over_a_ledger_names_the_night_and_whether_it_was_flagged(tmp_pat
 
 
 def test_report_says_when_the_series_is_too_short(tmp_path):
-    from bisect_harness.record.series import change_point_report
+    from bisect_harness.report.series import change_point_report
 
     led = _nightly_ledger(tmp_path, [100.0, 101.0, 99.0], alerts=set())
     try:

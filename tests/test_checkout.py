@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bisect_harness.boot.checkout import CHECKOUT_FOLDERS, Workspace
+from bisect_harness.engines.checkout import CHECKOUT_FOLDERS, Workspace
 from bisect_harness.errors import BuildFailed, CommitError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
@@ -183,7 +183,7 @@ def test_a_build_that_reads_git_index_needs_a_clone(repo, tmp_path):
 
 
 def test_a_half_made_checkout_is_never_used_or_listed(repo, tmp_path):
-    from bisect_harness.planning.cache import list_cache
+    from bisect_harness.plan.cache import list_cache
 
     ws = Workspace(repo, tmp_path / "cache")
     sha = ws.resolve("HEAD")
@@ -219,7 +219,7 @@ def test_the_build_key_is_the_builds_variables_not_the_whole_environment(repo, t
 
 
 def test_cache_list_and_prune_cover_every_checkout_mode(repo, tmp_path):
-    from bisect_harness.planning.cache import list_cache, prune
+    from bisect_harness.plan.cache import list_cache, prune
 
     ws = Workspace(repo, tmp_path / "cache")
     sha = ws.resolve("HEAD")

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from bisect_harness.record import ledger as ledger_mod
-from bisect_harness.boot.checkout import Workspace
+from bisect_harness.engines.checkout import Workspace
 from bisect_harness.record.ledger import Boot, Config, Ledger, Run
 from bisect_harness.record.liveness import OWNER_KEY, owner_record
 from helpers import HARNESS, git, query
@@ -206,7 +206,7 @@ def test_loopback_calls_ignore_a_proxy(tmp_path, monkeypatch):
     import http.server
     import threading
 
-    from bisect_harness.boot.local import fetch_server_info
+    from bisect_harness.backends.local import fetch_server_info
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bisect_harness.boot import contention as c
-from bisect_harness.analysis import host_state
+from bisect_harness.observe import contention as c
+from bisect_harness.observe import host_state
 from bisect_harness.errors import SpecError
 from bisect_harness.record.ledger import Boot
-from bisect_harness.input.spec import load_spec
+from bisect_harness.spec.parse import load_spec
 
 # Recorded on a 2-core VM (kernel 6.x): before and 2 s into a window with two busy loops.
 PSI_CPU_0 = "some avg10=0.83 avg60=1.32 avg300=0.65 total=2780458\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
@@ -113,7 +113,7 @@ def test_foreign_cpu_counts_only_processes_outside_our_tree():
     ]
     src = c.ForeignCpuSource(iterate=lambda: iter(lists.pop(0)), command={200: "make -j8"}.get)
     clock = iter([t, t + 2.0])
-    import bisect_harness.boot.contention as mod
+    import bisect_harness.observe.contention as mod
     real_time = mod.time.time
     mod.time.time = lambda: next(clock)
     try:

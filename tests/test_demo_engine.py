@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bisect_harness.demo import DemoHistory, create_demo_repo, ensure_demo_repo, read_demo_history
-from bisect_harness.boot.presets import get_preset
+from bisect_harness.engines.presets import get_preset
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from sqlalchemy import event
 
 from bisect_harness import cli
 from bisect_harness.boot import BootOutcome, SampleOutcome
-from bisect_harness.record import journal
+from bisect_harness.report import journal
 from bisect_harness.record import ledger as ledger_mod
 from bisect_harness.record.ledger import Ledger
 from helpers import query, write_spec
@@ -58,11 +58,11 @@ class FixedBackend:
 def harness_in_process(tmp_path, monkeypatch, capsys):
     """``run(*args, backend=...)``: ``harness run SPEC ARGS`` in this process; (exit code, stderr, stdout)."""
     monkeypatch.setenv("COLUMNS", "1000")  # a message is one line; nothing wraps it
-    monkeypatch.setattr("bisect_harness.boot.server.install_signal_handlers", lambda: None)
+    monkeypatch.setattr("bisect_harness.engines.server.install_signal_handlers", lambda: None)
     spec = write_spec(tmp_path / "hypotheses.yaml", engine=ENGINE, defaults=DEFAULTS, hypotheses=HYPOTHESES)
 
     def run(*args, backend):
-        monkeypatch.setattr("bisect_harness.boot.choose.make_backend", lambda *a, **k: backend)
+        monkeypatch.setattr("bisect_harness.backends.choose.make_backend", lambda *a, **k: backend)
         capsys.readouterr()
         with pytest.raises(SystemExit) as stop:
             cli.main(["run", str(spec), "--no-calibration", *map(str, args)])

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bisect_harness.boot.engine_identity import ReportedVersion, describe, mixed_versions, read_reported_version
+from bisect_harness.observe.engine_identity import ReportedVersion, describe, mixed_versions, read_reported_version
 
 
 def _server(version_body: bytes | None, content_type: str = "application/json"):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.boot import presets
-from bisect_harness.boot.client import measure_sample_detail
+from bisect_harness.engines import presets
+from bisect_harness.measure.client import measure_sample_detail
 from bisect_harness.model import BenchmarkSpec
-from bisect_harness.boot.provenance import MATCHED, MISMATCHED, NOT_REPORTED, flag_report, values_match
-from bisect_harness.boot.sources import SourceCollector, applicable, parse_source
+from bisect_harness.observe.provenance import MATCHED, MISMATCHED, NOT_REPORTED, flag_report, values_match
+from bisect_harness.measure.sources import SourceCollector, applicable, parse_source
 from helpers import FakeServer
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
@@ -407,7 +407,7 @@ def test_when_must_map_flags_to_values(when):
 
 def test_hypothesis_on_a_metric_its_arm_cannot_have_is_refused_up_front(tmp_path):
     from bisect_harness.errors import SpecError
-    from bisect_harness.input.spec import load_spec
+    from bisect_harness.spec.parse import load_spec
     from helpers import write_spec
 
     accept = {"name": "accept_len", "from": "response", "field": "accept_length", "better": "higher",

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bisect_harness.boot.checkout import Workspace
-from bisect_harness.boot.envs import create_venv, resolve_python
+from bisect_harness.engines.checkout import Workspace
+from bisect_harness.engines.envs import create_venv, resolve_python
 from bisect_harness.errors import BuildFailed, UserError
 from packaged_engine import make_packaged_engine
 
@@ -122,7 +122,7 @@ def test_the_commits_editable_install_wins_over_the_same_package_in_the_base(ven
 
 
 def _engine(tmp_path, engine_yaml: str):
-    from bisect_harness.input.spec import parse_spec
+    from bisect_harness.spec.parse import parse_spec
 
     text = (f"version: 1\nengine:\n{engine_yaml}\nhypotheses:\n"
             "  - {id: h, baseline: {}, treatment: {}, metric: tok_s, expect: increase, min_effect: 10%}\n")

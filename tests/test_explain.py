@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bisect_harness.analysis.explain import Unmeasured, explain
+from bisect_harness.decide.explain import Unmeasured, explain
 from bisect_harness.model import Expect
 
 

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 
 from bisect_harness.errors import UserError
-from bisect_harness.input.spec import parse_spec
+from bisect_harness.spec.parse import parse_spec
 from bisect_harness.model import Arm
-from bisect_harness.orchestrate.explain_runner import arm_with, differences, parse_arm
+from bisect_harness.run.explain_runner import arm_with, differences, parse_arm
 
 FAST = Arm(commit="a" * 40, env={"NCCL_NVLS_ENABLE": "0", "X": "1"}, flags={"tp": 8, "mode": "prefill"})
 SLOW = Arm(commit="b" * 40, env={"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL"},
@@ -86,8 +86,8 @@ class FaultyBackend:
 
 
 def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_search(tmp_path):
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.orchestrate.explain_runner import explain_file
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.run.explain_runner import explain_file
     from bisect_harness.record.ledger import Ledger
 
     path = tmp_path / "h.yaml"
@@ -113,7 +113,7 @@ def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_sea
         assert sched.run.status == "done" and sched.run.summary["explain"][0]["stopped"] == "config-unmeasurable"
         t = next(t for t in rec["tests"] if t["treatment"] == ["env:B", "env:C"])
         assert t["outcome"] == "inconclusive" and "refused (scripted)" in t["reason"]
-        from bisect_harness.record.explain_view import views
+        from bisect_harness.report.explain_view import views
 
         notes = views(sched.run.summary)[0]["notes"]
         assert any(n.startswith("stepped over: slow without `env:A` could not be measured (") for n in notes)

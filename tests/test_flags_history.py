@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 
-from bisect_harness.input.engine_flags import argparse_rejection, check_argv, help_options
+from bisect_harness.plan.flag_check import argparse_rejection, check_argv, help_options
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
-from bisect_harness.boot.server import ServerProcess, free_port
+from bisect_harness.engines.server import ServerProcess, free_port
 from helpers import git, harness, last_json, query, write_spec
 
 SERVER = '''"""A tiny OpenAI-compatible server whose flags change between commits."""
@@ -317,10 +317,10 @@ def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
     folder and process env from the boot request, through run_boot's own functions."""
     from pathlib import Path
 
-    from bisect_harness.boot import recipe
-    from bisect_harness.input.engine_flags import check_plan_flags
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.engines import recipe
+    from bisect_harness.plan.flag_check import check_plan_flags
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.plan.build import make_plan
 
     repo = tmp_path / "engine"
     repo.mkdir()
@@ -359,9 +359,9 @@ def test_engine_checkout_reaches_the_build_and_the_launch(tmp_path):
     fails in a worktree and runs in a clone."""
     from pathlib import Path
 
-    from bisect_harness.input.engine_flags import check_plan_flags
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.plan.flag_check import check_plan_flags
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.plan.build import make_plan
 
     repo = tmp_path / "engine"
     repo.mkdir()

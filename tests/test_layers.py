@@ -31,32 +31,37 @@ import pytest
 
 import bisect_harness
 from bisect_harness.boot import BootOutcome, SampleOutcome
-from bisect_harness.input.spec import load_spec
-from bisect_harness.orchestrate.bisect_runner import bisect_range
-from bisect_harness.orchestrate.executor import Executor
-from bisect_harness.orchestrate.nightly import run_nightly
-from bisect_harness.planning.plan import make_plan
-from bisect_harness.record import journal
+from bisect_harness.spec.parse import load_spec
+from bisect_harness.run.bisect_runner import bisect_range
+from bisect_harness.run.executor import Executor
+from bisect_harness.run.nightly import run_nightly
+from bisect_harness.plan.build import make_plan
+from bisect_harness.report import journal
 from bisect_harness.record.ledger import Ledger
 from helpers import SMALL_BENCH, git, query, write_spec
 
 PACKAGE = Path(bisect_harness.__file__).parent
 
 #: the layers, lowest first (design.md's picture, read upwards)
-LAYERS = [{"model", "secrets", "errors", "places", "defaults", "__init__"}, {"demo"}, {"boot"}, {"input"},
-          {"planning"}, {"analysis"}, {"record"}, {"orchestrate"}, {"cli"}]
+LAYERS = [{"model", "secrets", "errors", "places", "defaults", "__init__", "boot"}, {"demo"}, {"process"},
+          {"measure", "observe"}, {"engines"}, {"decide"}, {"backends"}, {"spec"}, {"plan"}, {"record"}, {"report"},
+          {"run"}, {"cli"}]
 
 #: imports of a layer above, (importing module, imported module): why each may stay
 UP_IMPORTS = {
-    ("analysis/decide", "record/ledger"): "the verdict rule reads the boots' rows and their values",
-    ("analysis/drift", "record/ledger"): "host drift is read from the boots' rows",
+    ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' rows and their values",
+    ("decide/verdict", "spec/parse"): "the verdict rule reads the hypothesis and the spec's defaults",
+    ("observe/drift", "record/ledger"): "host drift is read from the boots' rows",
 }
 
 #: calls into a module of a layer above, (calling module, called module): why each may stay
 UP_CALLS = {
-    ("analysis/decide", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
-    ("analysis/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
-    ("boot/local", "orchestrate/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
+    ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
+    ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
+    ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
+    ("measure/sources", "backends/local"): "read_server_info calls the fetch it was given (a lambda of run_boot)",
+    ("observe/mechanisms", "engines/presets"): "InfoField.read calls the reader the preset gave it",
+    ("backends/local", "run/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
                                              "outcome to the Sink it was given (the scheduler's ledger sink)",
 }
 
@@ -226,7 +231,7 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
     # bisect: true, the explanation's, harness bisect's, the slow night's
     assert len(culprits) == 4 and set(culprits) == {order[5]}
     layers_seen = {m.split("/")[0] for pair in calls.seen for m in pair}
-    assert {"orchestrate", "record", "analysis", "planning", "input", "boot"} <= layers_seen
+    assert {"run", "record", "report", "decide", "plan", "spec", "backends", "engines", "measure"} <= layers_seen
     up = calls.up()
     assert set(up) <= set(UP_CALLS), f"calls up a layer, not in UP_CALLS: " + "; ".join(
         f"{a} -> {b} ({up[(a, b)]})" for a, b in sorted(set(up) - set(UP_CALLS)))
@@ -234,8 +239,8 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
 
 @pytest.mark.slow
 def test_a_real_boot_calls_up_only_through_the_backend_seam(tmp_path):
-    from bisect_harness.boot.local import LocalBackend
-    from bisect_harness.orchestrate.scheduler import Scheduler
+    from bisect_harness.backends.local import LocalBackend
+    from bisect_harness.run.scheduler import Scheduler
 
     spec = load_spec(write_spec(tmp_path / "h.yaml", engine={"preset": "demo"}, benchmark=SMALL_BENCH,
                                 hypotheses=[{"id": "h", "baseline": {"commit": "HEAD~1"},
@@ -249,6 +254,6 @@ def test_a_real_boot_calls_up_only_through_the_backend_seam(tmp_path):
             m, = sched.measure([sched.state_for(plan.configs[0])], 1, metric="tok_s")
     assert m.values, m
     up = calls.up()
-    assert ("boot/local", "orchestrate/scheduler") in up  # the seam was crossed, and seen
+    assert ("backends/local", "run/scheduler") in up  # the seam was crossed, and seen
     assert set(up) <= set(UP_CALLS), f"calls up a layer, not in UP_CALLS: " + "; ".join(
         f"{a} -> {b} ({up[(a, b)]})" for a, b in sorted(set(up) - set(UP_CALLS)))

@@ -62,10 +62,10 @@ def test_bad_url_is_a_user_error(tmp_path):
 def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
     import copy
 
-    from bisect_harness.boot.calibration import calibrate
-    from bisect_harness.analysis.drift import host_drift
+    from bisect_harness.observe.calibration import calibrate
+    from bisect_harness.observe.drift import host_drift
     from bisect_harness.record.ledger import Boot, Calibration
-    from bisect_harness.boot.provenance import collect_host
+    from bisect_harness.observe.provenance import collect_host
 
     host = collect_host().to_dict()
     fast = calibrate("cpu", 0.2).to_dict()

@@ -138,8 +138,8 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
     assert "speculative decoding: **set up at start, not seen in the window**" in journal
     assert "speculative decoding: engaged in the window, flash attention: not observable" in journal
     # the window line llama-server prints when a slot that drafted finishes matches the preset's pattern
-    from bisect_harness.boot.mechanisms import Window, check
-    from bisect_harness.boot.presets import get_preset
+    from bisect_harness.observe.mechanisms import Window, check
+    from bisect_harness.engines.presets import get_preset
 
     logs = [p.read_text(errors="replace") for p in (tmp_path / "experiments").rglob("*.log")]
     drafted = [t for t in logs if "draft acceptance = " in t]
@@ -218,8 +218,8 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
     OpenAI completions and its OpenAI chat, each read by its own kind (``boot.apis``)
     from one real server: the same 24 tokens a request, counted by the server and by
     the stream alike."""
-    from bisect_harness.boot.client import measure_sample_detail
-    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.measure.client import measure_sample_detail
+    from bisect_harness.engines.server import ServerProcess, free_port
     from bisect_harness.model import BenchmarkSpec
 
     target, _ = models
@@ -244,7 +244,7 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
         # server's count of each prompt as sent agrees within the BOS token
         import httpx
 
-        from bisect_harness.boot.client import size_prompts
+        from bisect_harness.measure.client import size_prompts
 
         bench = BenchmarkSpec(api="llamacpp", prompt_tokens=40, output_tokens=4, requests_per_sample=2,
                               warmup_requests=0, ignore_eos=True)
@@ -259,8 +259,8 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
         assert counts[0] in (size.tokens, size.tokens + 1), (counts, size)  # the first prompt, plus BOS
         assert all(abs(n - 40) <= per_word + 2 for n in counts), counts
         assert detail.result.metrics["prompt_tokens"] == sum(counts) / len(counts)
-    from bisect_harness.boot.mechanisms import Window, check
-    from bisect_harness.boot.presets import get_preset
+    from bisect_harness.observe.mechanisms import Window, check
+    from bisect_harness.engines.presets import get_preset
 
     (fa,) = check([m for m in get_preset("llamacpp").mechanisms if m.name == "flash attention"], {"flash-attn": "on"},
                   Window(startup_log=(tmp_path / "server.log").read_text(errors="replace")))
@@ -276,8 +276,8 @@ def test_a_boots_samples_hit_no_prefix_cache_unless_the_file_asks_for_reuse(mode
     first token is alike.
     With ``benchmark.prompt_reuse: true`` the second sample's prompt comes from the cache.
     One server, both ways (a boot's prompts are numbered by its id)."""
-    from bisect_harness.boot.benchtools import ClientRunner, Endpoint
-    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.engines.benchtools import ClientRunner, Endpoint
+    from bisect_harness.engines.server import ServerProcess, free_port
     from bisect_harness.model import BenchmarkSpec
 
     target, _ = models

@@ -14,12 +14,12 @@ import psutil
 import pytest
 
 from bisect_harness.boot import BootOutcome, Sink
-from bisect_harness.boot.local import LocalBackend, device_sets, run_boot
+from bisect_harness.backends.local import LocalBackend, device_sets, run_boot
 from bisect_harness.errors import UserError
 from bisect_harness.record.ledger import Ledger
-from bisect_harness.planning.plan import make_plan
-from bisect_harness.orchestrate.scheduler import Scheduler
-from bisect_harness.input.spec import load_spec
+from bisect_harness.plan.build import make_plan
+from bisect_harness.run.scheduler import Scheduler
+from bisect_harness.spec.parse import load_spec
 from helpers import SMALL_BENCH, write_spec
 
 pytestmark = pytest.mark.slow

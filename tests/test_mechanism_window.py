@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.boot import mechanisms
-from bisect_harness.boot.mechanisms import (Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine, Window,
-                                            check)
-from bisect_harness.boot.presets import canonical_flag, get_preset
-from bisect_harness.boot.sources import parse_prometheus
+from bisect_harness.observe import mechanisms
+from bisect_harness.observe.mechanisms import (
+    Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine, Window, check,
+)
+from bisect_harness.engines.presets import canonical_flag, get_preset
+from bisect_harness.measure.sources import parse_prometheus
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
 
@@ -130,8 +131,8 @@ def test_marks_per_state():
 
 
 def test_the_words_are_the_same_everywhere():
-    from bisect_harness.analysis.decide import checks_done
-    from bisect_harness.record.journal import _mechanism_cell
+    from bisect_harness.decide.verdict import checks_done
+    from bisect_harness.report.journal import _mechanism_cell
 
     assert mechanisms.STATES == ("engaged", "not_engaged", "set_up_not_seen", "not_observable")
     assert dict(mechanisms.WORDS) == {"engaged": "engaged in the window",
@@ -312,9 +313,9 @@ def test_the_demo_on_a_cpu_reads_graphs_not_engaged_and_drafting_engaged(tmp_pat
     default) are "not engaged in the window" on a CPU, never engaged, and not marked
     (the engine said at start that it captured none); speculative decoding is
     engaged, its verify passes counted per mode over the window, warm-up excluded."""
-    from bisect_harness.boot.local import run_boot
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.backends.local import run_boot
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.plan.build import make_plan
     from helpers import write_spec
 
     spec = load_spec(write_spec(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bisect_harness.record import journal
+from bisect_harness.report import journal
 from bisect_harness.record.ledger import Bisection, Config, HypothesisRow, Ledger, Run
-from bisect_harness.input.metric_defs import definition_line, lookup_metric
+from bisect_harness.spec.metric_defs import definition_line, lookup_metric
 from bisect_harness.model import CLIENT_METRICS
-from bisect_harness.boot.sources import parse_source
+from bisect_harness.measure.sources import parse_source
 
 SPEC_TEXT = """\
 version: 1

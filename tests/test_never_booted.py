@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from bisect_harness.boot import mechanisms
-from bisect_harness.boot.mechanisms import InfoField, Mechanism, StartupLine, Window
-from bisect_harness.boot.sources import parse_prometheus
-from bisect_harness.boot.presets import canonical_flag, get_preset
-from bisect_harness.boot.envs import CommitEnv
+from bisect_harness.observe import mechanisms
+from bisect_harness.observe.mechanisms import InfoField, Mechanism, StartupLine, Window
+from bisect_harness.measure.sources import parse_prometheus
+from bisect_harness.engines.presets import canonical_flag, get_preset
+from bisect_harness.engines.envs import CommitEnv
 
 from helpers import harness, last_json, query, write_spec
 
@@ -164,7 +164,7 @@ def test_sglang_speculative_attention_mode_claims_no_cuda_graphs():
 
 
 def test_the_checks_word_says_what_was_checked_and_never_ok_for_nothing():
-    from bisect_harness.record.journal import _checks_cell, checks_word
+    from bisect_harness.report.journal import _checks_cell, checks_word
 
     assert checks_word({"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
     assert checks_word({"env": 2, "flags": 0, "mechanisms": 1}) == "ok (env, mechanisms)"
@@ -177,7 +177,7 @@ def _flag_boot(i, *checks, env_vars=()):
     """A good boot whose flag report holds ``checks`` (flag, key, requested, effective, status)."""
     from types import SimpleNamespace
 
-    from bisect_harness.boot.provenance import FlagCheck, FlagReport
+    from bisect_harness.observe.provenance import FlagCheck, FlagReport
 
     rep = FlagReport(tuple(FlagCheck(*c) for c in checks)).to_dict()
     env = {"vars": [{"name": v} for v in env_vars], "state": "ok"} if env_vars else None
@@ -190,11 +190,11 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     --json, the boot table, the mechanism layer) says so, never "ok" or "yes" for it."""
     from types import SimpleNamespace
 
-    from bisect_harness.analysis.decide import checks_done
-    from bisect_harness.analysis.mechanism import flag_layer
-    from bisect_harness.boot.provenance import NOT_REPORTED, flag_report
+    from bisect_harness.decide.verdict import checks_done
+    from bisect_harness.decide.mechanism import flag_layer
+    from bisect_harness.observe.provenance import NOT_REPORTED, flag_report
     from bisect_harness.cli import _checks_json
-    from bisect_harness.record.journal import _checks_cell, _flag_cell, checks_word
+    from bisect_harness.report.journal import _checks_cell, _flag_cell, checks_word
 
     # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
     rep = flag_report({"model": "/m.gguf", "flash-attn": "auto"}, {"model_path": "/m.gguf", "flash_attn": "auto"},
@@ -232,8 +232,8 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
 
 
 def test_the_plan_checks_every_flag_even_one_the_preset_cannot_look_up(tmp_path):
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.plan.build import make_plan
 
     hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "auto", "parallel": 2}},
              "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]

@@ -4,10 +4,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bisect_harness.boot import presets
-from bisect_harness.input.engine_flags import check_argv
+from bisect_harness.engines import presets
+from bisect_harness.plan.flag_check import check_argv
 from bisect_harness.errors import UserError
-from bisect_harness.boot.presets import (PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv, server_info_candidates)
+from bisect_harness.engines.presets import (
+    PRESETS, canonical_flag, flags_to_argv, get_preset, info_key, render_argv, server_info_candidates,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "sglang-eagle3" / "hypotheses.yaml"
 
@@ -175,7 +177,7 @@ def test_example_yaml_parses_and_uses_known_preset_and_flags():
 
 
 def test_example_yaml_metric_sources_parse():
-    from bisect_harness.boot.sources import parse_source
+    from bisect_harness.measure.sources import parse_source
 
     doc = yaml.safe_load(EXAMPLE.read_text())
     names = {parse_source(m, f"engine.metrics[{i}]").name for i, m in enumerate(doc["engine"]["metrics"])}
@@ -274,10 +276,10 @@ def test_a_preset_that_makes_its_repository_needs_no_name_check(tmp_path):
     """What the demo preset could do by name (commits without engine.repo, an
     environment per commit, a repository made in the cache), any registered preset
     with a default_repo can do: spec, plan and dry-run ask the preset."""
-    from bisect_harness.planning.dryrun import describe_plan
+    from bisect_harness.plan.dryrun import describe_plan
     from bisect_harness.errors import SpecError
-    from bisect_harness.planning.plan import engine_repo, make_plan
-    from bisect_harness.input.spec import load_spec
+    from bisect_harness.plan.build import engine_repo, make_plan
+    from bisect_harness.spec.parse import load_spec
 
     spec_file = tmp_path / "hypotheses.yaml"
     spec_file.write_text(LOCAL_HISTORY_SPEC)

@@ -18,11 +18,11 @@ import pytest
 
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.errors import SpecError
-from bisect_harness.input.spec import load_spec
-from bisect_harness.orchestrate.executor import Executor
-from bisect_harness.orchestrate.resume import find_run
-from bisect_harness.orchestrate.scheduler import PROFILE_ATTEMPTS
-from bisect_harness.planning.plan import make_plan
+from bisect_harness.spec.parse import load_spec
+from bisect_harness.run.executor import Executor
+from bisect_harness.run.resume import find_run
+from bisect_harness.run.scheduler import PROFILE_ATTEMPTS
+from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
@@ -198,7 +198,7 @@ def test_a_profiled_demo_boot_keeps_its_samples_and_records_a_trace_and_its_summ
         else:
             assert SMALL_BENCH["requests_per_sample"] <= prof["steps"] < SMALL_BENCH["requests_per_sample"] * per_request
     assert not list((tmp_path / "exp" / "logs" / "run-1").glob("*.profile")), "the engine's folders are gone"
-    # the journal and --json set the two arms side by side (record/profile_view.py)
+    # the journal and --json set the two arms side by side (report/profile_view.py)
     (h,) = last_json(r.stdout)["hypotheses"]
     assert [h["profile"][side]["boot"] for side in ("baseline", "treatment")] == [by_arm[0][0], by_arm[2][0]]
     assert h["profile"]["difference"]

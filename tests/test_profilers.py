@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bisect_harness.boot import profilers
-from bisect_harness.boot.benchtools import Endpoint
-from bisect_harness.boot.client import SampleDetail, SampleFailed
-from bisect_harness.boot.presets import PRESETS, get_preset
-from bisect_harness.boot.request import SampleOutcome
+from bisect_harness.engines import profilers
+from bisect_harness.engines.benchtools import Endpoint
+from bisect_harness.measure.client import SampleDetail, SampleFailed
+from bisect_harness.engines.presets import PRESETS, get_preset
+from bisect_harness.boot import SampleOutcome
 from bisect_harness.model import BenchmarkSpec, Limits
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "vllm-0.32-cpu-16tok.pt.trace.json.gz"

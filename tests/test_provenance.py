@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from bisect_harness.errors import UserError
-from bisect_harness.boot.provenance import (EnvReport, FlagReport, GpuInfo, GpuSampler, HostInfo, SamplerSummary, collect_host, decode_throttle_reasons, env_report, flag_report, read_gpus, values_equal)
+from bisect_harness.observe.provenance import (
+    EnvReport, FlagReport, GpuInfo, GpuSampler, HostInfo, SamplerSummary, collect_host, decode_throttle_reasons,
+    env_report, flag_report, read_gpus, values_equal,
+)
 
 VAR = "BH_TEST_NCCL_TUNING"
 
@@ -122,7 +125,7 @@ def test_spt_noenv_keeps_a_renamed_worker_readable(tree):
 def test_a_partly_overwritten_block_shows_what_survived_and_leaves_the_rest_unseen():
     """What vLLM 0.32's VLLM::EngineCore looked like without SPT_NOENV: the title's NUL
     padding over the first entries, the later ones intact (14 of 40 seen)."""
-    from bisect_harness.boot.provenance.env import parse_environ
+    from bisect_harness.observe.provenance.env import parse_environ
 
     env, overwritten = parse_environ(b"\0" * 300 + b"HOME=/root\0NCCL_ALGO=Ring\0")
     assert env == {"HOME": "/root", "NCCL_ALGO": "Ring"} and overwritten
@@ -451,7 +454,7 @@ def test_real_nvml_reads_every_gpu():
 
 
 def test_disable_flag_is_checked_against_its_positive_twin():
-    from bisect_harness.boot.provenance import flag_report
+    from bisect_harness.observe.provenance import flag_report
 
     ok = flag_report({"disable-cuda-graph": True}, {"cuda_graph": False})
     assert ok.ok and ok.checks[0].status == "matched"
@@ -479,7 +482,7 @@ def test_flag_report_follows_dotted_paths_and_compare_modes():
 
 
 def test_the_packages_fingerprint_is_read_again_when_an_install_changes_a_path(tmp_path, monkeypatch):
-    from bisect_harness.boot.provenance.host import packages_fingerprint
+    from bisect_harness.observe.provenance.host import packages_fingerprint
 
     monkeypatch.syspath_prepend(str(tmp_path))
     before = packages_fingerprint()
@@ -501,7 +504,7 @@ def test_host_provenance_reads_torch_without_importing_it():
     import sys
 
     code = ("import sys, importlib.metadata as md\n"
-            "from bisect_harness.boot.provenance.host import _torch_info\n"
+            "from bisect_harness.observe.provenance.host import _torch_info\n"
             "version, _, _ = _torch_info(False)\n"
             "print(version == md.version('torch'), 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

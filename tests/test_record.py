@@ -133,8 +133,8 @@ def test_progress_in_a_pipe_is_a_line_per_boot_counted_against_the_budget(runs):
 
 @pytest.mark.slow
 def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
-    from bisect_harness.analysis.decide import Side, judge
-    from bisect_harness.input.spec import load_spec
+    from bisect_harness.decide.verdict import Side, judge
+    from bisect_harness.spec.parse import load_spec
     from bisect_harness.model import Expect
     from bisect_harness.record.ledger import Ledger
     import dataclasses
@@ -208,7 +208,7 @@ def _examples() -> list[tuple[str, dict]]:
 def test_schema_is_the_loaders_keys_and_accepts_every_example():
     import jsonschema
 
-    from bisect_harness.input import spec as loader
+    from bisect_harness.spec import parse as loader
 
     proc = harness("schema")
     assert proc.returncode == 0, proc.stderr
@@ -257,7 +257,7 @@ def test_version_and_shell_completion():
 def test_experiment_names_and_the_run_command_from_ledger_rows():
     from types import SimpleNamespace as NS
 
-    from bisect_harness.record.reproduce import experiment_name, run_command
+    from bisect_harness.report.reproduce import experiment_name, run_command
 
     assert experiment_name("experiments/sglang-eagle3/hypotheses.yaml") == "sglang-eagle3"
     assert experiment_name("/x/y/spec-decode tuning.yml") == "spec-decode-tuning"
@@ -282,7 +282,7 @@ def test_experiment_names_and_the_run_command_from_ledger_rows():
 def test_a_hypothesis_id_never_climbs_out_of_the_journal_folder(hid):
     """Matrix values become part of hypothesis ids (``h[mode=VALUE]``), and ids become
     plot file names: whatever the value, the plot stays one short file in the folder."""
-    from bisect_harness.record.reproduce import file_part
+    from bisect_harness.report.reproduce import file_part
 
     name = f"2026-12-02-exp-run1-{file_part(hid)}.png"
     assert "/" not in name and "\\" not in name and ".." not in name and "\0" not in name

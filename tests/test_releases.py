@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bisect_harness.boot.releases import ReleaseSource
+from bisect_harness.engines.releases import ReleaseSource
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.demo.releases import build_demo_releases, release_points, tag_releases
 from bisect_harness.errors import CommitError, SpecError
-from bisect_harness.input.spec import parse_spec
+from bisect_harness.spec.parse import parse_spec
 
 from helpers import query
 
@@ -152,7 +152,7 @@ def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit
     ("enroot", ["enroot", "start", "--rw", "--gpus", "all", "-e", "NCCL_ALGO=Ring", "img:v1"]),
 ])
 def test_each_runtime_runs_the_launch_inside_the_image_with_the_arms_env(runtime, head):
-    from bisect_harness.boot.releases import container_argv
+    from bisect_harness.engines.releases import container_argv
 
     argv = container_argv(runtime, "img:v1", ["python3", "-m", "sglang.launch_server", "--port", "8000"],
                           {"NCCL_ALGO": "Ring"}, name="bh-1", runtime_args=["--gpus", "all"])
@@ -160,10 +160,10 @@ def test_each_runtime_runs_the_launch_inside_the_image_with_the_arms_env(runtime
 
 
 def test_an_image_release_plans_its_runtime_argv_and_is_known_by_its_digest(tmp_path, monkeypatch):
-    from bisect_harness.boot.releases import ReleaseRequest, image_record
+    from bisect_harness.engines.releases import ReleaseRequest, image_record
     from bisect_harness.errors import BuildFailed
-    from bisect_harness.input.spec import load_spec
-    from bisect_harness.planning.plan import make_plan
+    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.plan.build import make_plan
 
     doc = {"version": 1,
            "engine": {"preset": "openai", "launch": ["srv"],

@@ -23,11 +23,11 @@ import pytest
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.errors import UserError
-from bisect_harness.input.spec import load_spec
+from bisect_harness.spec.parse import load_spec
 from bisect_harness.record import liveness
-from bisect_harness.orchestrate.executor import Executor, Observer
-from bisect_harness.orchestrate.resume import check_plan, find_run, spec_hash
-from bisect_harness.planning.plan import make_plan
+from bisect_harness.run.executor import Executor, Observer
+from bisect_harness.run.resume import check_plan, find_run, spec_hash
+from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Config, HypothesisRow, Ledger, Run
 from helpers import HARNESS, SMALL_BENCH, harness, last_json, processes_under, query, reapers_of, wait_for, write_spec
 
@@ -414,7 +414,7 @@ def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_make
     journal listed those boots as the verdict's "(unused)" ones and said nothing of the
     search or of --resume. Now the journal names the unfinished search with its boots, the
     verdict's table says whose those boots were, and the header says how to continue."""
-    from bisect_harness.record import journal
+    from bisect_harness.report import journal
 
     spec = _seam_spec(tmp_path, {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 2,
                                  "host_preflight_s": 0},
@@ -452,7 +452,7 @@ def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_make
 def test_the_journal_written_in_the_runs_own_session_holds_its_closing_calibration(tmp_path):
     """The looks read the run's calibrations before the closing one is recorded; the
     journal written at the end, in the same session, must not render that stale list."""
-    from bisect_harness.record import journal
+    from bisect_harness.report import journal
 
     spec = _seam_spec(tmp_path, {"boots_per_arm": 2, "max_boots_per_arm": 3, "samples_per_boot": 2,
                                  "host_preflight_s": 0}, SEAM_HYPOTHESES[:1])
@@ -499,7 +499,7 @@ def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_anoth
         check_plan(run, plan)
         again = SeededBackend(made, {})
         Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again, resume=run).execute()
-        from bisect_harness.record import journal
+        from bisect_harness.report import journal
 
         text = journal.render(led, led.run(run.id))
     looks = _looks(db)

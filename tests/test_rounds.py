@@ -11,10 +11,10 @@ import pytest
 
 from bisect_harness.errors import SpecError
 from bisect_harness.boot import BootOutcome
-from bisect_harness.orchestrate.executor import Executor
+from bisect_harness.run.executor import Executor
 from bisect_harness.record.ledger import Ledger
-from bisect_harness.planning.plan import make_plan
-from bisect_harness.input.spec import load_spec
+from bisect_harness.plan.build import make_plan
+from bisect_harness.spec.parse import load_spec
 
 from helpers import write_spec
 
@@ -137,7 +137,7 @@ class ScriptedBackend:
 
 
 def _scripted(tmp_path, led, script, retries=2):
-    from bisect_harness.orchestrate.scheduler import Scheduler
+    from bisect_harness.run.scheduler import Scheduler
 
     spec = load_spec(_spec(tmp_path, defaults={"boot_retries": retries, "host_preflight_s": 0}, n=1))
     plan = make_plan(spec)

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
-from bisect_harness.boot.server import ServerProcess, free_port, live_servers
-from bisect_harness.boot.supervisor import supervisors_of
+from bisect_harness.engines.server import ServerProcess, free_port, live_servers
+from bisect_harness.process.supervisor import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def test_exact_env_is_passed(tmp_path, fake):
         proc_env = psutil.Process(server.pid).environ()
     # exactly the caller's env, plus the supervisor's tree token (how the next start finds
     # a process that escaped its supervisor's record: inherited through forks and sessions)
-    from bisect_harness.boot.supervisor import TREE_ENV
+    from bisect_harness.process.supervisor import TREE_ENV
 
     token = proc_env.pop(TREE_ENV)
     assert proc_env == env
@@ -207,7 +207,7 @@ def test_exception_in_with_block_stops_server(tmp_path, fake):
 HARNESS = textwrap.dedent('''
     import os, sys, time
     from pathlib import Path
-    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.engines.server import ServerProcess, free_port
     tmp, fake = Path(sys.argv[1]), sys.argv[2]
     port = free_port()
     try:
@@ -301,7 +301,7 @@ NO_HEALTH_SERVER = textwrap.dedent('''
 
 
 def test_a_server_without_a_health_route_is_ready_by_its_apis_own_probe(tmp_path):
-    from bisect_harness.boot.apis import get_api
+    from bisect_harness.measure.apis import get_api
 
     script = tmp_path / "old_server.py"
     script.write_text(NO_HEALTH_SERVER)

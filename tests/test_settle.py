@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 
 from bisect_harness.boot import Sink
-from bisect_harness.boot.local import run_boot
-from bisect_harness.boot.presets import get_preset
-from bisect_harness.input.spec import load_spec
-from bisect_harness.planning.plan import make_plan
+from bisect_harness.backends.local import run_boot
+from bisect_harness.engines.presets import get_preset
+from bisect_harness.spec.parse import load_spec
+from bisect_harness.plan.build import make_plan
 from helpers import SMALL_BENCH, write_spec
 from test_demo_engine import boot, worktree
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from bisect_harness.boot import BootOutcome, Sink
-from bisect_harness.boot.slurm import SlurmBackend, SlurmOptions
+from bisect_harness.backends.slurm import SlurmBackend, SlurmOptions
 from bisect_harness.errors import SpecError
 
 pytestmark = pytest.mark.slow
@@ -76,8 +76,8 @@ def test_a_submitit_job_runs_on_a_node_of_the_cluster(slurm_cluster, tmp_path):
 def _demo_requests(tmp_path, *, n: int = 2, samples: int = 1, engine: dict | None = None) -> list:
     """Boot requests for ``n`` configs of the demo engine at HEAD (two arms: plain and
     with DEMO_COMM_TUNING), made by the plan as the scheduler makes them."""
-    from bisect_harness.planning.plan import make_plan
-    from bisect_harness.input.spec import load_spec
+    from bisect_harness.plan.build import make_plan
+    from bisect_harness.spec.parse import load_spec
 
     from helpers import write_spec
 

@@ -5,10 +5,13 @@ from typing import ClassVar
 
 import pytest
 
-from bisect_harness.boot import sources as sources_mod
+from bisect_harness.measure import sources as sources_mod
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Better, Metric
-from bisect_harness.boot.sources import (DerivedSource, LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector, applicable, lookup, parse_source, register_source, resolve_derived, source_kinds)
+from bisect_harness.measure.sources import (
+    DerivedSource, LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector,
+    applicable, lookup, parse_source, register_source, resolve_derived, source_kinds,
+)
 from helpers import FakeServer
 
 
@@ -206,7 +209,7 @@ def test_a_missing_field_is_explained_by_the_engine_that_ran(server, preset, say
     (server_slot_stats::to_json writes it only when the slot drafted): its problem speaks
     of llama.cpp, never of vLLM's flag; a vLLM boot's gives vLLM's advice; a preset with
     no word says nothing more. A /metrics that does not answer likewise."""
-    from bisect_harness.boot.presets import get_preset
+    from bisect_harness.engines.presets import get_preset
 
     notes = get_preset(preset).source_notes
     draft = parse_source({"name": "drafted", "from": "response", "chunk": "last", "field": "timings.draft_n",
@@ -398,7 +401,7 @@ class _Hostile:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from bisect_harness.boot.sources import MAX_BODY_BYTES
+        from bisect_harness.measure.sources import MAX_BODY_BYTES
 
         plain = b"# a comment line that goes on\n" * (MAX_BODY_BYTES // 30 + 10)
         bomb = gzip.compress(b"\n" * (MAX_BODY_BYTES * 8), compresslevel=9)
@@ -433,7 +436,7 @@ class _Hostile:
 
 @pytest.mark.parametrize("path", ["/metrics", "/bomb"])
 def test_a_metrics_body_past_the_cap_is_a_problem_not_the_harness_memory(path):
-    from bisect_harness.boot.sources import SourceCollector, parse_source
+    from bisect_harness.measure.sources import SourceCollector, parse_source
 
     srv = _Hostile()
     try:
@@ -442,7 +445,7 @@ def test_a_metrics_body_past_the_cap_is_a_problem_not_the_harness_memory(path):
         collector = SourceCollector([src], srv.base_url, None, metrics_path=path, timeout_s=20)
         samples, problem = collector._scrape()
         assert samples is None and "went past 4,194,304 bytes" in problem, problem
-        from bisect_harness.boot.local import fetch_server_info
+        from bisect_harness.backends.local import fetch_server_info
 
         info = fetch_server_info(srv.base_url, [path])
         assert info is None

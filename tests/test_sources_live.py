@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from bisect_harness.boot import presets
+from bisect_harness.engines import presets
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.record.ledger import Ledger
 

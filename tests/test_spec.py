@@ -8,7 +8,7 @@ import pytest
 
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Expect
-from bisect_harness.input.spec import load_spec, parse_spec
+from bisect_harness.spec.parse import load_spec, parse_spec
 
 GOOD = textwrap.dedent("""\
     version: 1
@@ -156,7 +156,7 @@ def test_server_info_paths_are_checked(tmp_path):
 
 
 def test_checkout_and_build_env_reach_the_boot_request(tmp_path):
-    from bisect_harness.planning.plan import engine_fingerprint
+    from bisect_harness.plan.build import engine_fingerprint
 
     spec = parse(GOOD.replace("  env: {NCCL", "  checkout: clone\n  build_env: [GGML_CUDA, GGML_CUDA]\n  env: {NCCL"),
                  tmp_path)
@@ -173,8 +173,8 @@ def test_prompt_reuse_is_a_benchmark_key_and_measures_another_thing(tmp_path):
     """``benchmark.prompt_reuse``: false by default (each sample's prompts its own); true
     measures a prefix cache. The two measure different things, so their configs differ;
     a file with true keeps the keys of ledgers written when every sample repeated its prompts."""
-    from bisect_harness.input.schema import hypotheses_schema
-    from bisect_harness.planning.plan import engine_fingerprint
+    from bisect_harness.spec.schema import hypotheses_schema
+    from bisect_harness.plan.build import engine_fingerprint
 
     plain = parse(GOOD, tmp_path)
     reused = parse(GOOD.replace("  output_tokens: 32", "  output_tokens: 32\n  prompt_reuse: true"), tmp_path)

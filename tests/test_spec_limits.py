@@ -17,9 +17,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_harness.input import spec as spec_mod
+from bisect_harness.spec import parse as spec_mod
 from bisect_harness.errors import SpecError, UserError
-from bisect_harness.input.spec import Spec, load_spec, parse_spec
+from bisect_harness.spec.parse import Spec, load_spec, parse_spec
 
 from helpers import SMALL_BENCH, harness, last_json, write_spec
 
@@ -328,7 +328,7 @@ def test_progress_line_shows_marks_and_labels_verbatim():
 
     from rich.console import Console
 
-    from bisect_harness.record.progress import BarsObserver
+    from bisect_harness.report.progress import BarsObserver
 
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=False, color_system=None)
@@ -349,7 +349,7 @@ def test_piped_progress_is_a_plain_line_per_boot_and_per_step():
 
     from rich.console import Console
 
-    from bisect_harness.record.progress import BarsObserver, LinesObserver, observer_for
+    from bisect_harness.report.progress import BarsObserver, LinesObserver, observer_for
 
     console = Console(file=io.StringIO(), width=200, force_terminal=False, color_system=None)
     assert isinstance(observer_for(console), LinesObserver)
@@ -375,7 +375,7 @@ def test_a_search_after_the_rounds_counts_its_boots_against_its_own_budget():
 
     from rich.console import Console
 
-    from bisect_harness.record.progress import BarsObserver, LinesObserver
+    from bisect_harness.report.progress import BarsObserver, LinesObserver
 
     lines = io.StringIO()
     config = SimpleNamespace(label="HEAD")
@@ -429,7 +429,7 @@ def test_a_bad_limit_names_its_key(tmp_path, limits, key, match):
 
 
 def test_limits_are_no_part_of_a_configs_identity(tmp_path):
-    from bisect_harness.planning.plan import engine_fingerprint
+    from bisect_harness.plan.build import engine_fingerprint
 
     doc = yaml.safe_load(dump(SKELETON))
     plain = parse_spec(dump(doc), tmp_path / "h.yaml")
@@ -439,7 +439,7 @@ def test_limits_are_no_part_of_a_configs_identity(tmp_path):
 
 
 def test_the_supervisors_log_cap_is_the_limits_default():
-    from bisect_harness.boot.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+    from bisect_harness.process.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
     from bisect_harness.model import Limits
 
     assert (LOG_HEAD_BYTES, LOG_TAIL_BYTES) == (Limits().log_head_bytes, Limits().log_tail_bytes)

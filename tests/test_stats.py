@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bisect_harness.analysis import stats as S
+from bisect_harness.decide import stats as S
 from bisect_harness.model import Expect, Outcome
-from bisect_harness.analysis.stats import Design, evaluate
+from bisect_harness.decide.stats import Design, evaluate
 
 INC, DEC = Expect.INCREASE, Expect.DECREASE
 #: The analyses whose boundaries are calibrated t-tests (the simulations of many
@@ -468,7 +468,7 @@ def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, 
 
     from scipy import stats as st
 
-    from bisect_harness.analysis.stats import boots_to_decide
+    from bisect_harness.decide.stats import boots_to_decide
 
     level = 0.05
     text = boots_to_decide(dd, spread, log_e, level, "-5.0%", analysis)
@@ -488,7 +488,7 @@ def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, 
 def test_at_a_sign_flip_look_the_rounds_to_decide_are_never_fewer_than_the_test_can_decide_with():
     import re
 
-    from bisect_harness.analysis.stats import boots_to_decide
+    from bisect_harness.decide.stats import boots_to_decide
 
     level = 0.002  # a sign-flip test reaches it from 9 rounds on (2^-9 = 0.00195), 2^-8 = 0.0039 does not
     t_only = boots_to_decide(0.0, 0.01, 0.05, level, "-5.0%", "paired")
@@ -503,7 +503,7 @@ def test_at_a_sign_flip_look_the_rounds_to_decide_are_never_fewer_than_the_test_
 
 
 def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_it():
-    from bisect_harness.analysis.stats import Design, evaluate
+    from bisect_harness.decide.stats import Design, evaluate
 
     b = [[100.0], [104.0], [97.0]]
     t = [[99.0], [102.0], [96.5]]

@@ -29,9 +29,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bisect_harness.boot.checkout import Workspace
+from bisect_harness.engines.checkout import Workspace
 from bisect_harness.errors import BuildFailed
-from bisect_harness.boot.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
+from bisect_harness.process.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
 from helpers import git
 
 TESTS = Path(__file__).resolve().parent
@@ -396,7 +396,7 @@ def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
 
 def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
     """Hosts without /proc (macOS) list the tree through psutil: same parents, sessions, liveness."""
-    from bisect_harness.boot import supervisor
+    from bisect_harness.process import supervisor
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
@@ -413,7 +413,7 @@ def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
 
 
 def test_a_flooding_command_leaves_the_head_and_tail_of_its_output_and_counts_the_rest(tmp_path):
-    from bisect_harness.boot.supervisor import Supervised
+    from bisect_harness.process.supervisor import Supervised
 
     # 40 MiB of numbered lines, 1,024 at a time; the log keeps 1 MiB of head and of tail
     script = ("import sys\n"
@@ -440,7 +440,7 @@ def test_a_flooding_command_leaves_the_head_and_tail_of_its_output_and_counts_th
 
 
 def test_a_log_past_its_cap_stays_readable_while_the_command_runs(tmp_path):
-    from bisect_harness.boot.supervisor import Supervised
+    from bisect_harness.process.supervisor import Supervised
 
     script = ("import sys, time\n"
               "sys.stdout.write('x' * 3000000 + '\\nstill running\\n'); sys.stdout.flush()\n"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_harness.boot import trace_summary as ts_mod
-from bisect_harness.boot.trace_summary import TraceRow, TraceSummary, TraceUnreadable, summarize_trace
+from bisect_harness.observe import trace_summary as ts_mod
+from bisect_harness.observe.trace_summary import TraceRow, TraceSummary, TraceUnreadable, summarize_trace
 from bisect_harness.errors import ConfigFailure
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"

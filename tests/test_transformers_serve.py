@@ -116,7 +116,7 @@ def _usage(events: list[dict]) -> dict | None:
 
 
 def test_streaming_completion_streams_every_token_and_counts_them(server):
-    # asked as the harness's client asks (``boot/apis``): the usage comes with the stream
+    # asked as the harness's client asks (``measure/apis``): the usage comes with the stream
     body = {"model": server["model"], "prompt": "the model reads one token", "max_tokens": 12,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     arrivals = []

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from bisect_harness.boot import BootOutcome, SampleOutcome
-from bisect_harness.input.spec import load_spec
+from bisect_harness.spec.parse import load_spec
 from bisect_harness.model import Expect
-from bisect_harness.orchestrate.bisect_runner import search_commits
-from bisect_harness.orchestrate.scheduler import Scheduler
-from bisect_harness.planning.plan import Plan
+from bisect_harness.run.bisect_runner import search_commits
+from bisect_harness.run.scheduler import Scheduler
+from bisect_harness.plan.build import Plan
 from bisect_harness.record.ledger import Ledger
 
 from helpers import write_spec

@@ -243,8 +243,8 @@ def _paired_effect(db: Path, hid: str) -> float:
 def test_a_worker_renamed_without_spt_noenv_is_unverified(model, tmp_path):
     """What every real vLLM boot looked like before the preset set SPT_NOENV: the
     workers' environ blocks overwritten by their titles. Never missing, never ok."""
-    from bisect_harness.boot.provenance import env_report
-    from bisect_harness.boot.server import ServerProcess, free_port
+    from bisect_harness.observe.provenance import env_report
+    from bisect_harness.engines.server import ServerProcess, free_port
 
     # BH_TUNING first in the block: the title's padding overwrites the block from its start
     env = {"BH_TUNING": "1", **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": f"{VENV / 'bin'}:{os.environ['PATH']}"}

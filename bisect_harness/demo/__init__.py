@@ -7,13 +7,15 @@ variables). It lets the whole harness run on a laptop without a GPU.
 >>> repo = ensure_demo_repo()            # created once, then cached  # doctest: +SKIP
 
 How the harness builds and launches it is the ``demo`` preset
-(``bisect_harness.boot.presets.get_preset("demo")``).
+(``bisect_harness.engines.presets.get_preset("demo")``).
 
 Worker processes read ``DEMO_COMM_TUNING=1`` (one collective per tensor instead
 of fixed-size buckets, none for a group of one): a real speed-up that stands in
 for the collective library's tuning variables.
 """
 
-from .repo import GENERATOR_VERSION, DemoHistory, create_demo_repo, ensure_demo_repo, read_demo_history
+from bisect_harness.demo.repo import (
+    GENERATOR_VERSION, DemoHistory, create_demo_repo, ensure_demo_repo, read_demo_history,
+)
 
 __all__ = ["GENERATOR_VERSION", "DemoHistory", "create_demo_repo", "ensure_demo_repo", "read_demo_history"]

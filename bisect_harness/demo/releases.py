@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-from .repo import DemoHistory, _git, _git_env
+from bisect_harness.demo.repo import DemoHistory, _git, _git_env
 
 __all__ = ["PACKAGE", "build_demo_releases", "release_points", "tag_releases"]
 

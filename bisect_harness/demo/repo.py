@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..places import default_cache_dir
-from ..errors import InfrastructureError
-from .history import STEPS, apply_step, base_files
+from bisect_harness.places import default_cache_dir
+from bisect_harness.errors import InfrastructureError
+from bisect_harness.demo.history import STEPS, apply_step, base_files
 
 #: Bump whenever the history or the engine files change: it names the cache folder.
 GENERATOR_VERSION = 12

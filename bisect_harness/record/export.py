@@ -15,8 +15,8 @@ from typing import Sequence
 
 from sqlalchemy import select
 
-from ..errors import UserError
-from .ledger import Boot, Config, Ledger, SampleRow
+from bisect_harness.errors import UserError
+from bisect_harness.record.ledger import Boot, Config, Ledger, SampleRow
 
 __all__ = ["FORMATS", "boot_rows", "sample_rows", "export"]
 

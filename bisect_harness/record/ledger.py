@@ -23,10 +23,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from ..errors import InfrastructureError, UserError
-from ..model import utcnow
-from ..secrets import redact_row
-from . import liveness, runlock
+from bisect_harness.errors import InfrastructureError, UserError
+from bisect_harness.model import utcnow
+from bisect_harness.secrets import redact_row
+from bisect_harness.record import liveness, runlock
 
 SCHEMA_VERSION = 3
 #: Seconds a SQLite connection waits for another process's write before giving up.

@@ -29,8 +29,8 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..errors import InfrastructureError, UserError
-from . import liveness
+from bisect_harness.errors import InfrastructureError, UserError
+from bisect_harness.record import liveness
 
 __all__ = ["RunHeld", "RunLock", "lock_path", "hold", "left_free"]
 

@@ -1,0 +1,195 @@
+"""A boot as a value: what to boot (:class:`BootRequest`) and what came of it (:class:`BootOutcome`).
+
+The plan turns each config into requests (``plan.boot_request``); a backend turns
+a request into an outcome (``boot.local.LocalBackend`` on this host,
+``boot.slurm.SlurmBackend`` on a cluster node); the scheduler writes outcomes to
+the ledger. Both values are frozen and picklable: a request travels to a Slurm
+node and its outcome travels back, and nodes never touch the ledger.
+
+What depends on where the boot runs is left as a placeholder in the request and
+filled there: ``{port}`` (a free port on that host), ``{worktree}`` and
+``{python}`` (the commit's checkout and interpreter in that host's cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from bisect_harness.model import BenchmarkSpec
+
+__all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Sink", "freeze"]
+
+
+def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """A mapping as a sorted tuple of pairs: hashable, comparable, picklable."""
+    return tuple(sorted((str(k), v) for k, v in (mapping or {}).items()))
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What to do when a boot check fails (``defaults.env_check`` and friends)."""
+
+    env_check: str = "mark"
+    flag_check: str = "mark"
+    host_check: str = "mark"
+    thresholds: Any = None  # spec.HostThresholds (frozen)
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """The devices one boot may use: GPU indices (``CUDA_VISIBLE_DEVICES``) and CPU
+    cores (the server's affinity). ``slot`` names the set within its backend;
+    ``node`` the host it is on. Recorded with the boot and used as a block."""
+
+    slot: int = 0
+    gpus: tuple[int, ...] | None = None
+    cpus: tuple[int, ...] | None = None
+    node: str | None = None
+
+    def label(self) -> str:
+        parts = [f"slot {self.slot}"]
+        if self.node:
+            parts.insert(0, self.node)
+        if self.gpus is not None:
+            parts.append("gpus " + ",".join(map(str, self.gpus)))
+        if self.cpus is not None:
+            parts.append("cpus " + ",".join(map(str, self.cpus)))
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"slot": self.slot, "gpus": list(self.gpus) if self.gpus is not None else None,
+                "cpus": list(self.cpus) if self.cpus is not None else None, "node": self.node,
+                "label": self.label()}
+
+
+@dataclass(frozen=True)
+class BootRequest:
+    """Everything one boot needs, fixed before it starts. ``boot_id`` is the ledger row
+    the controller made for it; the rest is the config's recipe."""
+
+    boot_id: int
+    config_key: str
+    label: str
+    seq: int
+    preset: str
+    commit: str | None
+    # where the code comes from: the engine repo (mirrored into the cache) and the cache
+    repo: str | None
+    cache_dir: str
+    per_commit_env: bool
+    base_python: str
+    # the launch, with {port}, {worktree} and {python} still to fill where the boot runs
+    argv: tuple[str, ...]
+    build_argv: tuple[str, ...] | None
+    cwd: str | None  # None: the worktree (or spec_dir without a commit)
+    spec_dir: str
+    env: tuple[tuple[str, str], ...]      # preset env, then the arm's: laid over that host's environment
+    arm_env: tuple[tuple[str, str], ...]  # the arm's alone: what the env check looks for in every worker
+    flags: tuple[tuple[str, Any], ...]    # the arm's flags, for `when:` on sources
+    # (flag, value, server-info key, compare mode); every flag of the arm, the key None where the
+    # preset knows none (the flag is then reported as not reported, never as a match)
+    flag_checks: tuple[tuple[str, Any, str | None, str], ...]
+    # readiness and server info
+    health_path: str
+    ready_timeout_s: float
+    health_request_timeout_s: float | None
+    settle_s: float
+    server_info_paths: tuple[str, ...]
+    metrics_path: str
+    # attached servers: no launch, an endpoint (and the *name* of the key's variable)
+    endpoint: str | None
+    api_key_env: str | None
+    # measurement
+    metric_sources: tuple[Any, ...]       # sources.MetricSource, those that apply to this config
+    sources_not_applicable: tuple[str, ...]
+    benchmark: BenchmarkSpec
+    samples: int
+    checks: Checks
+    log_path: str
+    devices_needed: int = 1               # GPUs per boot (the config's tensor parallel degree)
+    checkout: str = "worktree"            # how the commit is checked out (boot.checkout.CHECKOUT_MODES)
+    ready_probe: Any = None               # apis.ReadyProbe: readiness where health_path answers 404
+    release: Any = None                   # releases.ReleaseRequest: a released build, installed, not a commit
+    build_env: tuple[str, ...] = ()       # variables that key the build, beyond boot.checkout.BUILD_ENV
+    devices: DeviceSet | None = None      # assigned by the backend before the boot starts
+    # one extra sample after the measured ones, under the engine's profiler (boot.profilers);
+    # set by the scheduler on a boot of a config that still lacks its profile
+    profile: bool = False
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def flags_dict(self) -> dict[str, Any]:
+        return dict(self.flags)
+
+    def for_boot(self, *, boot_id: int, seq: int, log_path) -> "BootRequest":
+        """This recipe as the request of one boot: its ledger row, its number, its log."""
+        return dataclasses.replace(self, boot_id=boot_id, seq=seq, log_path=str(log_path))
+
+    def with_devices(self, devices: DeviceSet | None) -> "BootRequest":
+        return dataclasses.replace(self, devices=devices)
+
+    def profiled(self) -> "BootRequest":
+        """This boot, taking the profiled sample after its measured ones."""
+        return dataclasses.replace(self, profile=True)
+
+
+@dataclass(frozen=True)
+class SampleOutcome:
+    """One benchmark measurement inside a boot: what the client (or the engine's own
+    tool) measured, and ``seq``, its place in the boot (1, 2, ...; 0 until the boot
+    numbers it), under which the ledger stores it."""
+
+    metrics: Mapping[str, Any]
+    requests: int
+    output_tokens: int
+    duration_s: float
+    errors: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class BootOutcome:
+    """What one boot gave. ``status``: ok | failed | excluded | fatal | interrupted.
+    ``config_failure`` is set when the config itself cannot be measured at this
+    commit (a failed build, a refused flag): it is not retried."""
+
+    boot_id: int
+    status: str
+    failure: str | None = None
+    config_failure: str | None = None
+    config_status: str | None = None      # build_failed | boot_failed, with config_failure
+    log_tail: str | None = None
+    log_path: str | None = None
+    port: int | None = None
+    argv: tuple[str, ...] = ()
+    ready_s: float | None = None
+    host_fingerprint: str | None = None
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    env_report: Mapping[str, Any] | None = None
+    flag_report: Mapping[str, Any] | None = None
+    server_info: Mapping[str, Any] | None = None
+    marks: tuple[str, ...] = ()
+    source_problems: tuple[str, ...] = ()
+    samples: tuple[SampleOutcome, ...] = ()
+    started_at: Any = None
+    finished_at: Any = None
+    busy: bool = False                    # excluded as host_busy under host_check: retry
+    fatal: str | None = None              # a check set to fatal failed: "user" or "infrastructure"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class Sink:
+    """Where a backend reports, on the controller's thread: the moment a boot's server
+    is launched (port, argv, log), each sample as it is measured (local backends), and
+    the outcome. The scheduler's sink writes them to the ledger."""
+
+    def started(self, request: BootRequest, port: int | None, argv: tuple[str, ...], log_path: str) -> None: ...
+    def sample(self, request: BootRequest, sample: SampleOutcome) -> None: ...
+    def finished(self, request: BootRequest, outcome: BootOutcome) -> None: ...
+    def message(self, text: str) -> None: ...

@@ -1,0 +1,271 @@
+"""The verdict rule, in one place.
+
+:func:`judge` turns the boots of a hypothesis' two sides into a verdict row
+(confirmed / refuted / inconclusive, with its statistics and every warning about
+the boots it used); :class:`NightRule` is nightly's rule for one night against
+the nights before, stepped by its driver as the searches are. The executor's
+hypothesis loop, ``harness compare`` and ``harness nightly`` all decide through
+here; the statistics themselves live in ``stats``.
+
+A side that never booted (no good boot at all: every launch failed, or its
+commit never built) gives no verdict to speak of: the row is ``inconclusive``
+with the test :data:`NOT_MEASURED`, and :func:`shown_outcome` reads it as "not
+measured" wherever a verdict is shown; :func:`never_booted` says why, naming the
+launch argv and the first failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Callable, Mapping, Sequence
+
+from bisect_harness.engines import attach
+from bisect_harness.observe import engine_identity
+from bisect_harness.observe.mechanisms import ANSWERED
+from bisect_harness.observe import host_state
+from bisect_harness.decide import stats
+from bisect_harness.decide.mechanism import layers
+from bisect_harness.model import jsonable
+from bisect_harness.observe.drift import host_drift
+from bisect_harness.record.ledger import Boot, Ledger
+from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
+from bisect_harness.spec.parse import Spec
+
+__all__ = ["design", "alpha_each", "judge", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
+           "never_booted", "shown_outcome", "checks_done"]
+
+def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | None:
+    """Why a side with no good boot could not be measured (its launch argv and first
+    failure), or None when it has a good boot or did not fail."""
+    if failed is None or any(b.status in ("ok", "excluded") for b in boots):
+        return None  # it booted (a boot a check left out booted too)
+    tried = [b for b in boots if b.status == "failed"]
+    if not tried:
+        return f"{name} never booted: {failed}"
+    first = tried[0]
+    argv = f"; launch argv: {shlex.join(str(a) for a in first.argv)}" if first.argv else ""
+    n = len(tried)
+    why = (first.failure or failed).strip()
+    if failed not in why and "in a row failed" not in failed:  # the config's own reason (a refused flag, a build)
+        why = f"{failed}; {why}"
+    return f"{name} never booted ({n} boot{'s' if n != 1 else ''} failed; the first: {why}{argv})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of a comparison: its boots (all of them, good or not), the config it
+    booted, and why it could not be measured (a failed build or boot), if so."""
+
+    name: str
+    boots: Sequence[Boot]
+    config: object = None
+    failed: str | None = None
+
+    @property
+    def good_boots(self) -> list[Boot]:
+        return [b for b in self.boots if b.status == "ok"]
+
+
+def design(spec: Spec) -> stats.Design:
+    d = spec.defaults
+    return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                        analysis=d.analysis)
+
+
+def alpha_each(spec: Spec) -> float:
+    """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
+    return stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)
+
+
+def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
+          min_effect: float, hypothesis_id: int, force_final: bool, order_seed: int | None = None) -> dict:
+    """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``.
+
+    What this module works out itself comes first (the boots' checks, device sets,
+    the design), then what it asks of others (the sides' warnings, the values, the test)."""
+    bgood, tgood = baseline.good_boots, treatment.good_boots
+    never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
+    checks_all, checks_good = checks_done([*baseline.boots, *treatment.boots]), checks_done([*bgood, *tgood])
+    blocks = device_blocks(bgood, tgood)
+    the_design = design(spec)
+    warnings = side_warnings(spec, baseline, treatment)
+    bv = ledger.boot_values(bgood, metric)
+    tv = ledger.boot_values(tgood, metric)
+    alpha = stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)  # as alpha_each(spec)
+    undecided = dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
+                     alpha=alpha, warnings=warnings, stats={"family_size": spec.multiplicity, "checks": checks_all})
+    if never:
+        return {**undecided, "reason": "not measured: " + "; ".join(never), "test": NOT_MEASURED}
+    failed = [s for s in (baseline, treatment) if s.failed]
+    if failed:
+        which = " and ".join(f"{s.name} ({s.failed})" for s in failed)
+        return {**undecided, "reason": f"could not be measured: {which}"}
+    if not bv.values or not tv.values:
+        return {**undecided, "reason": f"metric {metric} has no values in "
+                f"{'baseline' if not bv.values else 'treatment'} boots (see the boots' source problems)"}
+    ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+    # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
+    rounds = tuple([i for i, x in enumerate(good) if x.id in set(v.boot_ids)]
+                   for good, v in ((bgood, bv), (tgood, tv)))
+    try:
+        res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
+                             min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
+    except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
+        return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
+                "varying values (a rate, a latency, a count per sample)", **ids}
+    return dict(
+        hypothesis_id=hypothesis_id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
+        ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
+        p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
+        stats=jsonable({**dataclasses.asdict(res), "family_size": spec.multiplicity,
+                        "checks": checks_good,
+                        "family_alpha": spec.defaults.alpha, "rounds": rounds, "order_seed": order_seed,
+                        **({"device_blocks": blocks} if blocks else {})}), **ids)
+
+
+def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
+         min_effect: float, mechanism: Sequence = (), hypothesis_id: int, force_final: bool,
+         order_seed: int | None = None) -> dict:
+    """One look at a hypothesis: :func:`judge` on its metric and, when it names
+    mechanism metrics, on each of them too, split into three layers (flag accepted /
+    mechanism engaged / outcome moved, ``mechanism.layers``) under ``stats["layers"]``."""
+    asked = [(metric, expect, min_effect), *((m.metric, m.expect, m.min_effect) for m in mechanism)]
+    verdicts = [judge(ledger, spec, baseline, treatment, metric=name, expect=exp, min_effect=effect,
+                      hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed)
+                for i, (name, exp, effect) in enumerate(asked)]
+    v = verdicts[0]
+    if mechanism:
+        judged = dict(zip(asked[1:], verdicts[1:]))
+        v["stats"] = {**(v.get("stats") or {}), "layers": layers(
+            lambda *key: judged[key], flag_boots=treatment.boots, mechanism=mechanism, outcome=v["outcome"])}
+    return v
+
+
+def checks_done(boots: Sequence[Boot]) -> dict:
+    """How many of ``boots`` (the good ones) had each check answer: the env check
+    (a requested var, every process read), the flag check, the mechanism check
+    (the measured window read: a state in ``mechanisms.ANSWERED``; "not observable"
+    is no answer). A verdict whose boots answered none of them is *unchecked*,
+    never "ok".
+
+    ``flags`` counts the boots whose every planned flag the server reported back
+    (compared, matched or not); ``flags_compared`` and ``flags_not_reported`` count
+    the flags by name over the boots, and ``not_reported`` names those the server
+    did not report in some boot (a flag with no server-info key, or no server
+    info): such a flag is never counted as checked."""
+    out: dict = {"env": 0, "flags": 0, "mechanisms": 0}
+    compared: set[str] = set()
+    missing: set[str] = set()
+    for b in boots:
+        if b.status != "ok":
+            continue
+        env = b.env_report or {}
+        if env.get("vars") and env.get("state", "ok" if env.get("ok") else "missing") != "unverified":
+            out["env"] += 1
+        flag_checks = (b.flag_report or {}).get("checks", [])
+        answered = {c.get("flag") for c in flag_checks if c.get("status") in ("matched", "mismatched")}
+        compared |= answered
+        missing |= {c.get("flag") for c in flag_checks if c.get("status") not in ("matched", "mismatched")}
+        if flag_checks and len(answered) == len(flag_checks):
+            out["flags"] += 1
+        if any(m.get("state") in ANSWERED for m in (b.provenance or {}).get("mechanisms", [])):
+            out["mechanisms"] += 1
+    out.update(flags_compared=len(compared), flags_not_reported=len(missing), not_reported=sorted(map(str, missing)))
+    return out
+
+
+def _block(boot: Boot) -> str | None:
+    """The device set (and node) a boot ran on, as recorded by its backend."""
+    d = (boot.provenance or {}).get("devices")
+    if not isinstance(d, Mapping):
+        return None
+    return str(d.get("label") or d.get("slot"))
+
+
+def device_blocks(a: Sequence[Boot], b: Sequence[Boot]) -> dict | None:
+    """How each side's good boots spread over device sets (slots, nodes). None when
+    every boot ran on one set (nothing to block on)."""
+    sides = {"baseline": [_block(x) for x in a], "treatment": [_block(x) for x in b]}
+    labels = {x for xs in sides.values() for x in xs if x is not None}
+    if len(labels) <= 1:
+        return None
+    return {side: {label: xs.count(label) for label in sorted(labels)} for side, xs in sides.items()}
+
+
+def _device_warning(a: Sequence[Boot], b: Sequence[Boot]) -> list[str]:
+    """Side and device set confounded: each side ran on its own sets only, so a
+    difference between GPUs, cores or nodes reads as an effect."""
+    blocks = device_blocks(a, b)
+    if not blocks:
+        return []
+    used = {side: {k for k, n in counts.items() if n} for side, counts in blocks.items()}
+    if used["baseline"] & used["treatment"]:
+        return []
+    return [f"device sets confounded with the sides: baseline ran only on {', '.join(sorted(used['baseline']))}, "
+            f"treatment only on {', '.join(sorted(used['treatment']))}; a difference between those devices or nodes "
+            "reads as an effect (more rounds rotate the sets, or run with one slot)"]
+
+
+def side_warnings(spec: Spec, b: Side, t: Side) -> list[str]:
+    """Marked boots on either side, and every way the two sides' hosts differed."""
+    marks = [f"{side.name} boot {bt.id}: {', '.join(bt.marks)}" for side in (b, t) for bt in side.boots if bt.marks]
+    bgood, tgood = b.good_boots, t.good_boots
+    devices = _device_warning(bgood, tgood)
+    mixed = [m for m in (engine_identity.mixed_versions(side.name, side.boots) for side in (b, t)) if m]
+    attached = attach.verdict_warnings([s.config for s in (b, t) if s.config is not None])
+    drifted = [f"host drift: {drift.message}" for drift in host_drift(bgood, tgood)]
+    thresholds = spec.defaults.host_thresholds
+    return [*marks, *mixed, *attached, *drifted, *devices,
+            *host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds),
+            *host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)]
+
+
+class NightRule:
+    """Nightly's rule, stepped by its driver: an alert must survive fresh boots.
+
+    Made with the earlier nights' boots and tonight's, it looks once
+    (``stats.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
+    true: the driver boots tonight's commit again (up to its budget) and gives
+    :meth:`record` all of tonight's boots, and the test runs again on them. Only an
+    alert at both looks stands (:attr:`shift`). Requiring both can only lower the
+    false-alert rate (the first look alone holds alpha), and it removes the false
+    alerts of a night whose few boots stalled together (a heavy-tailed host), which a
+    regression cannot survive: its new boots are slow too::
+
+        rule = NightRule(history, tonight, worse=Expect.DECREASE, min_effect=0.05, alpha=0.01, window=7)
+        if rule.wants_fresh_boots:
+            rule.record(tonight_after_more_boots)
+        rule.shift
+    """
+
+    def __init__(self, history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]], *,
+                 worse: Expect, min_effect: float, alpha: float, window: int):
+        self._history, self._tonight = history, tonight
+        self._kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+        self.shift: stats.Shift = stats.detect_shift(history, tonight, **self._kw)
+        self.wants_fresh_boots = self.shift.regressed
+
+    def record(self, again: Sequence[Sequence[float]]) -> None:
+        """All of tonight's boots after booting it again (those the first look had, first)."""
+        if not self.wants_fresh_boots:
+            raise RuntimeError("NightRule.record: the first look did not alert; no second look is asked for")
+        self.wants_fresh_boots = False
+        first, tonight = self.shift, self._tonight
+        if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
+            return
+        second = stats.detect_shift(self._history, again, **self._kw)
+        self.shift = second if second.regressed else dataclasses.replace(second, reason=(
+            f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
+            f"survive {len(again) - len(tonight)} fresh boots"))
+
+
+def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
+                more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
+                window: int) -> stats.Shift:
+    """:class:`NightRule` driven by ``more()`` (boots tonight again, returns all of
+    tonight's boots), for drivers that boot in one call: the benches' simulated hosts."""
+    rule = NightRule(history, tonight, worse=worse, min_effect=min_effect, alpha=alpha, window=window)
+    if rule.wants_fresh_boots:
+        rule.record(more())
+    return rule.shift

@@ -1,1 +1,0 @@
-"""What the user wrote: the hypotheses file, engine presets, metric definitions, secrets, flag checks."""

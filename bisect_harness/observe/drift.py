@@ -1,0 +1,50 @@
+"""Host drift: what differed between the hosts two sides of a comparison ran on.
+
+Below the journal, the decision and nightly (each reads it; none of them owns it).
+A side's first and last boots are compared with the other side's last and first,
+so a reboot or a driver change in the middle of a side shows too; sides from
+different runs also compare their runs' calibration probes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from bisect_harness.observe import calibration, provenance
+from bisect_harness.record.ledger import Boot
+
+__all__ = ["host_drift"]
+
+
+def _boot_host(boot: Boot):
+    prov = boot.provenance or {}
+    if "host" not in prov:
+        return None, None
+    host = provenance.HostInfo.from_dict(prov["host"])
+    samples = provenance.SamplerSummary.from_dict(prov["gpu_sampling"]) if prov.get("gpu_sampling") else None
+    return host, samples
+
+
+def _boot_calibration(boot: Boot):
+    result = boot.run.calibration("before") if boot.run is not None else None
+    return calibration.Calibration.from_dict(result) if result else None
+
+
+def host_drift(a_boots: Sequence[Boot], b_boots: Sequence[Boot]) -> list[calibration.Drift]:
+    """What differed between the hosts of two sides (first and last boot of each,
+    so a reboot or a driver change in the middle of a side shows too), including the
+    calibration probes of the runs the boots belong to (sides from different runs)."""
+    pairs = []
+    if a_boots and b_boots:
+        pairs = [(a_boots[0], b_boots[-1]), (a_boots[-1], b_boots[0])]
+    seen, out = set(), []
+    for x, y in pairs:
+        (ha, sa), (hb, sb) = _boot_host(x), _boot_host(y)
+        if ha is None or hb is None:
+            continue
+        cal_a, cal_b = (_boot_calibration(x), _boot_calibration(y)) if x.run_id != y.run_id else (None, None)
+        for d in calibration.compare_hosts(ha, hb, cal_a, cal_b, samples_a=sa, samples_b=sb):
+            if d.field not in seen:
+                seen.add(d.field)
+                out.append(d)
+    return out

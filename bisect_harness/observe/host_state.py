@@ -1,0 +1,149 @@
+"""Was the host the same, and quiet, on both sides? Sentences from recorded figures.
+
+Reads what the executor stored with each boot (``boots.provenance["contention"]``:
+the contention window of its benchmark, the thresholds applied and the figures that
+crossed them) and with each run (calibration probes and the preflight window, in
+the ``calibrations`` table), and turns them into the warnings a verdict, the CLI
+and the journal print. Every sentence names the figures it rests on; the claim
+"same host state" is made only by :func:`same_host_state`, when the figures of both
+sides back it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from bisect_harness.observe.contention import Thresholds, Window, summary_line
+
+
+
+@dataclass(frozen=True)
+class BootContention:
+    """One boot's stored contention record."""
+
+    window: Window
+    crossed: tuple[Mapping[str, Any], ...]
+    samples: tuple[Mapping[str, float], ...]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.crossed)
+
+    @classmethod
+    def of(cls, boot) -> "BootContention | None":
+        rec = (boot.provenance or {}).get("contention")
+        if not rec or "window" not in rec:
+            return None
+        return cls(Window.from_dict(rec["window"]), tuple(rec.get("crossed", ())), tuple(rec.get("samples", ())))
+
+
+def busy_sentence(label: str, rec: BootContention) -> str:
+    return f"host busy during {label}: " + "; ".join(c["message"] for c in rec.crossed)
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | None = None) -> list[str]:
+    """Each busy boot of each side (with the figures that crossed), and a difference in
+    contention between the sides (busy boots on one side only, or mean foreign CPU
+    apart by more than its threshold)."""
+    thresholds = thresholds or Thresholds()
+    out = []
+    summary = {}
+    for side, boots in sides.items():
+        recs = [(b, BootContention.of(b)) for b in boots]
+        for b, rec in recs:
+            if rec is not None and rec.busy:
+                out.append(busy_sentence(f"{side} boot {b.id}", rec))
+        measured = [r for _, r in recs if r is not None]
+        shares = [r.window.figures["foreign_cpu_share"] for r in measured if "foreign_cpu_share" in r.window.figures]
+        summary[side] = (sum(r.busy for r in measured), len(measured), _mean(shares))
+    if len(summary) == 2:
+        (sa, (ba, na, ma)), (sb, (bb, nb, mb)) = summary.items()
+        far = ma is not None and mb is not None and abs(ma - mb) > thresholds.foreign_cpu_share
+        if na and nb and ((ba == 0) != (bb == 0) or far):
+            def side_text(side, busy, n, mean):
+                share = f"mean foreign CPU {mean:.0%} of the server's cores" if mean is not None else "foreign CPU n/a"
+                return f"{side} {busy} of {n} boots busy, {share}"
+            out.append("contention differed between the sides: " + side_text(sa, ba, na, ma) + "; "
+                       + side_text(sb, bb, nb, mb))
+    return out
+
+
+def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[str]:
+    """The calibration measurements whose spread is above ``limit``, as sentences."""
+    if not result or "measurements" not in result:
+        return []
+    out = []
+    for m in result["measurements"]:
+        if m.get("spread") is not None and m["spread"] > limit:
+            out.append(f"{m['name']}@{m['device']} varied {m['spread']:.0%} between repetitions (> {limit:.0%}): "
+                       "the host was not quiet while it was calibrated")
+    return out
+
+
+def calibration_warnings(runs: Sequence, thresholds: Thresholds | None = None) -> list[str]:
+    """Noisy calibration probes of the given runs (before and after), and a busy preflight."""
+    thresholds = thresholds or Thresholds()
+    out = []
+    for run in runs:
+        for cal in run.calibrations:
+            res = cal.result or {}
+            if cal.phase == "preflight":
+                crossed = res.get("crossed") or []
+                if crossed:
+                    out.append(f"host busy before the first boot of run {run.id}: "
+                               + "; ".join(c["message"] for c in crossed))
+                continue
+            limit = (res.get("judged") or {}).get("spread_limit", thresholds.calibration_spread)
+            for s in calibration_spreads(res, limit):
+                out.append(f"calibration ({cal.phase}, run {run.id}): {s}")
+    return out
+
+
+def side_runs(*boot_lists: Sequence) -> list:
+    seen, out = set(), []
+    for boots in boot_lists:
+        for b in boots:
+            if b.run is not None and b.run_id not in seen:
+                seen.add(b.run_id)
+                out.append(b.run)
+    return out
+
+
+def same_host_state(a_boots: Sequence, b_boots: Sequence, drift: Sequence) -> tuple[bool, list[str]]:
+    """Whether the figures back "the two sides ran on the same host state", and if not,
+    why not (each reason a sentence from the figures)."""
+    reasons = []
+    if drift:
+        reasons.append(f"{len(drift)} host difference(s), listed above")
+    for side, boots in (("baseline", a_boots), ("treatment", b_boots)):
+        recs = [BootContention.of(b) for b in boots]
+        missing = sum(r is None for r in recs)
+        busy = sum(1 for r in recs if r is not None and r.busy)
+        if missing:
+            reasons.append(f"contention was not measured for {missing} of {len(boots)} {side} boots")
+        if busy:
+            reasons.append(f"{busy} of {len(boots)} {side} boots ran on a busy host")
+    runs = side_runs(a_boots, b_boots)
+    if calibration_warnings(runs):
+        reasons.append("a calibration probe or the preflight found the host busy")
+    return not reasons, reasons
+
+
+def boot_line(boot) -> str | None:
+    """The journal's line for one boot's contention figures."""
+    rec = BootContention.of(boot)
+    if rec is None:
+        return None
+    text = summary_line(rec.window)
+    if rec.busy:
+        text += "; **above thresholds**: " + "; ".join(c["message"] for c in rec.crossed)
+    return text
+
+
+__all__ = ["BootContention", "boot_line", "busy_sentence", "calibration_spreads",
+           "calibration_warnings", "contention_warnings", "same_host_state", "side_runs"]

@@ -1,0 +1,318 @@
+"""Did the flags take effect? :func:`flag_report` compares the flags asked for with
+a server's effective arguments (its server-info endpoint), by the preset's key map
+and compare modes."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from bisect_harness.observe.provenance._schema import SCHEMA_VERSION, _check_schema
+from bisect_harness.measure.jsonpath import lookup
+from bisect_harness.model import jsonable
+
+#: Where a server commonly reports a flag under another name (normalised keys).
+DEFAULT_FLAG_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "tp": ("tp_size", "tensor_parallel_size"),
+    "tp_size": ("tp", "tensor_parallel_size"),
+    "tensor_parallel_size": ("tp_size", "tp"),
+    "dp": ("dp_size", "data_parallel_size"),
+    "dp_size": ("dp", "data_parallel_size"),
+    "pp": ("pp_size", "pipeline_parallel_size"),
+    "pp_size": ("pp", "pipeline_parallel_size"),
+    "model": ("model_path",),
+    "model_path": ("model",),
+}
+
+MATCHED, MISMATCHED, NOT_REPORTED = "matched", "mismatched", "not_reported"
+#: ``FlagCheck.key`` of a flag the preset knows no server-info key for
+NO_KEY = ""
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def normalise_flag(key: str) -> str:
+    """``--tp-size`` -> ``tp_size``."""
+    return str(key).strip().lstrip("-").replace("-", "_")
+
+
+def _as_bool(v: Any) -> bool | None:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+    return None
+
+
+def _as_number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _as_sequence(v: Any) -> list | None:
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    if isinstance(v, str):
+        s = v.strip()
+        if s.startswith("["):
+            try:
+                parsed = json.loads(s)
+            except ValueError:
+                return None
+            return parsed if isinstance(parsed, list) else None
+        parts = [p for p in s.replace(",", " ").split() if p]
+        return parts if len(parts) > 1 else None
+    return None
+
+
+def _as_mapping(v: Any) -> dict | None:
+    if isinstance(v, Mapping):
+        return dict(v)
+    if isinstance(v, str) and v.strip().startswith("{"):
+        try:
+            parsed = json.loads(v)
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def values_equal(requested: Any, effective: Any) -> bool:
+    """Type-tolerant equality of a requested flag value and a server-reported one:
+    ``2 == "2" == 2.0``, ``True == "true"``, ``[1, 2] == "1,2"``, dicts by their
+    items (or a JSON string), and a requested ``False`` (flag omitted) matches an
+    effective ``None``."""
+    if requested is None or effective is None:
+        if requested is None and effective is None:
+            return True
+        other = effective if requested is None else requested
+        return requested is False or other == "" or (
+            isinstance(other, str) and other.strip().lower() in ("none", "null"))
+    rm, em = _as_mapping(requested), _as_mapping(effective)
+    if rm is not None or em is not None:
+        if rm is None or em is None or set(map(str, rm)) != set(map(str, em)):
+            return False
+        em_s = {str(k): v for k, v in em.items()}
+        return all(values_equal(v, em_s[str(k)]) for k, v in rm.items())
+    if isinstance(requested, (list, tuple)) or isinstance(effective, (list, tuple)):
+        rs, es = _as_sequence(requested), _as_sequence(effective)
+        if rs is None:
+            rs = [requested]
+        if es is None:
+            es = [effective]
+        return len(rs) == len(es) and all(values_equal(a, b) for a, b in zip(rs, es))
+    if isinstance(requested, bool) or isinstance(effective, bool):
+        rb, eb = _as_bool(requested), _as_bool(effective)
+        return rb is not None and rb == eb
+    if str(requested).strip() == str(effective).strip():
+        return True
+    rn, en = _as_number(requested), _as_number(effective)
+    if rn is not None and en is not None:
+        return math.isclose(rn, en, rel_tol=1e-9, abs_tol=1e-12)
+    rb, eb = _as_bool(requested), _as_bool(effective)
+    return rb is not None and eb is not None and (rn is None or en is None) and rb == eb
+
+
+@dataclass(frozen=True)
+class FlagCheck:
+    """One requested flag against the server's effective arguments. ``key`` is the
+    server-info key it was found under (or the first one tried, when not reported)."""
+
+    flag: str
+    key: str
+    requested: Any
+    effective: Any
+    status: str  # matched | mismatched | not_reported
+
+    def to_dict(self) -> dict:
+        return {"flag": self.flag, "key": self.key, "requested": jsonable(self.requested),
+                "effective": jsonable(self.effective), "status": self.status}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FlagCheck":
+        return cls(d["flag"], d["key"], d["requested"], d["effective"], d["status"])
+
+
+@dataclass(frozen=True)
+class FlagReport:
+    """Requested flags against the server's effective arguments. ``ok`` is False on
+    any mismatch; a flag the server does not report is not a mismatch (it is listed
+    under ``not_reported`` so a reader sees what could not be checked)."""
+
+    checks: tuple[FlagCheck, ...]
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched
+
+    @property
+    def matched(self) -> tuple[FlagCheck, ...]:
+        return tuple(c for c in self.checks if c.status == MATCHED)
+
+    @property
+    def mismatched(self) -> tuple[FlagCheck, ...]:
+        return tuple(c for c in self.checks if c.status == MISMATCHED)
+
+    @property
+    def not_reported(self) -> tuple[FlagCheck, ...]:
+        return tuple(c for c in self.checks if c.status == NOT_REPORTED)
+
+    def check(self, flag: str) -> FlagCheck:
+        for c in self.checks:
+            if c.flag == flag or normalise_flag(c.flag) == normalise_flag(flag):
+                return c
+        raise KeyError(flag)
+
+    @property
+    def compared(self) -> tuple[FlagCheck, ...]:
+        """The flags the server reported, matched or not: the ones checked."""
+        return tuple(c for c in self.checks if c.status in (MATCHED, MISMATCHED))
+
+    def describe(self) -> str:
+        lines = [f"flags: {len(self.matched)} matched, {len(self.mismatched)} mismatched, "
+                 f"{len(self.not_reported)} not reported"]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        for c in self.mismatched:
+            lines.append(f"  --{c.flag}: requested {c.requested!r}, server has {c.key}={c.effective!r}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "ok": self.ok, "note": self.note,
+                "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FlagReport":
+        _check_schema(d, "FlagReport")
+        return cls(tuple(FlagCheck.from_dict(c) for c in d["checks"]), d.get("note", ""))
+
+
+_DTYPE_SPELLINGS = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
+                   "fp32": "float32", "double": "float64", "fp8": "float8_e4m3fn"}
+
+
+def _dtype_name(v: Any) -> str | None:
+    """``torch.bfloat16``, ``bfloat16`` and ``bf16`` -> ``bfloat16``; None for a non-string."""
+    if not isinstance(v, str):
+        return None
+    s = v.strip().lower()
+    s = s[len("torch."):] if s.startswith("torch.") else s
+    return _DTYPE_SPELLINGS.get(s, s)
+
+
+def _subset(requested: Any, effective: Any) -> bool:
+    rm, em = _as_mapping(requested), _as_mapping(effective)
+    if rm is None or em is None:
+        return values_equal(requested, effective)
+    em_s = {str(k): v for k, v in em.items()}
+    return all(str(k) in em_s and _subset(v, em_s[str(k)]) for k, v in rm.items())
+
+
+def values_match(requested: Any, effective: Any, mode: str = "equal") -> bool:
+    """Compare a requested flag value with a reported one by ``mode``: ``equal``
+    (:func:`values_equal`), ``dtype`` (torch spellings: ``torch.bfloat16`` ==
+    ``bfloat16`` == ``bf16``) or ``subset`` (every requested key of a mapping is
+    reported with an equal value, recursively; the server may report more)."""
+    if mode == "dtype":
+        a, b = _dtype_name(requested), _dtype_name(effective)
+        return values_equal(requested, effective) if a is None or b is None else a == b
+    if mode == "subset":
+        return _subset(requested, effective)
+    if mode != "equal":
+        raise ValueError(f"unknown compare mode {mode!r}")
+    return values_equal(requested, effective)
+
+
+def _reported(server_info: Mapping[str, Any], flat: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """(found, value) of ``key`` in server info: a top-level key (normalised), else a dotted path."""
+    if key in flat:
+        return True, flat[key]
+    if "." in key:
+        try:
+            return True, lookup(server_info, key)
+        except KeyError:
+            return False, None
+    return False, None
+
+
+def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | None, *,
+                aliases: Mapping[str, str] | None = None,
+                compare: Mapping[str, str] | None = None) -> FlagReport:
+    """Compare requested flags (YAML keys such as ``speculative-num-steps``) with a
+    server's effective arguments (SGLang's flat ``/server_info``, or vLLM's nested
+    ``{"vllm_config": {...}}``).
+
+    A flag is looked up under, in order: its entry in ``aliases`` (keyed by the
+    flag as written or normalised; a dotted path such as
+    ``vllm_config.parallel_config.tensor_parallel_size`` is followed into nested
+    objects), its normalised name (``-`` -> ``_``), then
+    :data:`DEFAULT_FLAG_ALIASES`. Values compare with :func:`values_match` by the
+    flag's mode in ``compare`` (default ``equal``). ``server_info`` None (the server
+    has no info endpoint) reports every flag as not reported, with a note. A flag whose
+    entry in ``aliases`` is None has no server-info key the preset knows (llama.cpp's
+    ``/props`` echoes few launch arguments): it is not reported (key ``""``), never
+    looked up by its name.
+    """
+    aliases = dict(aliases or {})
+    compare = dict(compare or {})
+    checks: list[FlagCheck] = []
+    info = {normalise_flag(k): v for k, v in server_info.items()} if server_info is not None else None
+    for flag, want in requested.items():
+        norm = normalise_flag(flag)
+        if flag in aliases and aliases[flag] is None:
+            checks.append(FlagCheck(flag, NO_KEY, want, None, NOT_REPORTED))
+            continue
+        mode = compare.get(flag) or compare.get(norm) or "equal"
+        candidates: list[str] = []
+        for a in (aliases.get(flag), aliases.get(norm), aliases.get("--" + str(flag))):
+            if a:
+                candidates.append(a if "." in a else normalise_flag(a))
+        candidates.append(norm)
+        candidates.extend(DEFAULT_FLAG_ALIASES.get(norm, ()))
+        if info is None:
+            checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
+            continue
+        key, got = None, None
+        for c in candidates:
+            found, value = _reported(server_info, info, c)
+            if found:
+                key, got = c, value
+                break
+        if key is None and norm.startswith(("disable_", "no_")) and _as_bool(want) is not None:
+            # `--disable-cuda-graph` is reported by its positive twin: cuda_graph = not want
+            positive = norm.split("_", 1)[1]
+            if positive in info:
+                got = info[positive]
+                status = MATCHED if values_equal(not _as_bool(want), got) else MISMATCHED
+                checks.append(FlagCheck(flag, f"!{positive}", want, got, status))
+                continue
+        if key is None:
+            checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
+            continue
+        status = MATCHED if values_match(want, got, mode) else MISMATCHED
+        checks.append(FlagCheck(flag, key, want, got, status))
+    note = "" if server_info is not None else \
+        "the server reported no effective arguments (no server-info endpoint answered)"
+    return FlagReport(tuple(checks), note)
+
+
+__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "NOT_REPORTED", "NO_KEY",
+           "flag_report", "normalise_flag", "values_equal", "values_match"]

@@ -1,1 +1,0 @@
-"""From a spec to a plan: resolved commits, distinct configs, worktrees and per-commit environments."""

@@ -1,0 +1,340 @@
+"""Drive the pure bisection search with real boots, recorded in the ledger.
+
+The search (``bisection.BisectionSearch``) asks for a commit and a number of
+boots; here each ask becomes boots of that commit's config through the scheduler,
+every one of them committed to the ledger as it is measured. Boots already in the
+ledger for the same config on the same host (an earlier run, the hypothesis that
+found the regression, or a bisection that was killed) are fed to the search
+first, so a bisection resumes where it stopped and never boots again what the
+posterior already has. They feed the posterior only: the endpoint check that opens the search, and the head-to-head
+test that closes it, are made on fresh boots of this search, booted in paired
+rounds (see ``bisection``), so the boots that selected a regression never also
+confirm it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from bisect_harness.observe import host_state
+from bisect_harness.decide.bisection import BisectionSearch, BisectResult, PairedTest, SearchTest, StopReason
+from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
+from bisect_harness.errors import UserError
+from bisect_harness.run.scheduler import Observer, Scheduler
+from bisect_harness.record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
+from bisect_harness.model import Arm, Expect, Metric, reused_from
+from bisect_harness.plan.build import Plan, PlannedHypothesis, check_bisectable, make_config
+from bisect_harness.spec.parse import Spec
+
+
+@dataclass(frozen=True)
+class BisectOutcome:
+    """What ``harness bisect --json`` prints."""
+
+    culprit: str | None
+    probability: float
+    candidates: tuple
+    candidate_set: tuple[str, ...]
+    boots: int
+    new_boots: int
+    skipped: tuple[str, ...]
+    stopped: str
+    bisection_id: int
+    warnings: tuple[str, ...] = ()
+    no_step_probability: float = 0.0
+    endpoint_test: dict | None = None
+    verify_test: dict | None = None
+    tests: tuple[dict, ...] = ()     # every paired test the search ran, with its boots (``_tests_json``)
+    reused_runs: tuple[int, ...] = ()  # the runs whose boots fed the posterior (this one's rounds, earlier ones)
+    undetermined: dict | None = None   # stopped "undetermined": the busy boots, what would decide it
+    releases: bool = False             # the revisions searched were releases (engine.releases), not commits
+    descent: "BisectOutcome | None" = None  # then the commits between the culprit release and the one before
+    descent_note: str | None = None    # why there was no descent into commits, where there was none
+
+    def to_json(self) -> dict:
+        return {"culprit": self.culprit, "probability": self.probability,
+                "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
+                "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
+                "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
+                "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
+                "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
+                "undetermined": self.undetermined, "warnings": list(self.warnings),
+                **({"revisions": "releases", "descent": self.descent.to_json() if self.descent else None,
+                    "descent_note": self.descent_note} if self.releases else {})}
+
+
+def _test_json(test: PairedTest | None) -> dict | None:
+    if test is None:
+        return None
+    return {"pairs": test.pairs, "mean": test.mean if math.isfinite(test.mean) else None,
+            "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
+
+
+def _tests_json(tests: Sequence[SearchTest], boots: dict[int, list[int]]) -> tuple[dict, ...]:
+    """Each paired test as ``--json`` and the journal show it: which, between which
+    commits, its decision and figures, and the boots of its rounds (this run's)."""
+    return tuple({"test": t.number, "kind": t.kind, "good": t.good, "bad": t.bad, **_test_json(t.test),
+                  "boot_ids": sorted(boots.get(t.number, []))} for t in tests)
+
+
+def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
+                need_repo: bool = True) -> tuple[Metric, Plan]:
+    """The metric and the engine's plan (its workspace made once) for a command that
+    walks commits, or a UserError naming what is missing."""
+    metrics = spec.metrics()
+    if metric not in metrics:
+        raise UserError(f"--metric {metric!r} is not a metric of {spec.path.name}; known: {', '.join(sorted(metrics))}")
+    plan = Plan.for_engine(spec, cache_dir)
+    if plan.ws is None and need_repo:
+        raise UserError(f"{spec.path.name} has no engine.repo: {purpose} needs the engine's git repository")
+    return metrics[metric], plan
+
+
+def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
+                   confidence: float, max_boots: int, hypothesis_id: int | None = None,
+                   fresh: bool = False, releases: bool = False) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
+    with ``releases`` they are versions of ``engine.releases``, each its installed build.
+    Finished boots of the same configs on this host, from earlier runs, feed the
+    posterior (never the paired tests) unless ``fresh``."""
+    spec, ledger = sched.spec, sched.ledger
+    bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
+                               bad=commits[-1], metric=metric, commits=list(commits)))
+
+    def arm(rev: str) -> Arm:
+        if releases:
+            return Arm(commit=None, release=rev, env=dict(env), flags=dict(flags))
+        return Arm(commit=rev, env=dict(env), flags=dict(flags))
+
+    def subject(rev: str) -> str:
+        if releases:
+            return f"{spec.engine.releases.package} {rev}"
+        return sched.ws.subject(rev) if sched.ws else ""
+
+    sched.obs.search_started("bisection", max_boots)
+    configs = {sha: make_config(spec, arm(sha)) for sha in commits}
+    reused_total = 0
+    observed: dict[str, tuple[list[float], list[Boot]]] = {}
+    for sha, pc in configs.items():
+        if fresh:
+            break
+        found = ledger.reusable_boots(pc.key, sched.host_fp)
+        got = ledger.boot_values(found, metric)
+        if got.boot_ids:
+            by_id = {b.id: b for b in found}
+            observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
+            reused_total += len(got.boot_ids)
+    search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
+                             max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots))
+    reused_runs: set[int] = set()
+    for sha, (values, boots) in observed.items():
+        search.observe(sha, values)
+        runs = sorted({b.run_id for b in boots})
+        reused_runs.update(runs)
+        ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=values, reused=len(values),
+                         note=f"{subject(sha)} | from run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))}",
+                         purpose="reused", boot_ids=[b.id for b in boots]))
+    if reused_runs:
+        sched.obs.message(f"bisection: {reused_total} boots {reused_from(sorted(reused_runs), sched.run.id)}"
+                          " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
+    test_boots: dict[int, list[int]] = {}
+    searched: set[int] = set()  # every boot this search booked
+    new_boots = 0
+    step = 0
+    stop: StopReason | None = None
+    while (rnd := search.next_round()) is not None:
+        if new_boots >= max_boots:
+            stop = StopReason.BUDGET
+            break
+        # A round's probes are booted in the order the search gives (interleaved in
+        # time: a probe beside an anchor, the two sides of a paired round), one boot
+        # of each probe per pass; a pass runs at once where the backend has slots
+        # (on 8 single-GPU slots, 8 commits are probed together). The measuring call
+        # owns retries and the failure policy; the budget counts every boot.
+        states = [sched.state_for(configs[probe.commit]) for probe in rnd]
+        got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots)
+        booked = sum(m.booted for m in got)
+        new_boots += booked
+        results: list[list[float] | None] = []
+        for probe, m in zip(rnd, got):
+            note = subject(probe.commit)  # its purpose has a column of its own
+            if m.unmeasurable:
+                search.skip(probe.commit, m.unmeasurable)  # stepped over for good: its block widens the set
+                note = f"{note} | unmeasurable: {m.unmeasurable}"
+            elif m.usable < m.asked:
+                note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
+            results.append(None if m.unmeasurable and not m.values else list(m.values))
+            booted = sorted(m.boot_ids + m.failed_ids + m.left_out_ids)
+            searched.update(booted)
+            if probe.test is not None:
+                test_boots.setdefault(probe.test, []).extend(booted)
+                if probe.test:
+                    note = f"{note} | head-to-head test {probe.test}"
+            ledger.add(Probe(bisection_id=bis.id, commit=probe.commit, boots_requested=probe.boots,
+                             values=list(m.values), skipped=results[-1] is None, note=note,
+                             purpose=probe.purpose, boot_ids=booted))
+        search.observe_round(rnd, results)
+        step += 1
+        sched.obs.search_step(step_line(step, rnd, results, search.result(), new_boots, max_boots))
+        if booked == 0 and not any(r is None for r in results):
+            stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
+            break
+    res: BisectResult = search.result()
+    stopped = stop or res.stopped
+    undetermined = None
+    if stopped is StopReason.NOT_REPRODUCED:  # "no step" is a finding only where the host could tell
+        undetermined = _busy_verdict(sched, configs.values(), searched, stopped)
+        if undetermined is not None:
+            stopped = StopReason.UNDETERMINED
+    outcome = BisectOutcome(
+        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
+        candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
+        skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
+        warnings=tuple(_host_warnings(sched, configs.values())),
+        no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
+        verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
+        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases)
+    bis.status = "done" if stopped != StopReason.RUNNING else "running"
+    bis.result = outcome.to_json()
+    ledger.commit()
+    return outcome
+
+
+#: the share of a search's measured boots marked ``host_busy`` from which
+#: ``not-reproduced`` reads ``undetermined`` (``budget`` already says it is no answer)
+BUSY_SHARE_UNDETERMINED = 0.5
+
+
+def _busy_verdict(sched: Scheduler, configs, searched: set[int], would_be: StopReason) -> dict | None:
+    """A search that stopped without an answer on a host that was mostly busy: what
+    it saw (k of n measured boots busy) and what would decide it; None where the
+    host was quiet enough for the stop to stand."""
+    measured = busy = 0
+    for pc in configs:
+        st = sched.states.get(pc.key)
+        for boot in st.boots if st else ():
+            if boot.id in searched and boot.status == "ok":
+                measured += 1
+                busy += "host_busy" in (boot.marks or [])
+    if not measured or busy < BUSY_SHARE_UNDETERMINED * measured:
+        return None
+    return {"would_have_stopped": would_be.value, "busy_boots": busy, "measured_boots": measured,
+            "why": f"{busy} of {measured} measured boots were marked host_busy (other work on the host "
+                   "during the sample windows)",
+            "would_decide": "run again on a quiet host: wait for one (--wait-quiet SECONDS), keep other jobs "
+                            "off this host's cores, or give more boots (--max-boots)"}
+
+
+def step_line(step: int, rnd, results, res: BisectResult, new_boots: int, max_boots: int) -> str:
+    """One line of a search's progress: what this step booted and where the search stands,
+    e.g. ``bisect step 9: verify e7ae9b5a1d83 1 boot, verify 85ce66b6f99d 1 boot;
+    leader 85ce66b6f99d P=0.962, 2 candidates above 1%; 23/100 new boots``."""
+    probes = ", ".join(f"{p.purpose} {p.commit[:12]} " + ("skipped" if r is None else _boots(len(r)))
+                       for p, r in zip(rnd, results))
+    left = sum(1 for c in res.candidates if c.probability >= 0.01)
+    lead = res.candidate_set[0][:12] if res.candidate_set else "none"
+    return (f"bisect step {step}: {probes}; leader {lead} P={res.probability:.3f}, {left} candidate"
+            f"{'s' if left != 1 else ''} above 1%; {new_boots}/{max_boots} new boots")
+
+
+def _boots(n: int) -> str:
+    return f"{n} boot" if n == 1 else f"{n} boots"
+
+
+def _host_warnings(sched: Scheduler, configs) -> list[str]:
+    """Busy boots of the bisection's commits, a busy preflight, noisy calibration."""
+    out = host_state.calibration_warnings([sched.run], sched.spec.defaults.host_thresholds)
+    for pc in configs:
+        st = sched.states.get(pc.key)
+        for boot in st.boots if st else ():
+            rec = host_state.BootContention.of(boot)
+            if rec is not None and rec.busy:
+                rev = pc.arm.commit[:12] if pc.arm.commit else f"release {pc.arm.release}"
+                out.append(host_state.busy_sentence(f"boot {boot.id} ({rev}, {boot.status})", rec))
+    return out
+
+
+def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
+                 max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
+                 observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None,
+                 fresh: bool = False) -> tuple[BisectOutcome, Scheduler]:
+    """``harness bisect``: the engine and benchmark of ``spec``, base env and flags. Where
+    ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
+    are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
+    between the culprit release and the one before it, on what is left of the budget,
+    in the same run."""
+    rel = spec.engine.releases
+    released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
+    m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=not released)
+    if released:
+        revisions = rel.source().between(good, bad)
+    else:
+        good_sha = plan.ws.resolve(good, where="--good")
+        bad_sha = plan.ws.resolve(bad, where="--bad")
+        if good_sha == bad_sha:
+            raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
+        revisions = plan.ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
+    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
+                      backend=backend)
+    with sched.recording("bisect"):
+        # One search, or two: a search over releases may add the descent into the commits
+        # of its culprit release, searched in turn on what is left of the budget.
+        searches: list[tuple[Sequence[str], bool, int]] = [(revisions, released, max_boots)]
+        outcomes: list[BisectOutcome] = []
+        note = None
+        for revs, releases, budget in searches:
+            outcomes.append(search_commits(sched, revs, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
+                                           expect=m.worse, confidence=confidence, max_boots=budget, fresh=fresh,
+                                           releases=releases))
+            if not releases:
+                continue
+            found = outcomes[-1]
+            if found.culprit is None:
+                note = f"no single culprit release ({found.stopped}): nothing to descend into"
+                continue
+            if rel.tag is None or plan.ws is None:
+                note = ("the releases are not mapped to source commits: set engine.releases.tag (e.g. 'v{version}') "
+                        "and engine.repo to descend into the commits between two releases")
+                continue
+            before = revs[list(revs).index(found.culprit) - 1]
+            tags = (rel.tag.format(version=before), rel.tag.format(version=found.culprit))
+            try:
+                lo, hi = (plan.ws.resolve(t, where=f"engine.releases.tag of {v}") for t, v in
+                          zip(tags, (before, found.culprit)))
+                commits = plan.ws.commits_between(lo, hi, first_parent=first_parent)
+            except UserError as exc:
+                commits, note = (), f"the tags {tags[0]} and {tags[1]} could not be followed: {exc}"
+            left = max_boots - found.new_boots
+            if commits and len(commits) < 3:
+                note = (f"{tags[1]} is the only commit after {tags[0]}: it is the culprit commit "
+                        f"({commits[-1][:12]})")
+            elif commits and left < 4:
+                note = f"the budget ({max_boots} boots) was spent on the releases: no boots left to descend"
+            elif commits:
+                sched.obs.message(f"bisection: culprit release {found.culprit}; descending into the "
+                                  f"{len(commits) - 1} commits of {tags[0]}..{tags[1]}")
+                searches.append((commits, False, left))
+        outcome = outcomes[0]
+        if released:  # the release search's row says what became of the descent
+            outcome = dataclasses.replace(outcome, descent=outcomes[1] if len(outcomes) > 1 else None,
+                                          descent_note=note)
+            bis = ledger.session.get(Bisection, outcome.bisection_id)
+            bis.result = outcome.to_json()
+            ledger.commit()
+    sched.finish_run("done")
+    return outcome, sched
+
+
+def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
+                      *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
+    """Bisect a confirmed hypothesis between its baseline and treatment commits."""
+    b, t = h.baseline.arm, h.treatment.arm
+    check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
+    commits = sched.ws.commits_between(b.commit, t.commit)
+    return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
+                          expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
+                          hypothesis_id=row.id)

@@ -1,0 +1,248 @@
+"""The hypothesis loop: boot rounds until every hypothesis is decided.
+
+Boots of the configs still in question are interleaved round after round (the
+scheduler shuffles the order inside each round by a seeded generator,
+``order_seed``, stored with every verdict), so slow drift of the host lands on
+both sides. A round is a block: with ``defaults.analysis: paired`` a hypothesis
+is judged on the per-round ratios of its two configs (the i-th good boot of each
+config is round i). After each round every undecided hypothesis is looked at
+again by the rule in ``decide`` and stops asking for boots once decided or out of
+budget.
+
+Booting and recording belong to the :class:`~bisect_harness.run.scheduler.Scheduler`;
+the verdict rule to ``decide``; this module only says which configs to boot next
+and when to look.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Mapping
+
+from bisect_harness.decide import verdict as decide, stats
+from bisect_harness.backends import Backend
+from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow
+from bisect_harness.model import Outcome
+from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config
+from bisect_harness.run import resume as resume_mod
+from bisect_harness.run.bisect_runner import bisect_hypothesis
+from bisect_harness.run.explain_runner import explain_hypothesis, explanation_lines
+from bisect_harness.run.scheduler import ConfigState, Observer, Scheduler
+
+__all__ = ["Executor", "Observer", "ConfigState"]
+
+
+class Executor:
+    """Runs a plan's hypotheses against a ledger, booting through a scheduler."""
+
+    def __init__(self, plan: Plan, ledger: Ledger, *, log_dir: Path, observer: Observer | None = None,
+                 calibrate: bool = True, aa_check: bool = False, order_seed: int | None = None,
+                 wait_quiet_s: float | None = None, backend: Backend | None = None, resume: Run | None = None,
+                 profile: bool = False):
+        # --profile: every hypothesis' arms take a profiled sample; a resume keeps what the run was started with
+        self.profile = profile or (resume is not None and bool(resume_mod.options(resume).get("profile")))
+        if self.profile and not plan.profile_all:
+            plan = dataclasses.replace(plan, profile_all=True)
+        self.sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate,
+                               order_seed=order_seed, wait_quiet_s=wait_quiet_s, backend=backend)
+        self.plan = plan
+        self.spec = plan.spec
+        self.ledger = ledger
+        self.obs = self.sched.obs
+        self.aa_check = aa_check
+        self.resume = resume  # --resume: the interrupted run this one continues (resume.check_plan passed)
+        if resume is not None:
+            self.aa_check = aa_check or bool(resume_mod.options(resume).get("aa_check"))
+        self.underpowered: dict[str, str] = {}
+        self.noise: dict[str, dict] = {}
+        self.verdicts: dict[str, VerdictRow] = {}  # each hypothesis' final verdict, as the rounds end it
+
+    @property
+    def run(self) -> Run | None:
+        return self.sched.run
+
+    @property
+    def states(self) -> dict[str, ConfigState]:
+        return self.sched.states
+
+    @property
+    def order_seed(self) -> int:
+        return self.sched.order_seed
+
+    def start_run(self, kind: str = "run") -> Run:
+        return self.sched.start_run(kind)
+
+    def finish_run(self, status: str = "done", error: str | None = None) -> None:
+        self.sched.finish_run(status, error)
+
+    def design(self) -> stats.Design:
+        return decide.design(self.spec)
+
+    def alpha_each(self) -> float:
+        return decide.alpha_each(self.spec)
+
+    def execute(self) -> Run:
+        """The whole experiment: calibrate, boot rounds until decided, bisect and explain
+        the confirmed hypotheses that ask for it, calibrate again."""
+        with self.sched.recording("run", resume=self.resume, calibrated=True, finish="done") as run:
+            rows = self._hypothesis_rows()
+            if self.resume is None:  # what a later resume needs beyond the file
+                resume_mod.record_options(self.ledger, run, aa_check=self.aa_check or self.spec.defaults.aa_check,
+                                          hypotheses=[h.id for h in self.plan.hypotheses], profile=self.profile)
+                earlier = {}
+            else:  # the looks recorded before the interruption, read once
+                earlier = resume_mod.looks_done(self.ledger, rows)
+            if self.spec.defaults.aa_check or self.aa_check:
+                self._aa_check(rows)
+            self._sequential(rows, earlier)
+            self._follow_ups(rows)
+        return run
+
+    def _hypothesis_rows(self) -> dict[str, HypothesisRow]:
+        rows = {}
+        earlier = {r.hid: r for r in self.run.hypotheses} if self.resume is not None else {}
+        for h in self.plan.hypotheses:
+            if h.id in earlier:  # --resume: the row (and its looks) of the interrupted run
+                rows[h.id] = earlier[h.id]
+                continue
+            rows[h.id] = self.ledger.add(HypothesisRow(
+                run_id=self.run.id, hid=h.id, statement=h.spec.statement, metric=h.metric.name,
+                expect=h.spec.expect.value, min_effect=h.spec.min_effect,
+                baseline_config_id=self.states[h.baseline.key].row.id,
+                treatment_config_id=self.states[h.treatment.key].row.id,
+                spec={"baseline": _arm_dict(h.spec.baseline), "treatment": _arm_dict(h.spec.treatment),
+                      "matrix_point": dict(h.spec.matrix_point), "bisect": h.spec.bisect,
+                      "is_aa": h.is_aa, "line": h.spec.line,
+                      "metric_def": {"unit": h.metric.unit, "better": h.metric.better.value,
+                                     "description": h.metric.description}}))
+        return rows
+
+    # ------------------------------------------------------------------ A/A power check
+
+    def _aa_check(self, rows: Mapping[str, HypothesisRow]) -> None:
+        """Boot each baseline config against an independent replica of itself, measure
+        the noise, and refuse to claim effects smaller than the run can resolve."""
+        d = self.spec.defaults
+        design, alpha_each = decide.design(self.spec), decide.alpha_each(self.spec)
+        groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
+        for h in self.plan.hypotheses:
+            if not h.is_aa:
+                groups.setdefault((h.baseline.key, h.metric.name), []).append(h)
+        for (key, metric), hyps in groups.items():
+            base = self.states[key]
+            replica = self.sched.state_for(make_config(self.spec, base.planned.arm, replica=2))
+            self.sched.boot_round([base, replica], d.boots_per_arm)
+            if base.failed or replica.failed:
+                self.obs.message(f"A/A check of {base.planned.label}: could not be measured")
+                continue
+            # The check's own boots: the first of each side (after --resume the baseline holds more).
+            a = self.ledger.boot_values(base.good_boots[:d.boots_per_arm], metric).values
+            b = self.ledger.boot_values(replica.good_boots[:d.boots_per_arm], metric).values
+            if len(a) < 2 or len(b) < 2:
+                continue
+            noise = stats.noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
+            sde = noise.smallest_detectable_effect
+            self.noise[key] = {"metric": metric, "boot_mean_cv": noise.boot_mean_cv,
+                               "smallest_detectable_effect": sde}
+            self.obs.message(f"A/A check of {base.planned.label}: boot-to-boot CV {noise.boot_mean_cv:.2%} "
+                             f"on {metric}; smallest effect this run can resolve: {sde:.2%}")
+            for h in hyps:
+                if h.spec.min_effect < sde:
+                    self.underpowered[h.id] = (
+                        f"min_effect {h.spec.min_effect:.1%} is below the smallest effect this run can resolve "
+                        f"({sde:.1%} from an A/A check); raise min_effect or defaults.max_boots_per_arm")
+
+    # ------------------------------------------------------------------ sequential rounds
+
+    def _sequential(self, rows: Mapping[str, HypothesisRow],
+                    earlier: Mapping[str, tuple[VerdictRow | None, int]]) -> None:
+        """``earlier``: per hypothesis, its final verdict and the looks recorded before a resume."""
+        d = self.spec.defaults
+        alpha_each = decide.alpha_each(self.spec)
+        pending = []
+        for h in self.plan.hypotheses:
+            final, _ = earlier.get(h.id, (None, 0))
+            if final is not None:  # --resume: decided before the interruption; the verdict stands
+                self.verdicts[h.id] = final
+                self.obs.verdict(h, final)
+            elif h.id in self.underpowered:  # the power check refused it up front: no boots spent
+                v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
+                                               final=True, test="A/A power check", alpha=alpha_each,
+                                               reason=self.underpowered[h.id],
+                                               stats={"noise": self.noise.get(h.baseline.key),
+                                                      "family_size": self.spec.multiplicity}))
+                self.verdicts[h.id] = v
+                self.obs.verdict(h, v)
+            else:
+                pending.append(h)
+        # --resume: continue at the first look not yet recorded; a hypothesis that had
+        # its look at that round before the interruption skips it (not looked at twice).
+        done = {h.id: earlier.get(h.id, (None, 0))[1] for h in pending}
+        target = d.boots_per_arm + min(done.values(), default=0)
+        skip = {hid: n - (target - d.boots_per_arm) for hid, n in done.items()}
+        while pending:
+            needed: list[ConfigState] = []
+            for h in pending:
+                for pc in (h.baseline, h.treatment):
+                    st = self.states[pc.key]
+                    if st not in needed and st.failed is None:
+                        needed.append(st)
+            self.sched.boot_round(needed, target)
+            still = []
+            for h in pending:
+                if skip.get(h.id, 0) > 0:
+                    skip[h.id] -= 1
+                    still.append(h)
+                    continue
+                verdict = self._look(h, rows[h.id], force_final=target >= d.max_boots_per_arm)
+                if verdict.final:
+                    self.verdicts[h.id] = verdict
+                else:
+                    still.append(h)
+            pending = still
+            target += 1
+
+    # ------------------------------------------------------------------ bisect: true, explain: true
+
+    def _follow_ups(self, rows: Mapping[str, HypothesisRow]) -> None:
+        """A confirmed hypothesis with ``bisect: true`` is bisected, one with ``explain:
+        true`` explained, inside the run: their boots are the run's, held by it, judged
+        by its calibration after, and an interruption in them marks the run interrupted
+        (so ``--resume`` takes it up). After ``--resume`` a search that ended before the
+        interruption is not made again."""
+        bisected = {b.hypothesis_id for b in self.ledger.session.query(Bisection).filter_by(run_id=self.run.id)
+                    if b.status == "done"}
+        explained = {e.get("hypothesis_id") for e in (self.run.summary or {}).get("explain", [])}
+        for h in self.plan.hypotheses:
+            row, verdict = rows[h.id], self.verdicts.get(h.id)
+            if verdict is None or verdict.outcome != Outcome.CONFIRMED.value:
+                continue
+            if h.spec.bisect and row.id not in bisected:
+                self.obs.message(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and "
+                                 f"{h.treatment.arm.commit[:12]}")
+                result = bisect_hypothesis(self.sched, h, row)
+                self.obs.message(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
+                                 f"{result.boots} boots, {result.stopped})")
+            if h.spec.explain and row.id not in explained:
+                self.obs.message(f"explaining {h.id}: which differences between its arms make the difference")
+                for line in explanation_lines(explain_hypothesis(self.sched, h, row, verdict)):
+                    self.obs.message(line)
+
+    def _look(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
+        verdict = self._judge(h, row, force_final=force_final)
+        self.ledger.add(verdict)
+        self.obs.verdict(h, verdict)
+        return verdict
+
+    def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
+        b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+        sides = [decide.Side(name, st.boots, st.planned, st.failed) for name, st in (("baseline", b), ("treatment", t))]
+        v = decide.look(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
+                        min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
+                        force_final=force_final, order_seed=self.order_seed)
+        return VerdictRow(**v)
+
+
+def _arm_dict(arm) -> dict:
+    return {"commit": arm.commit, "env": dict(arm.env), "flags": dict(arm.flags)}

@@ -1,0 +1,1147 @@
+"""hypotheses.yaml: the one reader of the file.
+
+``load_spec(path)`` parses, validates and freezes the file into dataclasses; every
+error names the key path and the line it came from, and says what to do. Nothing
+else in the harness reads the YAML again. The format is documented in
+``docs/hypotheses-format.md``.
+
+Defaults live here, in the dataclasses' fields, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from bisect_harness.observe.contention import Thresholds
+from bisect_harness.engines.envs import ENV_MODES
+from bisect_harness.errors import SpecError, UserError
+from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Limits, Metric
+
+SPEC_VERSION = 1
+ENV_CHECK_MODES = ("mark", "exclude", "fatal")
+HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
+ANALYSES = ("robust", "paired", "unpaired")  # stats.ANALYSES; spec does not import stats
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+# Input limits (documented in docs/hypotheses-format.md, "Limits"). A hypotheses file is
+# a few kilobytes; these caps turn hostile or mistyped input into a clean error at once.
+MAX_SPEC_BYTES = 1_000_000      # the file itself
+MAX_NODES = 100_000             # YAML nodes after merge keys are expanded
+MAX_DEPTH = 64                  # nesting of mappings and lists
+MAX_MATRIX_POINTS = 256         # one hypothesis's matrix: the product of its axes' lengths
+MAX_HYPOTHESES = 1_000          # the whole file, after matrix expansion
+#: upper bounds of numbers; a value above is an error that names the key and the cap
+MAX_COUNT = 1_000_000           # requests, tokens, concurrency, seeds-free counts
+MAX_BOOTS = 1_000               # boots_per_arm, max_boots_per_arm, boot_retries
+MAX_SAMPLES_PER_BOOT = 10_000
+MAX_SECONDS = 7 * 24 * 3600.0   # timeouts and waits: one week
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ReleasesSpec:
+    """``engine.releases``: the engine as released builds, each version a revision.
+    ``index`` is an absolute folder (pip's ``--find-links``) or an index URL;
+    ``versions`` the order (oldest first; empty: every version in the folder, by
+    PEP 440); ``tag`` the source tag of a version (``v{version}``), for descending
+    into the commits between two releases; ``launch`` the argv of an installed
+    release (default: ``engine.launch``)."""
+
+    package: str
+    index: str
+    versions: tuple[str, ...] = ()
+    tag: str | None = None
+    launch: tuple[str, ...] | None = None
+    image: str | None = None          # a container image per version ("repo/engine:v{version}"): no install
+    runtime: str | None = None        # docker | podman | apptainer | enroot (default: the first on PATH)
+    runtime_args: tuple[str, ...] = ()  # after the runtime's run verb: GPUs, mounts
+
+    def source(self):
+        from bisect_harness.engines.releases import ReleaseSource
+
+        return ReleaseSource(self.package, self.index, self.versions)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The server under test: where its code lives, how to build and launch it."""
+
+    preset: str = "openai"
+    repo: Path | None = None
+    build: tuple[str, ...] | None = None
+    launch: tuple[str, ...] = ()
+    cwd: str | None = None
+    health: str = "/health"
+    ready_timeout_s: float = 600.0
+    server_info: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    metrics: tuple[Any, ...] = ()  # sources.MetricSource
+    python: str | None = None  # the base interpreter; None: the harness's own
+    environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
+    base_url: str | None = None  # attach mode: a running server's URL (attach.AttachedSource); nothing launched
+    api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
+    checkout: str = "worktree"  # worktree | tree | clone (boot.checkout.CHECKOUT_MODES)
+    build_env: tuple[str, ...] = ()  # variables that key a commit's build, beyond boot.checkout.BUILD_ENV
+    releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
+
+    @property
+    def environment_mode(self) -> str:
+        """Where each commit's build installs: its own venv whenever there is a build."""
+        if self.environment is not None:
+            return self.environment
+        return "venv" if self.build else "shared"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Run-wide knobs; hypotheses may not override them (one design per run)."""
+
+    samples_per_boot: int = 3
+    boots_per_arm: int = 3
+    max_boots_per_arm: int = 20         # a budget, not a quota: quiet hosts decide at 3-4 (bench/bench_stats.py)
+    alpha: float = 0.05
+    env_check: str = "mark"
+    flag_check: str = "mark"
+    aa_check: bool = False
+    boot_retries: int = 2
+    host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
+    host_thresholds: Thresholds = field(default_factory=Thresholds)
+    host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
+    host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
+    analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
+    secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One side of a hypothesis as written: a revision (unresolved), env and flags."""
+
+    commit: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    base_url: str | None = None  # attach mode: this arm's server, instead of engine.base_url
+    release: str | None = None  # a version of engine.releases, instead of a commit
+
+
+@dataclass(frozen=True)
+class HypothesisSpec:
+    id: str
+    statement: str
+    baseline: ArmSpec
+    treatment: ArmSpec
+    metric: str
+    expect: Expect
+    min_effect: float
+    bisect: bool = False
+    line: int | None = None
+    matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
+    explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
+    mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
+    profile: bool = False  # one extra sample per arm under the engine's profiler (boot.profilers)
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """One metric a hypothesis' mechanism must move (``mechanism:``): treatment vs
+    baseline, in direction ``expect``, by at least ``min_effect``."""
+
+    metric: str
+    expect: Expect
+    min_effect: float
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Where boots run (``backend:``): ``kind`` local or slurm, ``slots`` boots at once,
+    and the chosen backend's own keys (``options``: partition, time limit, ... for
+    Slurm), checked by that backend (``boot.choose``)."""
+
+    kind: str = "local"
+    slots: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    text: str
+    engine: EngineSpec
+    benchmark: BenchmarkSpec
+    defaults: Defaults
+    hypotheses: tuple[HypothesisSpec, ...]
+    family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
+    backend: "BackendSpec" = field(default_factory=lambda: BackendSpec())
+
+    @property
+    def spec_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def multiplicity(self) -> int:
+        """The multiplicity family's size: every hypothesis of the file, whatever ``--only`` kept."""
+        return max(self.family_size, len(self.hypotheses), 1)
+
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric a hypothesis may name: the client's and the declared sources'."""
+        out = dict(CLIENT_METRICS)
+        for source in self.engine.metrics:
+            out[source.metric.name] = source.metric
+        return out
+
+    def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
+        """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
+        if not only:
+            return self
+        known = {h.id for h in self.hypotheses} | {h.id.split("[", 1)[0] for h in self.hypotheses}
+        unknown = [o for o in only if o not in known]
+        if unknown:
+            raise SpecError(
+                f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
+                + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
+        keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
+        return replace(self, hypotheses=keep)
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+class _Doc:
+    """The parsed YAML plus the line of every key path, for error messages."""
+
+    def __init__(self, text: str, file: str):
+        self.file = file
+        self.lines: dict[str, int] = {}
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(f"the file has {len(text)} characters, above the cap of {MAX_SPEC_BYTES}; "
+                            "a hypotheses file is a few kilobytes (see docs/hypotheses-format.md, Limits)",
+                            file=file)
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise SpecError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                            line=mark.line + 1 if mark else None, file=file) from None
+        except RecursionError:
+            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", file=file) from None
+        if node is None:
+            raise SpecError("the file is empty; see docs/hypotheses-format.md", file=file)
+        _check_aliases(node, file)
+        try:
+            self.data = self._convert(node, "")
+        except SpecError as exc:
+            if exc.file is not None:
+                raise
+            raise SpecError(exc.message, key=exc.key, line=exc.line, file=file) from None
+
+    def _convert(self, node, path: str):
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            _flatten_merges(node)
+            out: dict = {}
+            for key_node, value_node in node.value:
+                key = self._convert(key_node, path + ".<key>")
+                if not isinstance(key, (str, int, float, bool)):
+                    raise SpecError("a mapping key must be a plain scalar",
+                                    key=path or None, line=key_node.start_mark.line + 1, file=self.file)
+                key = str(key)
+                sub = f"{path}.{key}" if path else key
+                if key in out:
+                    raise SpecError("duplicate key", key=sub, line=key_node.start_mark.line + 1,
+                                    file=self.file)
+                self.lines[sub] = key_node.start_mark.line + 1
+                out[key] = self._convert(value_node, sub)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self._convert(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
+        return _scalar(node)
+
+    def line(self, path: str) -> int | None:
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+        return None
+
+    def error(self, path: str, message: str) -> SpecError:
+        return SpecError(message, key=path or None, line=self.line(path), file=self.file)
+
+
+def _check_aliases(root, file: str) -> None:
+    """Refuse aliases other than merge keys, alias cycles, deep nesting and expansion bombs.
+
+    PyYAML's composer shares one node object between an anchor and each of its
+    aliases, so an alias is a node met a second time. Only the value of a merge key
+    (``<<: *defaults``) may be one; its expanded size still counts toward ``MAX_NODES``,
+    so a billion-laughs file built from merge keys is refused before anything expands.
+    """
+    sizes: dict[int, int] = {}   # node id -> expanded node count (done)
+    open_: set[int] = set()      # node ids on the current path (a cycle if met again)
+    seen: set[int] = set()
+
+    def where(node) -> int:
+        return node.start_mark.line + 1
+
+    def size(node, depth: int, via_merge: bool, at: int) -> int:
+        """``at``: the line where the node is used (an alias's node carries its anchor's line)."""
+        nid = id(node)
+        if nid in open_:
+            raise SpecError("an alias refers to a node that contains it (a cycle); remove the alias",
+                            line=at, file=file)
+        if nid in sizes:
+            if not via_merge:
+                raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
+                                "('<<: *name'); write the value out, or merge a mapping", line=at,
+                                file=file)
+            return sizes[nid]
+        if nid in seen and not via_merge:
+            raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
+                            "('<<: *name')", line=at, file=file)
+        seen.add(nid)
+        if depth > MAX_DEPTH:
+            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", line=where(node), file=file)
+        open_.add(nid)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                merge = key_node.tag == "tag:yaml.org,2002:merge"
+                total += size(key_node, depth + 1, False, where(key_node))
+                if merge and isinstance(value_node, yaml.SequenceNode):
+                    total += 1
+                    for sub in value_node.value:
+                        total += size(sub, depth + 2, True, where(key_node))
+                else:
+                    total += size(value_node, depth + 1, merge, where(key_node))
+                if total > MAX_NODES:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for sub in node.value:
+                total += size(sub, depth + 1, False, where(node))
+                if total > MAX_NODES:
+                    break
+        open_.discard(nid)
+        if total > MAX_NODES:
+            raise SpecError(f"the file expands to more than {MAX_NODES} YAML nodes (merge keys included); "
+                            "a hypotheses file is far smaller: look for a merge key repeated inside "
+                            "another", line=where(node), file=file)
+        sizes[nid] = total
+        return total
+
+    size(root, 0, False, where(root))
+
+
+def _flatten_merges(node: yaml.MappingNode) -> None:
+    """Resolve YAML merge keys (``<<: *defaults``) in place, as PyYAML's loader does."""
+    loader = yaml.SafeLoader("")
+    try:
+        loader.flatten_mapping(node)
+    except yaml.constructor.ConstructorError as exc:
+        mark = exc.problem_mark
+        raise SpecError(f"bad merge key: {exc.problem}", line=mark.line + 1 if mark else None) from None
+    finally:
+        loader.dispose()
+
+
+def _scalar(node: yaml.ScalarNode):
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:  # an unknown tag (!!python/object) or a malformed !!binary
+        raise SpecError(f"cannot read this value: {getattr(exc, 'problem', None) or exc}",
+                        line=node.start_mark.line + 1) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # an explicit tag that does not fit: !!int abc
+        raise SpecError(f"cannot read this value as {node.tag.rsplit(':', 1)[-1]}: {exc}",
+                        line=node.start_mark.line + 1) from None
+    finally:
+        loader.dispose()
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+class _Reader:
+    def __init__(self, doc: _Doc):
+        self.doc = doc
+
+    def mapping(self, value, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.doc.error(path, f"expected a mapping, got {_typename(value)}")
+        for key in value:
+            if key not in allowed:
+                hint = _closest(key, allowed)
+                raise self.doc.error(
+                    f"{path}.{key}" if path else key,
+                    f"unknown key{f'; did you mean {hint!r}' if hint else ''}. "
+                    f"Allowed here: {', '.join(allowed)}")
+        for key in required:
+            if key not in value:
+                raise self.doc.error(path, f"missing required key '{key}'")
+        return value
+
+    def typed(self, value, path: str, types: tuple[type, ...], what: str):
+        if isinstance(value, bool) and bool not in types:
+            raise self.doc.error(path, f"expected {what}, got a boolean")
+        if not isinstance(value, types):
+            raise self.doc.error(path, f"expected {what}, got {_typename(value)}")
+        return value
+
+    def positive_int(self, value, path: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
+        self.typed(value, path, (int,), "an integer")
+        if value < minimum:
+            raise self.doc.error(path, f"must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise self.doc.error(path, f"must be <= {maximum}, got {value} (see docs/hypotheses-format.md, Limits)")
+        return value
+
+    def number(self, value, path: str, what: str = "a number", maximum: float = MAX_SECONDS,
+               positive: bool = False) -> float:
+        """A finite number in [0, maximum] (or (0, maximum] when ``positive``)."""
+        self.typed(value, path, (int, float), what)
+        if not math.isfinite(value):
+            raise self.doc.error(path, f"must be a finite number, got {value}")
+        if value < 0 or (positive and value == 0):
+            raise self.doc.error(path, f"must be {'positive' if positive else 'not negative'}, got {value}")
+        if value > maximum:
+            raise self.doc.error(path, f"must be <= {maximum:g}, got {value:g} (see docs/hypotheses-format.md, Limits)")
+        return float(value)
+
+    def argv(self, value, path: str) -> tuple[str, ...]:
+        """An argv list. A plain string is split like a command line (shlex), never run by a shell."""
+        import shlex
+
+        if isinstance(value, str):
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise self.doc.error(path, f"cannot split into arguments: {exc}") from None
+        if not isinstance(value, list) or not value:
+            raise self.doc.error(path, "expected a non-empty list of arguments")
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise self.doc.error(f"{path}[{i}]", f"expected a string argument, got {_typename(item)}")
+            out.append(_no_nul(self.doc, str(item), f"{path}[{i}]"))
+        return tuple(out)
+
+    def env(self, value, path: str) -> dict[str, str]:
+        if value is None:
+            return {}
+        self.typed(value, path, (dict,), "a mapping of environment variables")
+        out = {}
+        for name, v in value.items():
+            if not _ENV_NAME_RE.match(name):
+                raise self.doc.error(f"{path}.{name}", "not a valid environment variable name")
+            if v is None or isinstance(v, (dict, list)):
+                raise self.doc.error(f"{path}.{name}",
+                                     f"an environment value must be a string or number, got {_typename(v)}")
+            out[name] = _no_nul(self.doc, _env_str(v), f"{path}.{name}")
+        return out
+
+    def flags(self, value, path: str) -> dict[str, FlagValue]:
+        if value is None:
+            return {}
+        self.typed(value, path, (dict,), "a mapping of server flags")
+        out = {}
+        for name, v in value.items():
+            _check_flag_name(self.doc, name, f"{path}.{name}")
+            _no_nul_inside(self.doc, v, f"{path}.{name}")
+            out[name] = v
+        return out
+
+
+def _no_nul(doc: "_Doc", text: str, path: str) -> str:
+    """``text``, refused where it holds a NUL byte: no process argument or environment
+    value can carry one (the launch would fail on every boot)."""
+    if "\0" in text:
+        raise doc.error(path, "holds a NUL byte (\\0), which no process argument or environment value can "
+                        "carry; remove it")
+    return text
+
+
+def _no_nul_inside(doc: "_Doc", value, path: str) -> None:
+    if isinstance(value, str):
+        _no_nul(doc, value, path)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _no_nul_inside(doc, item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            _no_nul_inside(doc, str(k), f"{path}.{k}")
+            _no_nul_inside(doc, item, f"{path}.{k}")
+
+
+def _check_flag_name(doc: "_Doc", name: str, path: str) -> None:
+    if name.startswith("-"):
+        raise doc.error(path, "write flag names without leading dashes "
+                        f"(e.g. '{name.lstrip('-')}')")
+    if not _FLAG_NAME_RE.match(name):
+        raise doc.error(path, "not a valid flag name: letters, digits, '_', '.' or '-', starting with a "
+                        "letter or digit (e.g. 'max-num-seqs')")
+
+
+def _env_str(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _typename(v) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
+            bool: "a boolean", type(None): "nothing (null)"}.get(type(v), type(v).__name__)
+
+
+def _closest(word: str, options) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def effect_value(value) -> float:
+    """``10%``, ``"10 %"``, ``0.1`` -> 0.1, in (0, 1); a ValueError that says what is
+    expected otherwise. The one reader of a relative effect: the spec's
+    ``min_effect`` and the CLI's ``--min-effect`` both use it."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", value)
+        if not m:
+            raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
+        number = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {_typename(value)}")
+    if not 0.0 < number < 1.0:
+        raise ValueError(f"must be a relative effect between 0 and 1 (0% and 100%), got {value!r}")
+    return number
+
+
+def parse_effect(value, path: str, doc: _Doc) -> float:
+    """``10%``, ``"10 %"``, ``0.1`` -> 0.1. Must lie in (0, 1)."""
+    if isinstance(value, str) and not value.strip().endswith("%"):
+        raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
+    try:
+        return effect_value(value)
+    except ValueError as exc:
+        raise doc.error(path, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- the loader
+
+
+_TOP = ("version", "engine", "benchmark", "defaults", "backend", "limits", "hypotheses")
+BACKENDS = ("local", "slurm")
+_ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
+           "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
+           "releases")
+_RELEASES = ("package", "index", "versions", "tag", "launch", "image", "runtime", "runtime_args")
+_BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
+_DEFAULTS = tuple(Defaults.__dataclass_fields__)
+_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
+        "explain", "mechanism", "profile")
+_MECH = ("metric", "expect", "min_effect")
+_ARM = ("commit", "release", "env", "flags", "base_url")
+#: engine keys that describe a launch: an attached server (engine.base_url) takes none of them
+_LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env", "flags", "checkout", "build_env",
+                "releases")
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read, validate and freeze a hypotheses file. Raises ``SpecError`` naming key and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"no such file: {path}. Pass the path of a hypotheses.yaml "
+                        "(see docs/hypotheses-format.md)") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from None
+    return parse_spec(text, path)
+
+
+def parse_spec(text: str, path: Path) -> Spec:
+    doc = _Doc(text, str(path))
+    r = _Reader(doc)
+    top = r.mapping(doc.data, "", _TOP, required=("engine", "hypotheses"))
+    version = top.get("version", SPEC_VERSION)
+    if type(version) is not int or version != SPEC_VERSION:  # true and 1.0 equal 1 in Python: not here
+        raise doc.error("version", f"this harness reads version {SPEC_VERSION} files, got {version!r}; "
+                        "upgrade bisect-harness or rewrite the file")
+    engine = _engine(r, top["engine"], path.parent)
+    bench = _benchmark(r, top.get("benchmark"))
+    if top.get("limits") is not None:
+        bench = replace(bench, limits=_limits(r, top["limits"]))
+    defaults = _defaults(r, top.get("defaults"))
+    metrics = dict(CLIENT_METRICS)
+    for s in engine.metrics:
+        metrics[s.metric.name] = s.metric
+    _tool_fits(r, bench, engine)
+    from bisect_harness.engines import presets
+
+    has_repo = engine.base_url is None and (
+        engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
+    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None,
+                       has_releases=engine.releases is not None)
+    _check_when(engine, hyps, str(path))
+    _register_secrets(engine, defaults, hyps)
+    backend = _backend(r, top.get("backend"))
+    return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
+                hypotheses=hyps, family_size=len(hyps), backend=backend)
+
+
+def _backend(r: _Reader, value) -> BackendSpec:
+    """``backend:``: kind and slots here; the kind's own keys are checked by that backend."""
+    if value is None:
+        return BackendSpec()
+    if not isinstance(value, dict):
+        raise r.doc.error("backend", "must be a mapping, e.g. {kind: slurm, partition: gpu, slots: 4}")
+    kind = value.get("kind", "local")
+    if kind not in BACKENDS:
+        raise r.doc.error("backend.kind", f"must be one of {', '.join(BACKENDS)}, got {kind!r}")
+    slots = r.positive_int(value.get("slots", 1), "backend.slots", maximum=1024)
+    options = {str(k): v for k, v in value.items() if k not in ("kind", "slots")}
+    from bisect_harness.backends.choose import check_options
+
+    check_options(kind, options, where="backend")
+    return BackendSpec(kind=kind, slots=slots, options=tuple(sorted(options.items())))
+
+
+def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
+    from bisect_harness.engines import presets
+    from bisect_harness.measure import sources
+
+    e = r.mapping(value, "engine", _ENGINE)
+    base_url = _attach_keys(r, e)
+    preset_name = e.get("preset", "openai")
+    r.typed(preset_name, "engine.preset", (str,), "a preset name")
+    try:
+        preset = presets.get_preset(preset_name)
+    except UserError as exc:  # names the known presets
+        raise r.doc.error("engine.preset", str(exc)) from None
+    repo = None
+    if "repo" in e:
+        r.typed(e["repo"], "engine.repo", (str,), "a path to a git repository")
+        # Existence is checked when the plan resolves commits, so `--dry-run` can show
+        # a plan written for another machine.
+        repo = (spec_dir / Path(e["repo"]).expanduser()).resolve()
+    launch = r.argv(e["launch"], "engine.launch") if "launch" in e else tuple(preset.launch)
+    if base_url is not None:
+        launch = ()  # attached: the preset's launch and build are not ours to run
+    if not launch and base_url is None:
+        raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "
+                          "e.g. [my-server, --port, '{port}']")
+    build = r.argv(e["build"], "engine.build") if "build" in e else (
+        tuple(preset.build) if preset.build and base_url is None else None)
+    health = e.get("health", preset.health_path)
+    r.typed(health, "engine.health", (str,), "a URL path like /health")
+    if not health.startswith("/"):
+        raise r.doc.error("engine.health", f"must start with '/', got {health!r}")
+    timeout = r.number(e.get("ready_timeout_s", preset.ready_timeout_s), "engine.ready_timeout_s",
+                       "a number of seconds", positive=True)
+    if e.get("server_info") is not None:
+        r.typed(e["server_info"], "engine.server_info", (str, list), "a path or a list of paths")
+    try:  # the preset's paths, or the file's (one path or a list; [] turns server info off)
+        info = presets.server_info_candidates(preset, e.get("server_info"))
+    except UserError as exc:
+        raise r.doc.error("engine.server_info", str(exc)) from None
+    cwd = e.get("cwd")
+    if cwd is not None:
+        r.typed(cwd, "engine.cwd", (str,), "a folder (placeholders allowed)")
+    metrics = []
+    raw_metrics = e.get("metrics") or []
+    r.typed(raw_metrics, "engine.metrics", (list,), "a list of metric sources")
+    seen = set(CLIENT_METRICS)
+    for i, m in enumerate(raw_metrics):
+        key = f"engine.metrics[{i}]"
+        try:
+            source = sources.parse_source(m, key)
+        except SpecError as exc:
+            raise r.doc.error(exc.key or key, exc.message) from None
+        if source.metric.name in seen:
+            raise r.doc.error(f"{key}.name", f"metric '{source.metric.name}' is already defined")
+        seen.add(source.metric.name)
+        metrics.append(source)
+    try:  # a derived metric names other declared ones, with no cycle; its definition takes theirs
+        metrics = list(sources.resolve_derived(metrics, "engine.metrics"))
+    except SpecError as exc:
+        raise r.doc.error(exc.key or "engine.metrics", exc.message) from None
+    python = e.get("python")
+    if python is not None:
+        r.typed(python, "engine.python", (str,), "the path (or PATH name) of the base environment's python")
+        if os.sep in python:  # a path, relative to the hypotheses file; a bare name is looked up on PATH
+            python = os.path.abspath(spec_dir / Path(python).expanduser())
+    environment = e.get("environment")
+    if environment is not None and environment not in ENV_MODES:
+        raise r.doc.error("engine.environment", f"must be one of {', '.join(ENV_MODES)}, got {environment!r}: "
+                          "'venv' gives each commit its own environment over engine.python, 'shared' builds "
+                          "every commit into engine.python itself")
+    if environment is not None and repo is None and not preset.has_default_repo:
+        raise r.doc.error("engine.environment", "environments are per commit, and this engine has no "
+                          "repository (engine.repo); remove engine.environment or add engine.repo")
+    checkout, build_env = _checkout_keys(r, e)
+    releases = _releases(r, e["releases"], spec_dir) if e.get("releases") is not None else None
+    return EngineSpec(
+        preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
+        ready_timeout_s=float(timeout), server_info=info,
+        env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
+        metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,
+        api_key_env=e.get("api_key_env"), checkout=checkout, build_env=build_env, releases=releases)
+
+
+def _releases(r: _Reader, value, spec_dir: Path) -> ReleasesSpec:
+    m = r.mapping(value, "engine.releases", _RELEASES, required=("package",))
+    package = m["package"]
+    r.typed(package, "engine.releases.package", (str,), "the distribution name, as pip installs it")
+    if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", package):
+        raise r.doc.error("engine.releases.package", f"not a distribution name: {package!r}")
+    image = m.get("image")
+    if image is not None:
+        r.typed(image, "engine.releases.image", (str,), "an image reference with {version}, e.g. repo/engine:v{version}")
+        if "{version}" not in image:
+            raise r.doc.error("engine.releases.image", f"must hold {{version}} (one image per release), got {image!r}")
+    elif m.get("index") is None:
+        raise r.doc.error("engine.releases", "give index (a folder of wheels and sdists, or a package index URL), "
+                          "or image (a container image per version)")
+    runtime = m.get("runtime")
+    if runtime is not None:
+        from bisect_harness.engines.releases import RUNTIMES
+
+        if runtime not in RUNTIMES:
+            raise r.doc.error("engine.releases.runtime", f"must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    runtime_args = tuple(r.argv(m["runtime_args"], "engine.releases.runtime_args")) if m.get("runtime_args") else ()
+    index = m.get("index") or ""
+    if index:
+        r.typed(index, "engine.releases.index", (str,), "a folder of wheels and sdists, or a package index URL")
+    if index and not re.match(r"^[a-z][a-z0-9+.-]*://", index):  # a folder, relative to this file
+        index = os.path.abspath(spec_dir / Path(index).expanduser())
+    versions = m.get("versions") or []
+    if not isinstance(versions, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                  for v in versions):
+        raise r.doc.error("engine.releases.versions", "expected a list of versions, oldest first")
+    versions = tuple(str(v) for v in versions)
+    if len(set(versions)) != len(versions):
+        raise r.doc.error("engine.releases.versions", "a version is listed twice")
+    if image is not None and not index and not versions:
+        raise r.doc.error("engine.releases.versions", "list the versions (oldest first): images have no folder to "
+                          "read them from")
+    tag = m.get("tag")
+    if tag is not None:
+        r.typed(tag, "engine.releases.tag", (str,), "a tag pattern such as 'v{version}'")
+        if "{version}" not in tag:
+            raise r.doc.error("engine.releases.tag", f"must hold {{version}}, e.g. 'v{{version}}', got {tag!r}")
+    launch = r.argv(m["launch"], "engine.releases.launch") if m.get("launch") is not None else None
+    return ReleasesSpec(package=package, index=index, versions=versions, tag=tag,
+                        launch=tuple(launch) if launch is not None else None, image=image, runtime=runtime,
+                        runtime_args=runtime_args)
+
+
+def _checkout_keys(r: _Reader, e: dict) -> tuple[str, tuple[str, ...]]:
+    """engine.checkout (how each commit is checked out) and engine.build_env (the
+    variables whose values key a commit's build)."""
+    from bisect_harness.engines.checkout import CHECKOUT_MODES
+
+    mode = e.get("checkout", CHECKOUT_MODES[0])
+    if mode not in CHECKOUT_MODES:
+        raise r.doc.error("engine.checkout", f"must be one of {', '.join(CHECKOUT_MODES)}, got {mode!r}: "
+                          "'worktree' (a git worktree; its .git is a file), 'tree' (the commit's files, no .git) "
+                          "or 'clone' (a full clone, for build scripts that run git or read .git/index)")
+    names = e.get("build_env", [])
+    r.typed(names, "engine.build_env", (list,), "a list of environment variable names")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+            raise r.doc.error(f"engine.build_env[{i}]", f"expected an environment variable name like CMAKE_ARGS, "
+                              f"got {name!r}")
+    return mode, tuple(dict.fromkeys(names))
+
+
+def _url(r: _Reader, value, path: str) -> str:
+    from urllib.parse import urlsplit
+
+    r.typed(value, path, (str,), "a URL like http://10.0.0.5:30000")
+    try:
+        parts = urlsplit(value)
+    except ValueError as exc:  # an unclosed [IPv6 literal, ...
+        raise r.doc.error(path, f"cannot read {value!r} as a URL ({exc}); write one like "
+                          "http://10.0.0.5:30000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise r.doc.error(path, f"expected an http:// or https:// URL with a host, got {value!r}")
+    try:
+        parts.port
+    except ValueError:
+        raise r.doc.error(path, f"the port of {value!r} is not a number") from None
+    return value.rstrip("/")
+
+
+def _attach_keys(r: _Reader, e: dict) -> str | None:
+    """engine.base_url and engine.api_key_env; a launch key beside base_url is an error."""
+    if "api_key_env" in e:
+        name = e["api_key_env"]
+        r.typed(name, "engine.api_key_env", (str,), "the NAME of an environment variable (not the key itself)")
+        if not _ENV_NAME_RE.match(name):
+            # The value is not repeated: someone may have pasted the key itself here.
+            raise r.doc.error("engine.api_key_env", "this is not an environment variable name; write the "
+                              "variable's name (e.g. MY_KEY), never the key itself")
+    if "base_url" not in e:
+        return None
+    url = _url(r, e["base_url"], "engine.base_url")
+    for key in _LAUNCH_ONLY:
+        if key in e:
+            raise r.doc.error(f"engine.{key}", f"an attached server (engine.base_url) is not built or launched "
+                              f"by the harness, so engine.{key} cannot apply; remove engine.{key}, or remove "
+                              "engine.base_url to have the harness launch the server")
+    return url
+
+
+def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
+    """benchmark.tool: a known tool, an api it speaks, no per-request sources."""
+    if bench.tool is None:
+        if bench.tool_args:
+            raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
+                              "add it (vllm-bench-serve or sglang-bench-serving) or remove tool_args")
+        return
+    from bisect_harness.engines import benchtools
+
+    if bench.tool not in benchtools.TOOLS:
+        raise r.doc.error("benchmark.tool", f"unknown tool {bench.tool!r}; known: "
+                          f"{', '.join(sorted(benchtools.TOOLS))} (or leave it out for the harness's own client)")
+    why = benchtools.get_tool(bench.tool).check_spec(bench)
+    if why:
+        raise r.doc.error("benchmark.tool", why)
+    for i, m in enumerate(engine.metrics):
+        if m.reads_responses:
+            raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: {m.kind_name}' source reads each response, which "
+                              f"benchmark.tool ({bench.tool}) does not hand back; use the harness's client "
+                              "(remove benchmark.tool) or another kind of source")
+
+
+def _benchmark(r: _Reader, value) -> BenchmarkSpec:
+    b = r.mapping(value, "benchmark", _BENCH)
+    kwargs: dict[str, Any] = {}
+    for name, f in BenchmarkSpec.__dataclass_fields__.items():
+        if name not in b:
+            continue
+        v, path = b[name], f"benchmark.{name}"
+        if name == "tool_args":  # an argv list, never run by a shell
+            kwargs[name] = r.argv(v, path)
+            continue
+        default = f.default
+        if isinstance(default, bool):
+            r.typed(v, path, (bool,), "true or false")
+        elif isinstance(default, int):
+            v = r.positive_int(v, path, minimum=0 if name in ("warmup_requests", "seed") else 1,
+                               maximum=MAX_SEED if name == "seed" else MAX_COUNT)
+        elif isinstance(default, float):
+            # a timeout of 0 would fail every request: refused here, not found by every boot
+            v = r.number(v, path, maximum=MAX_SECONDS if name.endswith("_s") else MAX_COUNT,
+                         positive=name.endswith("timeout_s"))
+        else:
+            r.typed(v, path, (str,), "a string")
+        kwargs[name] = v
+    from bisect_harness.measure.apis import APIS
+
+    if kwargs.get("api", "completions") not in APIS:
+        raise r.doc.error("benchmark.api", f"must be one of {', '.join(APIS)} (the server's streaming API: see "
+                          f"docs/hypotheses-format.md), got {kwargs['api']!r}")
+    return BenchmarkSpec(**kwargs)
+
+
+#: ``limits:`` sizes: a whole number of bytes, or a number with a binary unit ("64 MiB").
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_LIMIT_MIN, _LIMIT_MAX = 64 << 10, 64 << 30
+
+
+def _limits(r: _Reader, value) -> Limits:
+    m = r.mapping(value, "limits", tuple(Limits.__dataclass_fields__))
+    kwargs = {}
+    for name, v in m.items():
+        path = f"limits.{name}"
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise r.doc.error(path, f"must be a size: a number of bytes or a string like '64 MiB', got {v!r}")
+        size = v
+        if isinstance(v, str):
+            got = _SIZE_RE.match(v)
+            unit = got and _SIZE_UNITS.get(got.group(2).lower())
+            if not got or unit is None:
+                raise r.doc.error(path, f"must be a size like '64 MiB' (units: B, KiB, MiB, GiB), got {v!r}")
+            size = int(float(got.group(1)) * unit)
+        if not _LIMIT_MIN <= size <= _LIMIT_MAX:
+            raise r.doc.error(path, f"must be between 64 KiB and 64 GiB, got {size:,} bytes")
+        kwargs[name] = size
+    return Limits(**kwargs)
+
+
+def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
+    """Tell secrets.py this file's secret values, so nothing stored or shown carries them."""
+    from bisect_harness import secrets
+
+    arms = [a for h in hyps for a in (h.baseline, h.treatment)]
+    values = secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
+                                        [engine.flags, *(a.flags for a in arms)], defaults.secret_names)
+    for argv in (engine.launch, engine.build):  # a literal --api-key written into a command
+        values |= secrets.argv_secret_values(argv or (), defaults.secret_names)
+    for url in (engine.base_url, *(a.base_url for a in arms)):  # http://user:password@host
+        values |= secrets.url_secret_values(url)
+    secrets.register(values, defaults.secret_names)
+
+
+def _defaults(r: _Reader, value) -> Defaults:
+    d = r.mapping(value, "defaults", _DEFAULTS)
+    kwargs: dict[str, Any] = {}
+    for name in ("samples_per_boot", "boots_per_arm", "max_boots_per_arm"):
+        if name in d:
+            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=2 if name != "samples_per_boot" else 1,
+                                          maximum=MAX_SAMPLES_PER_BOOT if name == "samples_per_boot" else MAX_BOOTS)
+    if "boot_retries" in d:
+        kwargs["boot_retries"] = r.positive_int(d["boot_retries"], "defaults.boot_retries", minimum=0,
+                                                maximum=MAX_BOOTS)
+    if "alpha" in d:
+        a = r.typed(d["alpha"], "defaults.alpha", (int, float), "a number")
+        if not 0 < a < 0.5:
+            raise r.doc.error("defaults.alpha", f"must lie in (0, 0.5), got {a}")
+        kwargs["alpha"] = float(a)
+    for name in ("env_check", "flag_check"):
+        if name in d:
+            if d[name] not in ENV_CHECK_MODES:
+                raise r.doc.error(f"defaults.{name}", f"must be one of {', '.join(ENV_CHECK_MODES)}, got {d[name]!r}")
+            kwargs[name] = d[name]
+    if "aa_check" in d:
+        kwargs["aa_check"] = r.typed(d["aa_check"], "defaults.aa_check", (bool,), "true or false")
+    if "host_check" in d:
+        if d["host_check"] not in HOST_CHECK_MODES:
+            raise r.doc.error("defaults.host_check",
+                              f"must be one of {', '.join(HOST_CHECK_MODES)}, got {d['host_check']!r}")
+        kwargs["host_check"] = d["host_check"]
+    for name in ("host_preflight_s", "host_wait_s"):
+        if name in d:
+            kwargs[name] = r.number(d[name], f"defaults.{name}", "a number of seconds")
+    if "host_thresholds" in d:
+        t = r.mapping(d["host_thresholds"], "defaults.host_thresholds", Thresholds.names())
+        limits = {}
+        for name, v in t.items():
+            limits[name] = r.number(v, f"defaults.host_thresholds.{name}", maximum=MAX_COUNT)
+        kwargs["host_thresholds"] = Thresholds(**limits)
+    if "analysis" in d:
+        if d["analysis"] not in ANALYSES:
+            raise r.doc.error("defaults.analysis", f"must be one of {', '.join(ANALYSES)}, got {d['analysis']!r}")
+        kwargs["analysis"] = d["analysis"]
+    if "secret_names" in d:
+        names = r.typed(d["secret_names"], "defaults.secret_names", (list,), "a list of env or flag names")
+        for i, n in enumerate(names):
+            r.typed(n, f"defaults.secret_names[{i}]", (str,), "an env or flag name")
+        kwargs["secret_names"] = tuple(names)
+    out = Defaults(**kwargs)
+    if out.max_boots_per_arm < out.boots_per_arm:
+        raise r.doc.error("defaults.max_boots_per_arm",
+                          f"the budget ({out.max_boots_per_arm}) is below boots_per_arm ({out.boots_per_arm})")
+    return out
+
+
+def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
+         has_releases: bool = False) -> ArmSpec:
+    a = r.mapping(value, path, _ARM)
+    base_url = None
+    if "base_url" in a:
+        if not attached:
+            raise r.doc.error(f"{path}.base_url", "an arm names its own server only in attach mode: add "
+                              "engine.base_url (the default server), or remove this key")
+        base_url = _url(r, a["base_url"], f"{path}.base_url")
+    if attached:
+        for key, what in (("commit", "commits"), ("env", "environment variables"), ("flags", "launch flags")):
+            if a.get(key) is not None:
+                raise r.doc.error(f"{path}.{key}", f"an attached server (engine.base_url) was started by someone "
+                                  f"else, so the harness cannot set its {what}; compare two running servers "
+                                  f"with baseline.base_url and treatment.base_url instead")
+    release = a.get("release")
+    if release is not None:
+        if isinstance(release, bool) or not isinstance(release, (str, int, float)):
+            raise r.doc.error(f"{path}.release", f"expected a version of engine.releases, got {_typename(release)}")
+        if not has_releases:
+            raise r.doc.error(f"{path}.release", "this engine has no releases: add engine.releases (package and "
+                              "index), or name a commit instead")
+        if a.get("commit") is not None:
+            raise r.doc.error(f"{path}.release", "an arm is a release or a commit, not both: drop one")
+        return ArmSpec(commit=None, release=str(release), env=r.env(a.get("env"), f"{path}.env"),
+                       flags=r.flags(a.get("flags"), f"{path}.flags"))
+    commit = a.get("commit")
+    if commit is not None:
+        if isinstance(commit, bool) or not isinstance(commit, (str, int)):
+            raise r.doc.error(f"{path}.commit", f"expected a revision (sha, branch, tag, HEAD~3), got {_typename(commit)}")
+        commit = str(commit)
+        if not has_repo:
+            raise r.doc.error(f"{path}.commit", "this engine has no repository (engine.repo); "
+                              "add engine.repo or drop the commit")
+    elif has_repo:
+        commit = "HEAD"
+    return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"),
+                   base_url=base_url)
+
+
+def _check_when(engine: EngineSpec, hyps, file: str) -> None:
+    """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be
+    judged; nor one on a derived metric where one of its inputs is not collected."""
+    from bisect_harness.engines import presets
+    from bisect_harness.measure import sources
+
+    preset = presets.get_preset(engine.preset)
+    by_name = {s.name: s for s in engine.metrics}
+    canonical = lambda f: presets.canonical_flag(f, preset)  # noqa: E731
+    for h in hyps:
+        source = by_name.get(h.metric)
+        if source is None:
+            continue
+        for side, arm in (("baseline", h.baseline), ("treatment", h.treatment)):
+            flags = {**engine.flags, **arm.flags}
+            collected, _ = sources.applicable(engine.metrics, flags, canonical)
+            if source in collected:
+                continue
+            where = [f"when: {dict(source.when)} holds"] if source.when and not source.applies(flags, canonical) else []
+            where += [f"its input {n!r} is" for n in getattr(source, "inputs", ()) if by_name[n] not in collected]
+            raise SpecError(f"hypothesis {h.id}: metric {h.metric!r} is collected only where "
+                            f"{' and '.join(where)}, and the {side} arm does not match it; compare "
+                            "two arms that both match, or pick another metric", key="metric", line=h.line,
+                            file=file)
+
+
+def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,
+                attached: bool = False, has_releases: bool = False) -> tuple[HypothesisSpec, ...]:
+    r.typed(value, "hypotheses", (list,), "a list of hypotheses")
+    if not value:
+        raise r.doc.error("hypotheses", "no hypotheses: write at least one")
+    out: list[HypothesisSpec] = []
+    seen: dict[str, str] = {}
+    for i, raw in enumerate(value):
+        path = f"hypotheses[{i}]"
+        h = r.mapping(raw, path, _HYP, required=("id", "baseline", "treatment", "metric", "expect", "min_effect"))
+        hid = h["id"]
+        if not isinstance(hid, str) or not _ID_RE.match(hid):
+            raise r.doc.error(f"{path}.id", "an id is letters, digits, '.', '_' or '-', starting with a letter or digit")
+        statement = h.get("statement", "")
+        r.typed(statement, f"{path}.statement", (str,), "a sentence")
+        metric = h["metric"]
+        if not isinstance(metric, str) or metric not in metrics:
+            raise r.doc.error(f"{path}.metric", f"unknown metric {metric!r}; known: {', '.join(sorted(metrics))} "
+                              "(declare more under engine.metrics)")
+        try:
+            expect = Expect(h["expect"])
+        except ValueError:
+            raise r.doc.error(f"{path}.expect", f"must be 'increase' or 'decrease', got {h['expect']!r}") from None
+        min_effect = parse_effect(h["min_effect"], f"{path}.min_effect", r.doc)
+        bisect = h.get("bisect", False)
+        r.typed(bisect, f"{path}.bisect", (bool,), "true or false")
+        if bisect and not has_repo:
+            raise r.doc.error(f"{path}.bisect", "bisection needs commits: add engine.repo")
+        explain_ = h.get("explain", False)
+        r.typed(explain_, f"{path}.explain", (bool,), "true or false")
+        profile = h.get("profile", False)
+        r.typed(profile, f"{path}.profile", (bool,), "true or false")
+        mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect)
+        base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached, has_releases)
+        treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached, has_releases)
+        if attached and h.get("matrix") is not None:
+            raise r.doc.error(f"{path}.matrix", "a matrix varies flags or env, which an attached server "
+                              "(engine.base_url) does not take from the harness; remove the matrix")
+        line = r.doc.line(path)
+        points = _matrix(r, h.get("matrix"), f"{path}.matrix")
+        if len(out) + len(points) > MAX_HYPOTHESES:
+            raise r.doc.error(f"{path}.matrix" if h.get("matrix") is not None else path,
+                              f"the file expands to more than {MAX_HYPOTHESES} hypotheses (matrices "
+                              "included); split it into several files (see docs/hypotheses-format.md, Limits)")
+        for point in points:
+            b, t = base, treat
+            for (arm_name, kind, name), v in point:
+                _no_nul_inside(r.doc, v, f"{path}.matrix.{kind}.{name}")
+                for which in (("baseline", "treatment") if arm_name == "both" else (arm_name,)):
+                    arm = b if which == "baseline" else t
+                    if kind == "env":
+                        if isinstance(v, (dict, list)) or v is None:
+                            raise r.doc.error(f"{path}.matrix", f"env values must be scalars, got {_typename(v)}")
+                        arm = replace(arm, env={**arm.env, name: _env_str(v)})
+                    else:
+                        arm = replace(arm, flags={**arm.flags, name: v})
+                    if which == "baseline":
+                        b = arm
+                    else:
+                        t = arm
+            suffix = ",".join(f"{name}={v}" for (_, _, name), v in point)
+            full_id = f"{hid}[{suffix}]" if point else hid
+            if full_id in seen:
+                raise r.doc.error(f"{path}.id", f"id {full_id!r} is used twice (also at {seen[full_id]})")
+            seen[full_id] = path
+            out.append(HypothesisSpec(
+                id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
+                min_effect=min_effect, bisect=bisect, line=line, explain=explain_, mechanism=mechanism,
+                profile=profile,
+                matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point}))
+    return tuple(out)
+
+
+def _mechanism(r: _Reader, value, path: str, metrics: Mapping[str, Metric], min_effect: float) -> tuple:
+    """``mechanism: [{metric: verify_ms, expect: decrease, min_effect: 5%}]`` (min_effect
+    defaults to the hypothesis')."""
+    if value is None:
+        return ()
+    r.typed(value, path, (list,), "a list of {metric: NAME, expect: increase|decrease} (min_effect optional)")
+    if not value:
+        raise r.doc.error(path, "an empty mechanism: name at least one metric, or remove the key")
+    out = []
+    for i, raw in enumerate(value):
+        where = f"{path}[{i}]"
+        m = r.mapping(raw, where, _MECH, required=("metric", "expect"))
+        name = m["metric"]
+        if not isinstance(name, str) or name not in metrics:
+            raise r.doc.error(f"{where}.metric", f"unknown metric {name!r}; known: {', '.join(sorted(metrics))} "
+                              "(declare more under engine.metrics)")
+        try:
+            expect = Expect(m["expect"])
+        except ValueError:
+            raise r.doc.error(f"{where}.expect", f"must be 'increase' or 'decrease', got {m['expect']!r}") from None
+        eff = parse_effect(m["min_effect"], f"{where}.min_effect", r.doc) if "min_effect" in m else min_effect
+        out.append(MechanismSpec(metric=name, expect=expect, min_effect=eff))
+    return tuple(out)
+
+
+def _matrix(r: _Reader, value, path: str) -> list[list]:
+    if value is None:
+        return [[]]
+    r.typed(value, path, (dict,), "a mapping of 'flags.NAME' or 'env.NAME' to a list of values")
+    axes = []
+    for key, values in value.items():
+        parts = key.split(".", 2) if key.split(".", 1)[0] in ("baseline", "treatment", "both") else ["treatment"] + key.split(".", 1)
+        if len(parts) != 3 or parts[1] not in ("flags", "env") or not parts[2]:
+            raise r.doc.error(f"{path}.{key}", "matrix keys look like 'flags.NAME', 'env.NAME', "
+                              "'baseline.flags.NAME' or 'both.env.NAME'")
+        if parts[1] == "env" and not _ENV_NAME_RE.match(parts[2]):
+            raise r.doc.error(f"{path}.{key}", f"{parts[2]!r} is not a valid environment variable name "
+                              "(letters, digits and '_', not starting with a digit)")
+        if parts[1] == "flags":
+            _check_flag_name(r.doc, parts[2], f"{path}.{key}")
+        if not isinstance(values, list) or not values:
+            raise r.doc.error(f"{path}.{key}", "expected a non-empty list of values")
+        for i, v in enumerate(values):
+            if isinstance(v, (dict, list)) or v is None:
+                raise r.doc.error(f"{path}.{key}[{i}]", f"a matrix value must be a string, number or "
+                                  f"boolean, got {_typename(v)}")
+        axes.append([((parts[0], parts[1], parts[2]), v) for v in values])
+    # The size is computed before anything expands: a 4-axis matrix of 40 values is 2.56 million points.
+    points = math.prod(len(axis) for axis in axes)
+    if points > MAX_MATRIX_POINTS:
+        raise r.doc.error(path, f"this matrix has {points} points ("
+                          + " x ".join(str(len(a)) for a in axes)
+                          + f"), above the cap of {MAX_MATRIX_POINTS} per hypothesis; split it into "
+                          "several hypotheses or fewer values (see docs/hypotheses-format.md, Limits)")
+    return [list(p) for p in itertools.product(*axes)]

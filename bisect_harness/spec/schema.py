@@ -1,0 +1,171 @@
+"""The JSON Schema of hypotheses.yaml, derived from the loader's own definition.
+
+Nothing here lists a key by hand: the allowed keys are the loader's tables
+(``spec._TOP``, ``_ENGINE``, ``_BENCH``, ``_DEFAULTS``, ``_HYP``, ``_ARM``), the
+types come from the frozen dataclasses the loader fills (``EngineSpec``,
+``BenchmarkSpec``, ``Defaults``, ``ArmSpec``) and the choices from the loader's
+constants (``ENV_CHECK_MODES``, ``HOST_CHECK_MODES``, ``ANALYSES``, ``BACKENDS``,
+``Expect``, the preset registry, ``Thresholds``). A key added to the loader shows
+up here; a key the loader does not read cannot. Editors (the YAML language
+server) use it for completion and as-you-type checks; the loader remains the
+judge (ranges, commits, flags against the engine are checked there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from bisect_harness.spec import parse as _spec
+from bisect_harness.observe.contention import Thresholds
+from bisect_harness.model import BenchmarkSpec, Expect
+from bisect_harness.engines.envs import ENV_MODES
+
+__all__ = ["hypotheses_schema", "SCHEMA_ID"]
+
+SCHEMA_ID = "https://bisect-harness.invalid/schema/hypotheses-v1.json"
+
+_ARGV = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
+                                         "items": {"type": ["string", "number"]}}],
+         "description": "an argv list, or one string split like a command line (never run by a shell)"}
+_ENV = {"type": "object", "propertyNames": {"pattern": _spec._ENV_NAME_RE.pattern},
+        "additionalProperties": {"type": ["string", "number", "boolean"]}}
+_FLAGS = {"type": "object", "propertyNames": {"pattern": _spec._FLAG_NAME_RE.pattern}}
+_EFFECT = {"oneOf": [{"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                     {"type": "string", "pattern": r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$"}],
+           "description": "a fraction like 0.1 or a percentage like '10%'"}
+
+
+def _from_annotation(annotation: str) -> dict:
+    """A JSON type for a dataclass field's annotation (they are strings under
+    ``from __future__ import annotations``)."""
+    a = str(annotation).replace("typing.", "")
+    optional = "None" in a
+    base = re.sub(r"\s*\|\s*None|None\s*\|\s*", "", a).strip()
+    table = {"int": {"type": "integer"}, "float": {"type": "number"}, "bool": {"type": "boolean"},
+             "str": {"type": "string"}, "Path": {"type": "string"},
+             "tuple[str, ...]": {"type": "array", "items": {"type": "string"}}}
+    out = dict(table.get(base, {}))
+    if optional and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _fields(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _section(keys, cls, special: dict[str, dict]) -> dict:
+    fields = _fields(cls) if cls is not None else {}
+    props = {}
+    for key in keys:
+        if key in special:
+            props[key] = special[key]
+            continue
+        f = fields.get(key)
+        prop = _from_annotation(f.type) if f is not None else {}
+        if f is not None and f.default is not dataclasses.MISSING and isinstance(f.default, (int, float, str, bool)):
+            prop["default"] = f.default
+        props[key] = prop
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
+def _presets() -> list[str]:
+    from bisect_harness.engines import presets
+
+    return sorted(presets._REGISTRY)
+
+
+def hypotheses_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a hypotheses file."""
+    from bisect_harness.measure.apis import APIS
+    from bisect_harness.measure.sources import source_kinds
+    from bisect_harness.engines.checkout import CHECKOUT_MODES
+
+    engine = _section(_spec._ENGINE, _spec.EngineSpec, {
+        "preset": {"type": "string", "enum": _presets(), "default": "openai"},
+        "repo": {"type": "string", "description": "the engine's git repository (relative to the file)"},
+        "build": _ARGV, "launch": _ARGV,
+        "server_info": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "env": _ENV, "flags": _FLAGS,
+        "metrics": {"type": "array", "items": {"type": "object"},
+                    "description": f"metric sources (from: {' | '.join(source_kinds())})"},
+        "environment": {"type": "string", "enum": list(ENV_MODES)},
+        "checkout": {"type": "string", "enum": list(CHECKOUT_MODES), "default": CHECKOUT_MODES[0],
+                     "description": "how each commit is checked out: a git worktree, its files alone (tree), "
+                                    "or a full clone"},
+        "build_env": {"type": "array", "items": {"type": "string"},
+                      "description": "variables whose values key a commit's build (beyond the compiler's)"},
+        "releases": {"type": "object", "additionalProperties": False, "required": ["package", "index"],
+                     "description": "the engine as released builds: each version a revision (release: V)",
+                     "properties": {
+                         "package": {"type": "string", "description": "the distribution name"},
+                         "index": {"type": "string",
+                                   "description": "a folder of wheels and sdists (pip --find-links), or an index URL"},
+                         "versions": {"type": "array", "items": {"type": ["string", "number"]},
+                                      "description": "oldest first; omit for every version in the folder"},
+                         "tag": {"type": "string", "pattern": "\\{version\\}",
+                                 "description": "each release's source tag, e.g. v{version}"},
+                         "launch": _ARGV}},
+    })
+    bench = _section(_spec._BENCH, BenchmarkSpec, {
+        "api": {"type": "string", "enum": list(APIS), "default": "completions"},
+        "tool_args": _ARGV,
+        "prompt_reuse": {"type": "boolean", "default": False,
+                         "description": "true: every sample and boot sends the same prompts, so a prefix cache "
+                                        "serves them (to measure the cache); false: each request's prompt is "
+                                        "its own (a seeded tag first)"},
+    })
+    defaults = _section(_spec._DEFAULTS, _spec.Defaults, {
+        "env_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
+        "flag_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
+        "host_check": {"type": "string", "enum": list(_spec.HOST_CHECK_MODES), "default": "mark"},
+        "analysis": {"type": "string", "enum": list(_spec.ANALYSES), "default": "robust"},
+        "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5, "default": 0.05},
+        "host_thresholds": {"type": "object", "additionalProperties": False,
+                            "properties": {n: {"type": "number"} for n in Thresholds.names()}},
+        "secret_names": {"type": "array", "items": {"type": "string"}},
+    })
+    arm = _section(_spec._ARM, _spec.ArmSpec, {
+        "commit": {"type": ["string", "integer"], "description": "a sha, branch, tag or HEAD~N"},
+        "release": {"type": ["string", "number"], "description": "a version of engine.releases, instead of a commit"},
+        "env": _ENV, "flags": _FLAGS})
+    hyp = _section(_spec._HYP, _spec.HypothesisSpec, {
+        "id": {"type": "string", "pattern": _spec._ID_RE.pattern},
+        "baseline": {"$ref": "#/$defs/arm"}, "treatment": {"$ref": "#/$defs/arm"},
+        "expect": {"type": "string", "enum": [e.value for e in Expect]},
+        "min_effect": _EFFECT,
+        "matrix": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1,
+                                                             "items": {"type": ["string", "number", "boolean"]}}},
+        "profile": {"type": "boolean", "default": False,
+                    "description": "one extra sample per arm under the engine's profiler, after the measured ones "
+                                   "(never a sample of the verdict)"},
+    })
+    hyp["required"] = ["id", "baseline", "treatment", "metric", "expect", "min_effect"]
+    backend = {"type": "object", "properties": {
+        "kind": {"type": "string", "enum": list(_spec.BACKENDS), "default": "local"},
+        "slots": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 1}},
+        "additionalProperties": True,
+        "description": "the backend's own keys (partition, time limit, ... for Slurm) are checked by that backend"}
+    size = {"type": ["integer", "string"], "pattern": _spec._SIZE_RE.pattern,
+            "description": "bytes, or a size with a unit: '64 MiB' (B, KiB, MiB, GiB); 64 KiB to 64 GiB"}
+    limits = {"type": "object", "additionalProperties": False,
+              "description": "how much is read from a server and kept of its output",
+              "properties": {name: {**size, "default": f.default}
+                             for name, f in _spec.Limits.__dataclass_fields__.items()}}
+    top = {
+        "version": {"const": _spec.SPEC_VERSION},
+        "engine": engine, "benchmark": bench, "defaults": defaults, "backend": backend, "limits": limits,
+        "hypotheses": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/hypothesis"}},
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "bisect-harness hypotheses file",
+        "type": "object",
+        "properties": {k: top[k] for k in _spec._TOP},
+        "required": ["engine", "hypotheses"],
+        "additionalProperties": False,
+        "$defs": {"arm": arm, "hypothesis": hyp},
+    }
