@@ -20,15 +20,15 @@ __version__ = "0.1.0"
 # Exports load on first use, so `harness --help` and `import bisect_harness` stay fast
 # and a missing optional tool (git, a GPU) only matters to the part that needs it.
 _EXPORTS = {
-    "BisectionSearch": "analysis.bisection", "BisectResult": "analysis.bisection",
+    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisection",
     "BootFailed": "errors", "BootTimeout": "errors", "BuildFailed": "errors", "CommitError": "errors",
     "ConfigFailure": "errors", "HarnessError": "errors", "InfrastructureError": "errors",
     "SpecError": "errors", "UserError": "errors",
-    "Executor": "orchestrate.executor", "Ledger": "record.ledger",
+    "Executor": "run.executor", "Ledger": "record.ledger",
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
-    "Outcome": "model", "SampleOutcome": "boot.request",
-    "make_plan": "planning.plan", "Spec": "input.spec", "load_spec": "input.spec",
-    "Design": "analysis.stats", "StatVerdict": "analysis.stats", "evaluate": "analysis.stats",
+    "Outcome": "model", "SampleOutcome": "boot",
+    "make_plan": "plan.build", "Spec": "spec.parse", "load_spec": "spec.parse",
+    "Design": "decide.stats", "StatVerdict": "decide.stats", "evaluate": "decide.stats",
 }
 
 __all__ = sorted(_EXPORTS)

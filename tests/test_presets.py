@@ -301,7 +301,7 @@ def test_a_preset_that_makes_its_repository_needs_no_name_check(tmp_path):
         assert "engine: preset local-history-for-test (a test's history; makes its own repository" in text
         assert obj["preset"] == preset.describe()
     finally:
-        presets._REGISTRY.pop("local-history-for-test", None)
+        presets.PRESETS.discard("local-history-for-test")
     # the same file with a preset that has no repository: commits and environments are refused
     spec_file.write_text(LOCAL_HISTORY_SPEC.replace("local-history-for-test", "openai\n  launch: [x, '{port}']"))
     with pytest.raises(SpecError, match="engine.environment"):

@@ -369,7 +369,7 @@ def test_a_new_kind_registers_parses_describes_and_collects():
         parse_source({"name": "w", "from": "window_length_for_test", "better": "lower"}, "m")
     register_source(_WindowLength)
     try:
-        with pytest.raises(TypeError, match="already registered"):
+        with pytest.raises(ValueError, match="already registered"):
             register_source(dataclasses.make_dataclass("Other", [], bases=(_WindowLength,), frozen=True))
         src = parse_source({"name": "w", "from": "window_length_for_test", "scale": 2, "better": "lower"}, "m")
         assert isinstance(src, _WindowLength) and src.describe() == (
@@ -385,7 +385,7 @@ def test_a_new_kind_registers_parses_describes_and_collects():
         out = c.end_sample([], 9.0)
         assert 0.1 <= out["w"] < 2.0 and c.problems() == []
     finally:
-        sources_mod._KINDS.pop("window_length_for_test", None)
+        sources_mod.SOURCE_KINDS.discard("window_length_for_test")
     assert "window_length_for_test" not in source_kinds()
 
 

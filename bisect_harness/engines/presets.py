@@ -59,11 +59,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from bisect_harness.observe.mechanisms import Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine
 from bisect_harness.engines.profilers import PROFILERS
+from bisect_harness.kinds import Registry
 from bisect_harness.errors import UserError
 
 __all__ = [
@@ -203,11 +203,9 @@ class DemoPreset(Preset):
         return ensure_demo_repo(cache_dir)
 
 
-#: name -> preset, filled by :func:`register_preset` as each preset is defined.
-_REGISTRY: dict[str, Preset] = {}
-
-#: The known presets, by name (a read-only view of the registry).
-PRESETS: Mapping[str, Preset] = MappingProxyType(_REGISTRY)
+#: The known presets, by name: a read-only registry, filled by :func:`register_preset`
+#: as each preset is defined.
+PRESETS: Registry[Preset] = Registry("engine preset")
 
 
 def register_preset(preset: Preset) -> Preset:
@@ -215,11 +213,7 @@ def register_preset(preset: Preset) -> Preset:
     one name is an error."""
     if not isinstance(preset, Preset):
         raise TypeError(f"register_preset takes a Preset, got {type(preset).__name__}")
-    old = _REGISTRY.get(preset.name)
-    if old is not None and old is not preset:
-        raise ValueError(f"engine preset {preset.name!r} is already registered")
-    _REGISTRY[preset.name] = preset
-    return preset
+    return PRESETS.add(preset)
 
 
 #: a row of vLLM's CUDA graph table (vllm/compilation/cuda_graph.py CUDAGraphLogging,

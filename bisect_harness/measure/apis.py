@@ -33,6 +33,8 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Protocol
 
+from bisect_harness.kinds import Registry
+
 __all__ = ["Api", "APIS", "ReadyProbe", "StreamError", "get_api"]
 
 
@@ -289,7 +291,10 @@ class Tgi(Api):
             st.output(now, 1)  # an event is a token
 
 
-APIS: dict[str, Api] = {a.name: a for a in (Completions(), Chat(), Generate(), LlamaCpp(), Tgi())}
+#: name -> API (``benchmark.api``), in the order defined.
+APIS: Registry[Api] = Registry("benchmark api")
+for _api in (Completions(), Chat(), Generate(), LlamaCpp(), Tgi()):
+    APIS.add(_api)
 
 
 def get_api(name: str) -> Api:

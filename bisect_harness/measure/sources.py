@@ -63,9 +63,11 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from bisect_harness.kinds import Registry
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Better, Limits, Metric
 from bisect_harness.measure.bodies import UnreadableBody, decoded
@@ -105,23 +107,17 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*")
 _COMMON = ("name", "from", "unit", "better", "description", "when")
 
 #: ``from:`` name -> source class, filled by :func:`register_source` as each class is defined.
-_KINDS: dict[str, type["MetricSource"]] = {}
+SOURCE_KINDS: Registry[type["MetricSource"]] = Registry("metric source kind", name_of=attrgetter("kind_name"))
 
 
 def register_source(cls: type["MetricSource"]) -> type["MetricSource"]:
     """Class decorator: make ``cls`` the source for ``from: <cls.kind_name>``."""
-    kind = cls.kind_name
-    if not kind:
-        raise TypeError(f"{cls.__name__} has no kind_name")
-    if kind in _KINDS and _KINDS[kind] is not cls:
-        raise TypeError(f"source kind {kind!r} is already registered by {_KINDS[kind].__name__}")
-    _KINDS[kind] = cls
-    return cls
+    return SOURCE_KINDS.add(cls)
 
 
 def source_kinds() -> tuple[str, ...]:
     """The registered ``from:`` names, in the order they were defined."""
-    return tuple(_KINDS)
+    return SOURCE_KINDS.names()
 
 
 @dataclass(frozen=True)
@@ -710,10 +706,10 @@ def parse_source(d: Mapping, key: str) -> MetricSource:
     if not isinstance(d, Mapping):
         raise SpecError(f"a metric source must be a mapping with name, from and better, got {d!r}", key=key)
     kind = d.get("from")
-    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    cls = SOURCE_KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         what = "missing 'from'" if kind is None else f"unknown source {kind!r}"
-        raise SpecError(f"{what}; 'from' must be one of: {', '.join(_KINDS)} (the kinds of metric "
+        raise SpecError(f"{what}; 'from' must be one of: {', '.join(SOURCE_KINDS)} (the kinds of metric "
                         "source this harness knows)", key=f"{key}.from")
     allowed = _COMMON + cls.keys
     unknown = sorted(set(map(str, d)) - set(allowed))

@@ -44,6 +44,8 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import psutil
 
+from bisect_harness.kinds import Registry
+
 #: Version of the dicts this module writes (``Window.to_dict``).
 SCHEMA_VERSION = 1
 
@@ -161,14 +163,13 @@ class Source:
         return None
 
 
-SOURCES: dict[str, type[Source]] = {}
+#: name -> contention source class, filled by :func:`register` as each class is defined.
+SOURCES: Registry[type[Source]] = Registry("contention source")
 
 
 def register(cls: type[Source]) -> type[Source]:
-    if not cls.name or cls.name in SOURCES:
-        raise ValueError(f"contention source needs a unique name, got {cls.name!r}")
-    SOURCES[cls.name] = cls
-    return cls
+    """Class decorator: make ``cls`` a source every :class:`Monitor` reads."""
+    return SOURCES.add(cls)
 
 
 def _span(readings: Sequence[tuple[float, Any]]) -> float:

@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from bisect_harness.backends.choose import BACKEND_NAMES as BACKENDS
+from bisect_harness.decide.stats import ANALYSES
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.engines.envs import ENV_MODES
 from bisect_harness.errors import SpecError, UserError
@@ -28,7 +30,6 @@ from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValu
 SPEC_VERSION = 1
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
 HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
-ANALYSES = ("robust", "paired", "unpaired")  # stats.ANALYSES; spec does not import stats
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -544,7 +545,6 @@ def parse_effect(value, path: str, doc: _Doc) -> float:
 
 
 _TOP = ("version", "engine", "benchmark", "defaults", "backend", "limits", "hypotheses")
-BACKENDS = ("local", "slurm")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
            "releases")

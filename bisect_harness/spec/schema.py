@@ -74,7 +74,7 @@ def _section(keys, cls, special: dict[str, dict]) -> dict:
 def _presets() -> list[str]:
     from bisect_harness.engines import presets
 
-    return sorted(presets._REGISTRY)
+    return sorted(presets.PRESETS)
 
 
 def hypotheses_schema() -> dict[str, Any]:
