@@ -1,1 +1,1 @@
-"""The ledger (SQLite through SQLAlchemy) and the journal rendered from it alone."""
+"""Storage: the ledger (SQLite through SQLAlchemy, one row per run, config, boot, sample and look), the run lock, liveness of a run's rows, and export."""
