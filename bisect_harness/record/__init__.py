@@ -1,1 +1,2 @@
-"""Storage: the ledger (SQLite through SQLAlchemy, one row per run, config, boot, sample and look), the run lock, liveness of a run's rows, and export."""
+"""Storage: the ledger (SQLite through SQLAlchemy, one row per run, config, boot, sample and
+look), the run lock, the liveness of a run's rows, and export."""
