@@ -60,7 +60,7 @@ def main() -> None:
 
 def measure(tmp: Path, boots: int) -> dict:
     from bisect_harness.boot import Sink
-    from bisect_harness.backends.local import run_boot
+    from bisect_harness.backends.procedure import run_boot
     from bisect_harness.backends.slurm import SlurmBackend, SlurmOptions
     from bisect_harness.plan.build import make_plan
     from bisect_harness.spec.parse import load_spec

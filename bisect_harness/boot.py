@@ -1,10 +1,12 @@
 """A boot as a value: what to boot (:class:`BootRequest`) and what came of it (:class:`BootOutcome`).
 
 The plan turns each config into requests (``plan.boot_request``); a backend turns
-a request into an outcome (``boot.local.LocalBackend`` on this host,
-``boot.slurm.SlurmBackend`` on a cluster node); the scheduler writes outcomes to
-the ledger. Both values are frozen and picklable: a request travels to a Slurm
-node and its outcome travels back, and nodes never touch the ledger.
+a request into an outcome (``backends.local.LocalBackend`` on this host,
+``backends.slurm.SlurmBackend`` on a cluster node) and hands back what happened
+as events (:class:`Started`, :class:`Sampled`, :class:`Finished`,
+:class:`Message`); the scheduler writes them to the ledger. The values are frozen
+and picklable: a request travels to a Slurm node and its outcome travels back,
+and nodes never touch the ledger.
 
 What depends on where the boot runs is left as a placeholder in the request and
 filled there: ``{port}`` (a free port on that host), ``{worktree}`` and
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Generator, Mapping, Union
 
 from bisect_harness.model import BenchmarkSpec
 
-__all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Sink", "freeze"]
+__all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Started", "Sampled", "Finished",
+           "Message", "Event", "Sink", "deliver", "freeze"]
 
 
 def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -184,12 +187,79 @@ class BootOutcome:
         return self.status == "ok"
 
 
+@dataclass(frozen=True)
+class Started:
+    """A boot's server was launched (or its endpoint attached): its port, argv and log."""
+
+    request: BootRequest
+    port: int | None
+    argv: tuple[str, ...]
+    log_path: str
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One sample of a boot, the moment it was measured."""
+
+    request: BootRequest
+    sample: SampleOutcome
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A boot's outcome: the last event of its boot."""
+
+    request: BootRequest
+    outcome: BootOutcome
+
+
+@dataclass(frozen=True)
+class Message:
+    """A line for the person running the harness (a Slurm job's id, a node given up)."""
+
+    text: str
+
+
+#: What a backend hands back while it boots, in the order it happens.
+Event = Union[Started, Sampled, Finished, Message]
+
+
 class Sink:
-    """Where a backend reports, on the controller's thread: the moment a boot's server
-    is launched (port, argv, log), each sample as it is measured (local backends), and
-    the outcome. The scheduler's sink writes them to the ledger."""
+    """The callback form of a boot's events (:func:`deliver`): the moment a boot's server
+    is launched (port, argv, log), each sample as it is measured (local backends), the
+    outcome, and messages. This one drops them all; a caller that wants them (a test,
+    a benchmark) overrides what it needs."""
 
     def started(self, request: BootRequest, port: int | None, argv: tuple[str, ...], log_path: str) -> None: ...
     def sample(self, request: BootRequest, sample: SampleOutcome) -> None: ...
     def finished(self, request: BootRequest, outcome: BootOutcome) -> None: ...
     def message(self, text: str) -> None: ...
+
+
+def deliver(events: Generator[Event, None, Any], sink: Sink | None = None) -> Any:
+    """Hand each of ``events`` to ``sink`` as it comes, and return what the generator
+    returns (:func:`~bisect_harness.backends.procedure.run_boot`: the outcome).
+
+    An exception raised by the sink (an interrupt, say) is thrown back into the
+    generator where it handed that event over, so the boots stop as they would for
+    an interrupt of their own, report what they report then, and the exception
+    goes on to the caller."""
+    sink = sink or Sink()
+    failure: BaseException | None = None
+    while True:
+        try:
+            event = next(events) if failure is None else events.throw(failure)
+        except StopIteration as stop:
+            return stop.value
+        failure = None
+        try:
+            if isinstance(event, Sampled):
+                sink.sample(event.request, event.sample)
+            elif isinstance(event, Finished):
+                sink.finished(event.request, event.outcome)
+            elif isinstance(event, Started):
+                sink.started(event.request, event.port, event.argv, event.log_path)
+            else:
+                sink.message(event.text)
+        except BaseException as exc:  # noqa: BLE001 - it goes back into the boots, then on to the caller
+            failure = exc

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
+from bisect_harness.backends import BACKENDS
 from bisect_harness.errors import HarnessError, InfrastructureError, UserError
 from bisect_harness.model import NOT_MEASURED, shown_outcome
 from bisect_harness.report.progress import observer_for
@@ -42,8 +43,8 @@ LEDGER_OPT = typer.Option("sqlite:///results.db", "--ledger", help="SQLAlchemy U
 JOURNAL_OPT = typer.Option(Path("experiments"), "--journal-dir", help="Folder for journals, logs and plots.")
 #: ``--wait-quiet`` without a value waits this long at most (see ``_wait_quiet_value``).
 WAIT_QUIET_DEFAULT_S = 600.0
-BACKEND_OPT = typer.Option(None, "--backend", help="Where boots run: local (this host) or slurm (jobs on a "
-                           "cluster; see docs/slurm.md). Default: the file's backend.kind, else local.")
+BACKEND_OPT = typer.Option(None, "--backend", help="Where boots run: " + BACKENDS.in_words(
+    lambda k: f"{k.name} ({k.summary})") + ". Default: the file's backend.kind, else local.")
 SLOTS_OPT = typer.Option(None, "--slots", help="Boots at once: local, disjoint CPU cores and GPUs per boot; "
                          "slurm, jobs in flight. Default: the file's backend.slots, else 1.")
 WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
@@ -324,7 +325,7 @@ def _fail_if_not_measured(run, log_dir: Path) -> None:
 def _backend(spec, kind: str | None, slots: int | None, journal_dir: Path):
     """The run's backend (``--backend``/``--slots`` over the file's ``backend:``), closed
     on the way out: a Slurm backend cancels jobs still in flight."""
-    from bisect_harness.backends.choose import make_backend
+    from bisect_harness.backends import make_backend
 
     backend = make_backend(spec, kind=kind, slots=slots, log_dir=journal_dir / "logs")
     try:

@@ -12,6 +12,10 @@ CLI's help) reads them from the registry, so adding a kind is one new definition
 
     PRESETS.names()                # ("mine",), in the order they were added
     PRESETS["mine"]                # a read-only mapping: no item assignment
+
+Kinds defined across the modules of a package (backends: one module each) are
+found by ``load``: a function the registry runs once, before it is first read,
+that imports those modules (each adds its kind as it is imported).
 """
 
 from __future__ import annotations
@@ -28,13 +32,24 @@ class Registry(Mapping[str, T], Generic[T]):
     """Name -> kind, in the order they were added; read-only but through :meth:`add`.
 
     ``what`` names the sort in messages ("engine preset"); ``name_of`` reads a
-    kind's name (its ``name`` attribute unless told otherwise).
+    kind's name (its ``name`` attribute unless told otherwise); ``load``, when
+    given, runs once before the registry is first read (see the module doc).
     """
 
-    def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name")) -> None:
+    def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name"),
+                 load: Callable[[], None] | None = None) -> None:
         self.what = what
         self._name_of = name_of
-        self._kinds: dict[str, T] = {}
+        self._load = load
+        self._found: dict[str, T] = {}
+
+    @property
+    def _kinds(self) -> dict[str, T]:
+        """The kinds, after ``load`` has run (once; a read while it runs sees those added so far)."""
+        load, self._load = self._load, None
+        if load is not None:
+            load()
+        return self._found
 
     def add(self, kind: T) -> T:
         """Make ``kind`` known by its name and return it (usable as a class decorator).
@@ -42,19 +57,25 @@ class Registry(Mapping[str, T], Generic[T]):
         name = self._name_of(kind)
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.what} needs a name, got {name!r} from {kind!r}")
-        old = self._kinds.get(name)
+        old = self._found.get(name)
         if old is not None and old is not kind:
             raise ValueError(f"{self.what} {name!r} is already registered")
-        self._kinds[name] = kind
+        self._found[name] = kind
         return kind
 
     def discard(self, name: str) -> None:
         """Forget ``name`` if it is known (for a test that added a kind of its own)."""
-        self._kinds.pop(name, None)
+        self._found.pop(name, None)
 
     def names(self) -> tuple[str, ...]:
         """The known names, in the order they were added."""
         return tuple(self._kinds)
+
+    def in_words(self, say: Callable[[T], str] | None = None) -> str:
+        """The kinds as a sentence says them, "a, b or c"; each as ``say(kind)`` has it
+        (its name unless told otherwise), for help and messages."""
+        said = [say(kind) if say else name for name, kind in self._kinds.items()]
+        return " or ".join([", ".join(said[:-1]), said[-1]]) if len(said) > 1 else "".join(said)
 
     def __getitem__(self, name: str) -> T:
         return self._kinds[name]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bisect_harness.engines.checkout import CHECKOUT_FOLDERS, Workspace
+from bisect_harness.engines.checkout import CHECKOUT_MODES, Workspace
 from bisect_harness.errors import BuildFailed, CommitError
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
@@ -255,7 +255,7 @@ def test_a_link_in_the_cache_is_never_followed(repo, tmp_path):
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("not the cache's\n")
     for mode in ("tree", "worktree"):
-        link = ws.root / CHECKOUT_FOLDERS[mode] / sha
+        link = ws.root / CHECKOUT_MODES[mode].folder / sha
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(elsewhere, target_is_directory=True)
         got = ws.checkout(sha, mode)

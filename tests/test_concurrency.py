@@ -206,7 +206,7 @@ def test_loopback_calls_ignore_a_proxy(tmp_path, monkeypatch):
     import http.server
     import threading
 
-    from bisect_harness.backends.local import fetch_server_info
+    from bisect_harness.backends.procedure import fetch_server_info
 
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -9,11 +9,12 @@ only those below it. Two checks hold the code to that picture:
   design.md names (``analysis`` reading the ledger's rows and values);
 * the calls, traced while the harness runs (``sys.setprofile``): a run of
   ``harness run`` whose hypotheses go on to a bisection and an explanation, and a
-  ``harness bisect``, through a backend seam (boots nothing: its values depend on the
+  ``harness bisect``, through the mock backend (boots nothing: its values depend on the
   commit and the flags), and one real boot of the demo engine through the local
   backend. A call from a module into one of a layer above is a callback: the searches
   are stepped by their drivers (``BisectionSearch.next_round``,
-  ``ExplainSearch.next_config``) rather than calling up into them, so the only calls
+  ``ExplainSearch.next_config``) and the backends hand their events back to the
+  scheduler that records them, rather than calling up into them, so the only calls
   up are the ones named in :data:`UP_CALLS`, each with why it is there.
 """
 
@@ -30,7 +31,8 @@ from pathlib import Path
 import pytest
 
 import bisect_harness
-from bisect_harness.boot import BootOutcome, SampleOutcome
+from bisect_harness.backends.mock import MockBackend
+from bisect_harness.boot import SampleOutcome
 from bisect_harness.spec.parse import load_spec
 from bisect_harness.run.bisect_runner import bisect_range
 from bisect_harness.run.executor import Executor
@@ -59,10 +61,9 @@ UP_CALLS = {
     ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
     ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
     ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
-    ("measure/sources", "backends/local"): "read_server_info calls the fetch it was given (a lambda of run_boot)",
+    ("measure/sources", "backends/procedure"): "read_server_info calls the fetch it was given (a lambda of "
+                                                  "run_boot)",
     ("observe/mechanisms", "engines/presets"): "InfoField.read calls the reader the preset gave it",
-    ("backends/local", "run/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
-                                             "outcome to the Sink it was given (the scheduler's ledger sink)",
 }
 
 
@@ -167,27 +168,18 @@ class _Calls:
         return {pair: where for pair, where in self.seen.items() if _rank(pair[1]) > _rank(pair[0])}
 
 
-class CommitBackend:
+def commit_backend(order: list[str], culprit: int) -> MockBackend:
     """Boots nothing: each request comes back ok, its tok_s lower from commit ``culprit``
     on and with flag ``slow`` set, drawn with a seeded spread."""
+    rng = random.Random(5)
 
-    name = "commits"
-    slots = 1
+    def answer(r):
+        level = 100.0 * (0.7 if order.index(r.commit) >= culprit else 1.0)
+        level *= 0.8 if dict(r.flags).get("slow") else 1.0
+        return tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": level * rng.lognormvariate(0.0, 0.01)},
+                                   requests=1, output_tokens=10, duration_s=0.1) for i in range(2))
 
-    def __init__(self, order: list[str], culprit: int):
-        self.order, self.culprit = order, culprit
-        self.rng = random.Random(5)
-
-    def run(self, requests, sink):
-        for r in requests:
-            level = 100.0 * (0.7 if self.order.index(r.commit) >= self.culprit else 1.0)
-            level *= 0.8 if dict(r.flags).get("slow") else 1.0
-            samples = tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": level * self.rng.lognormvariate(0.0, 0.01)},
-                                          requests=1, output_tokens=10, duration_s=0.1) for i in range(2))
-            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=samples))
-
-    def close(self):
-        pass
+    return MockBackend(answer, name="commits")
 
 
 def _repo(path: Path, n: int) -> list[str]:
@@ -215,11 +207,11 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
     plan = make_plan(spec, cache_dir=tmp_path / "cache")
     with _Calls() as calls, Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
         Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, order_seed=3,
-                 backend=CommitBackend(order, culprit=5)).execute()
+                 backend=commit_backend(order, culprit=5)).execute()
         bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
                      first_parent=False, cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs",
-                     backend=CommitBackend(order, culprit=5))
-        nights = CommitBackend(order, culprit=5)
+                     backend=commit_backend(order, culprit=5))
+        nights = commit_backend(order, culprit=5)
         for rev in (order[1], order[2], order[3], order[-1]):  # three quiet nights, then the slow one
             run_nightly(spec, led, rev=rev, metric="tok_s", min_effect=0.1, window=2, calibrate=False,
                         cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs", backend=nights)
@@ -238,7 +230,7 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
 
 
 @pytest.mark.slow
-def test_a_real_boot_calls_up_only_through_the_backend_seam(tmp_path):
+def test_a_real_boot_is_handed_back_to_the_scheduler_and_calls_nothing_up(tmp_path):
     from bisect_harness.backends.local import LocalBackend
     from bisect_harness.run.scheduler import Scheduler
 
@@ -254,6 +246,7 @@ def test_a_real_boot_calls_up_only_through_the_backend_seam(tmp_path):
             m, = sched.measure([sched.state_for(plan.configs[0])], 1, metric="tok_s")
     assert m.values, m
     up = calls.up()
-    assert ("backends/local", "run/scheduler") in up  # the seam was crossed, and seen
+    # the seam was crossed, and seen: the scheduler steps the backend, the backend the boot procedure
+    assert {("run/scheduler", "backends/local"), ("backends/local", "backends/procedure")} <= set(calls.seen)
     assert set(up) <= set(UP_CALLS), f"calls up a layer, not in UP_CALLS: " + "; ".join(
         f"{a} -> {b} ({up[(a, b)]})" for a, b in sorted(set(up) - set(UP_CALLS)))

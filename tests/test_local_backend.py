@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from bisect_harness.boot import BootOutcome, Sink
-from bisect_harness.backends.local import LocalBackend, device_sets, run_boot
+from bisect_harness.backends.local import LocalBackend, device_sets
+from bisect_harness.backends.procedure import run_boot
 from bisect_harness.errors import UserError
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.plan.build import make_plan

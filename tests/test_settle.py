@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from bisect_harness.boot import Sink
-from bisect_harness.backends.local import run_boot
+from bisect_harness.backends.procedure import run_boot
 from bisect_harness.engines.presets import get_preset
 from bisect_harness.spec.parse import load_spec
 from bisect_harness.plan.build import make_plan

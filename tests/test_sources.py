@@ -445,7 +445,7 @@ def test_a_metrics_body_past_the_cap_is_a_problem_not_the_harness_memory(path):
         collector = SourceCollector([src], srv.base_url, None, metrics_path=path, timeout_s=20)
         samples, problem = collector._scrape()
         assert samples is None and "went past 4,194,304 bytes" in problem, problem
-        from bisect_harness.backends.local import fetch_server_info
+        from bisect_harness.backends.procedure import fetch_server_info
 
         info = fetch_server_info(srv.base_url, [path])
         assert info is None

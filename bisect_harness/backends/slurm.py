@@ -3,13 +3,13 @@
 The controller (the machine running ``harness``) submits each request as a batch
 job whose Python function is :func:`node_boot`: on the node it names its device
 set after the node (``SLURMD_NODENAME``), calls
-:func:`bisect_harness.backends.local.run_boot` there, and returns the frozen outcome
+:func:`bisect_harness.backends.procedure.run_boot` there, and returns the frozen outcome
 through submitit's result file. The controller polls the jobs, hands each
-outcome to the sink (the ledger is written on the controller only, never on a
+outcome back to its caller (the ledger is written on the controller only, never on a
 node) and keeps at most ``slots`` jobs in the queue at once::
 
     backend = SlurmBackend(SlurmOptions(partition="gpu", gpus_per_boot=8), slots=4)
-    backend.run(requests, sink)
+    backend.run(requests, sink)      # or: for event in backend.events(requests): ...
 
 The cache folder (worktrees, per-commit environments), the log folder and the
 jobs folder must be on a filesystem the nodes share with the controller.
@@ -48,10 +48,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+from bisect_harness.backends import BACKENDS, Backend, BackendKind
 from bisect_harness.errors import InfrastructureError, SpecError
-from bisect_harness.boot import BootOutcome, BootRequest, DeviceSet, Sink
+from bisect_harness.boot import BootOutcome, BootRequest, DeviceSet, Event, Finished, Message
 
 __all__ = ["SlurmOptions", "SlurmBackend", "node_boot", "node_fingerprint"]
 
@@ -168,7 +169,7 @@ def node_boot(request: BootRequest, submitted_at: float) -> BootOutcome:
 
     The device set is named after the node; GPUs and CPUs are the ones Slurm gave
     the job (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity)."""
-    from bisect_harness.backends.local import run_boot
+    from bisect_harness.backends.procedure import run_boot
 
     started = time.time()
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -224,7 +225,7 @@ class _Job:
     missing_since: float | None = None  # when squeue first stopped listing it
 
 
-class SlurmBackend:
+class SlurmBackend(Backend):
     """Boot requests as Slurm jobs, at most ``slots`` queued or running at once (see the
     module doc). ``folder`` holds submitit's job files (pickles, batch scripts, logs);
     by default ``slurm-jobs`` beside each boot's log."""
@@ -254,7 +255,7 @@ class SlurmBackend:
     def close(self) -> None:
         """Cancel any job still in flight (``run`` cancels its own when interrupted)."""
         if self._live:
-            self._cancel(self._live, Sink())
+            self._cancel(self._live)
 
     # -- submission --------------------------------------------------------------
 
@@ -304,7 +305,7 @@ class SlurmBackend:
 
     # -- the loop ------------------------------------------------------------------
 
-    def run(self, requests: Sequence[BootRequest], sink: Sink) -> None:
+    def events(self, requests: Sequence[BootRequest]) -> Iterator[Event]:
         pending = list(requests)
         live = self._live
         try:
@@ -313,8 +314,8 @@ class SlurmBackend:
                 while pending and free:
                     j = self._submit(pending.pop(0), free.pop(0))
                     live[j.job.job_id] = j
-                    sink.message(f"boot {j.request.boot_id} ({j.request.label}): Slurm job {j.job.job_id}"
-                                 + (f" pinned to {j.pinned}" if j.pinned else ""))
+                    yield Message(f"boot {j.request.boot_id} ({j.request.label}): Slurm job {j.job.job_id}"
+                                  + (f" pinned to {j.pinned}" if j.pinned else ""))
                 self._poll(live)
                 for job_id in list(live):
                     j = live[job_id]
@@ -323,8 +324,8 @@ class SlurmBackend:
                         if j.state == "PENDING" and j.pinned and j.reason and \
                                 any(r in j.reason for r in UNREACHABLE_REASONS) and not _node_usable(j.pinned):
                             # the pinned node is gone: unpin and let Slurm choose
-                            sink.message(f"Slurm job {job_id} cannot start on {j.pinned} ({j.reason}); "
-                                         "resubmitting without pinning the node")
+                            yield Message(f"Slurm job {job_id} cannot start on {j.pinned} ({j.reason}); "
+                                          "resubmitting without pinning the node")
                             self.node = None
                             j.job.cancel(check=False)
                             del live[job_id]
@@ -333,15 +334,18 @@ class SlurmBackend:
                     del live[job_id]
                     if outcome.ok and self.options.same_node and self.node is None:
                         self.node = j.node
-                    sink.finished(j.request, outcome)
+                    yield Finished(j.request, outcome)
                 if live:
                     time.sleep(self.options.poll_s)
-        except BaseException:
-            self._cancel(live, sink)
+        except BaseException as exc:
+            cut = self._cancel(live)
+            if not isinstance(exc, GeneratorExit):  # else the caller let go: nothing can be handed back
+                for request, outcome in cut:
+                    yield Finished(request, outcome)
             raise
 
-    def _cancel(self, live: dict[str, _Job], sink: Sink) -> None:
-        """Cancel every job still queued or running and report each as interrupted."""
+    def _cancel(self, live: dict[str, _Job]) -> list[tuple[BootRequest, BootOutcome]]:
+        """Cancel every job still queued or running; each one's request and ``interrupted`` outcome."""
         from bisect_harness.model import utcnow
 
         for j in live.values():
@@ -355,14 +359,16 @@ class SlurmBackend:
             if states is not None and all(states.get(i, ("CANCELLED",))[0] in ENDED for i in live):
                 break
             time.sleep(0.2)
+        cut = []
         for job_id, j in live.items():
             out = BootOutcome(boot_id=j.request.boot_id, status="interrupted",
                               failure=f"the harness was interrupted; Slurm job {job_id} was cancelled",
                               log_tail=_tail(j.job), log_path=j.request.log_path,
                               provenance={"slurm": self._slurm_record(j, "CANCELLED")},
                               finished_at=utcnow())
-            sink.finished(j.request, out)
+            cut.append((j.request, out))
         live.clear()
+        return cut
 
     # -- states and outcomes ----------------------------------------------------------
 
@@ -505,3 +511,14 @@ def _sacct(job_ids: Sequence[str]) -> dict[str, tuple[str, str | None]]:
         if len(parts) == 3 and parts[0] in job_ids:
             states[parts[0]] = (parts[1].split()[0], parts[2] or None)  # "CANCELLED by 0" -> CANCELLED
     return states
+
+
+def _check(options: Mapping[str, Any], where: str) -> None:
+    SlurmOptions.from_mapping(options, where)
+
+
+def _make(options: Mapping[str, Any], *, slots: int, log_dir: Path) -> SlurmBackend:
+    return SlurmBackend(SlurmOptions.from_mapping(options, "backend"), slots=slots, folder=log_dir / "slurm")
+
+
+BACKENDS.add(BackendKind(name="slurm", summary="jobs on a cluster; see docs/slurm.md", check=_check, make=_make))

@@ -52,6 +52,7 @@ from filelock import FileLock, Timeout  # noqa: E402
 from bisect_harness.process import supervisor
 from bisect_harness.engines.envs import CommitEnv, create_venv
 from bisect_harness.errors import BuildFailed, CommitError, InfrastructureError
+from bisect_harness.kinds import Registry
 from bisect_harness.secrets import redact_argv
 from bisect_harness.places import default_cache_dir
 
@@ -91,7 +92,7 @@ class Workspace:
         ident = hashlib.sha256(str(self.repo_path).encode()).hexdigest()[:12]
         self.root = (cache_dir or default_cache_dir()) / "repos" / f"{self.repo_path.name}-{ident}"
         self.mirror_path = self.root / "mirror.git"
-        self.trees = self.root / "worktrees"
+        self.trees = self.root / CHECKOUT_MODES["worktree"].folder
         self.envs = self.root / "envs"
         self._mirror: git.Repo | None = None
 
@@ -184,7 +185,7 @@ class Workspace:
             return self.worktree(sha)
         if mode not in CHECKOUT_MODES:
             raise ValueError(f"unknown checkout mode {mode!r}")
-        path = self.root / CHECKOUT_FOLDERS[mode] / sha
+        path = self.root / CHECKOUT_MODES[mode].folder / sha
         if self._reusable(path, sha, mode):  # only ever renamed into place whole
             _touch(path)
             return path
@@ -328,10 +329,21 @@ class Workspace:
         return BuildResult(True, log_path, seconds, False)
 
 
-#: How a commit is checked out (``engine.checkout``); the first is the default.
-CHECKOUT_MODES = ("worktree", "tree", "clone")
-#: Each mode's folder in a repository's cache folder.
-CHECKOUT_FOLDERS = {"worktree": "worktrees", "tree": "trees", "clone": "clones"}
+@dataclass(frozen=True)
+class CheckoutMode:
+    """One way a commit is checked out (``engine.checkout``): its name, its folder in a
+    repository's cache folder, and what it is, for messages."""
+
+    name: str
+    folder: str
+    summary: str
+
+
+#: How a commit is checked out (``engine.checkout``), by name; the first is the default.
+CHECKOUT_MODES: Registry[CheckoutMode] = Registry("checkout mode")
+CHECKOUT_MODES.add(CheckoutMode("worktree", "worktrees", "a git worktree; its .git is a file"))
+CHECKOUT_MODES.add(CheckoutMode("tree", "trees", "the commit's files, no .git"))
+CHECKOUT_MODES.add(CheckoutMode("clone", "clones", "a full clone, for build scripts that run git or read .git/index"))
 
 #: Variables that change what a compiler makes, so they key a commit's build; a
 #: spec adds its own with ``engine.build_env``. PATH is left out: the interpreter

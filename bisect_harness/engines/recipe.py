@@ -3,8 +3,8 @@
 A :class:`~bisect_harness.boot.BootRequest` leaves ``{port}``,
 ``{worktree}`` and ``{python}`` open; here they are filled: the commit's
 worktree and environment (made and built once, cached), the placeholder
-values, the working folder and the process env. :func:`bisect_harness.backends.local.run_boot`
-and the dry run's flag check (``input.engine_flags.check_plan_flags``) both use
+values, the working folder and the process env.
+:func:`bisect_harness.backends.procedure.run_boot` and the dry run's flag check (``input.engine_flags.check_plan_flags``) both use
 these functions, so ``--check-flags`` runs each commit's ``--help`` exactly
 where and how its boots will run.
 """

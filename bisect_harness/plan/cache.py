@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from bisect_harness.engines.checkout import CHECKOUT_FOLDERS
+from bisect_harness.engines.checkout import CHECKOUT_MODES
 from bisect_harness.errors import UserError
 
 __all__ = ["CacheEntry", "list_cache", "select_for_prune", "prune", "parse_size", "parse_age", "human_size",
            "human_age"]
 
 #: Each kind of entry and its folder in a repository's cache folder: the checkouts, then environments.
-FOLDERS = {**CHECKOUT_FOLDERS, "environment": "envs"}
+FOLDERS = {**{m.name: m.folder for m in CHECKOUT_MODES.values()}, "environment": "envs"}
 KINDS = tuple(FOLDERS)
 
 

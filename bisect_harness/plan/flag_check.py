@@ -164,7 +164,7 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
     (the build is cached, so the boots reuse it); a commit that fails to build is
     reported with the build's message instead of options. Worktree, environment,
     placeholders, working folder and process env come from each config's boot
-    request through ``boot.recipe``, as ``boot.local.run_boot`` gets them, so the
+    request through ``boot.recipe``, as ``backends.procedure.run_boot`` gets them, so the
     help runs where and how the boots will.
     """
     preset = plan.preset

@@ -16,7 +16,8 @@ The plan hands the scheduler each config's recipe once, when its state is made
 goes out as that frozen request (``BootRequest.for_boot``) to the backend and
 comes back as a frozen outcome; the scheduler alone writes the ledger: the boot
 row before the boot starts (its id names the log), each sample the moment the
-backend reports it, the outcome when it ends.
+backend hands it back, the outcome when it ends. The backend hands back events
+and the scheduler records them (``_Recorder``): nothing below calls up into it.
 
 The failure policy, decided here once for every command (``docs/design.md``):
 
@@ -56,8 +57,9 @@ from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
 from bisect_harness.run import resume
 from bisect_harness.backends import Backend
-from bisect_harness.boot import BootOutcome, BootRequest, SampleOutcome, Sink
-from bisect_harness.backends.local import LocalBackend, this_host
+from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Started
+from bisect_harness.backends.local import LocalBackend
+from bisect_harness.backends.procedure import this_host
 from bisect_harness.errors import HarnessError, InfrastructureError, UserError
 from bisect_harness.record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
 from bisect_harness.plan.build import ConfigRecipe, Plan, PlannedConfig
@@ -518,7 +520,7 @@ class Scheduler:
         return out
 
     def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
-        sink = _LedgerSink(self)
+        recorder = _Recorder(self)
         requests = []
         for st in batch:
             pc = st.planned
@@ -533,16 +535,27 @@ class Scheduler:
             req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
             if profile:
                 req = req.profiled()
-            sink.expect(req, boot, st)
+            recorder.expect(req, boot, st)
             requests.append(req)
         self.ledger.commit()
         try:
-            self.backend.run(requests, sink)
+            events = self.backend.events(requests)
+            failure: BaseException | None = None
+            while True:  # each event recorded the moment the backend hands it back
+                try:
+                    event = next(events) if failure is None else events.throw(failure)
+                except StopIteration:
+                    break
+                failure = None
+                try:
+                    recorder.record(event)
+                except BaseException as exc:  # noqa: BLE001 - an interrupt while recording: the boots hear it
+                    failure = exc  # thrown into the events where this one came out, as boot.deliver does
         finally:
-            sink.close_unreported()  # boots that never reported (never started) say so
+            recorder.close_unreported()  # boots that never reported (never started) say so
             self.ledger.commit()
-        sink.raise_fatal()
-        return [sink.boots[r.boot_id][0] for r in requests]
+        recorder.raise_fatal()
+        return [recorder.boots[r.boot_id][0] for r in requests]
 
     def _fail(self, st: ConfigState, why: str, status: str = "boot_failed") -> None:
         st.failed = st.failed or why
@@ -566,8 +579,8 @@ class Scheduler:
                              f"({contention.summary_line(window)})")
 
 
-class _LedgerSink(Sink):
-    """A backend's reports, written to the ledger on the scheduler's thread."""
+class _Recorder:
+    """A backend's events, written to the ledger on the scheduler's thread."""
 
     def __init__(self, sched: Scheduler):
         self.sched = sched
@@ -581,8 +594,15 @@ class _LedgerSink(Sink):
         self.boots[req.boot_id] = (boot, st)
         self.written[req.boot_id] = set()
 
-    def message(self, text: str) -> None:
-        self.sched.obs.message(text)
+    def record(self, event: Event) -> None:
+        if isinstance(event, Sampled):
+            self.sample(event.request, event.sample)
+        elif isinstance(event, Finished):
+            self.finished(event.request, event.outcome)
+        elif isinstance(event, Started):
+            self.started(event.request, event.port, event.argv, event.log_path)
+        elif isinstance(event, Message):
+            self.sched.obs.message(event.text)
 
     def started(self, req: BootRequest, port, argv, log_path) -> None:
         boot, _ = self.boots[req.boot_id]

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from bisect_harness.backends.choose import BACKEND_NAMES as BACKENDS
+from bisect_harness.backends import BACKENDS
 from bisect_harness.decide.stats import ANALYSES
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.engines.envs import ENV_MODES
@@ -614,7 +614,7 @@ def _backend(r: _Reader, value) -> BackendSpec:
         raise r.doc.error("backend.kind", f"must be one of {', '.join(BACKENDS)}, got {kind!r}")
     slots = r.positive_int(value.get("slots", 1), "backend.slots", maximum=1024)
     options = {str(k): v for k, v in value.items() if k not in ("kind", "slots")}
-    from bisect_harness.backends.choose import check_options
+    from bisect_harness.backends import check_options
 
     check_options(kind, options, where="backend")
     return BackendSpec(kind=kind, slots=slots, options=tuple(sorted(options.items())))
@@ -754,11 +754,10 @@ def _checkout_keys(r: _Reader, e: dict) -> tuple[str, tuple[str, ...]]:
     variables whose values key a commit's build)."""
     from bisect_harness.engines.checkout import CHECKOUT_MODES
 
-    mode = e.get("checkout", CHECKOUT_MODES[0])
+    mode = e.get("checkout", CHECKOUT_MODES.names()[0])
     if mode not in CHECKOUT_MODES:
         raise r.doc.error("engine.checkout", f"must be one of {', '.join(CHECKOUT_MODES)}, got {mode!r}: "
-                          "'worktree' (a git worktree; its .git is a file), 'tree' (the commit's files, no .git) "
-                          "or 'clone' (a full clone, for build scripts that run git or read .git/index)")
+                          f"{CHECKOUT_MODES.in_words(lambda m: f'{m.name!r} ({m.summary})')}")
     names = e.get("build_env", [])
     r.typed(names, "engine.build_env", (list,), "a list of environment variable names")
     for i, name in enumerate(names):

@@ -92,7 +92,7 @@ def hypotheses_schema() -> dict[str, Any]:
         "metrics": {"type": "array", "items": {"type": "object"},
                     "description": f"metric sources (from: {' | '.join(source_kinds())})"},
         "environment": {"type": "string", "enum": list(ENV_MODES)},
-        "checkout": {"type": "string", "enum": list(CHECKOUT_MODES), "default": CHECKOUT_MODES[0],
+        "checkout": {"type": "string", "enum": list(CHECKOUT_MODES), "default": CHECKOUT_MODES.names()[0],
                      "description": "how each commit is checked out: a git worktree, its files alone (tree), "
                                     "or a full clone"},
         "build_env": {"type": "array", "items": {"type": "string"},

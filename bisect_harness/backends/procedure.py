@@ -1,0 +1,507 @@
+"""The boot procedure: the whole life of one boot on the host it runs on.
+
+:func:`boot_events` checks out and builds the commit (once, in its own
+environment), launches the server (or attaches to a running one), verifies that
+the env reached every worker and that the flags took effect, warms up, measures
+the samples while watching the host, and tears down. It takes a frozen
+:class:`~bisect_harness.boot.BootRequest` and hands back what happens as events
+(the launch, each sample the moment it is measured, the frozen
+:class:`~bisect_harness.boot.BootOutcome` last), returning the outcome; it never
+touches the ledger. :func:`run_boot` is the same boot as a plain call, its events
+handed to a :class:`~bisect_harness.boot.Sink`. Every backend boots through it:
+the local backend on this host, the Slurm backend on a cluster node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Generator, Mapping, Sequence
+
+import httpx
+
+from bisect_harness.engines import attach, benchtools, presets, profilers
+from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
+from bisect_harness.measure import sources
+from bisect_harness.engines.checkout import read_tail
+from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
+from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
+from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
+from bisect_harness.model import jsonable, utcnow
+from bisect_harness.measure.sources import SourceCollector
+from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, SampleOutcome, Sampled, Sink, Started
+from bisect_harness.boot import deliver
+
+__all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_server_info"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def host_fingerprint(host: Mapping) -> str:
+    """What makes two boots comparable hosts: machine, boot, GPUs, driver."""
+    import hashlib
+    import json
+
+    keys = {k: host.get(k) for k in ("hostname", "boot_id", "kernel", "cpu_model")}
+    gpus = host.get("gpus") or []
+    keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def this_host() -> tuple[dict, str]:
+    """This host's description and fingerprint (machine, boot id, GPUs: fixed for a process)."""
+    host = provenance.collect_host().to_dict()
+    return host, host_fingerprint(host)
+
+
+def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None,
+                      limit: int = sources.MAX_BODY_BYTES) -> dict | None:
+    """The first server-info endpoint that answers with a JSON object, or None
+    (``sources.read_server_info``, the rule the metric sources use too); no body
+    is read past ``limit`` bytes (``limits.body_bytes``)."""
+    with httpx.Client(trust_env=False) as client:
+        data, _ = sources.read_server_info(
+            lambda path: sources.bounded_get(client, base_url + path, 10.0, headers, limit=limit), paths)
+    return dict(data) if data is not None else None
+
+
+def _usage_check(b: "_Boot", requests) -> None:
+    """A server whose token count is below the text chunks it sent is not believed:
+    the client's count stands for those requests, and the boot is marked ``usage_mismatch``
+    with how often and one example."""
+    bad = [r.usage_mismatch for r in requests if r.ok and r.usage_mismatch]
+    if not bad:
+        return
+    seen = b.provenance.setdefault("usage_mismatch", {"requests": 0, "example": bad[0]})
+    seen["requests"] += len(bad)
+    if "usage_mismatch" not in b.marks:
+        b.marks.append("usage_mismatch")
+
+
+#: How a server's top process may end when the harness stops it: exit 0, or killed by
+#: SIGTERM (-15 as Python reports a signal, 143 as a shell wrapper passes it on).
+_STOPPED_AS_ASKED = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def _stop_check(b: "_Boot", server) -> None:
+    """The launched server's exit code at the harness's stop, in the boot's record
+    (``provenance["stop"]``); any other end than :data:`_STOPPED_AS_ASKED` (a wrapper
+    that exits 1 when SIGTERM reached its server first, a server killed after the
+    grace) is said there and marks the boot ``stop_unclean``. Its samples were taken
+    before the stop and count."""
+    rc = getattr(server, "returncode", None)  # an attached server is not ours to stop
+    if rc is None:
+        return
+    clean = rc in _STOPPED_AS_ASKED
+    b.provenance["stop"] = {"exit_code": rc, "clean": clean}
+    if not clean:
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited {rc}"
+        b.provenance["stop"]["note"] = (f"the server's top process {how} when the harness stopped it (SIGTERM, "
+                                        "then SIGKILL after the grace); its samples were taken before and count")
+        if "stop_unclean" not in b.marks:
+            b.marks.append("stop_unclean")
+
+
+def _log_check(b: "_Boot", server) -> None:
+    """How much the server wrote to its boot log and, past the log's cap (the first
+    and last 32 MiB kept), how much was dropped: ``provenance["log"]``, and the mark
+    ``log_capped`` when anything was."""
+    out = getattr(server, "log_output", None)
+    if out is None:
+        return
+    written, dropped = out
+    b.provenance["log"] = {"bytes_written": written, "bytes_dropped": dropped}
+    if dropped and "log_capped" not in b.marks:
+        b.marks.append("log_capped")
+
+
+def _retry_check(b: "_Boot", requests) -> None:
+    """Requests the server answered with "try again" and that were sent again within
+    their sample: how many, how often, and the first answer (``provenance["request_retries"]``)."""
+    tried = [r for r in requests if r.retries]
+    if not tried:
+        return
+    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": tried[0].retry_reason})
+    seen["requests"] += len(tried)
+    seen["retries"] += sum(r.retries for r in tried)
+
+
+def _source(req: BootRequest):
+    return (attach.AttachedSource if req.endpoint is not None else attach.LaunchedSource)(req.api_key_env)
+
+
+class _Config:
+    """What ``attach`` sources look at: the arm's endpoint."""
+
+    def __init__(self, endpoint: str | None):
+        self.arm = type("ArmView", (), {"endpoint": endpoint})()
+
+
+def _with_devices(req: BootRequest, argv: list[str], env: dict[str, str]) -> list[str]:
+    """Pin the boot to its device set: GPUs through ``CUDA_VISIBLE_DEVICES``, CPU cores
+    through ``taskset`` (inherited by every process the server starts)."""
+    d = req.devices
+    if d is None:
+        return argv
+    if d.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, d.gpus))
+    if d.cpus is not None and req.endpoint is None and shutil.which("taskset"):
+        return ["taskset", "-c", ",".join(map(str, d.cpus)), *argv]
+    return argv
+
+
+# --------------------------------------------------------------------------- one boot
+
+
+class _Boot:
+    """The mutable record of one boot in progress, frozen into an outcome at the end."""
+
+    def __init__(self, req: BootRequest):
+        self.req = req
+        self.status = "running"
+        self.failure: str | None = None
+        self.config_failure: str | None = None
+        self.config_status: str | None = None
+        self.fatal: str | None = None
+        self.log_tail: str | None = None
+        self.log_path = req.log_path
+        self.port: int | None = None
+        self.argv: tuple[str, ...] = ()
+        self.ready_s: float | None = None
+        self.provenance: dict[str, Any] = {}
+        self.env_report = self.flag_report = self.server_info = None
+        self.marks: list[str] = []
+        self.source_problems: list[str] = []
+        self.samples: list[SampleOutcome] = []
+        self.started_at = utcnow()
+        self.busy = False
+
+    def outcome(self) -> BootOutcome:
+        host = self.provenance.get("host")
+        fp = host_fingerprint(host) if isinstance(host, Mapping) else this_host()[1]
+        return BootOutcome(
+            boot_id=self.req.boot_id, status=self.status, failure=self.failure, config_failure=self.config_failure,
+            config_status=self.config_status, fatal=self.fatal, log_tail=self.log_tail, log_path=self.log_path,
+            port=self.port, argv=tuple(self.argv), ready_s=self.ready_s, host_fingerprint=fp,
+            provenance=dict(self.provenance), env_report=self.env_report, flag_report=self.flag_report,
+            server_info=self.server_info, marks=tuple(self.marks), source_problems=tuple(self.source_problems),
+            samples=tuple(self.samples), started_at=self.started_at, finished_at=utcnow(), busy=self.busy)
+
+
+def _rendered(value: Any, places: Mapping[str, str]) -> Any:
+    """A flag's value as the server got it: placeholders (``{spec_dir}/m.gguf``) substituted."""
+    if isinstance(value, str):
+        return presets.render_argv([value], **places)[0]
+    if isinstance(value, (list, tuple)):
+        return [_rendered(v, places) for v in value]
+    return value
+
+
+def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[str, str],
+            places: Mapping[str, str]) -> dict | None:
+    """Did the env reach every worker, did the flags take effect? Mark, exclude or stop.
+    A flag's requested value is compared as rendered into the argv."""
+    checks = req.checks
+    info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=req.benchmark.limits.body_bytes)
+    b.server_info = info
+    reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
+    b.provenance["engine_version"] = reported.to_dict()
+    if req.release is not None:  # a released build says which version it is: the one asked for?
+        other = sorted({v for v in reported.values.values() if v != req.release.version})
+        if other and req.release.version not in reported.values.values():
+            b.marks.append("release_mismatch")
+            b.provenance["release_mismatch"] = (f"asked for {req.release.describe()}, the server reports "
+                                                f"{', '.join(other)}")
+    # An attached server has no process of ours (pid None) and no env of ours to check.
+    env_rep = provenance.env_report(server.pid, dict(req.arm_env)) if server.pid is not None else None
+    checkable = {f: _rendered(v, places) for f, v, _k, _m in req.flag_checks}
+    flag_rep = provenance.flag_report(checkable, info, aliases={f: k for f, _v, k, _m in req.flag_checks},
+                                      compare={f: m for f, _v, _k, m in req.flag_checks})
+    b.env_report, b.flag_report = (env_rep.to_dict() if env_rep else None), flag_rep.to_dict()
+    if env_rep is not None and env_rep.state == "missing":
+        b.marks.append("env_missing")
+    elif env_rep is not None and env_rep.state == "unverified" and env_rep.vars:
+        # not shown missing, not shown present: a mark of its own, never excluded or fatal
+        b.marks.append("env_unverified")
+    if not flag_rep.ok:
+        b.marks.append("flag_mismatch")
+    sup = getattr(server, "supervisor_pid", None)
+    if sup is not None:  # launched on 127.0.0.1 by the harness: is it reachable from elsewhere?
+        listening = provenance.listening_report(sup)
+        b.provenance["listening"] = listening.to_dict()
+        if listening.beyond_loopback:
+            b.marks.append("listens_beyond_loopback")
+    for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
+        if mark not in b.marks:
+            continue
+        if mode == "exclude":
+            b.status = "excluded"
+        elif mode == "fatal":
+            b.status, b.fatal = "fatal", "user"
+            key = f"defaults.{mark.split('_')[0]}_check"
+            b.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
+                         f"or set {key}: mark to measure and flag such boots)")
+    return info
+
+
+_LOG_READ_MAX = 8 << 20  # bytes of a boot log read for mechanism evidence: its head and its tail
+
+
+def _log_text(path: Path, start: int = 0, end: int | None = None) -> str:
+    """The boot log's bytes ``start`` to ``end`` (the file's end when None) as text,
+    its head and tail past :data:`_LOG_READ_MAX`; "" when the log is unreadable or was
+    cut back under ``start`` (the log cap rewrote its tail)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            end = size if end is None else min(end, size)
+            if end <= start:
+                return ""
+            f.seek(start)
+            if end - start <= _LOG_READ_MAX:
+                data = f.read(end - start)
+            else:
+                data = f.read(_LOG_READ_MAX // 2)
+                f.seek(end - _LOG_READ_MAX // 2)
+                data += b"\n" + f.read(_LOG_READ_MAX // 2)
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+class _MechanismWindow:
+    """The window the mechanism check reads (``boot.mechanisms.Window``): ``/metrics``
+    and the log's length just before the first measured sample (after the warm-up)
+    and just after the last, then server info. Nothing is read for a boot no
+    mechanism of its preset applies to. The log is written by the supervisor a
+    moment behind the server: a line at either edge may fall on the other side."""
+
+    def __init__(self, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path):
+        preset = presets.get_preset(req.preset)
+        self.req, self.base_url, self.headers, self.log_path = req, base_url, headers, log_path
+        self.flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
+        self.mechanisms = tuple(m for m in preset.mechanisms if m.applies(self.flags))
+        self.before: list | None = None
+        self.offset = 0
+        self.window: mechanisms.Window | None = None
+
+    def _scrape(self) -> list | None:
+        try:
+            with httpx.Client(trust_env=False) as client:
+                r = sources.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
+                                        limit=self.req.benchmark.limits.body_bytes)
+            return sources.parse_prometheus(r.text) if r.status_code == 200 else None
+        except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
+            return None
+
+    def open(self) -> "_MechanismWindow":
+        if self.mechanisms:
+            self.before = self._scrape()
+            with contextlib.suppress(OSError):
+                self.offset = self.log_path.stat().st_size
+        return self
+
+    def close(self) -> None:
+        if not self.mechanisms:
+            return
+        after = self._scrape()
+        self.window = mechanisms.Window(
+            before=self.before, after=after, log=_log_text(self.log_path, self.offset),
+            startup_log=_log_text(self.log_path, 0, self.offset),
+            server_info=fetch_server_info(self.base_url, self.req.server_info_paths, headers=self.headers,
+                                          limit=self.req.benchmark.limits.body_bytes))
+
+
+def _mechanism_check(b: _Boot, w: _MechanismWindow) -> None:
+    """After the samples: did each mechanism the boot's flags claim (or that its engine
+    runs by default) run in the measured window, by the engine's own evidence
+    (``boot.mechanisms``)? Results in ``provenance["mechanisms"]``; a mechanism that did
+    not run marks the boot ``mechanism_not_engaged``, one set up and not seen running
+    ``mechanism_not_seen``."""
+    if w.window is None:
+        return
+    results = mechanisms.check(w.mechanisms, w.flags, w.window)
+    b.provenance["mechanisms"] = [r.to_dict() for r in results]
+    b.marks.extend(m for m in mechanisms.marks(results) if m not in b.marks)
+
+
+def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
+    """Store the boot's contention figures; when they crossed a threshold, mark the
+    boot ``host_busy`` and apply ``defaults.host_check`` (as ``_verify`` does for env)."""
+    checks = req.checks
+    window = monitor.window()
+    crossed = contention.judge(window, checks.thresholds)
+    b.provenance["contention"] = contention.record(window, monitor.samples(), crossed, checks.thresholds)
+    if not crossed:
+        return
+    b.marks.append(contention.HOST_BUSY)
+    why = "; ".join(c.message for c in crossed)
+    if checks.host_check in ("exclude", "retry") and b.status == "running":
+        b.status = "excluded"
+        b.busy = checks.host_check == "retry"
+    elif checks.host_check == "fatal":
+        b.status, b.fatal = "fatal", "infrastructure"
+        b.failure = (f"host_busy: {why} (defaults.host_check is fatal: stop the other jobs on this host, "
+                     "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
+
+
+def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None:
+    """A refused flag fails the config at this commit: marked, with the preset's notes on it."""
+    b.marks.append(FLAG_NOT_ACCEPTED)
+    notes = presets.notes_for(exc.engine_message, presets.get_preset(req.preset))
+    b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
+                                         "notes": notes}
+    where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
+    b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
+    b.config_status = "boot_failed"
+
+
+def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Event | None = None) -> BootOutcome:
+    """One boot as a plain call: :func:`boot_events` handed to ``sink`` as they come
+    (``boot.deliver``), returning the outcome."""
+    return deliver(boot_events(req, cancel=cancel), sink)
+
+
+def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> Generator[Event, None, BootOutcome]:
+    """Build (once), boot, verify, warm up, sample, tear down, handing back a
+    :class:`~bisect_harness.boot.Started` at the launch, a
+    :class:`~bisect_harness.boot.Sampled` per sample and a
+    :class:`~bisect_harness.boot.Finished` last; returns the outcome. Never raises
+    for a boot that fails (the outcome says how). An interrupt, here or thrown in
+    where an event was handed over, stops the server, hands back an ``interrupted``
+    outcome (its finished samples were handed back already) and propagates;
+    ``cancel`` set interrupts the boot before its next sample."""
+    b = _Boot(req)
+    if req.devices is not None:
+        b.provenance["devices"] = req.devices.to_dict()
+    log_path = Path(req.log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        worktree, cenv = checkout(req)
+        b.provenance["environment"] = cenv.to_dict()
+    except BuildFailed as exc:
+        b.status, b.failure, b.log_tail, b.log_path = "failed", str(exc), exc.log_tail, exc.log_path
+        b.config_failure, b.config_status = str(exc), "build_failed"
+        out = b.outcome()
+        yield Finished(req, out)
+        return out
+    source = _source(req)
+    cfg = _Config(req.endpoint)
+    port = source.port(cfg)
+    env = process_env(req, cenv)
+    places = placeholders(req, port=port, worktree=worktree, python=cenv.python)
+    argv = presets.render_argv(list(req.argv), **places)
+    profiler = profilers.get_profiler(presets.get_preset(req.preset).profiler)
+    launched_with: tuple[str, ...] = ()
+    if req.profile and req.endpoint is None:  # an engine whose profiler is a launch setting (vLLM)
+        launched_with = profiler.launch_args(profilers.profile_dir(log_path))
+        argv += list(launched_with)
+    argv = _with_devices(req, argv, env)
+    cwd = working_dir(req, worktree, cenv.python)
+    b.port, b.argv = port, tuple(argv)
+    # what a person needs to run this boot again by hand (the journal's reproduction lines)
+    b.provenance["launch"] = {"cwd": str(cwd), "env": dict(req.env)}
+    yield Started(req, port, tuple(argv), str(log_path))
+    try:
+        endpoint = source.endpoint(cfg, port)  # base_url and auth headers (never stored)
+        base_url = endpoint.base_url
+        bench = benchtools.sample_runner(req.benchmark, endpoint, python=cenv.python, env=env, cwd=cwd,
+                                         log_path=log_path, boot=req.boot_id)
+        t0 = time.monotonic()
+        with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
+                         health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
+                         health_request_timeout_s=req.health_request_timeout_s,
+                         ready_probe=req.ready_probe,
+                         log_cap=(req.benchmark.limits.log_head_bytes, req.benchmark.limits.log_tail_bytes)) as server:
+            b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
+            if getattr(server, "ready_by", None):
+                b.provenance["ready_by"] = server.ready_by
+            if req.settle_s:  # the engine's own warmup after its health check passes (0 when attached)
+                t_settle = time.monotonic()
+                time.sleep(req.settle_s)
+                b.provenance["settle_s"] = round(time.monotonic() - t_settle, 3)
+            info = _verify(b, req, server, base_url, endpoint.headers, places)
+            if b.status == "fatal":
+                raise _Stop()
+            bench.warmup()
+            if req.sources_not_applicable:
+                b.provenance["sources_not_applicable"] = list(req.sources_not_applicable)
+            collector = SourceCollector(req.metric_sources, base_url, log_path, server_info=info,
+                                        server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
+                                        headers=endpoint.headers, body_limit=req.benchmark.limits.body_bytes,
+                                        notes=presets.get_preset(req.preset).source_notes)
+            with provenance.GpuSampler(interval_s=1.0) as sampler, \
+                    contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
+                    bench.session():  # one HTTP client per boot, opened outside every sample window
+                window = _MechanismWindow(req, base_url, endpoint.headers, log_path).open()  # after the warm-up
+                for i in range(req.samples):
+                    if cancel is not None and cancel.is_set():
+                        raise KeyboardInterrupt
+                    if i:
+                        monitor.split()  # one contention window per sample, and one for the boot
+                    collector.begin_sample()
+                    detail = bench.sample(i)
+                    result = detail.result
+                    extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
+                    s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
+                    _usage_check(b, detail.requests)
+                    _retry_check(b, detail.requests)
+                    b.samples.append(s)
+                    yield Sampled(req, s)
+                window.close()  # the measured samples' window ends here
+            b.provenance.update(bench.provenance())
+            _mechanism_check(b, window)
+            b.source_problems = list(collector.problems())
+            if b.source_problems:
+                b.marks.append("source_unmatched")
+            b.provenance["gpu_sampling"] = sampler.summary().to_dict()
+            b.provenance["host"] = provenance.collect_host(worktree, req.commit).to_dict()
+            _host_check(b, req, monitor)
+            if req.profile and b.status == "running":  # one more sample, never one of the verdict's
+                b.provenance["profile"] = profilers.capture(req, profiler, bench, endpoint, log_path,
+                                                            launched_with=launched_with)
+            if b.status == "running":
+                b.status = "ok"
+            b.log_tail = server.log_tail(40)
+        _stop_check(b, server)
+        _log_check(b, server)
+    except _Stop:
+        b.log_tail = read_tail(log_path)
+    except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
+        b.status, b.failure = "failed", str(exc)
+        b.log_tail = exc.log_tail or read_tail(log_path)
+        if launched_with and launched_with[0] in exc.engine_message:  # the profiler's setting, not the config's
+            b.provenance["profile"] = profilers.refused_at_launch(profiler, launched_with, exc.engine_message)
+        else:
+            _flag_not_accepted(b, req, exc)
+    except (BootFailed, ConfigFailure) as exc:
+        b.status, b.failure = "failed", str(exc)
+        b.log_tail = exc.log_tail or read_tail(log_path)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        b.status, b.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
+        b.log_tail = read_tail(log_path)
+    except (KeyboardInterrupt, SystemExit):
+        if b.status == "running":  # its finished samples stay; the boot is not used by a verdict
+            b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
+        b.log_tail = read_tail(log_path)
+        yield Finished(req, b.outcome())
+        raise
+    if cancel is not None and cancel.is_set() and b.status in ("running", "failed"):
+        # its server was stopped under it because the run was interrupted: not a failure of the config
+        b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
+    out = b.outcome()
+    yield Finished(req, out)
+    return out
+
+
+class _Stop(Exception):
+    """A boot check with ``fatal``: stop this boot (the scheduler stops the run)."""
