@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+from bisect_harness.backends.mock import MockBackend, failed
+from bisect_harness.boot import SampleOutcome
 from bisect_harness.errors import UserError
 from bisect_harness.spec.parse import parse_spec
 from bisect_harness.model import Arm
@@ -50,39 +52,28 @@ def test_parse_arm(tmp_path):
         parse_arm("h2.treatment", spec, option="--slow")
 
 
-class FaultyBackend:
-    """The seam: boots nothing. A config's tok/s is 100, 80 with A=1 (seeded 1% noise);
-    every fourth boot fails (a transient failure, retried); the slow config without A
-    is refused (a recipe failure: never retried)."""
-
-    name = "faulty"
-    slots = 1
+class Faulty:
+    """The mock backend's handler (``self.backend``): boots nothing. A config's tok/s is
+    100, 80 with A=1 (seeded 1% noise); every fourth boot fails (a transient failure,
+    retried); the slow config without A is refused (a recipe failure: never retried)."""
 
     def __init__(self):
         import numpy as np
 
         self.rng, self.booted, self.refused = np.random.default_rng(0), 0, 0
+        self.backend = MockBackend(self, name="faulty")
 
-    def run(self, requests, sink):
-        from bisect_harness.boot import BootOutcome, SampleOutcome
-
-        for r in requests:
-            self.booted += 1
-            env = dict(r.arm_env)
-            if env.get("B") == "1" and env.get("C") == "1" and "A" not in env:
-                self.refused += 1
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="failed", failure="refused (scripted)",
-                                             config_failure="refused (scripted)", config_status="boot_failed"))
-            elif self.booted % 4 == 0:
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="failed", failure="exited (scripted)"))
-            else:
-                mu = 80.0 if env.get("A") == "1" else 100.0
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(
-                    SampleOutcome(seq=k + 1, metrics={"tok_s": float(mu * (1 + 0.01 * self.rng.standard_normal()))},
-                                  requests=1, output_tokens=1, duration_s=0.1) for k in range(3))))
-
-    def close(self):
-        pass
+    def __call__(self, r):
+        self.booted += 1
+        env = dict(r.arm_env)
+        if env.get("B") == "1" and env.get("C") == "1" and "A" not in env:
+            self.refused += 1
+            return failed("refused (scripted)", config_status="boot_failed")
+        if self.booted % 4 == 0:
+            return failed("exited (scripted)")
+        mu = 80.0 if env.get("A") == "1" else 100.0
+        return tuple(SampleOutcome(seq=k + 1, metrics={"tok_s": float(mu * (1 + 0.01 * self.rng.standard_normal()))},
+                                   requests=1, output_tokens=1, duration_s=0.1) for k in range(3))
 
 
 def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_search(tmp_path):
@@ -99,17 +90,17 @@ def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_sea
           - {id: h, baseline: {}, treatment: {env: {A: "1", B: "1", C: "1"}}, metric: tok_s,
              expect: decrease, min_effect: 5%}
         """))
-    backend = FaultyBackend()
+    faulty = Faulty()
     with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
         out, sched = explain_file(load_spec(path), led, fast="h.baseline", slow="h.treatment", min_effect=None,
-                                  alpha=0.01, cache_dir=None, log_dir=tmp_path / "logs", backend=backend,
+                                  alpha=0.01, cache_dir=None, log_dir=tmp_path / "logs", backend=faulty.backend,
                                   order_seed=1)
         rec = out.record
         assert rec["stopped"] == "config-unmeasurable" and rec["undecided"] == ["env:A"]
         assert rec["members"] == [] and not rec["confident"]
         assert [u["config"] for u in rec["unmeasurable"]] == [["env:B", "env:C"]]
         assert "refused (scripted)" in rec["unmeasurable"][0]["reason"]
-        assert backend.refused == 1  # a recipe failure is never booted again
+        assert faulty.refused == 1  # a recipe failure is never booted again
         assert sched.run.status == "done" and sched.run.summary["explain"][0]["stopped"] == "config-unmeasurable"
         t = next(t for t in rec["tests"] if t["treatment"] == ["env:B", "env:C"])
         assert t["outcome"] == "inconclusive" and "refused (scripted)" in t["reason"]

@@ -2,8 +2,8 @@
 and what a profiled boot of the real demo engine records.
 
 The choice is the scheduler's (``ConfigState.wants_profile``), checked through the
-backend seam: a backend that boots nothing and answers each request with the profile
-state the test scripts, as ``run_boot`` would record it. The last test runs the real
+backend seam: the mock backend, answering each request with the profile state the
+test scripts, as ``run_boot`` would record it. The last test runs the real
 ``harness run`` on the demo engine: a profiled boot keeps its measured samples, and
 its extra sample is a trace beside its log and a summary in the ledger.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.errors import SpecError
 from bisect_harness.spec.parse import load_spec
@@ -38,41 +39,34 @@ def _hyps(profiled: bool = True) -> list[dict]:
              "expect": "decrease", "min_effect": "10%"}]
 
 
-class ScriptedBackend:
-    """Boots nothing. A request's outcome is ok with two samples, except where ``script``
-    (config key -> list of answers for its profiled boots, in order) says otherwise:
-    ``"boot_failed"`` (the boot failed before its profile), or a profile state that the
-    boot records (``taken``, ``failed``, ``no_profiler``). ``stop_after`` boots, it stops
-    the run as an interrupt would."""
-
-    name = "scripted"
-    slots = 1
+class Script:
+    """The mock backend's handler: boots nothing. A request's outcome is ok with two
+    samples, except where ``script`` (config key -> list of answers for its profiled
+    boots, in order) says otherwise: ``"boot_failed"`` (the boot failed before its
+    profile), or a profile state that the boot records (``taken``, ``failed``,
+    ``no_profiler``). ``stop_after`` boots, it stops the run as an interrupt would."""
 
     def __init__(self, script: dict, stop_after: int | None = None):
         self.script = {k: list(v) for k, v in script.items()}
         self.stop_after = stop_after
-        self.requests = []
+        self.booted = []
+        self.backend = MockBackend(self, name="scripted")
 
-    def run(self, requests, sink):
-        for r in requests:
-            if self.stop_after is not None and len(self.requests) >= self.stop_after:
-                raise KeyboardInterrupt
-            self.requests.append(r)
-            samples = tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": 100.0 + i}, requests=1, output_tokens=8,
-                                          duration_s=0.1) for i in range(2))
-            answer = (self.script.get(r.config_key) or ["taken"]).pop(0) if r.profile else None
-            if answer == "boot_failed":
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="failed", failure="the server exited 1"))
-                continue
-            prov = {"profile": {"state": answer, "why": "" if answer == "taken" else "scripted"}} if answer else {}
-            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=samples, provenance=prov))
-
-    def close(self):
-        pass
+    def __call__(self, r):
+        if self.stop_after is not None and len(self.booted) >= self.stop_after:
+            raise KeyboardInterrupt
+        self.booted.append(r)
+        samples = tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": 100.0 + i}, requests=1, output_tokens=8,
+                                      duration_s=0.1) for i in range(2))
+        answer = (self.script.get(r.config_key) or ["taken"]).pop(0) if r.profile else None
+        if answer == "boot_failed":
+            return failed("the server exited 1")
+        prov = {"profile": {"state": answer, "why": "" if answer == "taken" else "scripted"}} if answer else {}
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=samples, provenance=prov)
 
     def profiled(self, key: str) -> list[bool]:
         """Which boots of the config ``key`` asked for the profile, in order."""
-        return [r.profile for r in self.requests if r.config_key == key]
+        return [r.profile for r in self.booted if r.config_key == key]
 
 
 def _plan(tmp_path, hyps, defaults=DEFAULTS):
@@ -87,12 +81,12 @@ def test_each_arm_of_a_profiled_hypothesis_takes_one_profiled_boot_and_no_other_
     assert other.baseline.key == base  # shared: profiled as an arm of "slow"
     assert [plan.profiles(c) for c in plan.configs] == [True, True, False]
     # the treatment's first profiled boot fails before its profile: the next boot takes it
-    backend = ScriptedBackend({treat: ["boot_failed", "taken"]})
+    script = Script({treat: ["boot_failed", "taken"]})
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
-        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=backend).execute()
-    assert backend.profiled(base) == [True, False]
-    assert backend.profiled(treat) == [True, True, False]
-    assert backend.profiled(treat2) == [False, False]
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=script.backend).execute()
+    assert script.profiled(base) == [True, False]
+    assert script.profiled(treat) == [True, True, False]
+    assert script.profiled(treat2) == [False, False]
     # the profile is no sample: every ok boot has the samples the backend measured
     counts = query(tmp_path / "r.db", "SELECT b.status, COUNT(s.id) FROM boots b LEFT JOIN samples s "
                                       "ON s.boot_id = b.id GROUP BY b.id")
@@ -102,11 +96,11 @@ def test_each_arm_of_a_profiled_hypothesis_takes_one_profiled_boot_and_no_other_
 def test_a_profile_that_keeps_failing_is_tried_twice_and_no_profiler_once(tmp_path):
     plan = _plan(tmp_path, _hyps()[:1], {**DEFAULTS, "boots_per_arm": 3})
     (h,) = plan.hypotheses
-    backend = ScriptedBackend({h.baseline.key: ["failed"] * 5, h.treatment.key: ["no_profiler"] * 5})
+    script = Script({h.baseline.key: ["failed"] * 5, h.treatment.key: ["no_profiler"] * 5})
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
-        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=backend).execute()
-    assert backend.profiled(h.baseline.key) == [True] * PROFILE_ATTEMPTS + [False] * (3 - PROFILE_ATTEMPTS)
-    assert backend.profiled(h.treatment.key) == [True, False, False]
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=script.backend).execute()
+    assert script.profiled(h.baseline.key) == [True] * PROFILE_ATTEMPTS + [False] * (3 - PROFILE_ATTEMPTS)
+    assert script.profiled(h.treatment.key) == [True, False, False]
     states = query(tmp_path / "r.db", "SELECT json_extract(provenance, '$.profile.state') FROM boots ORDER BY id")
     assert sorted(s for (s,) in states if s) == ["failed", "failed", "no_profiler"]
 
@@ -115,18 +109,19 @@ def test_run_profile_is_kept_by_a_resume_that_does_not_pass_it_again(tmp_path):
     plan = _plan(tmp_path, _hyps(profiled=False))
     assert not any(plan.profiles(c) for c in plan.configs)
     db = tmp_path / "r.db"
-    first = ScriptedBackend({}, stop_after=2)  # the run is stopped after two boots
+    first = Script({}, stop_after=2)  # the run is stopped after two boots
     with Ledger(f"sqlite:///{db}") as led:
         with pytest.raises(KeyboardInterrupt):
-            Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=first, profile=True).execute()
+            Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=first.backend,
+                     profile=True).execute()
     (host,), = query(db, "SELECT host FROM runs")
     assert json.loads(host)["run_options"]["profile"] is True
-    booted = {r.config_key for r in first.requests}
-    assert all(r.profile for r in first.requests), "--profile: each config's first boot is profiled"
-    again = ScriptedBackend({})
+    booted = {r.config_key for r in first.booted}
+    assert all(r.profile for r in first.booted), "--profile: each config's first boot is profiled"
+    again = Script({})
     with Ledger(f"sqlite:///{db}") as led:
         run = find_run(led, plan.spec, None)
-        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again, resume=run).execute()
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again.backend, resume=run).execute()
     for c in plan.configs:
         # a config profiled before the stop is not profiled again; the others get theirs now
         assert again.profiled(c.key)[:1] == ([False] if c.key in booted else [True]), c.label

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.errors import UserError
@@ -237,19 +238,18 @@ def test_resume_refuses_a_plan_whose_configs_or_hypotheses_differ(setup):
 # ------------------------------------------------------------------ the loop, through the backend seam
 
 
-class SeededBackend:
-    """Boots nothing: each request comes back ok with samples that depend only on its
-    config and its place among that config's good boots (``made`` counts them across
-    backends), so an interrupted-and-resumed run sees the values an uninterrupted one
-    does. ``stop_after`` boots, the next request records one sample and raises
+class Seeded:
+    """The mock backend's handler (``self.backend``): boots nothing, each request comes
+    back ok with samples that depend only on its config and its place among that
+    config's good boots (``made`` counts them across backends), so an
+    interrupted-and-resumed run sees the values an uninterrupted one does.
+    ``stop_after`` boots, the next request records one sample and raises
     KeyboardInterrupt, as a run stopped mid-boot."""
-
-    name = "seeded"
-    slots = 1
 
     def __init__(self, made: dict, effects: dict, stop_after: int | None = None):
         self.made, self.effects, self.stop_after = made, effects, stop_after
         self.booted: list[str] = []
+        self.backend = MockBackend(self, name="seeded")
 
     def _samples(self, key: str, k: int) -> tuple:
         import hashlib
@@ -260,18 +260,17 @@ class SeededBackend:
         return tuple(SampleOutcome(seq=i + 1, metrics={"tok_s": level * rng.lognormvariate(0.0, 0.01)},
                                    requests=1, output_tokens=10, duration_s=0.1) for i in range(2))
 
-    def run(self, requests, sink):
-        for r in requests:
-            if self.stop_after is not None and len(self.booted) >= self.stop_after:
-                sink.sample(r, self._samples(r.config_key, -1)[0])
-                raise KeyboardInterrupt
-            k = self.made.get(r.config_key, 0)
-            self.made[r.config_key] = k + 1
-            self.booted.append(r.config_key)
-            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=self._samples(r.config_key, k)))
+    def __call__(self, r):
+        if self.stop_after is not None and len(self.booted) >= self.stop_after:
+            return self._cut_short(r)
+        k = self.made.get(r.config_key, 0)
+        self.made[r.config_key] = k + 1
+        self.booted.append(r.config_key)
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=self._samples(r.config_key, k))
 
-    def close(self):
-        pass
+    def _cut_short(self, r):
+        yield self._samples(r.config_key, -1)[0]
+        raise KeyboardInterrupt
 
 
 SEAM_ENGINE = {"preset": "openai", "launch": ["my-server", "--port", "{port}"]}
@@ -329,7 +328,7 @@ def test_resumed_looks_are_the_looks_an_uninterrupted_run_makes(tmp_path, stop):
     ref_db = tmp_path / "ref.db"
     with Ledger(f"sqlite:///{ref_db}") as led:
         Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, order_seed=7,
-                 backend=SeededBackend({}, effects)).execute()
+                 backend=Seeded({}, effects).backend).execute()
     reference = _looks(ref_db)
     assert set(reference) == {"big", "none", "small"} and all(v[-1][1] for v in reference.values())
     assert max(len(v) for v in reference.values()) >= 3  # several looks: there is a "where it stopped"
@@ -340,14 +339,14 @@ def test_resumed_looks_are_the_looks_an_uninterrupted_run_makes(tmp_path, stop):
         with pytest.raises(KeyboardInterrupt):
             Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, order_seed=7,
                      observer=StopAtLook(n) if kind == "looks" else None,
-                     backend=SeededBackend(made, effects, stop_after=n if kind == "boots" else None)).execute()
+                     backend=Seeded(made, effects, stop_after=n if kind == "boots" else None).backend).execute()
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
     before = {i for (i,) in query(db, "SELECT id FROM boots WHERE status = 'ok'")}
     with Ledger(f"sqlite:///{db}") as led:  # a new process's view of the ledger
         run = find_run(led, spec, None)
         check_plan(run, plan)
-        again = SeededBackend(made, effects)
-        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again, resume=run).execute()
+        again = Seeded(made, effects)
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again.backend, resume=run).execute()
     assert query(db, "SELECT COUNT(*), MIN(status) FROM runs") == [(1, "done")]
     assert _looks(db) == reference
     # The boots from before count: only the rest were booted again, and no config passed its budget.
@@ -387,7 +386,7 @@ def test_a_follow_up_search_is_the_runs_an_interrupted_one_is_resumed_and_a_fini
     with Ledger(f"sqlite:///{db}") as led:
         with pytest.raises(KeyboardInterrupt):
             Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, observer=stop,
-                     backend=SeededBackend(made, effects)).execute()
+                     backend=Seeded(made, effects).backend).execute()
     assert stop.started == ["explanation", "explanation"]
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
     (summary,), = query(db, "SELECT summary FROM runs")
@@ -398,7 +397,7 @@ def test_a_follow_up_search_is_the_runs_an_interrupted_one_is_resumed_and_a_fini
         check_plan(run, plan)
         again = StopAtSearch(0)
         Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, observer=again,
-                 backend=SeededBackend(made, effects), resume=run).execute()
+                 backend=Seeded(made, effects).backend, resume=run).execute()
     assert again.started == ["explanation"]  # only the one that had not finished
     assert query(db, "SELECT status FROM runs") == [("done",)]
     (summary,), = query(db, "SELECT summary FROM runs")
@@ -425,7 +424,7 @@ def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_make
     db, made = tmp_path / "r.db", {}
     with Ledger(f"sqlite:///{db}") as led:
         ex = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False,
-                      backend=SeededBackend(made, effects, stop_after=9))
+                      backend=Seeded(made, effects, stop_after=9).backend)
         with pytest.raises(KeyboardInterrupt):
             ex.execute()
         assert ex.verdicts[plan.hypotheses[0].id].outcome == "confirmed"  # at its first look, on boots 1-6
@@ -441,7 +440,7 @@ def test_a_run_stopped_in_its_explanation_says_so_in_its_journal_and_resume_make
         run = find_run(led, spec, None)
         check_plan(run, plan)
         again = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False,
-                         backend=SeededBackend(made, effects), resume=run)
+                         backend=Seeded(made, effects).backend, resume=run)
         text = journal.render(led, again.execute())
     (summary,), = query(db, "SELECT summary FROM runs")
     assert "explaining" not in json.loads(summary) and len(json.loads(summary)["explain"]) == 1
@@ -459,7 +458,7 @@ def test_the_journal_written_in_the_runs_own_session_holds_its_closing_calibrati
     plan = make_plan(spec)
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
         run = Executor(plan, led, log_dir=tmp_path / "logs", calibrate=True,
-                       backend=SeededBackend({}, {plan.hypotheses[0].treatment.key: 1.6})).execute()
+                       backend=Seeded({}, {plan.hypotheses[0].treatment.key: 1.6}).backend).execute()
         assert [c.phase for c in run.calibrations] == ["before"]  # read by the looks, before the closing one
         text = journal.render(led, run)
     assert [p for (p,) in query(tmp_path / "r.db", "SELECT phase FROM calibrations")] == ["before", "after"]
@@ -479,7 +478,7 @@ def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_anoth
     with Ledger(f"sqlite:///{db}") as led:
         with pytest.raises(KeyboardInterrupt):
             Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, aa_check=True,
-                     backend=SeededBackend(made, {}, stop_after=5)).execute()
+                     backend=Seeded(made, {}, stop_after=5).backend).execute()
     (tiny,) = query(db, "SELECT v.outcome, v.final, v.test FROM verdicts v JOIN hypotheses h "
                         "ON h.id = v.hypothesis_id WHERE h.hid = 'tiny'")
     assert tiny == ("inconclusive", 1, "A/A power check")
@@ -497,8 +496,8 @@ def test_resume_keeps_the_aa_check_and_decided_verdicts_and_does_not_count_anoth
     with Ledger(f"sqlite:///{db}") as led:
         run = find_run(led, spec, None)
         check_plan(run, plan)
-        again = SeededBackend(made, {})
-        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again, resume=run).execute()
+        again = Seeded(made, {})
+        Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=again.backend, resume=run).execute()
         from bisect_harness.report import journal
 
         text = journal.render(led, led.run(run.id))

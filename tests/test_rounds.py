@@ -1,6 +1,6 @@
 """Blocked rounds and the multiplicity family: the scheduler's side of a verdict.
 
-The backend is the seam: a recording backend turns each boot request into an ok
+The backend is the seam: the mock backend turns each boot request into an ok
 outcome at once, so the round scheduler, the design and the family size run for
 real against a real SQLite ledger, without servers.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.errors import SpecError
 from bisect_harness.boot import BootOutcome
 from bisect_harness.run.executor import Executor
@@ -27,31 +28,17 @@ def _spec(tmp_path, defaults=None, n=3):
     return write_spec(tmp_path / "h.yaml", engine=ENGINE, hypotheses=hyps, defaults=defaults)
 
 
-class RecordingBackend:
-    """Boots nothing: each request is recorded in order and comes back ok."""
-
-    name = "recording"
-
-    def __init__(self, slots: int = 1):
-        self.slots = slots
-        self.order: list[str] = []
-        self.batches: list[list[str]] = []
-
-    def run(self, requests, sink):
-        self.batches.append([r.config_key for r in requests])
-        for r in requests:
-            self.order.append(r.config_key)
-            sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok"))
-
-    def close(self):
-        pass
-
-
 def _executor(spec, tmp_path, led, slots: int = 1, **kw):
-    backend = RecordingBackend(slots)
+    order: list[str] = []  # each request's config, in order; every boot comes back ok
+
+    def answer(r):
+        order.append(r.config_key)
+        return BootOutcome(boot_id=r.boot_id, status="ok")
+
+    backend = MockBackend(answer, slots=slots, name="recording")
     ex = Executor(make_plan(spec), led, log_dir=tmp_path / "logs", calibrate=False, backend=backend, **kw)
     ex.start_run()
-    ex.order = backend.order
+    ex.order = order
     ex.backend = backend
     return ex
 
@@ -108,32 +95,21 @@ def test_a_round_runs_as_one_batch_when_the_backend_has_the_slots(tmp_path):
         assert all(len(set(r)) == 4 for r in rounds)
 
 
-class ScriptedBackend:
+def scripted(scripts) -> MockBackend:
     """Each boot comes back as the next word of its config's script ("ok" or "fail"),
     an ok boot with one sample of tok_s; past the script, ok."""
+    from bisect_harness.boot import SampleOutcome
 
-    name = "scripted"
-    slots = 1
+    scripts = {k: list(v) for k, v in scripts.items()}
 
-    def __init__(self, scripts):
-        self.scripts = {k: list(v) for k, v in scripts.items()}
-        self.booted: list[str] = []
+    def answer(r):
+        script = scripts.get(r.label)
+        word = script.pop(0) if script else "ok"
+        if word == "fail":
+            return failed("exited (scripted)")
+        return [SampleOutcome(seq=1, metrics={"tok_s": 100.0}, requests=1, output_tokens=1, duration_s=0.1)]
 
-    def run(self, requests, sink):
-        from bisect_harness.boot import SampleOutcome
-
-        for r in requests:
-            self.booted.append(r.config_key)
-            script = self.scripts.get(r.label)
-            word = script.pop(0) if script else "ok"
-            if word == "fail":
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="failed", failure="exited (scripted)"))
-            else:
-                sink.finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=(
-                    SampleOutcome(seq=1, metrics={"tok_s": 100.0}, requests=1, output_tokens=1, duration_s=0.1),)))
-
-    def close(self):
-        pass
+    return MockBackend(answer, name="scripted")
 
 
 def _scripted(tmp_path, led, script, retries=2):
@@ -142,7 +118,7 @@ def _scripted(tmp_path, led, script, retries=2):
     spec = load_spec(_spec(tmp_path, defaults={"boot_retries": retries, "host_preflight_s": 0}, n=1))
     plan = make_plan(spec)
     labels = [pc.label for pc in plan.configs]
-    backend = ScriptedBackend({labels[0]: script})
+    backend = scripted({labels[0]: script})
     sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=backend)
     sched.start_run()
     return sched, sched.state_for(plan.configs[0])

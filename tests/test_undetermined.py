@@ -1,6 +1,6 @@
 """A search that finds no step on a host that was mostly busy says "undetermined",
 not "not-reproduced": the real search and scheduler over a real git history, the
-boots from a backend (the seam) that marks them busy or not."""
+boots from the mock backend (the seam), marked busy or not."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.spec.parse import load_spec
 from bisect_harness.model import Expect
@@ -20,27 +21,19 @@ from bisect_harness.record.ledger import Ledger
 from helpers import write_spec
 
 
-class FlatBackend:
+def flat_backend(busy: bool, seed: int = 7) -> MockBackend:
     """Every commit measures alike (no step anywhere): tok_s around 100 with 3% noise;
     each boot marked ``host_busy`` where ``busy`` says so."""
+    rng = random.Random(seed)
 
-    name = "flat"
-    slots = 1
+    def answer(r):
+        value = 100.0 * (1 + rng.gauss(0, 0.03))
+        return BootOutcome(
+            boot_id=r.boot_id, status="ok", marks=("host_busy",) if busy else (),
+            samples=(SampleOutcome(seq=1, metrics={"tok_s": value}, requests=1, output_tokens=1,
+                                   duration_s=0.1),))
 
-    def __init__(self, busy: bool, seed: int = 7):
-        self.busy = busy
-        self.rng = random.Random(seed)
-
-    def run(self, requests, sink):
-        for r in requests:
-            value = 100.0 * (1 + self.rng.gauss(0, 0.03))
-            sink.finished(r, BootOutcome(
-                boot_id=r.boot_id, status="ok", marks=("host_busy",) if self.busy else (),
-                samples=(SampleOutcome(seq=1, metrics={"tok_s": value}, requests=1, output_tokens=1,
-                                       duration_s=0.1),)))
-
-    def close(self):
-        pass
+    return MockBackend(answer, name="flat")
 
 
 def _history(path):
@@ -68,7 +61,7 @@ def test_no_step_on_a_busy_host_is_undetermined_and_on_a_quiet_one_not_reproduce
                                 defaults={"host_preflight_s": 0}))
     plan = Plan.for_engine(spec, tmp_path / "cache")
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
-        sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=FlatBackend(busy))
+        sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=flat_backend(busy))
         with sched.recording("bisect"):
             out = search_commits(sched, shas, env={}, flags={}, metric="tok_s", expect=Expect.DECREASE,
                                  confidence=0.95, max_boots=60)
