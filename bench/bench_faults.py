@@ -3,9 +3,9 @@
 Every other bisection bench drives the pure search; this one drives
 ``harness bisect`` as it runs (``bisect_runner.bisect_range``: the scheduler's one
 measuring call, its failure policy, the ledger, the search) over a real git
-history of ``COMMITS`` commits, with one fake at the seam: a backend whose boots
-draw their tok/s from ``bench/noise.py``'s host models and fail the way real
-engines fail. Scenarios (each on every noise model):
+history of ``COMMITS`` commits, with one fake at the seam: the mock backend,
+whose boots draw their tok/s from ``bench/noise.py``'s host models and fail the
+way real engines fail. Scenarios (each on every noise model):
 
 * ``fail0`` / ``fail5`` / ``fail10`` / ``fail20``: each boot fails at random with
   that probability (a server that exits before it is ready: out of memory, a port
@@ -50,7 +50,8 @@ Run: ``python bench/bench_faults.py [--trials 30] [--explain-trials 6] [--seed 0
 (``--parts explain`` at the default runs in about four minutes on two busy cores).
 The last line printed is one JSON object with every figure.
 To compare two versions of the harness, run it under each one's tree
-(``PYTHONPATH=that/tree``): the backend seam is the same.
+(``PYTHONPATH=that/tree``): the backend seam is the same (trees with
+``backends.mock``; an older tree runs this file as that tree has it).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import MODELS, Host  # noqa: E402
 
+from bisect_harness.backends.mock import MockBackend, failed  # noqa: E402
 from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
 from bisect_harness.errors import HarnessError  # noqa: E402
 from bisect_harness.spec.parse import load_spec  # noqa: E402
@@ -90,11 +92,15 @@ SCENARIOS = ("fail0", "fail5", "fail10", "fail20", "unbuildable_parent", "endpoi
 GUARD = 4 * BUDGET
 
 
-class FaultBackend:
-    """Boots nothing: each request becomes an outcome drawn from a noisy host with faults."""
+def _ok(samples) -> BootOutcome:
+    return BootOutcome(boot_id=0, status="ok", samples=tuple(
+        SampleOutcome(seq=k + 1, metrics={"tok_s": float(v)}, requests=1, output_tokens=16, duration_s=0.1)
+        for k, v in enumerate(samples)))
 
-    name = "faults"
-    slots = 1
+
+class Faults:
+    """The mock backend's handler (``self.backend``): boots nothing, each request becomes
+    an outcome drawn from a noisy host with faults."""
 
     def __init__(self, host: Host, shas: list[str], culprit: int, scenario: str, rng: np.random.Generator):
         self.host, self.rng, self.scenario = host, rng, scenario
@@ -103,32 +109,22 @@ class FaultBackend:
         self.fail_p = float(scenario[4:]) / 100 if scenario.startswith("fail") else 0.0
         self.booted: dict[int, int] = {}
         self.total = 0
+        self.backend = MockBackend(self, name="faults")
 
-    def run(self, requests, sink):
-        for r in requests:
-            sink.finished(r, self._outcome(r))
-
-    def _outcome(self, r) -> BootOutcome:
+    def __call__(self, r) -> BootOutcome:
         i = self.index[r.commit]
         self.total += 1
         if self.total > GUARD:
             raise RuntimeError(f"the search booted {GUARD} boots with a budget of {BUDGET}: it does not end")
         seen = self.booted[i] = self.booted.get(i, 0) + 1
         if self.scenario == "unbuildable_parent" and i == self.culprit - 1:
-            return BootOutcome(boot_id=r.boot_id, status="failed", failure="build failed (injected)",
-                               config_failure="build failed (injected)", config_status="build_failed")
+            return failed("build failed (injected)", config_status="build_failed")
         if self.scenario == "endpoint_flaky" and i == 0 and seen <= 2:
-            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+            return failed("server exited before ready (injected)")
         if self.rng.random() < self.fail_p:
-            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+            return failed("server exited before ready (injected)")
         bad = i >= self.culprit
-        samples = self.host.boot(BASE * (1 + CHANGE) if bad else BASE, noisy=bad)
-        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(
-            SampleOutcome(seq=k + 1, metrics={"tok_s": float(v)}, requests=1, output_tokens=16, duration_s=0.1)
-            for k, v in enumerate(samples)))
-
-    def close(self):
-        pass
+        return _ok(self.host.boot(BASE * (1 + CHANGE) if bad else BASE, noisy=bad))
 
 
 def make_history(root: Path) -> list[str]:
@@ -161,16 +157,16 @@ def write_spec(root: Path) -> Path:
 def trial(root: Path, spec, shas: list[str], model: str, scenario: str, seed) -> dict:
     rng = np.random.default_rng(seed)
     culprit = int(rng.integers(2, COMMITS))
-    backend = FaultBackend(Host(model, np.random.default_rng(rng.integers(2**63))), shas, culprit, scenario, rng)
+    faults = Faults(Host(model, np.random.default_rng(rng.integers(2**63))), shas, culprit, scenario, rng)
     db = root / f"t-{rng.integers(2**62)}.db"
     with Ledger(f"sqlite:///{db}") as led:
         try:
             out, _ = bisect_range(spec, led, good=shas[0], bad=shas[-1], metric="tok_s", confidence=CONFIDENCE,
                                   max_boots=BUDGET, first_parent=True, cache_dir=root / "cache",
-                                  log_dir=root / "logs", backend=backend)
+                                  log_dir=root / "logs", backend=faults.backend)
         except RuntimeError as exc:
             return {"ended": False, "stopped": "not-ended", "right": False, "wrong": False,
-                    "boots": backend.total, "why": str(exc)}
+                    "boots": faults.total, "why": str(exc)}
     db.unlink(missing_ok=True)
     truth = shas[culprit]
     cset = list(out.candidate_set)
@@ -178,7 +174,7 @@ def trial(root: Path, spec, shas: list[str], model: str, scenario: str, seed) ->
     named = [out.culprit] if out.culprit else (cset if out.stopped == "ambiguous-skips" else [])
     right = answered and truth in named and (len(named) == 1 or scenario == "unbuildable_parent")
     return {"ended": True, "stopped": out.stopped, "right": bool(right),
-            "wrong": bool(answered and truth not in named), "boots": backend.total}
+            "wrong": bool(answered and truth not in named), "boots": faults.total}
 
 
 # --- explain searches ---------------------------------------------------------------
@@ -207,14 +203,12 @@ class NotEnded(Exception):
     """A search hit one of the bench's backstops."""
 
 
-class ExplainBackend:
-    """Boots nothing: a config's level is BASE, or BASE * (1 - EXPLAIN_CAUSE) when the
-    planted cause is at its slow value; boots draw from a noisy host and fail at random.
-    ``refused_flag``: the fast commit refuses ``--new-path`` (a flag the slow commit
-    added): every config that sets it on the fast commit is a recipe failure."""
-
-    name = "faults"
-    slots = 1
+class Explained:
+    """The mock backend's handler (``self.backend``): boots nothing. A config's level is
+    BASE, or BASE * (1 - EXPLAIN_CAUSE) when the planted cause is at its slow value;
+    boots draw from a noisy host and fail at random. ``refused_flag``: the fast commit
+    refuses ``--new-path`` (a flag the slow commit added): every config that sets it on
+    the fast commit is a recipe failure."""
 
     def __init__(self, host: Host, fast_sha: str, slow_sha: str, cause: str, scenario: str,
                  rng: np.random.Generator):
@@ -222,6 +216,7 @@ class ExplainBackend:
         self.fast_sha, self.slow_sha = fast_sha, slow_sha
         self.fail_p = float(scenario[4:]) / 100 if scenario.startswith("fail") else 0.0
         self.total = 0
+        self.backend = MockBackend(self, name="faults")
 
     def _slow_values(self, r) -> set:
         """The differences this request sets to their slow values."""
@@ -236,29 +231,18 @@ class ExplainBackend:
                 out.add(name)
         return out
 
-    def run(self, requests, sink):
-        for r in requests:
-            sink.finished(r, self._outcome(r))
-
-    def _outcome(self, r) -> BootOutcome:
+    def __call__(self, r) -> BootOutcome:
         self.total += 1
         if self.total > EXPLAIN_GUARD:
             raise NotEnded(f"booted {EXPLAIN_GUARD} boots")
         slow = self._slow_values(r)
         if self.scenario == "refused_flag" and r.commit == self.fast_sha and "flag:new-path" in slow:
-            why = "engine refused --new-path (injected: the fast commit has no such flag)"
-            return BootOutcome(boot_id=r.boot_id, status="failed", failure=why, config_failure=why,
-                               config_status="boot_failed")
+            return failed("engine refused --new-path (injected: the fast commit has no such flag)",
+                          config_status="boot_failed")
         if self.rng.random() < self.fail_p:
-            return BootOutcome(boot_id=r.boot_id, status="failed", failure="server exited before ready (injected)")
+            return failed("server exited before ready (injected)")
         mu = BASE * (1 - EXPLAIN_CAUSE) if self.cause in slow else BASE
-        samples = self.host.boot(mu, noisy=len(slow) > len(EXPLAIN_DIFFS) / 2)
-        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(
-            SampleOutcome(seq=k + 1, metrics={"tok_s": float(v)}, requests=1, output_tokens=16, duration_s=0.1)
-            for k, v in enumerate(samples)))
-
-    def close(self):
-        pass
+        return _ok(self.host.boot(mu, noisy=len(slow) > len(EXPLAIN_DIFFS) / 2))
 
 
 def write_explain_spec(root: Path, fast_sha: str, slow_sha: str) -> Path:
@@ -285,16 +269,16 @@ class _Guarded:
     EXPLAIN_IDLE_CALLS the search is looping without booting. The call itself is the
     harness's own (this only watches it)."""
 
-    def __init__(self, backend):
-        self.backend, self.idle, self.real = backend, 0, _scheduler.Scheduler.measure
+    def __init__(self, explained: Explained):
+        self.explained, self.idle, self.real = explained, 0, _scheduler.Scheduler.measure
 
     def __enter__(self):
         real, guard = self.real, self
 
         def measure(sched, *a, **k):
-            before = guard.backend.total
+            before = guard.explained.total
             out = real(sched, *a, **k)
-            guard.idle = 0 if guard.backend.total > before else guard.idle + 1
+            guard.idle = 0 if guard.explained.total > before else guard.idle + 1
             if guard.idle > EXPLAIN_IDLE_CALLS:
                 raise NotEnded(f"{EXPLAIN_IDLE_CALLS} measuring calls in a row booted nothing")
             return out
@@ -309,22 +293,22 @@ class _Guarded:
 def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, scenario: str, seed) -> dict:
     rng = np.random.default_rng(seed)
     cause = EXPLAIN_DIFFS[int(rng.integers(len(EXPLAIN_DIFFS)))][0]
-    backend = ExplainBackend(Host(model, np.random.default_rng(rng.integers(2**63))), fast_sha, slow_sha,
+    explained = Explained(Host(model, np.random.default_rng(rng.integers(2**63))), fast_sha, slow_sha,
                              cause, scenario, rng)
     db = root / f"x-{rng.integers(2**62)}.db"
-    with Ledger(f"sqlite:///{db}") as led, _Guarded(backend):
+    with Ledger(f"sqlite:///{db}") as led, _Guarded(explained):
         try:
             # order_seed: a seeded search (a tree older than it draws a fresh seed per search)
             seeded = {"order_seed": int(rng.integers(2**31))} if "order_seed" in _EXPLAIN_PARAMS else {}
             out, _ = explain_file(spec, led, fast="x.baseline", slow="x.treatment", min_effect=None,
                                   alpha=EXPLAIN_ALPHA, cache_dir=root / "cache", log_dir=root / "logs",
-                                  backend=backend, **seeded)
+                                  backend=explained.backend, **seeded)
         except NotEnded as exc:
             return {"ended": False, "stopped": "not-ended", "exact": False, "found": False, "wrong": False,
-                    "boots": backend.total, "cause": cause, "why": str(exc)}
+                    "boots": explained.total, "cause": cause, "why": str(exc)}
         except HarnessError as exc:  # the search gave up on the whole explain
             return {"ended": True, "stopped": "aborted", "exact": False, "found": False, "wrong": False,
-                    "boots": backend.total, "cause": cause, "why": str(exc)}
+                    "boots": explained.total, "cause": cause, "why": str(exc)}
     db.unlink(missing_ok=True)
     e = out.explanation
     claims = set(e.members) | set(e.opposite) | {d for p in e.interactions for d in p}
@@ -334,7 +318,7 @@ def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, sc
     stopped = out.record.get("stopped") or ("explained" if e.confident else "no-slowdown"
                                             if e.slowdown.outcome != "confirmed" else "undecided")
     return {"ended": True, "stopped": stopped, "exact": bool(exact), "found": bool(found), "wrong": bool(wrong),
-            "boots": backend.total, "cause": cause, "bisected": "bisection" in out.record}
+            "boots": explained.total, "cause": cause, "bisected": "bisection" in out.record}
 
 
 def run_explain(root: Path, shas: list[str], models, scenarios, trials: int, seed: int) -> dict:
