@@ -15,7 +15,8 @@ CLI's help) reads them from the registry, so adding a kind is one new definition
 
 Kinds defined across the modules of a package (backends: one module each) are
 found by ``load``: a function the registry runs once, before it is first read,
-that imports those modules (each adds its kind as it is imported).
+that imports those modules (each adds its kind as it is imported). Such a
+registry keeps its kinds in name order, as the modules may be imported in any.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class Registry(Mapping[str, T], Generic[T]):
 
     ``what`` names the sort in messages ("engine preset"); ``name_of`` reads a
     kind's name (its ``name`` attribute unless told otherwise); ``load``, when
-    given, runs once before the registry is first read (see the module doc).
+    given, runs once before the registry is first read, and the kinds are then in
+    name order (see the module doc).
     """
 
     def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name"),
@@ -41,6 +43,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self.what = what
         self._name_of = name_of
         self._load = load
+        self._by_name = load is not None
         self._found: dict[str, T] = {}
 
     @property
@@ -61,6 +64,8 @@ class Registry(Mapping[str, T], Generic[T]):
         if old is not None and old is not kind:
             raise ValueError(f"{self.what} {name!r} is already registered")
         self._found[name] = kind
+        if self._by_name:
+            self._found = dict(sorted(self._found.items()))
         return kind
 
     def discard(self, name: str) -> None:
@@ -68,7 +73,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self._found.pop(name, None)
 
     def names(self) -> tuple[str, ...]:
-        """The known names, in the order they were added."""
+        """The known names, in the order they were added (by name where found by ``load``)."""
         return tuple(self._kinds)
 
     def in_words(self, say: Callable[[T], str] | None = None) -> str:
