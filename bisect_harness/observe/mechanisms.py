@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+from bisect_harness.measure.values import lookup
+
 __all__ = ["Counter", "Gauge", "LogLine", "InfoField", "StartupLine", "Mechanism", "MechanismResult", "Window",
            "check", "marks", "NOT_ENGAGED", "NOT_SEEN", "STATES", "ANSWERED", "WORDS", "summary"]
 
@@ -73,7 +75,7 @@ WORDS = MappingProxyType({
 class Window:
     """What a boot gives as evidence about its measured samples.
 
-    ``before`` and ``after`` are ``/metrics`` parsed (``sources.parse_prometheus``)
+    ``before`` and ``after`` are ``/metrics`` parsed (``sources.prometheus.parse_prometheus``)
     just before the first measured sample and just after the last (None when the
     server served none); ``log`` the lines of the boot log printed between the two,
     ``startup_log`` the log before the first (launch, warm-up);
@@ -257,8 +259,6 @@ class InfoField:
     says: str = ""
 
     def read(self, w: Window) -> _Reading | None:
-        from bisect_harness.measure.sources import lookup
-
         if not isinstance(w.server_info, Mapping):
             return None
         try:
