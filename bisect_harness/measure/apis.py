@@ -60,7 +60,7 @@ class StreamError(ServerReplyError):
 
 
 class Reader(Protocol):
-    """What a kind writes to while it reads a stream (``client._Stream``)."""
+    """What a kind writes to while it reads a stream (``request._Stream``)."""
 
     usage: dict | None
     meta: dict | None
