@@ -3,7 +3,9 @@
 Each entry of ``engine.metrics`` in a hypotheses file becomes a ``MetricSource``
 with a ``Metric`` (name, unit, direction) that hypotheses may name. A
 ``SourceCollector`` (:mod:`.collector`) turns each sample window of a boot into one
-float per source.
+float per source. The package: :mod:`.base` (the class every kind subclasses, the
+registry, :func:`parse_source`), a module per kind, named by its ``from:``, and
+:mod:`.collector`; the names below are its public face.
 
 Kinds (``from:``):
 

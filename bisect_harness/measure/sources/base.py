@@ -45,6 +45,8 @@ def source_kinds() -> tuple[str, ...]:
     return SOURCE_KINDS.names()
 
 
+# ``SampleWindow`` in the annotations below is ``collector.SampleWindow``, not imported:
+# the collector imports this module.
 @dataclass(frozen=True)
 class MetricSource:
     """Base of the source kinds; ``metric`` is what hypotheses name.
