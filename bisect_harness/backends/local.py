@@ -301,7 +301,7 @@ class _MechanismWindow:
         try:
             with httpx.Client(trust_env=False) as client:
                 r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
-                                        limit=self.req.benchmark.limits.body_bytes)
+                                       limit=self.req.benchmark.limits.body_bytes)
             return parse_prometheus(r.text) if r.status_code == 200 else None
         except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
             return None

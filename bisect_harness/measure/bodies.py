@@ -120,9 +120,9 @@ class Body:
 
 def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
                 limit: int = MAX_BODY_BYTES) -> Body:
-    """GET ``url`` through an httpx client (None: one of its own), reading at most ``limit`` decoded bytes
-    within ``timeout_s`` in all (httpx's own timeout bounds each read, not the whole
-    body). Asks for no compression; a server that compresses anyway is decoded chunk
+    """GET ``url`` through an httpx client (None: one of its own), reading at most
+    ``limit`` decoded bytes within ``timeout_s`` in all (httpx's own timeout bounds each
+    read, not the whole body). Asks for no compression; a server that compresses anyway is decoded chunk
     by chunk and stopped at the limit. Raises :class:`BodyTooLarge` or
     :class:`TimeoutError` with what happened."""
     return bounded_request(client, "GET", url, timeout_s, headers, limit)
