@@ -7,13 +7,22 @@
     │   ├── SpecError            hypotheses.yaml: names the key and the line
     │   └── CommitError          a revision that does not resolve in the engine repo
     ├── InfrastructureError      fatal for the run: the machine or a tool failed (exit 3)
-    └── ConfigFailure            recoverable: one config could not be measured;
-        │                        recorded in the ledger with its log tail, the run goes on
-        ├── BuildFailed          the build command failed at a commit (bisection skips it)
-        └── BootFailed           the server exited early or never became ready
-            ├── BootTimeout      ... within its deadline (may be retried)
-            └── FlagNotAccepted  ... because its argument parser refused a flag at this
-                                 commit (argparse exit 2): never retried
+    ├── ConfigFailure            recoverable: one config could not be measured;
+    │   │                        recorded in the ledger with its log tail, the run goes on
+    │   ├── BuildFailed          the build command failed at a commit (bisection skips it)
+    │   └── BootFailed           the server exited early or never became ready
+    │       ├── BootTimeout      ... within its deadline (may be retried)
+    │       └── FlagNotAccepted  ... because its argument parser refused a flag at this
+    │                            commit (argparse exit 2): never retried
+    └── ServerReplyError         recoverable: a server's reply refused as untrusted input;
+        │                        caught where it is read, it fails that one request or read
+        │                        with its reason (a failed request, a metric-source problem)
+        ├── StreamError          measure/apis: a streamed chunk of the wrong shape, or a
+        │                        token count that cannot be true
+        ├── SSELineTooLong       measure/sse: an event-stream line past its limit
+        ├── BodyTooLarge         measure/bodies: a body past its limit once decoded
+        └── UnreadableBody       measure/bodies: a body compressed in a way not decoded,
+                                 or corrupt
 
 Only ``cli`` turns these into exit codes; library code raises, never prints or exits.
 """
@@ -91,3 +100,11 @@ class FlagNotAccepted(BootFailed):
     def __init__(self, message: str, *, engine_message: str, log_tail: str = "", log_path: str | None = None):
         self.engine_message = engine_message
         super().__init__(message, log_tail=log_tail, log_path=log_path)
+
+
+class ServerReplyError(HarnessError):
+    """A server's reply that the harness refuses to believe or to read on (STYLE: read
+    what a server sends as untrusted input). Raised where the reply is read and caught
+    by the reader's caller, which records the reason against that one request or
+    metric-source read; the boot goes on. The kinds are defined beside what reads
+    them (``measure.apis``, ``measure.sse``, ``measure.bodies``)."""

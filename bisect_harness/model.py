@@ -101,7 +101,7 @@ CLIENT_METRICS: dict[str, Metric] = {
 
 
 #: Percentiles of the client's per-request timings, one value per sample (see
-#: ``client.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions).
+#: ``percentiles.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions).
 PERCENTILES = (50, 90, 99)
 CLIENT_METRICS.update({
     m.name: m
@@ -211,7 +211,7 @@ class BenchmarkSpec:
     request_timeout_s: float = 300.0
     seed: int = 0
     # False: every request's prompt is unique across the samples and boots of a config (a
-    # seeded tag first, ``client.request_prompt``), so no prefix cache serves a later sample;
+    # seeded tag first, ``prompts.request_prompt``), so no prefix cache serves a later sample;
     # True: every sample sends the same prompts, for measuring the cache itself
     prompt_reuse: bool = False
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)

@@ -11,8 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from bisect_harness.measure.bodies import UnreadableBody, decoded, read_some
-from bisect_harness.measure.sources import MAX_BODY_BYTES, BodyTooLarge, bounded_get
+from bisect_harness.measure.bodies import MAX_BODY_BYTES, BodyTooLarge, UnreadableBody, bounded_get, decoded, read_some
 from hostile_engine import gzip_bomb
 
 BOMB = gzip_bomb(256)  # 256 MiB of newlines in about 260 KB

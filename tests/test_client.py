@@ -19,10 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bisect_harness.measure.client import (
-    SampleFailed, SSEDecoder, boot_session, measure_sample, measure_sample_detail, request_prompt,
-    synthetic_prompt, warmup,
-)
+from bisect_harness.measure.client import SampleFailed, boot_session, measure_sample, measure_sample_detail, warmup
+from bisect_harness.measure.prompts import request_prompt, synthetic_prompt
+from bisect_harness.measure.sse import SSEDecoder
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "streams"
@@ -275,7 +274,7 @@ def test_prompt_reuse_sends_the_same_prompts_every_sample_and_boot():
 def test_a_boots_samples_and_warmup_send_their_own_prompts():
     """Through the client as a boot drives it: the warm-up and each sample send prompts
     no other sends, and each request's prompt is as long in every sample."""
-    from bisect_harness.measure.client import PromptSize
+    from bisect_harness.measure.prompt_size import PromptSize
 
     bench = spec(requests_per_sample=3, warmup_requests=2, prompt_tokens=12)
     size = PromptSize(12, 12, "words")
@@ -425,7 +424,7 @@ def test_unknown_api_is_rejected():
 # --------------------------------------------------------------------------- percentiles
 
 def _record(ttft, gaps, tokens, e2e=None):
-    from bisect_harness.measure.client import RequestRecord
+    from bisect_harness.measure.request import RequestRecord
 
     decode = sum(gaps)
     e2e = e2e if e2e is not None else ttft + decode
@@ -437,7 +436,7 @@ def _record(ttft, gaps, tokens, e2e=None):
 
 
 def test_percentiles_are_linear_interpolation_over_requests_and_tokens():
-    from bisect_harness.measure.client import percentile_metrics
+    from bisect_harness.measure.percentiles import percentile_metrics
 
     recs = [_record(0.1, [0.01, 0.02], 3), _record(0.2, [0.03], 2), _record(0.3, [], 1), _record(0.4, [0.05], 2)]
     m = percentile_metrics(recs)
@@ -457,7 +456,7 @@ def test_percentiles_are_linear_interpolation_over_requests_and_tokens():
 
 
 def test_token_gaps_split_multi_token_chunks_and_carry_empty_ones():
-    from bisect_harness.measure.client import _token_gaps
+    from bisect_harness.measure.request import _token_gaps
 
     # chunks at 0, 0.1 (2 tokens), 0.15 (0 tokens), 0.3 (1 token)
     assert _token_gaps([0.0, 0.1, 0.15, 0.3], [1, 2, 0, 1], 3) == pytest.approx((0.05, 0.05, 0.2))
@@ -591,7 +590,7 @@ def test_a_line_split_over_many_reads_is_one_line_and_a_line_past_the_cap_fails(
     for i in range(0, len(body), 1000):
         out += dec.feed(body[i:i + 1000])
     assert out == [(None, b"x" * 300_000)]
-    from bisect_harness.measure.client import SSELineTooLong
+    from bisect_harness.measure.sse import SSELineTooLong
 
     with pytest.raises(SSELineTooLong, match="went past 1,048,576 bytes"):
         for _ in range(2000):
@@ -628,7 +627,7 @@ def test_a_server_count_above_its_chunks_is_believed_multi_token_chunks_are_real
 def test_a_server_that_says_try_again_is_asked_again_within_the_sample_and_counted():
     """503 (and 429, and llama.cpp's "slot unavailable") is the server declining to start:
     the request is sent again, up to MAX_RETRIES times, and each retry is counted."""
-    from bisect_harness.measure.client import MAX_RETRIES
+    from bisect_harness.measure.request import MAX_RETRIES
 
     with Replay("vllm_completions.sse", status_for=lambda n: 503 if n % 2 else 200) as srv:
         detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=6, concurrency=1))
@@ -693,7 +692,7 @@ def test_llamacpp_slot_unavailable_is_sent_again():
 def test_a_server_without_a_tokenizer_gets_prompts_in_words_and_says_so():
     import httpx
 
-    from bisect_harness.measure.client import size_prompts
+    from bisect_harness.measure.prompt_size import size_prompts
 
     with Replay("vllm_completions.sse") as srv, httpx.Client() as http:
         size = size_prompts(http, srv.base_url, spec(prompt_tokens=24))
@@ -711,7 +710,7 @@ def test_a_tokenizer_probe_leaves_no_unread_body_for_the_next_request():
 
     import httpx
 
-    from bisect_harness.measure.client import size_prompts
+    from bisect_harness.measure.prompt_size import size_prompts
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -46,8 +46,8 @@ PACKAGE = Path(bisect_harness.__file__).parent
 
 #: the layers, lowest first (design.md's picture, read upwards)
 LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init__", "boot"}, {"demo"}, {"process"},
-          {"measure", "observe"}, {"engines"}, {"decide"}, {"backends"}, {"spec"}, {"plan"}, {"record"}, {"report"},
-          {"run"}, {"cli"}]
+          {"measure"}, {"observe"}, {"engines"}, {"decide"}, {"backends"}, {"spec"}, {"plan"}, {"record"},
+          {"report"}, {"run"}, {"cli"}]
 
 #: imports of a layer above, (importing module, imported module): why each may stay
 UP_IMPORTS = {
@@ -61,9 +61,6 @@ UP_CALLS = {
     ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
     ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
     ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
-    ("measure/sources", "backends/procedure"): "read_server_info calls the fetch it was given (a lambda of "
-                                                  "run_boot)",
-    ("observe/mechanisms", "engines/presets"): "InfoField.read calls the reader the preset gave it",
 }
 
 

@@ -244,7 +244,7 @@ def test_the_real_server_speaks_each_api_it_has(models, tmp_path):
         # server's count of each prompt as sent agrees within the BOS token
         import httpx
 
-        from bisect_harness.measure.client import size_prompts
+        from bisect_harness.measure.prompt_size import size_prompts
 
         bench = BenchmarkSpec(api="llamacpp", prompt_tokens=40, output_tokens=4, requests_per_sample=2,
                               warmup_requests=0, ignore_eos=True)

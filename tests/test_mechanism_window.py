@@ -18,7 +18,7 @@ from bisect_harness.observe.mechanisms import (
     Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine, Window, check,
 )
 from bisect_harness.engines.presets import canonical_flag, get_preset
-from bisect_harness.measure.sources import parse_prometheus
+from bisect_harness.measure.sources.prometheus import parse_prometheus
 
 ENGINES = Path(__file__).parent / "fixtures" / "engines"
 

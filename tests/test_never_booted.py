@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bisect_harness.observe import mechanisms
 from bisect_harness.observe.mechanisms import InfoField, Mechanism, StartupLine, Window
-from bisect_harness.measure.sources import parse_prometheus
+from bisect_harness.measure.sources.prometheus import parse_prometheus
 from bisect_harness.engines.presets import canonical_flag, get_preset
 from bisect_harness.engines.envs import CommitEnv
 

@@ -16,8 +16,9 @@ import pytest
 from bisect_harness.errors import UserError
 from bisect_harness.observe.provenance import (
     EnvReport, FlagReport, GpuInfo, GpuSampler, HostInfo, SamplerSummary, collect_host, decode_throttle_reasons,
-    env_report, flag_report, read_gpus, values_equal,
+    env_report, flag_report, read_gpus,
 )
+from bisect_harness.measure.values import values_equal
 
 VAR = "BH_TEST_NCCL_TUNING"
 

@@ -10,8 +10,9 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import Better, Metric
 from bisect_harness.measure.sources import (
     DerivedSource, LogSource, MetricSource, PrometheusSource, ResponseSource, ServerInfoSource, SourceCollector,
-    applicable, lookup, parse_source, register_source, resolve_derived, source_kinds,
+    applicable, parse_source, register_source, resolve_derived, source_kinds,
 )
+from bisect_harness.measure.values import lookup
 from helpers import FakeServer
 
 
@@ -401,7 +402,7 @@ class _Hostile:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from bisect_harness.measure.sources import MAX_BODY_BYTES
+        from bisect_harness.measure.bodies import MAX_BODY_BYTES
 
         plain = b"# a comment line that goes on\n" * (MAX_BODY_BYTES // 30 + 10)
         bomb = gzip.compress(b"\n" * (MAX_BODY_BYTES * 8), compresslevel=9)

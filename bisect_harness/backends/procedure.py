@@ -29,13 +29,15 @@ import httpx
 
 from bisect_harness.engines import attach, benchtools, presets, profilers
 from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
-from bisect_harness.measure import sources
+from bisect_harness.measure import bodies
 from bisect_harness.engines.checkout import read_tail
 from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
 from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
 from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
 from bisect_harness.model import jsonable, utcnow
 from bisect_harness.measure.sources import SourceCollector
+from bisect_harness.measure.sources.prometheus import parse_prometheus
+from bisect_harness.measure.values import read_server_info
 from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, SampleOutcome, Sampled, Sink, Started
 from bisect_harness.boot import deliver
 
@@ -64,13 +66,12 @@ def this_host() -> tuple[dict, str]:
 
 
 def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None,
-                      limit: int = sources.MAX_BODY_BYTES) -> dict | None:
+                      limit: int = bodies.MAX_BODY_BYTES) -> dict | None:
     """The first server-info endpoint that answers with a JSON object, or None
-    (``sources.read_server_info``, the rule the metric sources use too); no body
+    (``values.read_server_info``, the rule the metric sources use too); no body
     is read past ``limit`` bytes (``limits.body_bytes``)."""
     with httpx.Client(trust_env=False) as client:
-        data, _ = sources.read_server_info(
-            lambda path: sources.bounded_get(client, base_url + path, 10.0, headers, limit=limit), paths)
+        data, _ = read_server_info(client, base_url, paths, timeout_s=10.0, headers=headers, limit=limit)
     return dict(data) if data is not None else None
 
 
@@ -297,9 +298,9 @@ class _MechanismWindow:
     def _scrape(self) -> list | None:
         try:
             with httpx.Client(trust_env=False) as client:
-                r = sources.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
-                                        limit=self.req.benchmark.limits.body_bytes)
-            return sources.parse_prometheus(r.text) if r.status_code == 200 else None
+                r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
+                                       limit=self.req.benchmark.limits.body_bytes)
+            return parse_prometheus(r.text) if r.status_code == 200 else None
         except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
             return None
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Mapping, Sequence
 
-from bisect_harness.measure import client
+from bisect_harness.measure import client, prompt_size
 from bisect_harness.measure.client import SampleFailed as SampleToolError
 from bisect_harness.errors import UserError
 from bisect_harness.model import BenchmarkSpec
@@ -240,19 +240,19 @@ def get_tool(name: str) -> BenchTool:
 
 class ClientRunner:
     """The harness's own streaming client (``client``). ``boot`` numbers the boot's
-    prompts (``client.request_prompt``): unique to each boot, sample and request."""
+    prompts (``prompts.request_prompt``): unique to each boot, sample and request."""
 
     def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0):
         self.bench, self.endpoint, self.boot = bench, endpoint, boot
         self._http = None
-        self.prompt: client.PromptSize | None = None  # sized once a boot, before its warm-up
+        self.prompt: prompt_size.PromptSize | None = None  # sized once a boot, before its warm-up
 
     def warmup(self) -> None:
         """Size the prompts (the server's tokenizer), then warm up with prompts that long."""
         url = self.endpoint.base_url
         with client.boot_session(url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self.bench = bench
-            self.prompt = client.size_prompts(http, url, bench, boot=self.boot)
+            self.prompt = prompt_size.size_prompts(http, url, bench, boot=self.boot)
             client.warmup(url, bench, client=http, prompt=self.prompt, boot=self.boot)
 
     @contextlib.contextmanager
@@ -262,7 +262,7 @@ class ClientRunner:
         with client.boot_session(self.endpoint.base_url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self._http, self.bench = http, bench
             if self.prompt is None:
-                self.prompt = client.size_prompts(http, self.endpoint.base_url, bench, boot=self.boot)
+                self.prompt = prompt_size.size_prompts(http, self.endpoint.base_url, bench, boot=self.boot)
             try:
                 yield self
             finally:
@@ -274,7 +274,7 @@ class ClientRunner:
                                             sample=index + 1)
 
     def provenance(self) -> dict:
-        """How long the prompts were (``client.PromptSize``: tokens, or words where the
+        """How long the prompts were (``prompt_size.PromptSize``: tokens, or words where the
         server cannot count them), and whether each sample's were its own."""
         return {"prompt": self.prompt.to_dict()} if self.prompt is not None else {}
 

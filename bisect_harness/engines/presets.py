@@ -61,7 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
-from bisect_harness.observe.mechanisms import Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine
+from bisect_harness.observe.mechanisms import (
+    Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine, as_bool, positive, true_means_off, truthy, unless_none,
+    unless_text,
+)
 from bisect_harness.engines.profilers import PROFILERS
 from bisect_harness.kinds import Registry
 from bisect_harness.errors import UserError
@@ -299,17 +302,17 @@ _SGLANG = register_preset(Preset(
     mechanisms=(
         Mechanism("speculative decoding", ("speculative-algorithm",), evidence=(
             Counter("sglang:spec_verify_calls_total"),
-            Gauge("sglang:spec_accept_length", lambda v: v > 0),
+            Gauge("sglang:spec_accept_length", positive),
             LogLine(engaged=r"Decode batch.*\baccept len: "),
-        ), startup=(InfoField("speculative_algorithm", lambda v: bool(v)),),
+        ), startup=(InfoField("speculative_algorithm", truthy),),
             source="sglang 0.5.23 /metrics sglang:spec_verify_calls_total over the window"),
         Mechanism("CUDA graphs", ("cuda-graph-max-bs", "cuda-graph-max-bs-decode", "cuda-graph-bs",
                                   "cuda-graph-bs-decode", "cuda-graph-backend-decode", "cuda-graph-config"), evidence=(
             Counter("sglang:cuda_graph_passes_total", by="mode", ran=("decode_cuda_graph",), skipped=("decode_none",)),
             LogLine(engaged=r"\bcuda graph: True\b", disengaged=r"\bcuda graph: False\b"),
         ), startup=(
-            InfoField("cuda_graph_config.decode.backend", lambda v: v != "disabled" if isinstance(v, str) else None),
-            InfoField("disable_cuda_graph", lambda v: False if v is True else None, " (--disable-cuda-graph)"),
+            InfoField("cuda_graph_config.decode.backend", unless_text("disabled")),
+            InfoField("disable_cuda_graph", true_means_off, " (--disable-cuda-graph)"),
             StartupLine(set_up=r"Capture target (?:decode|verify) CUDA graph end"),
         ), source="sglang 0.5.23 /metrics sglang:cuda_graph_passes_total{mode} over the window",
             claims=lambda v: _sglang_decode_graphs(v), default_on=True,
@@ -389,13 +392,13 @@ _VLLM = register_preset(Preset(
         Mechanism("speculative decoding", ("speculative-config",), evidence=(
             Counter("vllm:spec_decode_num_draft_tokens_total", accepted="vllm:spec_decode_num_accepted_tokens_total"),
             LogLine(engaged=r"SpecDecoding metrics: "),
-        ), startup=(InfoField("vllm_config.speculative_config", lambda v: bool(v)),),
+        ), startup=(InfoField("vllm_config.speculative_config", truthy),),
             source="vLLM 0.32 /metrics vllm:spec_decode_num_draft_tokens_total over the window"),
         Mechanism("CUDA graphs", ("compilation-config", "cudagraph-capture-sizes", "max-cudagraph-capture-size",
                                   "cuda-graph-sizes", "enforce-eager"), evidence=(
             LogLine(engaged=_VLLM_GRAPH_ROW.format(mode="(?:FULL|PIECEWISE)"),
                     disengaged=_VLLM_GRAPH_ROW.format(mode="NONE")),
-        ), startup=(InfoField("vllm_config.compilation_config.cudagraph_mode", lambda v: _cudagraph_mode(v)),),
+        ), startup=(InfoField("vllm_config.compilation_config.cudagraph_mode", unless_none),),
             source="vLLM 0.32 --cudagraph-metrics table rows (Runtime Mode) over the window",
             claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
     ),
@@ -489,7 +492,7 @@ _DEMO = register_preset(DemoPreset(
                     ran=("decode_cuda_graph", "draft_cuda_graph", "verify_cuda_graph"),
                     skipped=("decode_none", "draft_none", "verify_none")),
             LogLine(engaged=r"cuda graph: True", disengaged=r"cuda graph: False"),
-        ), startup=(InfoField("cuda_graph", lambda v: v if isinstance(v, bool) else None),
+        ), startup=(InfoField("cuda_graph", as_bool),
                     StartupLine(set_up=r"Capture decode CUDA graph end")),
             source="the demo engine's /metrics demo:cuda_graph_passes_total{mode} over the window",
             default_on=True, off_flags=("disable-cuda-graph",)),
@@ -497,7 +500,7 @@ _DEMO = register_preset(DemoPreset(
             Counter("demo:cuda_graph_passes_total", by="mode", ran=("verify_none", "verify_cuda_graph"),
                     skipped=("decode_none", "decode_cuda_graph")),
             LogLine(engaged=r"Target verify: "),
-        ), startup=(InfoField("speculative_num_steps", lambda v: _positive(v)),),
+        ), startup=(InfoField("speculative_num_steps", positive),),
             source="the demo engine's /metrics demo:cuda_graph_passes_total{mode=verify_none} over the window",
             claims=lambda v: bool(_positive(v))),
     ),
@@ -521,15 +524,6 @@ def _positive(value) -> bool | None:
         return float(value) > 0
     except (TypeError, ValueError):
         return None
-
-
-def _cudagraph_mode(value) -> bool | None:
-    """vLLM's CUDAGraphMode as server info writes it (``"NONE"``, ``"CUDAGraphMode.NONE"``,
-    ``0``, ``[2, 0]``): engaged unless NONE."""
-    if value is None:
-        return None
-    text = str(value).upper()
-    return not (text.endswith("NONE") or text in ("0", "[0, 0]"))
 
 
 def _claims_graphs(value) -> bool:

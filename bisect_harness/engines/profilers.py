@@ -63,7 +63,7 @@ from typing import Any, ClassVar, Mapping
 
 import httpx
 
-from bisect_harness.measure.sources import BodyTooLarge, bounded_request
+from bisect_harness.measure.bodies import BodyTooLarge, bounded_request
 
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
            "profile_dir", "kept_trace_path", "capture", "refused_at_launch", "STATES"]

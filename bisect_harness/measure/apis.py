@@ -33,6 +33,7 @@ import dataclasses
 import json
 from typing import Any, ClassVar, Protocol
 
+from bisect_harness.errors import ServerReplyError
 from bisect_harness.kinds import Registry
 
 __all__ = ["Api", "APIS", "ReadyProbe", "StreamError", "get_api"]
@@ -53,13 +54,13 @@ class ReadyProbe:
         return f"{self.method} {self.path}" + (" (one token)" if self.body is not None else "")
 
 
-class StreamError(Exception):
+class StreamError(ServerReplyError):
     """A stream that cannot be believed: a field of the wrong shape, a count that
     cannot be true, an error the server put in the stream."""
 
 
 class Reader(Protocol):
-    """What a kind writes to while it reads a stream (``client._Stream``)."""
+    """What a kind writes to while it reads a stream (``request._Stream``)."""
 
     usage: dict | None
     meta: dict | None

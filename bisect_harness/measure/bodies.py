@@ -1,5 +1,10 @@
 """Reading a server's response body within bounds, whatever it sends.
 
+:func:`bounded_get` (and :func:`bounded_request` for any method) reads a whole body
+within a byte limit and a deadline, or raises :class:`BodyTooLarge` /
+:class:`TimeoutError` saying what happened: how ``/metrics``, server info and a
+profiler's answers are read.
+
 The harness asks every server for no compression (``Accept-Encoding: identity``).
 A server that compresses anyway is decoded here, a bounded slice at a time, from
 the raw bytes: httpx's own decoder inflates each received chunk whole, so 64 KiB
@@ -15,13 +20,19 @@ Encodings decoded: identity, gzip (x-gzip) and deflate; any other is refused wit
 
 from __future__ import annotations
 
+import time
 import zlib
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
 
-__all__ = ["UnreadableBody", "decoded", "read_some"]
+from bisect_harness.errors import ServerReplyError
+from bisect_harness.model import Limits
+
+__all__ = ["Body", "BodyTooLarge", "MAX_BODY_BYTES", "UnreadableBody", "bounded_get", "bounded_request", "decoded",
+           "read_some"]
 
 
-class UnreadableBody(Exception):
+class UnreadableBody(ServerReplyError):
     """A body compressed in a way the harness does not decode, or corrupt."""
 
 
@@ -76,3 +87,67 @@ def read_some(resp: Any, limit: int) -> bytes:
         if size >= limit:
             break
     return b"".join(got)
+
+
+# --------------------------------------------------------------------------- whole bodies, bounded
+
+#: The most a ``/metrics`` or server-info body may hold once decoded. Real engines send a
+#: few hundred KB; a larger body (or a compressed bomb) is a source problem, not a read
+#: that takes the harness's memory and minutes of parsing.
+MAX_BODY_BYTES = Limits().body_bytes
+
+
+class BodyTooLarge(ServerReplyError):
+    """A server's body went past :data:`MAX_BODY_BYTES`."""
+
+
+@dataclass(frozen=True)
+class Body:
+    """A response read whole within bounds: its status and bytes."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.content)
+
+
+def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
+                limit: int = MAX_BODY_BYTES) -> Body:
+    """GET ``url`` through an httpx client (None: one of its own), reading at most
+    ``limit`` decoded bytes within ``timeout_s`` in all (httpx's own timeout bounds each
+    read, not the whole body). Asks for no compression; a server that compresses anyway is decoded chunk
+    by chunk and stopped at the limit. Raises :class:`BodyTooLarge` or
+    :class:`TimeoutError` with what happened."""
+    return bounded_request(client, "GET", url, timeout_s, headers, limit)
+
+
+def bounded_request(client: Any, method: str, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
+                    limit: int = MAX_BODY_BYTES, *, json_body: Any = None, chunk: int = 1 << 20) -> Body:
+    """:func:`bounded_get` for any method, with an optional JSON body (a profiler's
+    ``POST /start_profile``): the answer read within ``limit`` bytes and ``timeout_s``
+    in all. ``client`` None: a client of the harness's own for this one request."""
+    if client is None:
+        import httpx
+
+        with httpx.Client(trust_env=False) as own:
+            return bounded_request(own, method, url, timeout_s, headers, limit, json_body=json_body, chunk=chunk)
+    deadline = time.monotonic() + timeout_s
+    kwargs = {"json": json_body} if json_body is not None else {}
+    with client.stream(method, url, timeout=timeout_s,
+                       headers={"Accept-Encoding": "identity", **dict(headers or {})}, **kwargs) as resp:
+        chunks, size = [], 0
+        for piece in decoded(resp, chunk):
+            size += len(piece)
+            if size > limit:
+                raise BodyTooLarge(f"the body of {url} went past {limit:,} bytes; stopped reading")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the body of {url} was not read within {timeout_s:g} s")
+            chunks.append(piece)
+        return Body(resp.status_code, b"".join(chunks))

@@ -49,8 +49,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+from bisect_harness.measure.values import lookup
+
 __all__ = ["Counter", "Gauge", "LogLine", "InfoField", "StartupLine", "Mechanism", "MechanismResult", "Window",
-           "check", "marks", "NOT_ENGAGED", "NOT_SEEN", "STATES", "ANSWERED", "WORDS", "summary"]
+           "check", "marks", "NOT_ENGAGED", "NOT_SEEN", "STATES", "ANSWERED", "WORDS", "summary",
+           "truthy", "as_bool", "positive", "true_means_off", "unless_text", "unless_none"]
 
 #: The mark of a boot where a claimed mechanism did not run in the window.
 NOT_ENGAGED = "mechanism_not_engaged"
@@ -73,7 +76,7 @@ WORDS = MappingProxyType({
 class Window:
     """What a boot gives as evidence about its measured samples.
 
-    ``before`` and ``after`` are ``/metrics`` parsed (``sources.parse_prometheus``)
+    ``before`` and ``after`` are ``/metrics`` parsed (``sources.prometheus.parse_prometheus``)
     just before the first measured sample and just after the last (None when the
     server served none); ``log`` the lines of the boot log printed between the two,
     ``startup_log`` the log before the first (launch, warm-up);
@@ -188,7 +191,8 @@ class Gauge:
     """Window evidence: a Prometheus gauge read at the window's end (the scrape just
     after the last sample; summed over the label sets that carry ``labels``);
     ``engaged(value)`` says whether it shows the mechanism running (True/False), or
-    None when the value says nothing."""
+    None when the value says nothing (a preset names a reader of this module's:
+    :func:`positive`)."""
 
     series: str
     engaged: Callable[[float], bool | None]
@@ -246,19 +250,71 @@ class LogLine:
         return "log lines in the window"
 
 
+# --------------------------------------------------------------------------- what a value says
+# The readers a preset names for :class:`InfoField` (``set_up``) and :class:`Gauge`
+# (``engaged``): each takes the value read and says True (set up, or running), False
+# (not) or None (the value says nothing). They live here, beside the evidence that
+# calls them, so the check calls no code of the layer above it (an engine's preset).
+
+
+def truthy(value: Any) -> bool:
+    """Set up when the field holds a value at all, not when it is empty, zero or null
+    (SGLang's ``speculative_algorithm``, vLLM's ``speculative_config``)."""
+    return bool(value)
+
+
+def as_bool(value: Any) -> bool | None:
+    """A true/false value says so; any other value says nothing."""
+    return value if isinstance(value, bool) else None
+
+
+def positive(value: Any) -> bool | None:
+    """A number above 0 says yes, one at or below 0 no; a value that is no number says
+    nothing (a number of speculative steps; an acceptance-length gauge)."""
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return None
+
+
+def true_means_off(value: Any) -> bool | None:
+    """``True`` says the mechanism was turned off (``disable_cuda_graph``); any other value
+    says nothing."""
+    return False if value is True else None
+
+
+def unless_text(word: str) -> Callable[[Any], bool | None]:
+    """A reader: a text value says set up unless it is ``word`` (``disabled``: SGLang's
+    ``cuda_graph_config.decode.backend``); a value that is not text says nothing."""
+    def read(value: Any) -> bool | None:
+        return value != word if isinstance(value, str) else None
+
+    return read
+
+
+def unless_none(value: Any) -> bool | None:
+    """An enum as server info writes it (``"NONE"``, ``"CUDAGraphMode.NONE"``, ``0``,
+    ``[2, 0]``: vLLM's ``cudagraph_mode``): set up unless it names NONE or is zero; no
+    value says nothing."""
+    if value is None:
+        return None
+    text = str(value).upper()
+    return not (text.endswith("NONE") or text in ("0", "[0, 0]"))
+
+
 @dataclass(frozen=True)
 class InfoField:
     """Start-up evidence: a field of the server-info JSON (a dotted path);
     ``set_up(value)`` says whether the mechanism was set up (True/False), or None
-    when the value says nothing. ``says`` is added to the evidence text."""
+    when the value says nothing: a preset names one of this module's readers
+    (:func:`truthy`, :func:`as_bool`, :func:`positive`, :func:`true_means_off`,
+    :func:`unless_text`, :func:`unless_none`). ``says`` is added to the evidence text."""
 
     path: str
     set_up: Callable[[Any], bool | None]
     says: str = ""
 
     def read(self, w: Window) -> _Reading | None:
-        from bisect_harness.measure.sources import lookup
-
         if not isinstance(w.server_info, Mapping):
             return None
         try:

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from bisect_harness.decide.bisection import StopReason
 from bisect_harness.observe import engine_identity, mechanisms
-from bisect_harness.measure.client import reuse_text
+from bisect_harness.measure.prompt_size import reuse_text
 from bisect_harness.observe import host_state
 from bisect_harness.decide import stats
 from bisect_harness.spec import metric_defs
@@ -460,7 +460,7 @@ def _probe_note(p) -> str:
 
 
 def _prompt_text(prompt: dict) -> str:
-    """A boot's prompt length (``client.PromptSize``), in the unit it really is in, and
+    """A boot's prompt length (``prompt_size.PromptSize``), in the unit it really is in, and
     whether each sample's prompts were its own (a boot recorded before they were says nothing)."""
     if prompt.get("unit") == "tokens":
         text = (f"prompts: {prompt.get('tokens')} tokens ({prompt.get('words')} words; {prompt.get('asked')} asked), "

@@ -30,7 +30,7 @@ from bisect_harness.observe.provenance._schema import SCHEMA_VERSION, _check_sch
 from bisect_harness.observe.provenance.env import EnvReport, ProcessEnv, VarReport, env_report
 from bisect_harness.observe.provenance.flags import (
     DEFAULT_FLAG_ALIASES, MATCHED, MISMATCHED, NOT_REPORTED, FlagCheck, FlagReport, flag_report, normalise_flag,
-    values_equal, values_match,
+    values_match,
 )
 from bisect_harness.observe.provenance.listening import ListeningReport, ListeningSocket, listening_report
 from bisect_harness.observe.provenance.host import (
@@ -44,5 +44,5 @@ __all__ = [
     "GpuInfo", "GpuSampler", "ListeningReport", "ListeningSocket", "GpuSummary", "HostInfo", "ProcessEnv", "SamplerSummary", "Stat",
     "THROTTLE_REASONS", "VarReport", "collect_host", "cpu_governor", "decode_throttle_reasons",
     "engine_state", "env_report", "flag_report", "listening_report", "normalise_flag", "packages_fingerprint",
-    "read_gpu", "read_gpus", "sample_gpu", "values_equal", "values_match",
+    "read_gpu", "read_gpus", "sample_gpu", "values_match",
 ]

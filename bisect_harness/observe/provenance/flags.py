@@ -1,16 +1,15 @@
 """Did the flags take effect? :func:`flag_report` compares the flags asked for with
 a server's effective arguments (its server-info endpoint), by the preset's key map
-and compare modes."""
+and compare modes. Values compare by :func:`~bisect_harness.measure.values.values_equal`
+(measure's rule for a server-reported value), or by a mode (:func:`values_match`)."""
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from bisect_harness.observe.provenance._schema import SCHEMA_VERSION, _check_schema
-from bisect_harness.measure.jsonpath import lookup
+from bisect_harness.measure.values import _as_bool, _as_mapping, lookup, values_equal
 from bisect_harness.model import jsonable
 
 #: Where a server commonly reports a flag under another name (normalised keys).
@@ -30,104 +29,10 @@ MATCHED, MISMATCHED, NOT_REPORTED = "matched", "mismatched", "not_reported"
 #: ``FlagCheck.key`` of a flag the preset knows no server-info key for
 NO_KEY = ""
 
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
 
 def normalise_flag(key: str) -> str:
     """``--tp-size`` -> ``tp_size``."""
     return str(key).strip().lstrip("-").replace("-", "_")
-
-
-def _as_bool(v: Any) -> bool | None:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str):
-        s = v.strip().lower()
-        if s in _TRUE:
-            return True
-        if s in _FALSE:
-            return False
-    return None
-
-
-def _as_number(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def _as_sequence(v: Any) -> list | None:
-    if isinstance(v, (list, tuple)):
-        return list(v)
-    if isinstance(v, str):
-        s = v.strip()
-        if s.startswith("["):
-            try:
-                parsed = json.loads(s)
-            except ValueError:
-                return None
-            return parsed if isinstance(parsed, list) else None
-        parts = [p for p in s.replace(",", " ").split() if p]
-        return parts if len(parts) > 1 else None
-    return None
-
-
-def _as_mapping(v: Any) -> dict | None:
-    if isinstance(v, Mapping):
-        return dict(v)
-    if isinstance(v, str) and v.strip().startswith("{"):
-        try:
-            parsed = json.loads(v)
-        except ValueError:
-            return None
-        return parsed if isinstance(parsed, dict) else None
-    return None
-
-
-def values_equal(requested: Any, effective: Any) -> bool:
-    """Type-tolerant equality of a requested flag value and a server-reported one:
-    ``2 == "2" == 2.0``, ``True == "true"``, ``[1, 2] == "1,2"``, dicts by their
-    items (or a JSON string), and a requested ``False`` (flag omitted) matches an
-    effective ``None``."""
-    if requested is None or effective is None:
-        if requested is None and effective is None:
-            return True
-        other = effective if requested is None else requested
-        return requested is False or other == "" or (
-            isinstance(other, str) and other.strip().lower() in ("none", "null"))
-    rm, em = _as_mapping(requested), _as_mapping(effective)
-    if rm is not None or em is not None:
-        if rm is None or em is None or set(map(str, rm)) != set(map(str, em)):
-            return False
-        em_s = {str(k): v for k, v in em.items()}
-        return all(values_equal(v, em_s[str(k)]) for k, v in rm.items())
-    if isinstance(requested, (list, tuple)) or isinstance(effective, (list, tuple)):
-        rs, es = _as_sequence(requested), _as_sequence(effective)
-        if rs is None:
-            rs = [requested]
-        if es is None:
-            es = [effective]
-        return len(rs) == len(es) and all(values_equal(a, b) for a, b in zip(rs, es))
-    if isinstance(requested, bool) or isinstance(effective, bool):
-        rb, eb = _as_bool(requested), _as_bool(effective)
-        return rb is not None and rb == eb
-    if str(requested).strip() == str(effective).strip():
-        return True
-    rn, en = _as_number(requested), _as_number(effective)
-    if rn is not None and en is not None:
-        return math.isclose(rn, en, rel_tol=1e-9, abs_tol=1e-12)
-    rb, eb = _as_bool(requested), _as_bool(effective)
-    return rb is not None and eb is not None and (rn is None or en is None) and rb == eb
 
 
 @dataclass(frozen=True)
@@ -315,4 +220,4 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
 
 
 __all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "NOT_REPORTED", "NO_KEY",
-           "flag_report", "normalise_flag", "values_equal", "values_match"]
+           "flag_report", "normalise_flag", "values_match"]
