@@ -60,7 +60,7 @@ UP_CALLS = {
     ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
     ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
     ("measure/sources", "backends/local"): "read_server_info calls the fetch it was given (a lambda of run_boot)",
-    ("observe/mechanisms", "engines/presets"): "InfoField.read calls the reader the preset gave it",
+    ("observe/mechanisms", "engines/presets/demo"): "InfoField.read calls the reader the preset gave it",
     ("backends/local", "run/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
                                              "outcome to the Sink it was given (the scheduler's ledger sink)",
 }
