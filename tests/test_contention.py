@@ -113,7 +113,7 @@ def test_foreign_cpu_counts_only_processes_outside_our_tree():
     ]
     src = c.ForeignCpuSource(iterate=lambda: iter(lists.pop(0)), command={200: "make -j8"}.get)
     clock = iter([t, t + 2.0])
-    import bisect_harness.observe.contention as mod
+    import bisect_harness.observe.contention.sources as mod
     real_time = mod.time.time
     mod.time.time = lambda: next(clock)
     try:
