@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from bisect_harness.errors import HarnessError, NotObserved, SpecError
 from bisect_harness.observe import contention as c
 from bisect_harness.observe import host_state
-from bisect_harness.errors import SpecError
 from bisect_harness.record.ledger import Boot
 from bisect_harness.spec.parse import load_spec
 
@@ -67,6 +67,13 @@ def test_pressure_source_without_psi_is_unavailable_with_the_reason():
     src = c.PressureSource(read=reader({}), root="/p")
     with pytest.raises(c.SourceUnavailable, match="no PSI"):
         src.read(CTX)
+
+
+def test_an_unavailable_source_is_a_harness_error_that_says_nothing_was_observed():
+    src = c.PressureSource(read=reader({}), root="/p")
+    with pytest.raises(NotObserved) as got:
+        src.read(CTX)
+    assert isinstance(got.value, c.SourceUnavailable) and isinstance(got.value, HarnessError)
 
 
 def test_steal_from_proc_stat():

@@ -63,6 +63,7 @@ from typing import Any, ClassVar, Mapping
 
 import httpx
 
+from bisect_harness.errors import NotObserved
 from bisect_harness.measure.sources import BodyTooLarge, bounded_request
 
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
@@ -78,11 +79,11 @@ SUMMARY_S = 600.0     # reading the trace (a child process, killed past this)
 ANSWER_BYTES = 1 << 20  # of a start or stop answer, read at most
 
 
-class NoProfilerEndpoint(Exception):
+class NoProfilerEndpoint(NotObserved):
     """The engine has no profiler the harness can ask (state ``no_profiler``)."""
 
 
-class ProfileFailed(Exception):
+class ProfileFailed(NotObserved):
     """The profiler was there and the profile still failed (state ``failed``)."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import psutil
 
+from bisect_harness.errors import NotObserved
 from bisect_harness.kinds import Registry
 
 Reader = Callable[[str], str]
@@ -28,7 +29,7 @@ def read_text(path: str) -> str:
         return f.read()
 
 
-class SourceUnavailable(Exception):
+class SourceUnavailable(NotObserved):
     """A source cannot be read on this host; the message says why."""
 
 
