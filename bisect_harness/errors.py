@@ -7,6 +7,14 @@
     │   ├── SpecError            hypotheses.yaml: names the key and the line
     │   └── CommitError          a revision that does not resolve in the engine repo
     ├── InfrastructureError      fatal for the run: the machine or a tool failed (exit 3)
+    │   └── LaunchError          a command could not start (not found, not executable, bad cwd);
+    │                            an OSError too (process/supervised): a boot's launch becomes
+    │                            BootFailed, a build's a failed build, where the caller can go on
+    ├── NotObserved              informational: what the harness could not read or take is
+    │   │                        recorded with its reason; the boot and the run go on
+    │   ├── SourceUnavailable    a contention source cannot be read here (observe/contention)
+    │   ├── NoProfilerEndpoint   the engine has no profiler to ask (engines/profilers)
+    │   └── ProfileFailed        the profiler was there and the profile failed (engines/profilers)
     ├── ConfigFailure            recoverable: one config could not be measured;
     │   │                        recorded in the ledger with its log tail, the run goes on
     │   ├── BuildFailed          the build command failed at a commit (bisection skips it)
@@ -67,6 +75,11 @@ class InfrastructureError(HarnessError):
     """The machine, git, or the ledger failed in a way no config can route around."""
 
     exit_code = 3
+
+
+class NotObserved(HarnessError):
+    """Something the harness could not read or take (a contention source, a profile): recorded
+    with its reason where the observation would have been; the boot and the run go on."""
 
 
 class ConfigFailure(HarnessError):

@@ -2,7 +2,7 @@
 
 The ground floor beside ``model`` and ``errors``: the checkout's mirrors and
 worktrees (``engines/checkout``) and the supervisors' records of their process
-trees (``process/supervisor``) both live under it, and neither imports the other
+trees (``process/supervised``) both live under it, and neither imports the other
 to find it.
 """
 

@@ -88,7 +88,7 @@ def processes_under(root: Path) -> list[str]:
 
 def reapers_of(harness_pid: int) -> list[int]:
     """Supervisor processes started by the harness with pid ``harness_pid`` that still run."""
-    from bisect_harness.process.supervisor import supervisors_of
+    from bisect_harness.process.supervised import supervisors_of
 
     return supervisors_of(harness_pid)
 

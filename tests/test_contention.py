@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from bisect_harness.errors import HarnessError, NotObserved, SpecError
 from bisect_harness.observe import contention as c
 from bisect_harness.observe import host_state
-from bisect_harness.errors import SpecError
 from bisect_harness.record.ledger import Boot
 from bisect_harness.spec.parse import load_spec
 
@@ -69,6 +69,13 @@ def test_pressure_source_without_psi_is_unavailable_with_the_reason():
         src.read(CTX)
 
 
+def test_an_unavailable_source_is_a_harness_error_that_says_nothing_was_observed():
+    src = c.PressureSource(read=reader({}), root="/p")
+    with pytest.raises(NotObserved) as got:
+        src.read(CTX)
+    assert isinstance(got.value, c.SourceUnavailable) and isinstance(got.value, HarnessError)
+
+
 def test_steal_from_proc_stat():
     st = c.parse_proc_stat(STAT_0)
     assert (st.user, st.steal, st.procs_running) == (3124, 5, 2)
@@ -113,7 +120,7 @@ def test_foreign_cpu_counts_only_processes_outside_our_tree():
     ]
     src = c.ForeignCpuSource(iterate=lambda: iter(lists.pop(0)), command={200: "make -j8"}.get)
     clock = iter([t, t + 2.0])
-    import bisect_harness.observe.contention as mod
+    import bisect_harness.observe.contention.sources as mod
     real_time = mod.time.time
     mod.time.time = lambda: next(clock)
     try:

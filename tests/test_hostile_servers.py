@@ -80,7 +80,7 @@ def test_a_stream_that_cannot_be_true_fails_its_boots_and_the_run_says_not_measu
 def test_a_server_that_floods_its_log_leaves_a_capped_log_and_says_how_much_was_dropped(tmp_path, flood_mb, limits):
     import yaml
 
-    from bisect_harness.process.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+    from bisect_harness.process.capped_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES
 
     engine = {"preset": "openai", "ready_timeout_s": 60,
               "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", "log-flood",

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from bisect_harness.engines import profilers
+from bisect_harness.errors import HarnessError, NotObserved
 from bisect_harness.engines.benchtools import Endpoint
 from bisect_harness.measure.client import SampleDetail, SampleFailed
 from bisect_harness.engines.presets import PRESETS, get_preset
@@ -175,6 +176,13 @@ def test_no_endpoint_is_no_profiler_and_the_sample_is_not_taken(tmp_path):
                             tmp_path / "boot-8.log")
     assert rec["state"] == "no_profiler" and rec["why"] == "no profiler endpoint (engine preset llamacpp)"
     assert runner.asked == [] and rec["summary"] is None and rec["trace"] is None
+
+
+def test_a_profile_not_taken_is_a_harness_error_that_says_nothing_was_observed():
+    for cls in (profilers.NoProfilerEndpoint, profilers.ProfileFailed):
+        assert issubclass(cls, NotObserved) and issubclass(cls, HarnessError)
+    with pytest.raises(NotObserved, match="no profiler endpoint"):
+        profilers.get_profiler("none").start(None, Path("."), "boot-1")
 
 
 def test_a_sample_that_fails_under_the_profiler_still_stops_it_and_is_a_failed_profile(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from bisect_harness.errors import BootFailed, BootTimeout
 from bisect_harness.engines.server import ServerProcess, free_port, live_servers
-from bisect_harness.process.supervisor import supervisors_of
+from bisect_harness.process.supervised import supervisors_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,7 +125,7 @@ def test_exact_env_is_passed(tmp_path, fake):
         proc_env = psutil.Process(server.pid).environ()
     # exactly the caller's env, plus the supervisor's tree token (how the next start finds
     # a process that escaped its supervisor's record: inherited through forks and sessions)
-    from bisect_harness.process.supervisor import TREE_ENV
+    from bisect_harness.process.proctree import TREE_ENV
 
     token = proc_env.pop(TREE_ENV)
     assert proc_env == env

@@ -439,7 +439,7 @@ def test_limits_are_no_part_of_a_configs_identity(tmp_path):
 
 
 def test_the_supervisors_log_cap_is_the_limits_default():
-    from bisect_harness.process.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+    from bisect_harness.process.capped_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES
     from bisect_harness.model import Limits
 
     assert (LOG_HEAD_BYTES, LOG_TAIL_BYTES) == (Limits().log_head_bytes, Limits().log_tail_bytes)

@@ -14,6 +14,7 @@ choose the number of trials and the seed.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -30,8 +31,8 @@ import psutil
 import pytest
 
 from bisect_harness.engines.checkout import Workspace
-from bisect_harness.errors import BuildFailed
-from bisect_harness.process.supervisor import LaunchError, Supervised, reap_leftovers, run, supervisors_of
+from bisect_harness.errors import BuildFailed, InfrastructureError
+from bisect_harness.process.supervised import LaunchError, Supervised, reap_leftovers, run, supervisors_of
 from helpers import git
 
 TESTS = Path(__file__).resolve().parent
@@ -300,7 +301,7 @@ def test_the_exit_code_of_a_command_that_ends_between_reap_and_listing_is_kept()
     is the one thing faked."""
     script = textwrap.dedent("""
         import os, subprocess, sys, time
-        from bisect_harness.boot import supervisor as s
+        from bisect_harness.process import supervisor as s
         p = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
         time.sleep(1.0)  # ended: a zombie until reaped
         real, calls = s._reap, []
@@ -366,6 +367,14 @@ def test_a_command_that_cannot_start_is_a_launch_error(tmp_path):
         run([str(tmp_path / "no-such-command")], env={}, cwd=tmp_path, stdout=log, timeout_s=5, record=False)
 
 
+def test_a_launch_error_is_an_infrastructure_error_and_still_an_os_error(tmp_path):
+    """In the harness's error tree (a tool that cannot run), and still caught as the OSError it was."""
+    with open(tmp_path / "log", "wb") as log, pytest.raises(InfrastructureError) as got:
+        run([str(tmp_path / "no-such-command")], env={}, cwd=tmp_path, stdout=log, timeout_s=5, record=False)
+    assert isinstance(got.value, LaunchError) and isinstance(got.value, OSError)
+    assert got.value.errno == errno.ENOENT and got.value.exit_code == 3
+
+
 def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
     repo = tmp_path / "engine"
     repo.mkdir()
@@ -396,24 +405,24 @@ def test_a_timed_out_build_leaves_none_of_its_processes(tmp_path):
 
 def test_the_process_table_without_proc_agrees_with_proc(monkeypatch):
     """Hosts without /proc (macOS) list the tree through psutil: same parents, sessions, liveness."""
-    from bisect_harness.process import supervisor
+    from bisect_harness.process import proctree
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        with_proc = supervisor._descendants(os.getpid(), supervisor._table())
-        monkeypatch.setattr(supervisor, "_PROC", False)
-        without = supervisor._descendants(os.getpid(), supervisor._table())
+        with_proc = proctree._descendants(os.getpid(), proctree._table())
+        monkeypatch.setattr(proctree, "_PROC", False)
+        without = proctree._descendants(os.getpid(), proctree._table())
         assert child.pid in with_proc and child.pid in without
         assert with_proc[child.pid][:2] == without[child.pid][:2] == (os.getpid(), child.pid)
-        assert supervisor._alive(child.pid, without[child.pid][2])
-        assert not supervisor._alive(child.pid, without[child.pid][2] + 1.0)
+        assert proctree._alive(child.pid, without[child.pid][2])
+        assert not proctree._alive(child.pid, without[child.pid][2] + 1.0)
     finally:
         child.kill()
         child.wait()
 
 
 def test_a_flooding_command_leaves_the_head_and_tail_of_its_output_and_counts_the_rest(tmp_path):
-    from bisect_harness.process.supervisor import Supervised
+    from bisect_harness.process.supervised import Supervised
 
     # 40 MiB of numbered lines, 1,024 at a time; the log keeps 1 MiB of head and of tail
     script = ("import sys\n"
@@ -440,7 +449,7 @@ def test_a_flooding_command_leaves_the_head_and_tail_of_its_output_and_counts_th
 
 
 def test_a_log_past_its_cap_stays_readable_while_the_command_runs(tmp_path):
-    from bisect_harness.process.supervisor import Supervised
+    from bisect_harness.process.supervised import Supervised
 
     script = ("import sys, time\n"
               "sys.stdout.write('x' * 3000000 + '\\nstill running\\n'); sys.stdout.flush()\n"

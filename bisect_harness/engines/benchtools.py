@@ -398,7 +398,7 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
     then SIGKILL. Returns (exit code or None on timeout, seconds)."""
     import time
 
-    from bisect_harness.process import supervisor
+    from bisect_harness.process import supervised
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -406,8 +406,8 @@ def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_pat
         log.write(redact_text(f"$ {' '.join(redact_argv(argv))}\n").encode())
         log.flush()
         try:
-            rc = supervisor.run(argv, env=env, cwd=cwd, stdout=log, timeout_s=timeout_s, grace_s=grace_s)
-        except supervisor.LaunchError as exc:
+            rc = supervised.run(argv, env=env, cwd=cwd, stdout=log, timeout_s=timeout_s, grace_s=grace_s)
+        except supervised.LaunchError as exc:
             raise SampleToolError(f"could not start {argv[0]!r}: {exc}") from exc
     return rc, time.monotonic() - t0
 

@@ -49,7 +49,7 @@ os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")  # a missing git is reporte
 import git  # noqa: E402
 from filelock import FileLock, Timeout  # noqa: E402
 
-from bisect_harness.process import supervisor
+from bisect_harness.process import supervised
 from bisect_harness.engines.envs import CommitEnv, create_venv
 from bisect_harness.errors import BuildFailed, CommitError, InfrastructureError
 from bisect_harness.kinds import Registry
@@ -311,8 +311,8 @@ class Workspace:
             # Under a supervisor: a build's daemons and background jobs (`cmd &`, a compiler
             # server) are killed with it, at its timeout, and if the harness dies.
             try:
-                code = supervisor.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=timeout_s)
-            except supervisor.LaunchError as exc:
+                code = supervised.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=timeout_s)
+            except supervised.LaunchError as exc:
                 log.write(f"build command not found or not runnable: {argv[0]} ({exc})\n".encode())
                 code = 127
             if code is None:

@@ -134,12 +134,12 @@ def _supervised(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     """Run ``argv`` under a supervisor (nothing it starts outlives it); (code or None on timeout, output)."""
     import tempfile
 
-    from bisect_harness.process import supervisor
+    from bisect_harness.process import supervised
 
     with tempfile.TemporaryFile() as out:
         try:
-            code = supervisor.run(argv, env=dict(os.environ), cwd=Path.cwd(), stdout=out, timeout_s=timeout_s)
-        except supervisor.LaunchError as exc:
+            code = supervised.run(argv, env=dict(os.environ), cwd=Path.cwd(), stdout=out, timeout_s=timeout_s)
+        except supervised.LaunchError as exc:
             return 127, f"{argv[0]}: not runnable ({exc})"
         out.seek(0)
         return code, out.read().decode("utf-8", errors="replace")

@@ -63,6 +63,7 @@ from typing import Any, ClassVar, Mapping
 
 import httpx
 
+from bisect_harness.errors import NotObserved
 from bisect_harness.measure.bodies import BodyTooLarge, bounded_request
 
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
@@ -78,11 +79,11 @@ SUMMARY_S = 600.0     # reading the trace (a child process, killed past this)
 ANSWER_BYTES = 1 << 20  # of a start or stop answer, read at most
 
 
-class NoProfilerEndpoint(Exception):
+class NoProfilerEndpoint(NotObserved):
     """The engine has no profiler the harness can ask (state ``no_profiler``)."""
 
 
-class ProfileFailed(Exception):
+class ProfileFailed(NotObserved):
     """The profiler was there and the profile still failed (state ``failed``)."""
 
 
@@ -367,7 +368,7 @@ def _summarize(trace: Path, *, tokens: int, steps: int | None, timeout_s: float,
     """``summarize_trace(trace, tokens=, steps=).to_dict()``, in a supervised child
     process killed past ``timeout_s``: a trace of tens of MiB takes a while to read,
     and no thread of the harness runs on past its deadline beside the next boot."""
-    from bisect_harness.process import supervisor
+    from bisect_harness.process import supervised
 
     out = trace.with_name(trace.name + ".summary.json")
     argv = [sys.executable, "-m", "bisect_harness.engines.profilers", str(trace), str(tokens),
@@ -376,7 +377,7 @@ def _summarize(trace: Path, *, tokens: int, steps: int | None, timeout_s: float,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     child_log = log_path.with_name(log_path.stem + ".profile-summary.log")
     with open(child_log, "ab") as log:
-        rc = supervisor.run(argv, env=env, cwd=trace.parent, stdout=log, timeout_s=timeout_s)
+        rc = supervised.run(argv, env=env, cwd=trace.parent, stdout=log, timeout_s=timeout_s)
     if rc is None:
         raise ProfileFailed(f"reading the trace took over {timeout_s:g} s and was stopped")
     try:

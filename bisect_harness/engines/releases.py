@@ -146,15 +146,15 @@ def _name_version(filename: str) -> tuple[str, str] | None:
 
 
 def _run(argv: list[str], log: list[str], env: dict[str, str], timeout_s: float) -> None:
-    from bisect_harness.process import supervisor
+    from bisect_harness.process import supervised
 
     import tempfile
 
     log.append("$ " + " ".join(argv))
     with tempfile.TemporaryFile() as out:
         try:
-            code = supervisor.run(argv, env=env, cwd=Path.cwd(), stdout=out, timeout_s=timeout_s)
-        except supervisor.LaunchError as exc:
+            code = supervised.run(argv, env=env, cwd=Path.cwd(), stdout=out, timeout_s=timeout_s)
+        except supervised.LaunchError as exc:
             raise RuntimeError(f"{argv[0]} is not runnable: {exc}") from None
         out.seek(0)
         log.append(out.read().decode("utf-8", errors="replace"))

@@ -15,7 +15,7 @@ Every process we start is owned, whatever happens to the harness:
 - SIGKILL of the harness: the supervisor sees its harness exit (a pidfd, and
   end-of-file on the pipe from it) and kills the tree itself;
 - if the supervisor dies too, the next start of a harness on the same cache
-  kills what its record lists (:func:`bisect_harness.process.supervisor.reap_leftovers`).
+  kills what its record lists (:func:`bisect_harness.process.supervised.reap_leftovers`).
 
 Example::
 
@@ -42,7 +42,8 @@ from bisect_harness.measure.apis import ReadyProbe
 from bisect_harness.engines.rejection import ARGPARSE_EXIT, argparse_rejection
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
 from bisect_harness.process.ports import free_port
-from bisect_harness.process.supervisor import LOG_HEAD_BYTES, LOG_TAIL_BYTES, LaunchError, Supervised
+from bisect_harness.process.capped_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+from bisect_harness.process.supervised import LaunchError, Supervised
 
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 

@@ -35,7 +35,7 @@ from bisect_harness.engines.rejection import (
     ARGPARSE_EXIT, FLAG_NOT_ACCEPTED, REJECTION_MARKERS, argparse_rejection,
 )
 from bisect_harness.engines import recipe
-from bisect_harness.process import supervisor
+from bisect_harness.process import supervised
 from bisect_harness.engines.presets import OPTION_NAME, notes_for, render_argv
 from bisect_harness.errors import BuildFailed
 
@@ -149,8 +149,8 @@ def run_help(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_
     exit code is None when it ran past ``timeout_s``."""
     with tempfile.TemporaryFile() as out:
         try:
-            code = supervisor.run(list(argv), env=dict(env), cwd=cwd, stdout=out, timeout_s=timeout_s)
-        except supervisor.LaunchError as exc:
+            code = supervised.run(list(argv), env=dict(env), cwd=cwd, stdout=out, timeout_s=timeout_s)
+        except supervised.LaunchError as exc:
             return 127, f"{argv[0]}: not found or not runnable ({exc})"
         out.seek(0)
         return code, out.read().decode("utf-8", errors="replace")

@@ -3,7 +3,7 @@
 The harness is threaded, so it never runs Python code between ``fork`` and
 ``exec``: it starts this module as a separate, single-threaded process::
 
-    python -I .../bisect_harness/supervisor.py --harness PID --status-fd FD
+    python -I .../bisect_harness/process/supervisor.py --harness PID --status-fd FD
 
 with the command's exact environment, its working folder and its log as
 stdout/stderr, in a session of its own. The harness writes one JSON line to the
@@ -25,25 +25,18 @@ The supervisor then
   SIGHUP, and when the command exits (whatever it left running is killed too);
 - keeps a record file (pid and start time of the harness, itself, every
   descendant, and their session ids) so that, if the supervisor dies as well,
-  the next start of a harness kills the leftovers (:func:`reap_leftovers`).
+  the next start of a harness kills the leftovers
+  (:func:`bisect_harness.process.supervised.reap_leftovers`).
 
-:class:`Supervised` is the harness's side. Without a cgroup, a process that
-double-forks *and* leaves its session within the last tenth of a second before
-the supervisor itself is SIGKILLed can escape the record; everything else is
-found.
-
-Example::
-
-    with open(log_path, "ab") as log:
-        job = Supervised(["make", "-j8"], env=env, cwd=tree, stdout=log, timeout_s=3600).start()
-        rc = job.wait()          # None: it ran past its timeout, and its tree is gone
+The harness's side is :class:`bisect_harness.process.supervised.Supervised`.
+Run as the supervisor process, this file imports nothing of the package, only
+its two siblings (:mod:`~bisect_harness.process.proctree`,
+:mod:`~bisect_harness.process.capped_log`), from its own folder.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import errno
 import json
 import os
 import select
@@ -52,9 +45,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import Mapping, Sequence
 
-__all__ = ["LaunchError", "Supervised", "reap_leftovers", "registry_dir", "supervisors_of"]
+if __package__:  # imported by the harness's side
+    from bisect_harness.process.capped_log import _LOG_REWRITE_S, _CappedLog, _read_output
+    from bisect_harness.process.proctree import TREE_ENV, _descendants, _signal, _stat, _table
+else:  # the supervisor process: ``python -I`` puts no folder on sys.path, and the package there may be
+    # another copy or none; its siblings come from this file's own folder, as a plain script run would.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from capped_log import _LOG_REWRITE_S, _CappedLog, _read_output
+    from proctree import TREE_ENV, _descendants, _signal, _stat, _table
 
 _PR_SET_CHILD_SUBREAPER = 36
 _SCRIPT = str(Path(__file__).resolve())
@@ -65,189 +65,11 @@ _SCAN_FAST_S, _SCAN_SLOW_S, _FAST_PERIOD_S = 0.1, 0.5, 10.0
 _KILL_WAIT_S = 10.0
 
 
-class LaunchError(OSError):
-    """The command could not be started (not found, not executable, bad cwd)."""
-
-
-# --------------------------------------------------------------------------- /proc
-
-
-_PROC = os.path.isdir("/proc/self")
-
-
-#: The state :func:`_stat` gives a process whose leader thread is a zombie while others still run.
-ZOMBIE_LEADER = "Z+threads"
-
-
-def _stat(pid: int | str) -> tuple[int, int, float, str] | None:
-    """(ppid, session id, start time, state) of ``pid``, or None when it is gone. The start
-    time is in clock ticks since boot where /proc exists (exact), else psutil's create time."""
-    if not _PROC:
-        return _stat_psutil(int(pid))
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    state = rest[0].decode()
-    if state == "Z" and int(rest[17]) > 1:
-        # The leader thread has exited and other threads still run (a process ending
-        # with many threads, or a main thread that called pthread_exit): not reapable
-        # yet, and alive; a signal to its pid still reaches the rest of the group.
-        state = ZOMBIE_LEADER
-    return int(rest[1]), int(rest[3]), int(rest[19]), state
-
-
-def _stat_psutil(pid: int) -> tuple[int, int, float, str] | None:  # macOS and other systems without /proc
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            zombie = proc.status() == psutil.STATUS_ZOMBIE
-            return proc.ppid(), os.getsid(pid), proc.create_time(), "Z" if zombie else "R"
-    except (psutil.Error, OSError):
-        return None
-
-
-def _table() -> dict[int, tuple[int, int, float, str]]:
-    """Every live process (zombies excluded): pid -> (ppid, sid, start time, state)."""
-    if _PROC:
-        names = [name for name in os.listdir("/proc") if name.isdigit()]
-    else:
-        import psutil
-
-        names = psutil.pids()
-    out = {}
-    for name in names:
-        st = _stat(name)
-        if st is not None and st[3] not in ("Z", "X", "x"):
-            out[int(name)] = st
-    return out
-
-
-#: The variable every supervised command (and all it starts) carries: its supervisor's token.
-TREE_ENV = "BISECT_HARNESS_TREE"
-
-
-def _carrying(name: str, value: str, table: Mapping[int, tuple[int, int, float, str]]) -> list[int]:
-    """Processes whose environment holds ``name=value`` (those we may read)."""
-    needle = f"{name}={value}".encode()
-    out = []
-    for pid in table:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
-def _descendants(root: int, table: Mapping[int, tuple[int, int, float, str]]) -> dict[int, tuple[int, int, float, str]]:
-    children: dict[int, list[int]] = {}
-    for pid, st in table.items():
-        children.setdefault(st[0], []).append(pid)
-    out, frontier = {}, [root]
-    while frontier:
-        for pid in children.get(frontier.pop(), ()):
-            if pid not in out:
-                out[pid] = table[pid]
-                frontier.append(pid)
-    return out
-
-
-def _alive(pid: int, ticks: float) -> bool:
-    st = _stat(pid)
-    return st is not None and st[2] == ticks and st[3] not in ("Z", "X", "x")
-
-
-def _signal(pid: int, ticks: float, sig: int) -> None:
-    """Signal ``pid`` only if it is still the process that started at ``ticks`` (a pidfd
-    pins the process between the check and the signal, so a recycled pid is never hit)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError) as exc:
-        if isinstance(exc, OSError) and exc.errno == errno.ESRCH:
-            return
-        if _alive(pid, ticks):  # no pidfds (an old kernel, not Linux): check, then signal
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        return
-    try:
-        if _alive(pid, ticks):
-            signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-# --------------------------------------------------------------------------- records
-
-
-def registry_dir() -> Path:
-    """Where supervisors record their trees: ``supervised/`` in the harness's cache folder."""
-    from bisect_harness.places import default_cache_dir  # late: this file also runs as a script (-I), without the package
-
-    return default_cache_dir() / "supervised"
-
-
-def reap_leftovers(registry: Path | None = None) -> int:
-    """Kill what supervisors that died without cleaning up left behind; return how many.
-
-    A record is acted on only when its supervisor *and* the harness that started it
-    are gone (pid and start time both checked). Its processes still alive with their
-    recorded start time, their descendants now, and the members of their sessions
-    that started after the supervisor are SIGKILLed; then the record is removed.
-    """
-    registry = registry_dir() if registry is None else Path(registry)
-    try:
-        files = sorted(registry.glob("*.json"))
-    except OSError:
-        return 0
-    killed = 0
-    for path in files:
-        try:
-            rec = json.loads(path.read_text())
-            harness, sup = rec["harness"], rec["supervisor"]
-            procs = {int(p): t for p, t in rec["processes"]}
-            sessions = [int(s) for s in rec["sessions"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # being written, or not ours: leave it
-        if _alive(*sup) or _alive(*harness):
-            continue
-        for _ in range(50):
-            table = _table()
-            targets = {pid: t for pid, t in procs.items() if pid in table and table[pid][2] == t}
-            for sid in sessions:
-                leader = table.get(sid)
-                if leader is not None and procs.get(sid) != leader[2]:
-                    continue  # the session id now belongs to a process we never saw
-                targets.update((pid, st[2]) for pid, st in table.items() if st[1] == sid and st[2] >= sup[1])
-            if rec.get("token"):  # whatever inherited the tree's token, wherever it went
-                targets.update((pid, table[pid][2]) for pid in _carrying(TREE_ENV, rec["token"], table)
-                               if table[pid][2] >= sup[1])
-            for pid in list(targets):
-                targets.update((d, st[2]) for d, st in _descendants(pid, table).items())
-            targets.pop(os.getpid(), None)
-            if not targets:
-                break
-            for pid, ticks in targets.items():
-                _signal(pid, ticks, signal.SIGKILL)
-            killed += len(targets)
-            time.sleep(0.02)
-        try:
-            path.unlink()
-        except OSError:
-            pass
-    return killed
-
-
 class _Record:
+    """The supervisor's record file: the harness and the supervisor (pid, start time) and every
+    process of the tree seen so far, with its session; what
+    :func:`bisect_harness.process.supervised.reap_leftovers` reads after both are gone."""
+
     def __init__(self, path: str | None, harness: tuple[int, int], me: tuple[int, int], token: str | None = None):
         self.path = Path(path) if path else None
         self.head = {"version": 1, "harness": list(harness), "supervisor": list(me), "token": token}
@@ -391,103 +213,8 @@ def _read_request(fd: int, timeout_s: float) -> tuple[dict | None, bytes]:
         return None, b""  # "stop" before any request: the harness changed its mind
 
 
-#: A command's output kept in its log: the first LOG_HEAD_BYTES and the last
-#: LOG_TAIL_BYTES, what came between them dropped and counted. An engine's whole
-#: boot log fits by far; a server that floods stdout cannot fill the disk.
-LOG_HEAD_BYTES = 32 << 20  # model.Limits' defaults (this file runs alone, importing nothing of the package)
-LOG_TAIL_BYTES = 32 << 20
-_LOG_REWRITE_S = 1.0
+
 _F_SETPIPE_SZ = 1031
-
-
-class _CappedLog:
-    """The supervisor's writer of the command's output into the log (its own fd 1).
-
-    The head is written as it comes. Past it, the newest ``tail`` bytes are kept in
-    memory and written after a marker line, the file cut back to the marker first,
-    at most once a second and at the end: the log stays readable while the command
-    runs (about a second behind once capped), and never holds more than head +
-    marker + tail."""
-
-    def __init__(self, fd: int, head: int, tail: int):
-        self.fd, self.head, self.tail = fd, head, tail
-        try:
-            self.start = os.lseek(fd, 0, os.SEEK_END)  # the log may hold lines written before this command
-        except OSError:
-            self.start = 0
-        self.total = 0         # bytes of output the command wrote
-        self.dropped = 0       # of them, those neither in the head nor in the tail
-        self.ring: collections.deque[bytes] = collections.deque()  # the newest output, at most ``tail`` bytes
-        self.ring_bytes = 0
-        self.mark_at: int | None = None
-        self.dirty = False
-        self.rewritten = 0.0
-
-    def write(self, data: bytes) -> None:
-        self.total += len(data)
-        if self.mark_at is None:
-            room = self.head - (self.total - len(data))
-            if len(data) <= room:
-                self._raw(data)
-                return
-            self._raw(data[:room])
-            self.mark_at = self.start + self.head
-            data = data[room:]
-        self.ring.append(data)
-        self.ring_bytes += len(data)
-        while self.ring_bytes > self.tail:  # drop from the oldest end, a chunk (or part of one) at a time
-            over = self.ring_bytes - self.tail
-            first = self.ring[0]
-            if len(first) <= over:
-                self.ring.popleft()
-                cut = len(first)
-            else:
-                self.ring[0] = first[over:]
-                cut = over
-            self.ring_bytes -= cut
-            self.dropped += cut
-        self.dirty = True
-
-    def _raw(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self.fd, view):]
-            except OSError:  # a full disk: the output is lost, the command is not held up
-                return
-
-    def flush(self, now: float | None = None) -> None:
-        """Write the tail after the marker (no more than once a second unless ``now`` is None)."""
-        if not self.dirty or self.mark_at is None:
-            return
-        if now is not None and now - self.rewritten < _LOG_REWRITE_S:
-            return
-        try:
-            os.ftruncate(self.fd, self.mark_at)
-        except OSError:
-            return
-        self._raw((f"\n[bisect-harness supervisor] log capped: the first {self.head:,} bytes of the output are "
-                   f"above, the last {self.ring_bytes:,} below; {self.dropped:,} bytes between them were "
-                   f"dropped\n").encode())
-        for chunk in self.ring:
-            self._raw(chunk)
-        self.dirty, self.rewritten = False, time.monotonic()
-
-
-def _read_output(fd: int, log: _CappedLog, most: int = 8 << 20) -> bool:
-    """Move what the command wrote into the log (up to ``most`` bytes a call). False at
-    end-of-file: every process holding the pipe has closed it."""
-    moved = 0
-    while moved < most:
-        try:
-            chunk = os.read(fd, 1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return True
-        if not chunk:
-            return False
-        log.write(chunk)
-        moved += len(chunk)
-    return True
 
 
 def main(args: Sequence[str]) -> int:
@@ -626,236 +353,6 @@ def main(args: Sequence[str]) -> int:
     if rc is None:
         return 125
     return rc if rc >= 0 else 128 - rc
-
-
-# --------------------------------------------------------------------------- the harness's side
-
-
-class Supervised:
-    """One command run under its own supervisor process (see the module docstring).
-
-    ``argv`` runs with exactly ``env`` in ``cwd``, stdout and stderr to ``stdout``
-    (a file opened for writing), stdin from /dev/null, in a session of its own.
-    ``timeout_s``: the supervisor kills the tree when it passes (:attr:`timed_out`).
-    ``grace_s``: SIGTERM to SIGKILL when the supervisor stops the tree by itself
-    (timeout, harness death, the command's exit); :meth:`stop` takes its own.
-    ``record``: the record file's folder (None: :func:`registry_dir`; False: none).
-    """
-
-    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, stdout: IO[bytes] | int,
-                 timeout_s: float | None = None, grace_s: float = 5.0, record: Path | bool | None = None,
-                 log_cap: tuple[int, int] | None = (LOG_HEAD_BYTES, LOG_TAIL_BYTES)):
-        if not argv:
-            raise ValueError("argv is empty: nothing to run")
-        self.argv = [str(a) for a in argv]
-        self.env = {str(k): str(v) for k, v in env.items()}
-        self.cwd = str(cwd)
-        self.stdout = stdout
-        self.timeout_s = timeout_s
-        self.grace_s = float(grace_s)
-        self.record_dir = None if record is False else (registry_dir() if record in (None, True) else Path(record))
-        self.pid: int | None = None
-        self.supervisor: subprocess.Popen | None = None
-        self.timed_out = False
-        self.left_alive: int | None = None
-        self._rc: int | None = None
-        self._exited = False
-        self._status_fd: int | None = None
-        self._buf = b""
-        self._eof = False
-        # the log's cap, (head, tail) bytes: None, the output goes to ``stdout`` uncut
-        self.log_cap = log_cap
-        self.log_bytes: int | None = None    # what the command wrote, once it is over (capped logs)
-        self.log_dropped: int | None = None  # of it, bytes dropped from the log's middle
-
-    @property
-    def supervisor_pid(self) -> int | None:
-        return self.supervisor.pid if self.supervisor is not None else None
-
-    def start(self) -> "Supervised":
-        """Start the supervisor and the command; raise :class:`LaunchError` when it cannot start."""
-        if self.record_dir is not None:
-            reap_leftovers(self.record_dir)  # "at the next start": what a dead harness left
-        r, w = os.pipe()
-        try:
-            self.supervisor = subprocess.Popen(
-                [sys.executable, "-I", _SCRIPT, "--harness", str(os.getpid()), "--status-fd", str(w)],
-                env=self.env, cwd=self.cwd, stdin=subprocess.PIPE, stdout=self.stdout, stderr=subprocess.STDOUT,
-                pass_fds=(w,), start_new_session=True, close_fds=True)
-        except OSError as exc:
-            os.close(r)
-            raise LaunchError(exc.errno, f"cannot start in {self.cwd}: {exc.strerror or exc}") from exc
-        finally:
-            os.close(w)
-        self._status_fd = r
-        os.set_blocking(r, False)
-        record = None
-        if self.record_dir is not None:
-            record = str(self.record_dir / f"{self.supervisor.pid}.json")
-        request = {"argv": self.argv, "env": self.env, "grace_s": self.grace_s, "timeout_s": self.timeout_s,
-                   "record": record, "log_cap": list(self.log_cap) if self.log_cap else None}
-        try:
-            self.supervisor.stdin.write(json.dumps(request).encode() + b"\n")
-            self.supervisor.stdin.flush()
-        except OSError:
-            pass  # it died at once; reported below
-        deadline = time.monotonic() + 60.0
-        while self.pid is None:
-            line = self._next_line(max(0.0, deadline - time.monotonic()))
-            if line is None:
-                self._give_up()
-                raise LaunchError(errno.ECHILD, f"the supervisor for {self.argv[0]!r} did not start "
-                                                f"(exit {self.supervisor.poll()})")
-            if line.startswith("error "):
-                _, code, text = (line.split(" ", 2) + [""])[:3]
-                self.supervisor.wait(timeout=10)
-                self._close()
-                raise LaunchError(int(code) or errno.ENOENT, f"cannot run {self.argv[0]!r}: {text}")
-            self._handle(line)
-        return self
-
-    # ------------------------------------------------------------- status
-
-    def _next_line(self, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            if self._eof:
-                return None
-            left = max(0.0, deadline - time.monotonic())
-            if not select.select([self._status_fd], [], [], left)[0]:
-                return None
-            try:
-                chunk = os.read(self._status_fd, 4096)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                self._eof = True
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode(errors="replace")
-
-    def _handle(self, line: str) -> None:
-        word, _, rest = line.partition(" ")
-        if word == "pid":
-            self.pid = int(rest)
-        elif word == "exit":
-            self._rc, self._exited = int(rest), True
-        elif word == "timeout":
-            self.timed_out = True
-        elif word == "done":
-            self.left_alive = int(rest)
-        elif word == "log":
-            self.log_bytes, self.log_dropped = (int(x) for x in rest.split())
-
-    def _pump(self) -> None:
-        if self._status_fd is None:
-            return
-        while (line := self._next_line(0.0)) is not None:
-            self._handle(line)
-
-    def poll(self) -> int | None:
-        """The command's exit code once it has ended (and its tree is being or was stopped), else None.
-
-        If the supervisor itself was killed, its own code stands in (negative: a signal)."""
-        self._pump()
-        if self._exited:
-            return self._rc
-        if self.supervisor is not None and self.supervisor.poll() is not None:
-            self._pump()
-            if self._exited:
-                return self._rc
-            return self.supervisor.returncode
-        return None
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Wait for the supervisor to end (the command and its whole tree gone) and return
-        the command's exit code; None when it was killed at its timeout."""
-        try:
-            self.supervisor.wait(timeout=timeout)
-        finally:
-            self._pump()
-        self._close()
-        return None if self.timed_out else self.poll()
-
-    # ------------------------------------------------------------- stop
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """Kill the whole tree (SIGTERM, then SIGKILL after ``grace_s``) and wait for it. Idempotent."""
-        sup = self.supervisor
-        if sup is None:
-            return
-        if sup.poll() is None:
-            try:
-                sup.stdin.write(f"stop {grace_s}\n".encode())
-                sup.stdin.flush()
-            except OSError:
-                pass
-            try:
-                sup.wait(timeout=grace_s + _KILL_WAIT_S + 5.0)
-            except subprocess.TimeoutExpired:
-                pass
-        self._pump()
-        if sup.poll() is None or self.left_alive is None:
-            self._give_up()  # the supervisor hung or was killed: kill what we can see of its tree
-        self._close()
-
-    def _give_up(self) -> None:
-        sup = self.supervisor
-        sup_st = _stat(sup.pid)
-        table = _table()
-        targets = {}
-        if sup_st is not None and sup.poll() is None:
-            targets.update({pid: st[2] for pid, st in _descendants(sup.pid, table).items()})
-            targets[sup.pid] = sup_st[2]
-        if self.pid is not None:  # its session: the command started one (the supervisor's start_new_session)
-            targets.update({pid: st[2] for pid, st in table.items() if st[1] == self.pid})
-            for pid in list(targets):
-                targets.update({d: st[2] for d, st in _descendants(pid, table).items()})
-        for pid, ticks in targets.items():
-            _signal(pid, ticks, signal.SIGKILL)
-        try:
-            sup.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def _close(self) -> None:
-        if self.supervisor is not None and self.supervisor.stdin is not None and self.supervisor.poll() is not None:
-            try:
-                self.supervisor.stdin.close()
-            except OSError:
-                pass
-        if self._status_fd is not None and self.supervisor is not None and self.supervisor.poll() is not None:
-            self._pump()
-            os.close(self._status_fd)
-            self._status_fd = None
-
-
-def supervisors_of(harness_pid: int) -> list[int]:
-    """Supervisor processes started by the harness with pid ``harness_pid`` that still run."""
-    out = []
-    for pid, st in _table().items():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if _SCRIPT.encode() in cmd and b"--harness" in cmd:
-            i = cmd.index(b"--harness")
-            if len(cmd) > i + 1 and cmd[i + 1] == str(harness_pid).encode():
-                out.append(pid)
-    return out
-
-
-def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str, stdout: IO[bytes] | int,
-        timeout_s: float | None, grace_s: float = 5.0, record: Path | bool | None = None) -> int | None:
-    """Run ``argv`` supervised to its end; return its exit code, or None when it ran past
-    ``timeout_s``. Its whole tree is gone on return, on any exception too (Ctrl-C included)."""
-    job = Supervised(argv, env=env, cwd=cwd, stdout=stdout, timeout_s=timeout_s, grace_s=grace_s,
-                     record=record).start()
-    try:
-        return job.wait()
-    finally:
-        job.stop(grace_s)
 
 
 if __name__ == "__main__":

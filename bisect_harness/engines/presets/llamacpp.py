@@ -1,0 +1,66 @@
+"""The llama.cpp preset (``llama-server --metrics``).
+
+Read from llama.cpp as vendored in llama-cpp-python 0.3.36 and checked on the real
+llama-server built from it: ``/health`` for readiness, ``/props`` for server info
+(it echoes no launch argument but the model, the slots and ``--metrics``),
+``/metrics`` with ``--metrics`` only, and the speculative-decoding evidence in the
+comments below.
+"""
+
+from __future__ import annotations
+
+from bisect_harness.engines.presets.base import Preset, register_preset
+from bisect_harness.observe.mechanisms import Counter, LogLine, Mechanism, StartupLine
+
+_LLAMACPP = register_preset(Preset(
+    name="llamacpp",
+    # --metrics turns /metrics on: the spec-decode counters are the evidence that
+    # drafting engaged, and llamacpp:tokens_predicted_total a server-side token count.
+    launch=("llama-server", "--host", "{host}", "--port", "{port}", "--metrics"),
+    health_path="/health",
+    ready_timeout_s=600.0,
+    # tools/server/server-context.cpp get_res_props: build_info, total_slots,
+    # model_path, endpoint_metrics; no other launch argument is echoed back.
+    server_info_paths=("/props",),
+    # tools/server/server-common.cpp server_slot_stats::to_json (llama.cpp in llama-cpp-python
+    # 0.3.36): timings.draft_n and draft_n_accepted are written only when the slot drafted
+    source_notes={"metrics": "llama-server serves /metrics only with --metrics",
+                  "last_chunk": "llama.cpp's last object has timings.draft_n and timings.draft_n_accepted only "
+                                "when the request drafted: speculative decoding did not run for the others"},
+    false_style="omit",
+    underscores_to_dashes=True,
+    aliases={"m": "model", "md": "model-draft", "spec-draft-model": "model-draft", "c": "ctx-size",
+             "np": "parallel", "fa": "flash-attn", "ngl": "n-gpu-layers", "gpu-layers": "n-gpu-layers",
+             "t": "threads", "b": "batch-size", "ub": "ubatch-size"},
+    info_keys={"model": "model_path", "parallel": "total_slots", "metrics": "endpoint_metrics"},
+    info_key_rule=None,
+    help_args=("--help",),
+    # Read from llama.cpp as vendored in llama-cpp-python 0.3.36, and checked on the real
+    # llama-server built from it (tests/test_llamacpp_real.py):
+    # * tools/server/server-task.cpp to_metrics: llamacpp:spec_decode_num_draft_tokens_total,
+    #   llamacpp:spec_decode_num_accepted_tokens_total, llamacpp:spec_decode_num_drafts_total;
+    # * tools/server/server-context.cpp: a slot that drafted prints, when it finishes,
+    #   "draft acceptance = 0.97938 (  190 accepted /   194 generated), mean len = ...";
+    #   common/speculative.cpp at start: "loading draft model '...'" (set up, not run).
+    # * flash attention has no window evidence: src/llama-context.cpp prints
+    #   "llama_context: flash_attn            = enabled|disabled|auto" and, for auto,
+    #   "resolve_fused_ops: Flash Attention enabled" (or "... not supported, set to disabled"),
+    #   at INFO level, which llama-server shows only from verbosity 4 (-lv 4): at its default
+    #   (3) no line says anything of flash attention, and the check reads "not observable".
+    mechanisms=(
+        Mechanism("speculative decoding", ("model-draft", "spec-type"), evidence=(
+            Counter("llamacpp:spec_decode_num_draft_tokens_total",
+                    accepted="llamacpp:spec_decode_num_accepted_tokens_total"),
+            LogLine(engaged=r"draft acceptance = [0-9.]+ \(\s*\d+ accepted /\s*\d+ generated\)"),
+        ), startup=(StartupLine(set_up=r"loading draft model '"),),
+            source="llama.cpp (llama-cpp-python 0.3.36) /metrics llamacpp:spec_decode_num_draft_tokens_total "
+                   "over the window (--metrics)"),
+        Mechanism("flash attention", ("flash-attn",), evidence=(), startup=(
+            StartupLine(set_up=r"flash_attn\s+=\s+enabled|Flash Attention enabled",
+                        not_set_up=r"flash_attn\s+=\s+disabled|Flash Attention not supported, set to disabled"
+                                   r"|flash_attn is not compatible|disabling flash attention"),
+        ), source="llama.cpp src/llama-context.cpp 'flash_attn = enabled' (shown from -lv 4)",
+            claims=lambda v: v is True or str(v).lower() in ("on", "enabled", "1", "true")),
+    ),
+    description="llama.cpp: llama-server with --metrics; readiness by /health, server info /props",
+))
