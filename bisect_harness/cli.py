@@ -26,7 +26,7 @@ from bisect_harness.errors import HarnessError, InfrastructureError, UserError
 from bisect_harness.model import NOT_MEASURED, shown_outcome
 from bisect_harness.report.progress import observer_for
 from bisect_harness.secrets import redact_obj, redact_text
-from bisect_harness.spec.parse import effect_value
+from bisect_harness.spec import effect_value
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -189,7 +189,7 @@ def run(
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from bisect_harness.plan.build import make_plan
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file).select(tuple(only or ()))
@@ -358,7 +358,7 @@ def explain(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find which differences (env, flags, commit) between two arms make the slow one slow."""
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
@@ -395,7 +395,7 @@ def bisect(
     slots: Optional[int] = SLOTS_OPT,
 ) -> None:
     """Find the first commit between GOOD and BAD whose METRIC moved, under noise."""
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)
@@ -464,7 +464,7 @@ def nightly(
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
     Exit 4 on an alert (a regression, or tonight's commit failed to build or boot)."""
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     console = _console(json_out)
     spec = load_spec(file)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from bisect_harness.errors import UserError
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 from bisect_harness.model import Arm
 from bisect_harness.run.explain_runner import arm_with, differences, parse_arm
 
@@ -86,7 +86,7 @@ class FaultyBackend:
 
 
 def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_search(tmp_path):
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.run.explain_runner import explain_file
     from bisect_harness.record.ledger import Ledger
 

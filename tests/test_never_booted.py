@@ -232,7 +232,7 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
 
 
 def test_the_plan_checks_every_flag_even_one_the_preset_cannot_look_up(tmp_path):
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
 
     hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "auto", "parallel": 2}},
