@@ -193,7 +193,7 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     from bisect_harness.decide.verdict import checks_done
     from bisect_harness.decide.mechanism import flag_layer
     from bisect_harness.observe.provenance import NOT_REPORTED, flag_report
-    from bisect_harness.cli import _checks_json
+    from bisect_harness.cli.summary import _checks_json
     from bisect_harness.report.journal import _checks_cell, _flag_cell, checks_word
 
     # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
