@@ -64,7 +64,7 @@ from noise import MODELS, Host  # noqa: E402
 
 from bisect_harness.decide import stats as S  # noqa: E402
 from bisect_harness.decide.explain import explain  # noqa: E402
-from bisect_harness.spec.parse import Defaults  # noqa: E402
+from bisect_harness.spec import Defaults  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
 
 MIN_EFFECT = 0.05

@@ -76,7 +76,7 @@ from noise import MODELS, Host  # noqa: E402
 from bisect_harness.backends.mock import MockBackend, failed  # noqa: E402
 from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
 from bisect_harness.errors import HarnessError  # noqa: E402
-from bisect_harness.spec.parse import load_spec  # noqa: E402
+from bisect_harness.spec import load_spec  # noqa: E402
 from bisect_harness.run import scheduler as _scheduler  # noqa: E402
 from bisect_harness.run.bisect_runner import bisect_range  # noqa: E402
 from bisect_harness.run.explain_runner import explain_file  # noqa: E402

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.spec.parse import Defaults  # noqa: E402
+from bisect_harness.spec import Defaults  # noqa: E402
 
 E = 0.03
 GOAL = 0.9

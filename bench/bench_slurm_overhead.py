@@ -63,7 +63,7 @@ def measure(tmp: Path, boots: int) -> dict:
     from bisect_harness.backends.procedure import run_boot
     from bisect_harness.backends.slurm import SlurmBackend, SlurmOptions
     from bisect_harness.plan.build import make_plan
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     (tmp / "h.yaml").write_text(SPEC)
     plan = make_plan(load_spec(tmp / "h.yaml"))

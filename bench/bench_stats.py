@@ -83,7 +83,7 @@ from noise import MODELS, Host  # noqa: E402
 from bisect_harness.decide import stats as S  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
 from bisect_harness.decide.verdict import judge_night  # noqa: E402
-from bisect_harness.spec.parse import Defaults  # noqa: E402
+from bisect_harness.spec import Defaults  # noqa: E402
 
 EFFECTS = (0.03, 0.05)
 OC_E = 0.03

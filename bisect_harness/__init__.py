@@ -27,7 +27,7 @@ _EXPORTS = {
     "Executor": "run.executor", "Ledger": "record.ledger",
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
     "Outcome": "model", "SampleOutcome": "boot",
-    "make_plan": "plan.build", "Spec": "spec.parse", "load_spec": "spec.parse",
+    "make_plan": "plan.build", "Spec": "spec", "load_spec": "spec",
     "Design": "decide.stats", "StatVerdict": "decide.stats", "evaluate": "decide.stats",
 }
 

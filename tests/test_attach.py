@@ -17,7 +17,7 @@ import pytest
 
 from bisect_harness.errors import SpecError
 from bisect_harness.engines.server import free_port
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 from helpers import harness, last_json, query, wait_for, write_spec
 
 HERE = Path(__file__).resolve().parent

@@ -26,7 +26,7 @@ from bisect_harness.engines.benchtools import Endpoint, get_tool, run_owned, sam
 from bisect_harness.measure.client import SampleFailed
 from bisect_harness.errors import SpecError, UserError
 from bisect_harness.model import BenchmarkSpec
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
 BENCH = BenchmarkSpec(prompt_tokens=8, output_tokens=12, requests_per_sample=3, concurrency=2, warmup_requests=1,

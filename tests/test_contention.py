@@ -12,7 +12,7 @@ from bisect_harness.errors import HarnessError, NotObserved, SpecError
 from bisect_harness.observe import contention as c
 from bisect_harness.observe import host_state
 from bisect_harness.record.ledger import Boot
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 
 # Recorded on a 2-core VM (kernel 6.x): before and 2 s into a window with two busy loops.
 PSI_CPU_0 = "some avg10=0.83 avg60=1.32 avg300=0.65 total=2780458\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"

@@ -407,7 +407,7 @@ def test_when_must_map_flags_to_values(when):
 
 def test_hypothesis_on_a_metric_its_arm_cannot_have_is_refused_up_front(tmp_path):
     from bisect_harness.errors import SpecError
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from helpers import write_spec
 
     accept = {"name": "accept_len", "from": "response", "field": "accept_length", "better": "higher",

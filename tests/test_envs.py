@@ -122,7 +122,7 @@ def test_the_commits_editable_install_wins_over_the_same_package_in_the_base(ven
 
 
 def _engine(tmp_path, engine_yaml: str):
-    from bisect_harness.spec.parse import parse_spec
+    from bisect_harness.spec import parse_spec
 
     text = (f"version: 1\nengine:\n{engine_yaml}\nhypotheses:\n"
             "  - {id: h, baseline: {}, treatment: {}, metric: tok_s, expect: increase, min_effect: 10%}\n")

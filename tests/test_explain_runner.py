@@ -10,7 +10,7 @@ import pytest
 from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import SampleOutcome
 from bisect_harness.errors import UserError
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 from bisect_harness.model import Arm
 from bisect_harness.run.explain_runner import arm_with, differences, parse_arm
 
@@ -77,7 +77,7 @@ class Faulty:
 
 
 def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_search(tmp_path):
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.run.explain_runner import explain_file
     from bisect_harness.record.ledger import Ledger
 

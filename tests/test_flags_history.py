@@ -319,7 +319,7 @@ def test_check_flags_runs_the_help_where_and_how_each_commit_boots(tmp_path):
 
     from bisect_harness.engines import recipe
     from bisect_harness.plan.flag_check import check_plan_flags
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
 
     repo = tmp_path / "engine"
@@ -360,7 +360,7 @@ def test_engine_checkout_reaches_the_build_and_the_launch(tmp_path):
     from pathlib import Path
 
     from bisect_harness.plan.flag_check import check_plan_flags
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
 
     repo = tmp_path / "engine"

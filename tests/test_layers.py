@@ -33,7 +33,7 @@ import pytest
 import bisect_harness
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import SampleOutcome
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.run.bisect_runner import bisect_range
 from bisect_harness.run.executor import Executor
 from bisect_harness.run.nightly import run_nightly
@@ -52,14 +52,14 @@ LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init_
 #: imports of a layer above, (importing module, imported module): why each may stay
 UP_IMPORTS = {
     ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' rows and their values",
-    ("decide/verdict", "spec/parse"): "the verdict rule reads the hypothesis and the spec's defaults",
+    ("decide/verdict", "spec/types"): "the verdict rule reads the hypothesis and the spec's defaults",
     ("observe/drift", "record/ledger"): "host drift is read from the boots' rows",
 }
 
 #: calls into a module of a layer above, (calling module, called module): why each may stay
 UP_CALLS = {
     ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
-    ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
+    ("decide/verdict", "spec/types"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
     ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
 }
 

@@ -20,7 +20,7 @@ from bisect_harness.errors import UserError
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.plan.build import make_plan
 from bisect_harness.run.scheduler import Scheduler
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from helpers import SMALL_BENCH, write_spec
 
 pytestmark = pytest.mark.slow

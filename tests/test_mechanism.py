@@ -13,7 +13,7 @@ from bisect_harness.decide.mechanism import flag_layer, layers
 from bisect_harness.observe.provenance import FlagReport
 from bisect_harness.observe.provenance.flags import FlagCheck
 from bisect_harness.errors import SpecError
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 from bisect_harness.model import Expect
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 

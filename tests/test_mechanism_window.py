@@ -314,7 +314,7 @@ def test_the_demo_on_a_cpu_reads_graphs_not_engaged_and_drafting_engaged(tmp_pat
     (the engine said at start that it captured none); speculative decoding is
     engaged, its verify passes counted per mode over the window, warm-up excluded."""
     from bisect_harness.backends.procedure import run_boot
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
     from helpers import write_spec
 

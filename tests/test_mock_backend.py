@@ -20,7 +20,7 @@ from bisect_harness.kinds import Registry
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.run.scheduler import Scheduler
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from helpers import query
 
 ENGINE = {"preset": "openai", "launch": ["my-server", "--port", "{port}"]}

@@ -193,7 +193,7 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     from bisect_harness.decide.verdict import checks_done
     from bisect_harness.decide.mechanism import flag_layer
     from bisect_harness.observe.provenance import NOT_REPORTED, flag_report
-    from bisect_harness.cli import _checks_json
+    from bisect_harness.cli.summary import _checks_json
     from bisect_harness.report.journal import _checks_cell, _flag_cell, checks_word
 
     # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
@@ -232,7 +232,7 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
 
 
 def test_the_plan_checks_every_flag_even_one_the_preset_cannot_look_up(tmp_path):
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
 
     hyps = [{"id": "fa", "baseline": {}, "treatment": {"flags": {"flash-attn": "auto", "parallel": 2}},

@@ -279,7 +279,7 @@ def test_a_preset_that_makes_its_repository_needs_no_name_check(tmp_path):
     from bisect_harness.plan.dryrun import describe_plan
     from bisect_harness.errors import SpecError
     from bisect_harness.plan.build import engine_repo, make_plan
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     spec_file = tmp_path / "hypotheses.yaml"
     spec_file.write_text(LOCAL_HISTORY_SPEC)

@@ -19,7 +19,7 @@ import pytest
 from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.errors import SpecError
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.run.executor import Executor
 from bisect_harness.run.resume import find_run
 from bisect_harness.run.scheduler import PROFILE_ATTEMPTS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from bisect_harness.observe.trace_summary import TraceRow, TraceSummary, summarize_trace
-from bisect_harness.cli import run_summary
+from bisect_harness.cli.summary import run_summary
 from bisect_harness.report import journal
 from bisect_harness.record.ledger import Boot, Config, HypothesisRow, Ledger, Run, VerdictRow
 from bisect_harness.report.profile_view import difference

@@ -134,7 +134,7 @@ def test_progress_in_a_pipe_is_a_line_per_boot_counted_against_the_budget(runs):
 @pytest.mark.slow
 def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
     from bisect_harness.decide.verdict import Side, judge
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.model import Expect
     from bisect_harness.record.ledger import Ledger
     import dataclasses
@@ -208,7 +208,7 @@ def _examples() -> list[tuple[str, dict]]:
 def test_schema_is_the_loaders_keys_and_accepts_every_example():
     import jsonschema
 
-    from bisect_harness.spec import parse as loader
+    from bisect_harness.spec import sections as loader
 
     proc = harness("schema")
     assert proc.returncode == 0, proc.stderr

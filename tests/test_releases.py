@@ -23,7 +23,7 @@ from bisect_harness.engines.releases import ReleaseSource
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.demo.releases import build_demo_releases, release_points, tag_releases
 from bisect_harness.errors import CommitError, SpecError
-from bisect_harness.spec.parse import parse_spec
+from bisect_harness.spec import parse_spec
 
 from helpers import query
 
@@ -162,7 +162,7 @@ def test_each_runtime_runs_the_launch_inside_the_image_with_the_arms_env(runtime
 def test_an_image_release_plans_its_runtime_argv_and_is_known_by_its_digest(tmp_path, monkeypatch):
     from bisect_harness.engines.releases import ReleaseRequest, image_record
     from bisect_harness.errors import BuildFailed
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
     from bisect_harness.plan.build import make_plan
 
     doc = {"version": 1,

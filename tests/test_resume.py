@@ -24,7 +24,7 @@ from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.errors import UserError
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.record import liveness
 from bisect_harness.run.executor import Executor, Observer
 from bisect_harness.run.resume import check_plan, find_run, spec_hash

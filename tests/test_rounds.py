@@ -15,7 +15,7 @@ from bisect_harness.boot import BootOutcome
 from bisect_harness.run.executor import Executor
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.plan.build import make_plan
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 
 from helpers import write_spec
 

@@ -89,7 +89,7 @@ def test_redact_obj_walks_json_and_returns_the_same_object_when_clean():
 
 
 def test_spec_registers_its_secret_values_and_names(tmp_path):
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     spec = write_spec(tmp_path / "h.yaml", engine={"preset": "demo", "env": {"UNIT_TOKEN": "unit-tok-789"}},
                       defaults={"secret_names": ["UNIT_VAR"]},
@@ -104,7 +104,7 @@ def test_spec_registers_its_secret_values_and_names(tmp_path):
 
 def test_a_literal_key_in_a_launch_and_a_password_in_a_url_are_secrets(tmp_path, monkeypatch):
     from bisect_harness.engines.attach import api_key
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     hyp = {"id": "h", "statement": "s", "baseline": {}, "treatment": {"env": {"X": "1"}},
            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}

@@ -13,7 +13,7 @@ import pytest
 from bisect_harness.boot import Sink
 from bisect_harness.backends.procedure import run_boot
 from bisect_harness.engines.presets import get_preset
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.plan.build import make_plan
 from helpers import SMALL_BENCH, write_spec
 from test_demo_engine import boot, worktree

@@ -77,7 +77,7 @@ def _demo_requests(tmp_path, *, n: int = 2, samples: int = 1, engine: dict | Non
     """Boot requests for ``n`` configs of the demo engine at HEAD (two arms: plain and
     with DEMO_COMM_TUNING), made by the plan as the scheduler makes them."""
     from bisect_harness.plan.build import make_plan
-    from bisect_harness.spec.parse import load_spec
+    from bisect_harness.spec import load_spec
 
     from helpers import write_spec
 

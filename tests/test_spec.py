@@ -8,7 +8,7 @@ import pytest
 
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Expect
-from bisect_harness.spec.parse import load_spec, parse_spec
+from bisect_harness.spec import load_spec, parse_spec
 
 GOOD = textwrap.dedent("""\
     version: 1

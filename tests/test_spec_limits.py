@@ -17,9 +17,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bisect_harness.spec import parse as spec_mod
+from bisect_harness.spec import reader, sections
 from bisect_harness.errors import SpecError, UserError
-from bisect_harness.spec.parse import Spec, load_spec, parse_spec
+from bisect_harness.spec import Spec, load_spec, parse_spec
 
 from helpers import SMALL_BENCH, harness, last_json, write_spec
 
@@ -79,7 +79,7 @@ def test_billion_laughs_through_merge_keys_is_bounded(tmp_path):
         merges = ", ".join(f"*l{n - 1}" for _ in range(9))
         levels.append(f"l{n}: &l{n} {{<<: [{merges}], x{n}: 0}}")
     start = time.monotonic()
-    with pytest.raises(SpecError, match=f"more than {spec_mod.MAX_NODES} YAML nodes"):
+    with pytest.raises(SpecError, match=f"more than {reader.MAX_NODES} YAML nodes"):
         parse("\n".join(levels) + "\n", tmp_path)
     assert time.monotonic() - start < 2.0
 
@@ -121,14 +121,14 @@ def test_matrix_size_is_refused_before_expanding(tmp_path):
     assert time.monotonic() - start < 2.0
     assert info.value.key == "hypotheses[0].matrix"
     at_cap = with_hypothesis(matrix={"flags.a": list(range(16)), "flags.b": list(range(16))})
-    assert len(parse_spec(dump(at_cap), tmp_path / "h.yaml").hypotheses) == spec_mod.MAX_MATRIX_POINTS
+    assert len(parse_spec(dump(at_cap), tmp_path / "h.yaml").hypotheses) == reader.MAX_MATRIX_POINTS
 
 
 def test_hypotheses_in_the_file_are_capped(tmp_path):
     doc = yaml.safe_load(dump(SKELETON))
     hyp = doc["hypotheses"][0]
     doc["hypotheses"] = [{**hyp, "id": f"h{i}", "matrix": {"flags.a": list(range(200))}} for i in range(6)]
-    with pytest.raises(SpecError, match=f"more than {spec_mod.MAX_HYPOTHESES} hypotheses") as info:
+    with pytest.raises(SpecError, match=f"more than {reader.MAX_HYPOTHESES} hypotheses") as info:
         parse_spec(dump(doc), tmp_path / "h.yaml")
     assert info.value.key == "hypotheses[5].matrix"
 
@@ -158,15 +158,15 @@ def test_arm_flag_names_are_validated(tmp_path):
 
 
 @pytest.mark.parametrize("section, key, value, match", [
-    ("benchmark", "requests_per_sample", 10**12, f"must be <= {spec_mod.MAX_COUNT}"),
-    ("benchmark", "output_tokens", 10**7, f"must be <= {spec_mod.MAX_COUNT}"),
+    ("benchmark", "requests_per_sample", 10**12, f"must be <= {reader.MAX_COUNT}"),
+    ("benchmark", "output_tokens", 10**7, f"must be <= {reader.MAX_COUNT}"),
     ("benchmark", "seed", 2**64, "must be <="),
     ("benchmark", "request_timeout_s", 1e12, "must be <= 604800"),
     ("benchmark", "request_timeout_s", float("nan"), "finite"),
     ("benchmark", "temperature", float("inf"), "finite"),
-    ("defaults", "samples_per_boot", 10**6, f"must be <= {spec_mod.MAX_SAMPLES_PER_BOOT}"),
-    ("defaults", "max_boots_per_arm", 10**9, f"must be <= {spec_mod.MAX_BOOTS}"),
-    ("defaults", "boot_retries", 10**9, f"must be <= {spec_mod.MAX_BOOTS}"),
+    ("defaults", "samples_per_boot", 10**6, f"must be <= {reader.MAX_SAMPLES_PER_BOOT}"),
+    ("defaults", "max_boots_per_arm", 10**9, f"must be <= {reader.MAX_BOOTS}"),
+    ("defaults", "boot_retries", 10**9, f"must be <= {reader.MAX_BOOTS}"),
     ("defaults", "host_wait_s", 1e9, "must be <="),
     ("defaults", "host_preflight_s", float("nan"), "finite"),
     ("engine", "ready_timeout_s", 1e9, "must be <="),
@@ -186,12 +186,12 @@ def test_the_documented_caps_are_in_the_format_doc():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "hypotheses-format.md").read_text()
     for name in ("MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS", "MAX_HYPOTHESES", "MAX_COUNT",
                  "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT"):
-        assert f"{getattr(spec_mod, name):,}" in doc, name
+        assert f"{getattr(reader, name):,}" in doc, name
 
 
 def test_a_huge_file_is_refused(tmp_path):
     path = tmp_path / "h.yaml"
-    path.write_text(dump(SKELETON) + "#" * spec_mod.MAX_SPEC_BYTES)
+    path.write_text(dump(SKELETON) + "#" * reader.MAX_SPEC_BYTES)
     with pytest.raises(SpecError, match="above the cap"):
         load_spec(path)
 
@@ -220,7 +220,7 @@ def mutated_specs(draw) -> str:
         elif where == "section":
             section = draw(st.sampled_from(("engine", "benchmark", "defaults")))
             if isinstance(doc.get(section), dict):
-                known = {"engine": spec_mod._ENGINE, "benchmark": spec_mod._BENCH, "defaults": spec_mod._DEFAULTS}
+                known = {"engine": sections._ENGINE, "benchmark": sections._BENCH, "defaults": sections._DEFAULTS}
                 key = draw(st.sampled_from(known[section]) | st.text(max_size=8))
                 doc[section][key] = value
         elif where == "hypothesis" and isinstance(doc.get("hypotheses"), list) and doc["hypotheses"]:
@@ -248,7 +248,7 @@ def check_loader(text: str, tmp_path) -> None:
     else:
         assert isinstance(spec, Spec) and spec.hypotheses
         for h in spec.hypotheses:
-            assert all(spec_mod._ENV_NAME_RE.match(n) for n in (*h.baseline.env, *h.treatment.env))
+            assert all(reader._ENV_NAME_RE.match(n) for n in (*h.baseline.env, *h.treatment.env))
         assert math.isfinite(spec.benchmark.request_timeout_s)
     assert time.monotonic() - start < 2.0
 

@@ -11,7 +11,7 @@ import pytest
 
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.model import Expect
 from bisect_harness.run.bisect_runner import search_commits
 from bisect_harness.run.scheduler import Scheduler

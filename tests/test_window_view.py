@@ -4,7 +4,7 @@ the boot check stores them, each sample's declared metrics)."""
 
 from __future__ import annotations
 
-from bisect_harness.cli import run_summary
+from bisect_harness.cli.summary import run_summary
 from bisect_harness.report import journal
 from bisect_harness.record.ledger import Boot, Config, HypothesisRow, Ledger, Run, SampleRow, VerdictRow
 

@@ -30,7 +30,7 @@ from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import host_drift
 from bisect_harness.record.ledger import Boot, Ledger
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
-from bisect_harness.spec.parse import Spec
+from bisect_harness.spec.types import Spec
 
 __all__ = ["design", "alpha_each", "judge", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
            "never_booted", "shown_outcome", "checks_done"]

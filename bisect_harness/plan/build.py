@@ -22,7 +22,7 @@ from bisect_harness.engines.checkout import Workspace, default_cache_dir
 from bisect_harness.engines.envs import resolve_python
 from bisect_harness.errors import CommitError, UserError
 from bisect_harness.model import Arm, Metric
-from bisect_harness.spec.parse import HypothesisSpec, Spec
+from bisect_harness.spec import HypothesisSpec, Spec
 
 TP_FLAGS = presets.TP_FLAGS  # canonical spellings of the tensor parallel degree
 

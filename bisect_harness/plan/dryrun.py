@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bisect_harness.engines.presets import get_preset, notes_for
 from bisect_harness.plan.flag_check import check_plan_flags
-from bisect_harness.spec.parse import Spec
+from bisect_harness.spec import Spec
 from bisect_harness.places import default_cache_dir
 from bisect_harness.secrets import redact_argv, redact_env
 from bisect_harness.plan.build import Plan, make_plan

@@ -75,7 +75,7 @@ def compare_runs(ledger: Ledger, run_a: int, run_b: int, *, metric: str = "tok_s
     they share none or the metric is unknown to run B's spec."""
     from bisect_harness.decide.verdict import Side, judge
     from bisect_harness.observe.drift import host_drift
-    from bisect_harness.spec.parse import parse_spec
+    from bisect_harness.spec import parse_spec
 
     a, b = ledger.run(run_a), ledger.run(run_b)
     pairs = matched_configs(a, b)

@@ -131,7 +131,7 @@ def _engine_repo(spec_text: str, spec_path: str) -> Path | None:
     """The engine's repository named by the run's spec, if it exists on this machine.
     The demo's generated repository is looked up in the cache, never created."""
     from bisect_harness.errors import HarnessError
-    from bisect_harness.spec.parse import parse_spec
+    from bisect_harness.spec import parse_spec
 
     try:
         spec = parse_spec(spec_text, Path(spec_path))

@@ -28,7 +28,7 @@ from bisect_harness.run.scheduler import Observer, Scheduler
 from bisect_harness.record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from bisect_harness.model import Arm, Expect, Metric, reused_from
 from bisect_harness.plan.build import Plan, PlannedHypothesis, check_bisectable, make_config
-from bisect_harness.spec.parse import Spec
+from bisect_harness.spec import Spec
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from bisect_harness.decide.explain import Difference, ExplainSearch, Explanation
 from bisect_harness.errors import CommitError, UserError
 from bisect_harness.model import Arm, Expect, Metric
 from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, make_plan
-from bisect_harness.spec.parse import Spec
+from bisect_harness.spec import Spec
 from bisect_harness.record.ledger import Boot, Ledger
 from bisect_harness.run.bisect_runner import search_commits
 from bisect_harness.run.scheduler import Observer, Scheduler

@@ -33,7 +33,7 @@ from bisect_harness.run.scheduler import Observer, Scheduler
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.model import Arm, Expect
 from bisect_harness.plan.build import make_config, series_key
-from bisect_harness.spec.parse import Spec
+from bisect_harness.spec import Spec
 from bisect_harness.decide.stats import Shift
 
 

@@ -1,11 +1,13 @@
 """The JSON Schema of hypotheses.yaml, derived from the loader's own definition.
 
 Nothing here lists a key by hand: the allowed keys are the loader's tables
-(``spec._TOP``, ``_ENGINE``, ``_BENCH``, ``_DEFAULTS``, ``_HYP``, ``_ARM``), the
-types come from the frozen dataclasses the loader fills (``EngineSpec``,
-``BenchmarkSpec``, ``Defaults``, ``ArmSpec``) and the choices from the loader's
-constants (``ENV_CHECK_MODES``, ``HOST_CHECK_MODES``, ``ANALYSES``, ``BACKENDS``,
-``Expect``, the preset registry, ``Thresholds``). A key added to the loader shows
+(``spec.sections._TOP``, ``_ENGINE``, ``_BENCH``, ``_DEFAULTS``, ``_HYP``, ``_ARM``),
+the types and defaults come from the frozen dataclasses the loader fills
+(``EngineSpec``, ``BenchmarkSpec``, ``Defaults``, ``ArmSpec``, in ``spec.types``) and
+the choices from the loader's constants and the registries it reads
+(``ENV_CHECK_MODES``, ``HOST_CHECK_MODES``, ``ANALYSES``, ``BACKENDS``, ``Expect``,
+the preset, API and metric source registries, the checkout modes,
+``Thresholds``). A key added to the loader shows
 up here; a key the loader does not read cannot. Editors (the YAML language
 server) use it for completion and as-you-type checks; the loader remains the
 judge (ranges, commits, flags against the engine are checked there).
@@ -17,9 +19,10 @@ import dataclasses
 import re
 from typing import Any
 
-from bisect_harness.spec import parse as _spec
 from bisect_harness.observe.contention import Thresholds
-from bisect_harness.model import BenchmarkSpec, Expect
+from bisect_harness.model import BenchmarkSpec, Expect, Limits
+from bisect_harness.spec import reader as _reader, sections as _sections, types as _types
+from bisect_harness.spec.load import SPEC_VERSION
 from bisect_harness.engines.envs import ENV_MODES
 
 __all__ = ["hypotheses_schema", "SCHEMA_ID"]
@@ -29,9 +32,9 @@ SCHEMA_ID = "https://bisect-harness.invalid/schema/hypotheses-v1.json"
 _ARGV = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
                                          "items": {"type": ["string", "number"]}}],
          "description": "an argv list, or one string split like a command line (never run by a shell)"}
-_ENV = {"type": "object", "propertyNames": {"pattern": _spec._ENV_NAME_RE.pattern},
+_ENV = {"type": "object", "propertyNames": {"pattern": _reader._ENV_NAME_RE.pattern},
         "additionalProperties": {"type": ["string", "number", "boolean"]}}
-_FLAGS = {"type": "object", "propertyNames": {"pattern": _spec._FLAG_NAME_RE.pattern}}
+_FLAGS = {"type": "object", "propertyNames": {"pattern": _reader._FLAG_NAME_RE.pattern}}
 _EFFECT = {"oneOf": [{"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                      {"type": "string", "pattern": r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$"}],
            "description": "a fraction like 0.1 or a percentage like '10%'"}
@@ -83,8 +86,8 @@ def hypotheses_schema() -> dict[str, Any]:
     from bisect_harness.measure.sources import source_kinds
     from bisect_harness.engines.checkout import CHECKOUT_MODES
 
-    engine = _section(_spec._ENGINE, _spec.EngineSpec, {
-        "preset": {"type": "string", "enum": _presets(), "default": "openai"},
+    engine = _section(_sections._ENGINE, _types.EngineSpec, {
+        "preset": {"type": "string", "enum": _presets(), "default": _types.EngineSpec.preset},
         "repo": {"type": "string", "description": "the engine's git repository (relative to the file)"},
         "build": _ARGV, "launch": _ARGV,
         "server_info": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
@@ -109,30 +112,30 @@ def hypotheses_schema() -> dict[str, Any]:
                                  "description": "each release's source tag, e.g. v{version}"},
                          "launch": _ARGV}},
     })
-    bench = _section(_spec._BENCH, BenchmarkSpec, {
-        "api": {"type": "string", "enum": list(APIS), "default": "completions"},
+    bench = _section(_sections._BENCH, BenchmarkSpec, {
+        "api": {"type": "string", "enum": list(APIS), "default": BenchmarkSpec.api},
         "tool_args": _ARGV,
         "prompt_reuse": {"type": "boolean", "default": False,
                          "description": "true: every sample and boot sends the same prompts, so a prefix cache "
                                         "serves them (to measure the cache); false: each request's prompt is "
                                         "its own (a seeded tag first)"},
     })
-    defaults = _section(_spec._DEFAULTS, _spec.Defaults, {
-        "env_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
-        "flag_check": {"type": "string", "enum": list(_spec.ENV_CHECK_MODES), "default": "mark"},
-        "host_check": {"type": "string", "enum": list(_spec.HOST_CHECK_MODES), "default": "mark"},
-        "analysis": {"type": "string", "enum": list(_spec.ANALYSES), "default": "robust"},
+    defaults = _section(_sections._DEFAULTS, _types.Defaults, {
+        "env_check": {"type": "string", "enum": list(_types.ENV_CHECK_MODES), "default": _types.Defaults.env_check},
+        "flag_check": {"type": "string", "enum": list(_types.ENV_CHECK_MODES), "default": _types.Defaults.flag_check},
+        "host_check": {"type": "string", "enum": list(_types.HOST_CHECK_MODES), "default": _types.Defaults.host_check},
+        "analysis": {"type": "string", "enum": list(_sections.ANALYSES), "default": _types.Defaults.analysis},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5, "default": 0.05},
         "host_thresholds": {"type": "object", "additionalProperties": False,
                             "properties": {n: {"type": "number"} for n in Thresholds.names()}},
         "secret_names": {"type": "array", "items": {"type": "string"}},
     })
-    arm = _section(_spec._ARM, _spec.ArmSpec, {
+    arm = _section(_sections._ARM, _types.ArmSpec, {
         "commit": {"type": ["string", "integer"], "description": "a sha, branch, tag or HEAD~N"},
         "release": {"type": ["string", "number"], "description": "a version of engine.releases, instead of a commit"},
         "env": _ENV, "flags": _FLAGS})
-    hyp = _section(_spec._HYP, _spec.HypothesisSpec, {
-        "id": {"type": "string", "pattern": _spec._ID_RE.pattern},
+    hyp = _section(_sections._HYP, _types.HypothesisSpec, {
+        "id": {"type": "string", "pattern": _sections._ID_RE.pattern},
         "baseline": {"$ref": "#/$defs/arm"}, "treatment": {"$ref": "#/$defs/arm"},
         "expect": {"type": "string", "enum": [e.value for e in Expect]},
         "min_effect": _EFFECT,
@@ -144,18 +147,18 @@ def hypotheses_schema() -> dict[str, Any]:
     })
     hyp["required"] = ["id", "baseline", "treatment", "metric", "expect", "min_effect"]
     backend = {"type": "object", "properties": {
-        "kind": {"type": "string", "enum": list(_spec.BACKENDS), "default": "local"},
+        "kind": {"type": "string", "enum": list(_sections.BACKENDS), "default": _types.BackendSpec.kind},
         "slots": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 1}},
         "additionalProperties": True,
         "description": "the backend's own keys (partition, time limit, ... for Slurm) are checked by that backend"}
-    size = {"type": ["integer", "string"], "pattern": _spec._SIZE_RE.pattern,
+    size = {"type": ["integer", "string"], "pattern": _sections._SIZE_RE.pattern,
             "description": "bytes, or a size with a unit: '64 MiB' (B, KiB, MiB, GiB); 64 KiB to 64 GiB"}
     limits = {"type": "object", "additionalProperties": False,
               "description": "how much is read from a server and kept of its output",
               "properties": {name: {**size, "default": f.default}
-                             for name, f in _spec.Limits.__dataclass_fields__.items()}}
+                             for name, f in Limits.__dataclass_fields__.items()}}
     top = {
-        "version": {"const": _spec.SPEC_VERSION},
+        "version": {"const": SPEC_VERSION},
         "engine": engine, "benchmark": bench, "defaults": defaults, "backend": backend, "limits": limits,
         "hypotheses": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/hypothesis"}},
     }
@@ -164,7 +167,7 @@ def hypotheses_schema() -> dict[str, Any]:
         "$id": SCHEMA_ID,
         "title": "bisect-harness hypotheses file",
         "type": "object",
-        "properties": {k: top[k] for k in _spec._TOP},
+        "properties": {k: top[k] for k in _sections._TOP},
         "required": ["engine", "hypotheses"],
         "additionalProperties": False,
         "$defs": {"arm": arm, "hypothesis": hyp},

@@ -1,11 +1,11 @@
-"""hypotheses.yaml: the one reader of the file.
+"""The parsers of hypotheses.yaml's sections: each takes its part of the document
+and returns the frozen value (``spec.types``), or raises the error that names the
+key and its line (``spec.reader``).
 
-``load_spec(path)`` parses, validates and freezes the file into dataclasses; every
-error names the key path and the line it came from, and says what to do. Nothing
-else in the harness reads the YAML again. The format is documented in
-``docs/hypotheses-format.md``.
-
-Defaults live here, in the dataclasses' fields, and nowhere else.
+The allowed keys of each section are the tables below (the JSON Schema,
+``spec.schema``, is built from them); the choices of a kind (presets, benchmark
+APIs, metric sources, analyses, backends, checkout modes) are read from the
+modules that register them, never copied here.
 """
 
 from __future__ import annotations
@@ -14,536 +14,25 @@ import itertools
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from bisect_harness.backends import BACKENDS
 from bisect_harness.decide.stats import ANALYSES
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.engines.envs import ENV_MODES
 from bisect_harness.errors import SpecError, UserError
-from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Limits, Metric
+from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, Limits, Metric
+from bisect_harness.spec.reader import (MAX_BOOTS, MAX_COUNT, MAX_HYPOTHESES, MAX_MATRIX_POINTS,
+                                        MAX_SAMPLES_PER_BOOT, MAX_SECONDS, MAX_SEED, _ENV_NAME_RE, _check_flag_name,
+                                        _env_str, _no_nul_inside, _Reader, _typename, parse_effect)
+from bisect_harness.spec.types import (ENV_CHECK_MODES, HOST_CHECK_MODES, ArmSpec, BackendSpec, Defaults,
+                                       EngineSpec, HypothesisSpec, MechanismSpec, ReleasesSpec)
 
-SPEC_VERSION = 1
-ENV_CHECK_MODES = ("mark", "exclude", "fatal")
-HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
-# Input limits (documented in docs/hypotheses-format.md, "Limits"). A hypotheses file is
-# a few kilobytes; these caps turn hostile or mistyped input into a clean error at once.
-MAX_SPEC_BYTES = 1_000_000      # the file itself
-MAX_NODES = 100_000             # YAML nodes after merge keys are expanded
-MAX_DEPTH = 64                  # nesting of mappings and lists
-MAX_MATRIX_POINTS = 256         # one hypothesis's matrix: the product of its axes' lengths
-MAX_HYPOTHESES = 1_000          # the whole file, after matrix expansion
-#: upper bounds of numbers; a value above is an error that names the key and the cap
-MAX_COUNT = 1_000_000           # requests, tokens, concurrency, seeds-free counts
-MAX_BOOTS = 1_000               # boots_per_arm, max_boots_per_arm, boot_retries
-MAX_SAMPLES_PER_BOOT = 10_000
-MAX_SECONDS = 7 * 24 * 3600.0   # timeouts and waits: one week
-MAX_SEED = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class ReleasesSpec:
-    """``engine.releases``: the engine as released builds, each version a revision.
-    ``index`` is an absolute folder (pip's ``--find-links``) or an index URL;
-    ``versions`` the order (oldest first; empty: every version in the folder, by
-    PEP 440); ``tag`` the source tag of a version (``v{version}``), for descending
-    into the commits between two releases; ``launch`` the argv of an installed
-    release (default: ``engine.launch``)."""
-
-    package: str
-    index: str
-    versions: tuple[str, ...] = ()
-    tag: str | None = None
-    launch: tuple[str, ...] | None = None
-    image: str | None = None          # a container image per version ("repo/engine:v{version}"): no install
-    runtime: str | None = None        # docker | podman | apptainer | enroot (default: the first on PATH)
-    runtime_args: tuple[str, ...] = ()  # after the runtime's run verb: GPUs, mounts
-
-    def source(self):
-        from bisect_harness.engines.releases import ReleaseSource
-
-        return ReleaseSource(self.package, self.index, self.versions)
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """The server under test: where its code lives, how to build and launch it."""
-
-    preset: str = "openai"
-    repo: Path | None = None
-    build: tuple[str, ...] | None = None
-    launch: tuple[str, ...] = ()
-    cwd: str | None = None
-    health: str = "/health"
-    ready_timeout_s: float = 600.0
-    server_info: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    flags: Mapping[str, FlagValue] = field(default_factory=dict)
-    metrics: tuple[Any, ...] = ()  # sources.MetricSource
-    python: str | None = None  # the base interpreter; None: the harness's own
-    environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
-    base_url: str | None = None  # attach mode: a running server's URL (attach.AttachedSource); nothing launched
-    api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
-    checkout: str = "worktree"  # worktree | tree | clone (boot.checkout.CHECKOUT_MODES)
-    build_env: tuple[str, ...] = ()  # variables that key a commit's build, beyond boot.checkout.BUILD_ENV
-    releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
-
-    @property
-    def environment_mode(self) -> str:
-        """Where each commit's build installs: its own venv whenever there is a build."""
-        if self.environment is not None:
-            return self.environment
-        return "venv" if self.build else "shared"
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """Run-wide knobs; hypotheses may not override them (one design per run)."""
-
-    samples_per_boot: int = 3
-    boots_per_arm: int = 3
-    max_boots_per_arm: int = 20         # a budget, not a quota: quiet hosts decide at 3-4 (bench/bench_stats.py)
-    alpha: float = 0.05
-    env_check: str = "mark"
-    flag_check: str = "mark"
-    aa_check: bool = False
-    boot_retries: int = 2
-    host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
-    host_thresholds: Thresholds = field(default_factory=Thresholds)
-    host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
-    host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
-    analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
-    secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
-
-
-@dataclass(frozen=True)
-class ArmSpec:
-    """One side of a hypothesis as written: a revision (unresolved), env and flags."""
-
-    commit: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    flags: Mapping[str, FlagValue] = field(default_factory=dict)
-    base_url: str | None = None  # attach mode: this arm's server, instead of engine.base_url
-    release: str | None = None  # a version of engine.releases, instead of a commit
-
-
-@dataclass(frozen=True)
-class HypothesisSpec:
-    id: str
-    statement: str
-    baseline: ArmSpec
-    treatment: ArmSpec
-    metric: str
-    expect: Expect
-    min_effect: float
-    bisect: bool = False
-    line: int | None = None
-    matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
-    explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
-    mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
-    profile: bool = False  # one extra sample per arm under the engine's profiler (boot.profilers)
-
-
-@dataclass(frozen=True)
-class MechanismSpec:
-    """One metric a hypothesis' mechanism must move (``mechanism:``): treatment vs
-    baseline, in direction ``expect``, by at least ``min_effect``."""
-
-    metric: str
-    expect: Expect
-    min_effect: float
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """Where boots run (``backend:``): ``kind`` local or slurm, ``slots`` boots at once,
-    and the chosen backend's own keys (``options``: partition, time limit, ... for
-    Slurm), checked by that backend (``boot.choose``)."""
-
-    kind: str = "local"
-    slots: int = 1
-    options: tuple[tuple[str, Any], ...] = ()
-
-    def options_dict(self) -> dict[str, Any]:
-        return dict(self.options)
-
-
-@dataclass(frozen=True)
-class Spec:
-    path: Path
-    text: str
-    engine: EngineSpec
-    benchmark: BenchmarkSpec
-    defaults: Defaults
-    hypotheses: tuple[HypothesisSpec, ...]
-    family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
-    backend: "BackendSpec" = field(default_factory=lambda: BackendSpec())
-
-    @property
-    def spec_dir(self) -> Path:
-        return self.path.parent
-
-    @property
-    def multiplicity(self) -> int:
-        """The multiplicity family's size: every hypothesis of the file, whatever ``--only`` kept."""
-        return max(self.family_size, len(self.hypotheses), 1)
-
-    def metrics(self) -> dict[str, Metric]:
-        """Every metric a hypothesis may name: the client's and the declared sources'."""
-        out = dict(CLIENT_METRICS)
-        for source in self.engine.metrics:
-            out[source.metric.name] = source.metric
-        return out
-
-    def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
-        """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
-        if not only:
-            return self
-        known = {h.id for h in self.hypotheses} | {h.id.split("[", 1)[0] for h in self.hypotheses}
-        unknown = [o for o in only if o not in known]
-        if unknown:
-            raise SpecError(
-                f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
-                + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
-        keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
-        return replace(self, hypotheses=keep)
-
-
-# --------------------------------------------------------------------------- YAML with lines
-
-
-class _Doc:
-    """The parsed YAML plus the line of every key path, for error messages."""
-
-    def __init__(self, text: str, file: str):
-        self.file = file
-        self.lines: dict[str, int] = {}
-        if len(text) > MAX_SPEC_BYTES:
-            raise SpecError(f"the file has {len(text)} characters, above the cap of {MAX_SPEC_BYTES}; "
-                            "a hypotheses file is a few kilobytes (see docs/hypotheses-format.md, Limits)",
-                            file=file)
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise SpecError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                            line=mark.line + 1 if mark else None, file=file) from None
-        except RecursionError:
-            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", file=file) from None
-        if node is None:
-            raise SpecError("the file is empty; see docs/hypotheses-format.md", file=file)
-        _check_aliases(node, file)
-        try:
-            self.data = self._convert(node, "")
-        except SpecError as exc:
-            if exc.file is not None:
-                raise
-            raise SpecError(exc.message, key=exc.key, line=exc.line, file=file) from None
-
-    def _convert(self, node, path: str):
-        self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            _flatten_merges(node)
-            out: dict = {}
-            for key_node, value_node in node.value:
-                key = self._convert(key_node, path + ".<key>")
-                if not isinstance(key, (str, int, float, bool)):
-                    raise SpecError("a mapping key must be a plain scalar",
-                                    key=path or None, line=key_node.start_mark.line + 1, file=self.file)
-                key = str(key)
-                sub = f"{path}.{key}" if path else key
-                if key in out:
-                    raise SpecError("duplicate key", key=sub, line=key_node.start_mark.line + 1,
-                                    file=self.file)
-                self.lines[sub] = key_node.start_mark.line + 1
-                out[key] = self._convert(value_node, sub)
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self._convert(v, f"{path}[{i}]") for i, v in enumerate(node.value)]
-        return _scalar(node)
-
-    def line(self, path: str) -> int | None:
-        while path:
-            if path in self.lines:
-                return self.lines[path]
-            path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
-        return None
-
-    def error(self, path: str, message: str) -> SpecError:
-        return SpecError(message, key=path or None, line=self.line(path), file=self.file)
-
-
-def _check_aliases(root, file: str) -> None:
-    """Refuse aliases other than merge keys, alias cycles, deep nesting and expansion bombs.
-
-    PyYAML's composer shares one node object between an anchor and each of its
-    aliases, so an alias is a node met a second time. Only the value of a merge key
-    (``<<: *defaults``) may be one; its expanded size still counts toward ``MAX_NODES``,
-    so a billion-laughs file built from merge keys is refused before anything expands.
-    """
-    sizes: dict[int, int] = {}   # node id -> expanded node count (done)
-    open_: set[int] = set()      # node ids on the current path (a cycle if met again)
-    seen: set[int] = set()
-
-    def where(node) -> int:
-        return node.start_mark.line + 1
-
-    def size(node, depth: int, via_merge: bool, at: int) -> int:
-        """``at``: the line where the node is used (an alias's node carries its anchor's line)."""
-        nid = id(node)
-        if nid in open_:
-            raise SpecError("an alias refers to a node that contains it (a cycle); remove the alias",
-                            line=at, file=file)
-        if nid in sizes:
-            if not via_merge:
-                raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
-                                "('<<: *name'); write the value out, or merge a mapping", line=at,
-                                file=file)
-            return sizes[nid]
-        if nid in seen and not via_merge:
-            raise SpecError("YAML aliases (*name) are accepted only as the value of a merge key "
-                            "('<<: *name')", line=at, file=file)
-        seen.add(nid)
-        if depth > MAX_DEPTH:
-            raise SpecError(f"nested too deeply (the cap is {MAX_DEPTH} levels)", line=where(node), file=file)
-        open_.add(nid)
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                merge = key_node.tag == "tag:yaml.org,2002:merge"
-                total += size(key_node, depth + 1, False, where(key_node))
-                if merge and isinstance(value_node, yaml.SequenceNode):
-                    total += 1
-                    for sub in value_node.value:
-                        total += size(sub, depth + 2, True, where(key_node))
-                else:
-                    total += size(value_node, depth + 1, merge, where(key_node))
-                if total > MAX_NODES:
-                    break
-        elif isinstance(node, yaml.SequenceNode):
-            for sub in node.value:
-                total += size(sub, depth + 1, False, where(node))
-                if total > MAX_NODES:
-                    break
-        open_.discard(nid)
-        if total > MAX_NODES:
-            raise SpecError(f"the file expands to more than {MAX_NODES} YAML nodes (merge keys included); "
-                            "a hypotheses file is far smaller: look for a merge key repeated inside "
-                            "another", line=where(node), file=file)
-        sizes[nid] = total
-        return total
-
-    size(root, 0, False, where(root))
-
-
-def _flatten_merges(node: yaml.MappingNode) -> None:
-    """Resolve YAML merge keys (``<<: *defaults``) in place, as PyYAML's loader does."""
-    loader = yaml.SafeLoader("")
-    try:
-        loader.flatten_mapping(node)
-    except yaml.constructor.ConstructorError as exc:
-        mark = exc.problem_mark
-        raise SpecError(f"bad merge key: {exc.problem}", line=mark.line + 1 if mark else None) from None
-    finally:
-        loader.dispose()
-
-
-def _scalar(node: yaml.ScalarNode):
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    except yaml.YAMLError as exc:  # an unknown tag (!!python/object) or a malformed !!binary
-        raise SpecError(f"cannot read this value: {getattr(exc, 'problem', None) or exc}",
-                        line=node.start_mark.line + 1) from None
-    except (ValueError, TypeError, OverflowError) as exc:  # an explicit tag that does not fit: !!int abc
-        raise SpecError(f"cannot read this value as {node.tag.rsplit(':', 1)[-1]}: {exc}",
-                        line=node.start_mark.line + 1) from None
-    finally:
-        loader.dispose()
-
-
-# --------------------------------------------------------------------------- validation helpers
-
-
-class _Reader:
-    def __init__(self, doc: _Doc):
-        self.doc = doc
-
-    def mapping(self, value, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise self.doc.error(path, f"expected a mapping, got {_typename(value)}")
-        for key in value:
-            if key not in allowed:
-                hint = _closest(key, allowed)
-                raise self.doc.error(
-                    f"{path}.{key}" if path else key,
-                    f"unknown key{f'; did you mean {hint!r}' if hint else ''}. "
-                    f"Allowed here: {', '.join(allowed)}")
-        for key in required:
-            if key not in value:
-                raise self.doc.error(path, f"missing required key '{key}'")
-        return value
-
-    def typed(self, value, path: str, types: tuple[type, ...], what: str):
-        if isinstance(value, bool) and bool not in types:
-            raise self.doc.error(path, f"expected {what}, got a boolean")
-        if not isinstance(value, types):
-            raise self.doc.error(path, f"expected {what}, got {_typename(value)}")
-        return value
-
-    def positive_int(self, value, path: str, minimum: int = 1, maximum: int = MAX_COUNT) -> int:
-        self.typed(value, path, (int,), "an integer")
-        if value < minimum:
-            raise self.doc.error(path, f"must be >= {minimum}, got {value}")
-        if value > maximum:
-            raise self.doc.error(path, f"must be <= {maximum}, got {value} (see docs/hypotheses-format.md, Limits)")
-        return value
-
-    def number(self, value, path: str, what: str = "a number", maximum: float = MAX_SECONDS,
-               positive: bool = False) -> float:
-        """A finite number in [0, maximum] (or (0, maximum] when ``positive``)."""
-        self.typed(value, path, (int, float), what)
-        if not math.isfinite(value):
-            raise self.doc.error(path, f"must be a finite number, got {value}")
-        if value < 0 or (positive and value == 0):
-            raise self.doc.error(path, f"must be {'positive' if positive else 'not negative'}, got {value}")
-        if value > maximum:
-            raise self.doc.error(path, f"must be <= {maximum:g}, got {value:g} (see docs/hypotheses-format.md, Limits)")
-        return float(value)
-
-    def argv(self, value, path: str) -> tuple[str, ...]:
-        """An argv list. A plain string is split like a command line (shlex), never run by a shell."""
-        import shlex
-
-        if isinstance(value, str):
-            try:
-                return tuple(shlex.split(value))
-            except ValueError as exc:
-                raise self.doc.error(path, f"cannot split into arguments: {exc}") from None
-        if not isinstance(value, list) or not value:
-            raise self.doc.error(path, "expected a non-empty list of arguments")
-        out = []
-        for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                raise self.doc.error(f"{path}[{i}]", f"expected a string argument, got {_typename(item)}")
-            out.append(_no_nul(self.doc, str(item), f"{path}[{i}]"))
-        return tuple(out)
-
-    def env(self, value, path: str) -> dict[str, str]:
-        if value is None:
-            return {}
-        self.typed(value, path, (dict,), "a mapping of environment variables")
-        out = {}
-        for name, v in value.items():
-            if not _ENV_NAME_RE.match(name):
-                raise self.doc.error(f"{path}.{name}", "not a valid environment variable name")
-            if v is None or isinstance(v, (dict, list)):
-                raise self.doc.error(f"{path}.{name}",
-                                     f"an environment value must be a string or number, got {_typename(v)}")
-            out[name] = _no_nul(self.doc, _env_str(v), f"{path}.{name}")
-        return out
-
-    def flags(self, value, path: str) -> dict[str, FlagValue]:
-        if value is None:
-            return {}
-        self.typed(value, path, (dict,), "a mapping of server flags")
-        out = {}
-        for name, v in value.items():
-            _check_flag_name(self.doc, name, f"{path}.{name}")
-            _no_nul_inside(self.doc, v, f"{path}.{name}")
-            out[name] = v
-        return out
-
-
-def _no_nul(doc: "_Doc", text: str, path: str) -> str:
-    """``text``, refused where it holds a NUL byte: no process argument or environment
-    value can carry one (the launch would fail on every boot)."""
-    if "\0" in text:
-        raise doc.error(path, "holds a NUL byte (\\0), which no process argument or environment value can "
-                        "carry; remove it")
-    return text
-
-
-def _no_nul_inside(doc: "_Doc", value, path: str) -> None:
-    if isinstance(value, str):
-        _no_nul(doc, value, path)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _no_nul_inside(doc, item, f"{path}[{i}]")
-    elif isinstance(value, dict):
-        for k, item in value.items():
-            _no_nul_inside(doc, str(k), f"{path}.{k}")
-            _no_nul_inside(doc, item, f"{path}.{k}")
-
-
-def _check_flag_name(doc: "_Doc", name: str, path: str) -> None:
-    if name.startswith("-"):
-        raise doc.error(path, "write flag names without leading dashes "
-                        f"(e.g. '{name.lstrip('-')}')")
-    if not _FLAG_NAME_RE.match(name):
-        raise doc.error(path, "not a valid flag name: letters, digits, '_', '.' or '-', starting with a "
-                        "letter or digit (e.g. 'max-num-seqs')")
-
-
-def _env_str(v) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    return str(v)
-
-
-def _typename(v) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer", float: "a number",
-            bool: "a boolean", type(None): "nothing (null)"}.get(type(v), type(v).__name__)
-
-
-def _closest(word: str, options) -> str | None:
-    import difflib
-
-    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return match[0] if match else None
-
-
-def effect_value(value) -> float:
-    """``10%``, ``"10 %"``, ``0.1`` -> 0.1, in (0, 1); a ValueError that says what is
-    expected otherwise. The one reader of a relative effect: the spec's
-    ``min_effect`` and the CLI's ``--min-effect`` both use it."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", value)
-        if not m:
-            raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
-        number = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        raise ValueError(f"expected a fraction like 0.1 or a percentage like '10%', got {_typename(value)}")
-    if not 0.0 < number < 1.0:
-        raise ValueError(f"must be a relative effect between 0 and 1 (0% and 100%), got {value!r}")
-    return number
-
-
-def parse_effect(value, path: str, doc: _Doc) -> float:
-    """``10%``, ``"10 %"``, ``0.1`` -> 0.1. Must lie in (0, 1)."""
-    if isinstance(value, str) and not value.strip().endswith("%"):
-        raise doc.error(path, f"expected a fraction like 0.1 or a percentage like '10%', got {value!r}")
-    try:
-        return effect_value(value)
-    except ValueError as exc:
-        raise doc.error(path, str(exc)) from None
-
-
-# --------------------------------------------------------------------------- the loader
-
-
+#: the keys each section allows (``spec.schema`` is built from these tables)
 _TOP = ("version", "engine", "benchmark", "defaults", "backend", "limits", "hypotheses")
 _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_s", "server_info",
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
@@ -560,56 +49,13 @@ _LAUNCH_ONLY = ("repo", "build", "launch", "cwd", "python", "environment", "env"
                 "releases")
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read, validate and freeze a hypotheses file. Raises ``SpecError`` naming key and line."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"no such file: {path}. Pass the path of a hypotheses.yaml "
-                        "(see docs/hypotheses-format.md)") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read {path}: {exc}") from None
-    return parse_spec(text, path)
-
-
-def parse_spec(text: str, path: Path) -> Spec:
-    doc = _Doc(text, str(path))
-    r = _Reader(doc)
-    top = r.mapping(doc.data, "", _TOP, required=("engine", "hypotheses"))
-    version = top.get("version", SPEC_VERSION)
-    if type(version) is not int or version != SPEC_VERSION:  # true and 1.0 equal 1 in Python: not here
-        raise doc.error("version", f"this harness reads version {SPEC_VERSION} files, got {version!r}; "
-                        "upgrade bisect-harness or rewrite the file")
-    engine = _engine(r, top["engine"], path.parent)
-    bench = _benchmark(r, top.get("benchmark"))
-    if top.get("limits") is not None:
-        bench = replace(bench, limits=_limits(r, top["limits"]))
-    defaults = _defaults(r, top.get("defaults"))
-    metrics = dict(CLIENT_METRICS)
-    for s in engine.metrics:
-        metrics[s.metric.name] = s.metric
-    _tool_fits(r, bench, engine)
-    from bisect_harness.engines import presets
-
-    has_repo = engine.base_url is None and (
-        engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
-    hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None,
-                       has_releases=engine.releases is not None)
-    _check_when(engine, hyps, str(path))
-    _register_secrets(engine, defaults, hyps)
-    backend = _backend(r, top.get("backend"))
-    return Spec(path=path.resolve(), text=text, engine=engine, benchmark=bench, defaults=defaults,
-                hypotheses=hyps, family_size=len(hyps), backend=backend)
-
-
 def _backend(r: _Reader, value) -> BackendSpec:
     """``backend:``: kind and slots here; the kind's own keys are checked by that backend."""
     if value is None:
         return BackendSpec()
     if not isinstance(value, dict):
         raise r.doc.error("backend", "must be a mapping, e.g. {kind: slurm, partition: gpu, slots: 4}")
-    kind = value.get("kind", "local")
+    kind = value.get("kind", BackendSpec.kind)
     if kind not in BACKENDS:
         raise r.doc.error("backend.kind", f"must be one of {', '.join(BACKENDS)}, got {kind!r}")
     slots = r.positive_int(value.get("slots", 1), "backend.slots", maximum=1024)
@@ -626,7 +72,7 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
 
     e = r.mapping(value, "engine", _ENGINE)
     base_url = _attach_keys(r, e)
-    preset_name = e.get("preset", "openai")
+    preset_name = e.get("preset", EngineSpec.preset)
     r.typed(preset_name, "engine.preset", (str,), "a preset name")
     try:
         preset = presets.get_preset(preset_name)
@@ -852,7 +298,7 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
         kwargs[name] = v
     from bisect_harness.measure.apis import APIS
 
-    if kwargs.get("api", "completions") not in APIS:
+    if kwargs.get("api", BenchmarkSpec.api) not in APIS:
         raise r.doc.error("benchmark.api", f"must be one of {', '.join(APIS)} (the server's streaming API: see "
                           f"docs/hypotheses-format.md), got {kwargs['api']!r}")
     return BenchmarkSpec(**kwargs)
@@ -882,20 +328,6 @@ def _limits(r: _Reader, value) -> Limits:
             raise r.doc.error(path, f"must be between 64 KiB and 64 GiB, got {size:,} bytes")
         kwargs[name] = size
     return Limits(**kwargs)
-
-
-def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
-    """Tell secrets.py this file's secret values, so nothing stored or shown carries them."""
-    from bisect_harness import secrets
-
-    arms = [a for h in hyps for a in (h.baseline, h.treatment)]
-    values = secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
-                                        [engine.flags, *(a.flags for a in arms)], defaults.secret_names)
-    for argv in (engine.launch, engine.build):  # a literal --api-key written into a command
-        values |= secrets.argv_secret_values(argv or (), defaults.secret_names)
-    for url in (engine.base_url, *(a.base_url for a in arms)):  # http://user:password@host
-        values |= secrets.url_secret_values(url)
-    secrets.register(values, defaults.secret_names)
 
 
 def _defaults(r: _Reader, value) -> Defaults:
@@ -989,31 +421,6 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
     return ArmSpec(commit=commit, env=r.env(a.get("env"), f"{path}.env"), flags=r.flags(a.get("flags"), f"{path}.flags"),
                    base_url=base_url)
 
-
-def _check_when(engine: EngineSpec, hyps, file: str) -> None:
-    """A hypothesis on a metric whose source's ``when`` excludes one of its arms could never be
-    judged; nor one on a derived metric where one of its inputs is not collected."""
-    from bisect_harness.engines import presets
-    from bisect_harness.measure import sources
-
-    preset = presets.get_preset(engine.preset)
-    by_name = {s.name: s for s in engine.metrics}
-    canonical = lambda f: presets.canonical_flag(f, preset)  # noqa: E731
-    for h in hyps:
-        source = by_name.get(h.metric)
-        if source is None:
-            continue
-        for side, arm in (("baseline", h.baseline), ("treatment", h.treatment)):
-            flags = {**engine.flags, **arm.flags}
-            collected, _ = sources.applicable(engine.metrics, flags, canonical)
-            if source in collected:
-                continue
-            where = [f"when: {dict(source.when)} holds"] if source.when and not source.applies(flags, canonical) else []
-            where += [f"its input {n!r} is" for n in getattr(source, "inputs", ()) if by_name[n] not in collected]
-            raise SpecError(f"hypothesis {h.id}: metric {h.metric!r} is collected only where "
-                            f"{' and '.join(where)}, and the {side} arm does not match it; compare "
-                            "two arms that both match, or pick another metric", key="metric", line=h.line,
-                            file=file)
 
 
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,

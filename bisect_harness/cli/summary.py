@@ -1,0 +1,117 @@
+"""What a run's verdicts read as on the terminal (a table) and in ``--json`` (``run_summary``)."""
+
+from __future__ import annotations
+
+from rich.markup import escape  # every user string shown through Rich markup goes through it
+from rich.table import Table
+
+from bisect_harness.model import NOT_MEASURED, shown_outcome
+
+__all__ = ["run_summary"]
+
+
+def _verdict_table(run) -> Table:
+    t = Table(title=f"run {run.id}: verdicts")
+    from bisect_harness.report.journal import _checks_cell
+
+    for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
+        t.add_column(col)
+    for h in run.hypotheses:
+        v = h.verdict
+        if v is None:
+            t.add_row(escape(h.hid), escape(h.metric), "not decided", "", "", "", "", "")
+            continue
+        ci = f"[{v.ci_low:.4f}, {v.ci_high:.4f}]" if v.ci_low is not None else "n/a"
+        t.add_row(escape(h.hid), escape(h.metric), shown_outcome(v), f"{v.ratio:.4f}" if v.ratio is not None else "n/a", escape(ci),
+                  f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
+                  f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
+                  escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")],
+                                      (v.stats or {}).get("checks")).replace("**", "")))
+    return t
+
+
+def _checks_json(v) -> dict:
+    """What the verdict's boots checked: counts per check (``decide.checks_done``: boots per
+    check, flags compared and not reported) and a word (``ok`` / ``unchecked`` / the marks,
+    with the flags the server did not report named; never ``ok`` for those)."""
+    from bisect_harness.report.journal import _checks_cell
+
+    if v is None:
+        return {"word": "unchecked", "counts": None}
+    counts = (v.stats or {}).get("checks")
+    word = _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")], counts)
+    return {"word": word.replace("**", ""), "counts": counts}
+
+
+def _follow_ups_json(run) -> dict[int, dict]:
+    """Per hypothesis row id, what its ``bisect: true`` and ``explain: true`` searches
+    found (the last of each, as the journal shows them)."""
+    from sqlalchemy.orm import object_session
+
+    from bisect_harness.record.ledger import Bisection
+
+    out: dict[int, dict] = {}
+    explained = [e for e in (run.summary or {}).get("explain", []) if e.get("hypothesis_id") is not None]
+    inner = {(e.get("bisection") or {}).get("id") for e in explained}  # an explanation's own bisection
+    session = object_session(run)
+    for bis in (session.query(Bisection).filter_by(run_id=run.id).order_by(Bisection.id) if session else []):
+        if bis.hypothesis_id is None or bis.id in inner:
+            continue
+        r = bis.result or {}
+        out.setdefault(bis.hypothesis_id, {})["bisection"] = {
+            "id": bis.id, "status": bis.status, "culprit": r.get("culprit"), "probability": r.get("probability"),
+            "stopped": r.get("stopped"), "boots": r.get("boots"), "candidate_set": r.get("candidate_set")}
+    for e in explained:
+        out.setdefault(e["hypothesis_id"], {})["explanation"] = {
+            k: e.get(k) for k in ("members", "interactions", "opposite", "undecided", "stopped", "boots", "bisection")}
+    return out
+
+
+def _mechanisms_json(v) -> dict:
+    """Per arm, how often each mechanism read each state over the verdict's boots
+    (``boots.provenance["mechanisms"]``), e.g. ``{"treatment": {"CUDA graphs":
+    {"set_up_not_seen": 2}}}``; {} when no boot checked one."""
+    from sqlalchemy.orm import object_session
+
+    from bisect_harness.record.ledger import Boot
+
+    session = object_session(v) if v is not None else None
+    out: dict[str, dict] = {}
+    for arm, ids in (("baseline", v.baseline_boot_ids), ("treatment", v.treatment_boot_ids)) if session else ():
+        for b in session.query(Boot).filter(Boot.id.in_(list(ids or []))).order_by(Boot.id):
+            for m in (b.provenance or {}).get("mechanisms") or []:
+                states = out.setdefault(arm, {}).setdefault(m.get("name"), {})
+                states[m.get("state")] = states.get(m.get("state"), 0) + 1
+    return out
+
+
+def run_summary(run) -> dict:
+    """The ``--json`` object of ``harness run``: each hypothesis' verdict, what its
+    bisection and explanation found where the file asked for them, and its arms'
+    profiles side by side (``profile``) where a boot of either arm was profiled, and
+    each arm's mean of the engine's declared metrics over the verdict's windows
+    (``window_metrics``)."""
+    from bisect_harness.spec.metric_defs import declared_metrics
+    from bisect_harness.report.profile_view import hypothesis_json
+    from bisect_harness.report.window_view import hypothesis_json as window_json
+
+    out = []
+    searches = _follow_ups_json(run)
+    declared = declared_metrics(run.spec_text)
+    for h in run.hypotheses:
+        v = h.verdict
+        profile = hypothesis_json(h, run)  # where a boot of either arm was profiled
+        out.append({**searches.get(h.id, {}), **({"profile": profile} if profile else {}),
+            "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
+            "measured": bool(v) and v.test != NOT_MEASURED,
+            "effect": v.ratio if v else None,
+            "ci": [v.ci_low, v.ci_high] if v and v.ci_low is not None else None,
+            "p_value": v.p_value if v else None,
+            "boots": {"baseline": len(v.baseline_boot_ids) if v else 0,
+                      "treatment": len(v.treatment_boot_ids) if v else 0},
+            "reason": v.reason if v else "no verdict recorded",
+            "checks": _checks_json(v),
+            "mechanisms": _mechanisms_json(v),
+            "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
+            "warnings": list(v.warnings or []) if v else []})
+    return {"run_id": run.id, "status": run.status, "hypotheses": out}

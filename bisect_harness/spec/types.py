@@ -1,0 +1,189 @@
+"""The spec's types: hypotheses.yaml frozen into dataclasses.
+
+Defaults live here, in the dataclasses' fields, and nowhere else; the section
+parsers (``spec.sections``) fill these, and every later stage reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from bisect_harness.observe.contention import Thresholds
+from bisect_harness.errors import SpecError
+from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
+
+__all__ = ["ArmSpec", "BackendSpec", "Defaults", "EngineSpec", "HypothesisSpec", "MechanismSpec", "ReleasesSpec",
+           "Spec", "ENV_CHECK_MODES", "HOST_CHECK_MODES"]
+
+ENV_CHECK_MODES = ("mark", "exclude", "fatal")
+HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
+
+
+@dataclass(frozen=True)
+class ReleasesSpec:
+    """``engine.releases``: the engine as released builds, each version a revision.
+    ``index`` is an absolute folder (pip's ``--find-links``) or an index URL;
+    ``versions`` the order (oldest first; empty: every version in the folder, by
+    PEP 440); ``tag`` the source tag of a version (``v{version}``), for descending
+    into the commits between two releases; ``launch`` the argv of an installed
+    release (default: ``engine.launch``)."""
+
+    package: str
+    index: str
+    versions: tuple[str, ...] = ()
+    tag: str | None = None
+    launch: tuple[str, ...] | None = None
+    image: str | None = None          # a container image per version ("repo/engine:v{version}"): no install
+    runtime: str | None = None        # docker | podman | apptainer | enroot (default: the first on PATH)
+    runtime_args: tuple[str, ...] = ()  # after the runtime's run verb: GPUs, mounts
+
+    def source(self):
+        from bisect_harness.engines.releases import ReleaseSource
+
+        return ReleaseSource(self.package, self.index, self.versions)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The server under test: where its code lives, how to build and launch it."""
+
+    preset: str = "openai"
+    repo: Path | None = None
+    build: tuple[str, ...] | None = None
+    launch: tuple[str, ...] = ()
+    cwd: str | None = None
+    health: str = "/health"
+    ready_timeout_s: float = 600.0
+    server_info: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    metrics: tuple[Any, ...] = ()  # sources.MetricSource
+    python: str | None = None  # the base interpreter; None: the harness's own
+    environment: str | None = None  # "venv" | "shared"; None: venv when a build is declared
+    base_url: str | None = None  # attach mode: a running server's URL (attach.AttachedSource); nothing launched
+    api_key_env: str | None = None  # the environment variable holding an API key (sent as a bearer token)
+    checkout: str = "worktree"  # worktree | tree | clone (engines/checkout CHECKOUT_MODES)
+    build_env: tuple[str, ...] = ()  # variables that key a commit's build, beyond boot.checkout.BUILD_ENV
+    releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
+
+    @property
+    def environment_mode(self) -> str:
+        """Where each commit's build installs: its own venv whenever there is a build."""
+        if self.environment is not None:
+            return self.environment
+        return "venv" if self.build else "shared"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Run-wide knobs; hypotheses may not override them (one design per run)."""
+
+    samples_per_boot: int = 3
+    boots_per_arm: int = 3
+    max_boots_per_arm: int = 20         # a budget, not a quota: quiet hosts decide at 3-4 (bench/bench_stats.py)
+    alpha: float = 0.05
+    env_check: str = "mark"
+    flag_check: str = "mark"
+    aa_check: bool = False
+    boot_retries: int = 2
+    host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
+    host_thresholds: Thresholds = field(default_factory=Thresholds)
+    host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
+    host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
+    analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
+    secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One side of a hypothesis as written: a revision (unresolved), env and flags."""
+
+    commit: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    base_url: str | None = None  # attach mode: this arm's server, instead of engine.base_url
+    release: str | None = None  # a version of engine.releases, instead of a commit
+
+
+@dataclass(frozen=True)
+class HypothesisSpec:
+    id: str
+    statement: str
+    baseline: ArmSpec
+    treatment: ArmSpec
+    metric: str
+    expect: Expect
+    min_effect: float
+    bisect: bool = False
+    line: int | None = None
+    matrix_point: Mapping[str, FlagValue] = field(default_factory=dict)
+    explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
+    mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
+    profile: bool = False  # one extra sample per arm under the engine's profiler (boot.profilers)
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """One metric a hypothesis' mechanism must move (``mechanism:``): treatment vs
+    baseline, in direction ``expect``, by at least ``min_effect``."""
+
+    metric: str
+    expect: Expect
+    min_effect: float
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Where boots run (``backend:``): ``kind`` local or slurm, ``slots`` boots at once,
+    and the chosen backend's own keys (``options``: partition, time limit, ... for
+    Slurm), checked by that backend (``boot.choose``)."""
+
+    kind: str = "local"
+    slots: int = 1
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: Path
+    text: str
+    engine: EngineSpec
+    benchmark: BenchmarkSpec
+    defaults: Defaults
+    hypotheses: tuple[HypothesisSpec, ...]
+    family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
+    backend: "BackendSpec" = field(default_factory=lambda: BackendSpec())
+
+    @property
+    def spec_dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def multiplicity(self) -> int:
+        """The multiplicity family's size: every hypothesis of the file, whatever ``--only`` kept."""
+        return max(self.family_size, len(self.hypotheses), 1)
+
+    def metrics(self) -> dict[str, Metric]:
+        """Every metric a hypothesis may name: the client's and the declared sources'."""
+        out = dict(CLIENT_METRICS)
+        for source in self.engine.metrics:
+            out[source.metric.name] = source.metric
+        return out
+
+    def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
+        """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
+        if not only:
+            return self
+        known = {h.id for h in self.hypotheses} | {h.id.split("[", 1)[0] for h in self.hypotheses}
+        unknown = [o for o in only if o not in known]
+        if unknown:
+            raise SpecError(
+                f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
+                + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
+        keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
+        return replace(self, hypotheses=keep)
