@@ -11,7 +11,7 @@ is small on purpose::
         for h in run.hypotheses:
             print(h.hid, h.verdict.outcome, h.verdict.ratio)
 
-The statistics (``bisect_harness.decide.stats``) and the bisection search
+The statistics (``bisect_harness.decide``: ``design``, ``evaluate`` and their kin) and the bisection search
 (``bisect_harness.decide.bisection``) are pure and usable on their own.
 """
 
@@ -28,7 +28,7 @@ _EXPORTS = {
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
     "Outcome": "model", "SampleOutcome": "boot",
     "make_plan": "plan.build", "Spec": "spec.parse", "load_spec": "spec.parse",
-    "Design": "decide.stats", "StatVerdict": "decide.stats", "evaluate": "decide.stats",
+    "Design": "decide.design", "StatVerdict": "decide.evaluate", "evaluate": "decide.evaluate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,6 +11,7 @@ CLI's help) reads them from the registry, so adding a kind is one new definition
     class Mine: name = "mine"
 
     PRESETS.names()                # ("mine",), in the order they were added
+                                   # (or by ``order``: Registry("x", order=attrgetter("listed")))
     PRESETS["mine"]                # a read-only mapping: no item assignment
 """
 
@@ -28,12 +29,16 @@ class Registry(Mapping[str, T], Generic[T]):
     """Name -> kind, in the order they were added; read-only but through :meth:`add`.
 
     ``what`` names the sort in messages ("engine preset"); ``name_of`` reads a
-    kind's name (its ``name`` attribute unless told otherwise).
+    kind's name (its ``name`` attribute unless told otherwise). ``order``, when
+    given, is a key the kinds are listed by instead (ties in the order added): for
+    kinds found by walking a package, which arrive in the order of their files.
     """
 
-    def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name")) -> None:
+    def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name"),
+                 order: Callable[[Any], Any] | None = None) -> None:
         self.what = what
         self._name_of = name_of
+        self._order = order
         self._kinds: dict[str, T] = {}
 
     def add(self, kind: T) -> T:
@@ -53,17 +58,19 @@ class Registry(Mapping[str, T], Generic[T]):
         self._kinds.pop(name, None)
 
     def names(self) -> tuple[str, ...]:
-        """The known names, in the order they were added."""
-        return tuple(self._kinds)
+        """The known names, in the order they were added (or by ``order``)."""
+        if self._order is None:
+            return tuple(self._kinds)
+        return tuple(sorted(self._kinds, key=lambda name: self._order(self._kinds[name])))
 
     def __getitem__(self, name: str) -> T:
         return self._kinds[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._kinds)
+        return iter(self.names())
 
     def __len__(self) -> int:
         return len(self._kinds)
 
     def __repr__(self) -> str:
-        return f"Registry({self.what!r}: {', '.join(self._kinds)})"
+        return f"Registry({self.what!r}: {', '.join(self.names())})"

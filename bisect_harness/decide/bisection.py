@@ -112,7 +112,7 @@ from scipy import special, stats
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, DEFAULT_VERIFY_ALPHA
 from bisect_harness.model import Expect, Outcome
 
-from bisect_harness.decide.stats import decide
+from bisect_harness.decide.kernel import decide
 
 __all__ = [
     "BisectResult",

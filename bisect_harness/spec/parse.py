@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from bisect_harness.backends.choose import BACKEND_NAMES as BACKENDS
-from bisect_harness.decide.stats import ANALYSES
+from bisect_harness.decide.design import ANALYSES
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.engines.envs import ENV_MODES
 from bisect_harness.errors import SpecError, UserError
