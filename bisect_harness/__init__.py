@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # Exports load on first use, so `harness --help` and `import bisect_harness` stay fast
 # and a missing optional tool (git, a GPU) only matters to the part that needs it.
 _EXPORTS = {
-    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisection",
+    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisect_result",
     "BootFailed": "errors", "BootTimeout": "errors", "BuildFailed": "errors", "CommitError": "errors",
     "ConfigFailure": "errors", "HarnessError": "errors", "InfrastructureError": "errors",
     "SpecError": "errors", "UserError": "errors",

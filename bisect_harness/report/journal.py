@@ -14,7 +14,7 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from bisect_harness.decide.bisection import StopReason
+from bisect_harness.decide.bisect_result import StopReason
 from bisect_harness.observe import engine_identity, mechanisms
 from bisect_harness.measure.client import reuse_text
 from bisect_harness.observe import host_state
