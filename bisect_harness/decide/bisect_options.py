@@ -61,7 +61,8 @@ class SearchOptions:
         confidence, max_boots, initial_boots = self.confidence, self.max_boots, self.initial_boots
         max_endpoint_boots, max_probe_boots = self.max_endpoint_boots, self.max_probe_boots
         max_verify_pairs, anchor_every, likelihood = self.max_verify_pairs, self.anchor_every, self.likelihood
-        no_step_prior, step_scale, verify_alpha, width = self.no_step_prior, self.step_scale, self.verify_alpha, self.width
+        no_step_prior, step_scale = self.no_step_prior, self.step_scale
+        verify_alpha, width = self.verify_alpha, self.width
         if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
             raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence!r}")
         for name, value, low in (("max_boots", max_boots, 2), ("initial_boots", initial_boots, 2),

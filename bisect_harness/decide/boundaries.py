@@ -4,7 +4,7 @@ seeded simulation of the test's law under the null.
 
 Sequential looks
 ----------------
-The caller boots both arms in rounds and calls :func:`evaluate` after each round.
+The caller boots both arms in rounds and calls :func:`~bisect_harness.decide.evaluate.evaluate` after each round.
 Looks happen at ``k = min_boots .. max_boots`` boots per arm; a group-sequential
 alpha-spending function (Lan & DeMets, Biometrika 1983) decides how much of
 ``alpha`` each look may use: Pocock-type ``alpha*ln(1+(e-1)*tau)`` (default: it

@@ -40,9 +40,9 @@ class Design:
     ``alpha``: one-sided error of each of the two tests, over all looks.
     ``min_boots``: boots per arm before the first look (at least 2).
     ``max_boots``: budget, boots per arm; the verdict at this look is final.
-    ``spending``: ``"pocock"`` or ``"obrien-fleming"`` (see the module docstring).
+    ``spending``: ``"pocock"`` or ``"obrien-fleming"`` (see :mod:`bisect_harness.decide.boundaries`).
     ``samples_per_boot``: planned samples in each boot; used only for planning
-    (:func:`simulate`), the tests take whatever each boot holds.
+    (:func:`~bisect_harness.decide.simulate.simulate`), the tests take whatever each boot holds.
     ``analysis``: a name of :data:`ANALYSES`: ``"robust"``, ``"paired"`` (a
     one-sample t-test on the per-round log ratios; rounds are blocks) or
     ``"unpaired"`` (Welch on log boot means); see each one's module under

@@ -7,10 +7,10 @@ The unit of replication
 An arm's data is a sequence of boots, each boot a sequence of samples (e.g. tok/s).
 Samples inside one boot share that boot's state (placement, clocks, caches), so they
 are correlated; treating them as independent overstates confidence (see
-:func:`naive_pooled_t`, kept only for contrast). Every test and interval here is
+:func:`~bisect_harness.decide.ttest.naive_pooled_t`, kept only for contrast). Every test and interval here is
 built on one number per boot, the log of the boot's mean, ``L = log(mean(boot))``.
 The spread of samples is summarised by a one-way random-effects model
-(:func:`variance_components`): ``y_ij = mu + b_i + e_ij`` with between-boot
+(:func:`~bisect_harness.decide.components.variance_components`): ``y_ij = mu + b_i + e_ij`` with between-boot
 variance ``var(b)`` and within-boot variance ``var(e)``, reported as CVs.
 
 The test
@@ -139,12 +139,12 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     ``baseline`` and ``treatment`` are sequences of boots, each a sequence of
     positive samples. ``expect`` is the hypothesised direction of
     treatment vs baseline, ``min_effect`` the hypothesised relative size (0.10 =
-    10%). ``alpha`` overrides ``design.alpha`` (pass :func:`adjust_alpha`'s value
+    10%). ``alpha`` overrides ``design.alpha`` (pass :func:`~bisect_harness.decide.multiplicity.adjust_alpha`'s value
     for a family of hypotheses). The look is ``min(boots per arm)``; decisions are
     made only when both arms hold the same number of boots (a finished round) or
     the budget is reached; before ``design.min_boots`` boots per arm the answer is
     INCONCLUSIVE and not final. At ``max_boots`` (or more, which are analysed at
-    the last look's boundary) the answer is final. See the module docstring for
+    the last look's boundary) the answer is final. See :mod:`bisect_harness.decide.kernel` for
     what each outcome promises.
 
     With ``design.analysis`` ``"paired"`` or ``"robust"`` the boots are matched by
@@ -152,7 +152,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     boot (default: the i-th boot of each arm is round i); the look is the number of
     rounds holding a boot of each arm. The robust analysis decides its looks up to
     ``ROBUST_T_LAST_LOOK`` rounds as the paired one does (with its share of alpha)
-    and its later looks by the sign-flip test of :func:`_sign_flip`; there ``ratio``
+    and its later looks by the sign-flip test of :mod:`bisect_harness.decide.signflip`; there ``ratio``
     is the Hodges-Lehmann estimate and ``ci`` the inverted test's repeated interval
     (``interval=False`` skips that inversion, about 40 sign-flip tests, and leaves
     ``ci`` None: the verdict does not depend on it; the benches use it). Rounds past

@@ -37,7 +37,7 @@ class SimulationResult:
     Rates are fractions of ``n_sim`` experiments; ``mean_boots`` is the mean boots
     per arm at the verdict. ``outcomes`` holds one code per experiment (1
     confirmed, -1 refuted, 0 inconclusive) and ``boots`` the boots per arm used.
-    ``naive_confirmed`` is the confirm rate of :func:`naive_pooled_t` on all samples
+    ``naive_confirmed`` is the confirm rate of :func:`~bisect_harness.decide.ttest.naive_pooled_t` on all samples
     of ``max_boots`` boots per arm (one look), ``naive_peeking_confirmed`` the same
     test applied at every look without correction: both only for contrast.
     """
@@ -70,7 +70,7 @@ def _draw(rng, n_sim: int, effect: float, between_cv: float, within_cv: float,
 
 
 def _run_paths(samples: np.ndarray, expect: Expect, min_effect: float, design: Design, alpha: float):
-    """Sequential verdicts for simulated paths, with the rule of :func:`evaluate`.
+    """Sequential verdicts for simulated paths, with the rule of :func:`~bisect_harness.decide.evaluate.evaluate`.
 
     Returns the outcome code and boots per arm at the verdict for each path, and the
     naive pooled test's confirm decision at each look (paths x looks).
