@@ -74,7 +74,7 @@ ALPHA = 0.01
 #: the design explain_runner builds from the shipped defaults, as the CLI runs it
 SHIPPED = Defaults()
 DESIGN = Design(alpha=ALPHA, min_boots=SHIPPED.boots_per_arm, max_boots=SHIPPED.max_boots_per_arm,
-                  analysis=SHIPPED.analysis)
+                analysis=SHIPPED.analysis)
 
 
 def scenario(n: int, rng: np.random.Generator):

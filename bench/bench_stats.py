@@ -102,7 +102,7 @@ def designs() -> dict[str, Design]:
     """The design the executor builds from the shipped defaults, for each analysis."""
     d = Defaults()
     return {a: Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
-                        samples_per_boot=d.samples_per_boot, analysis=a) for a in ANALYSES}
+                      samples_per_boot=d.samples_per_boot, analysis=a) for a in ANALYSES}
 
 
 def paths(model: str, effect: float, n_sim: int, rounds: int, seed: int):
@@ -127,7 +127,7 @@ def sequential(path, design: Design, expect: Expect, min_effect: float) -> tuple
     a, b = path
     for k in range(design.min_boots, design.max_boots + 1):
         v = evaluate(a[:k], b[:k], expect=expect, min_effect=min_effect, design=design,
-                       rounds=(range(k), range(k)), interval=False)
+                     rounds=(range(k), range(k)), interval=False)
         if v.final:
             return CODE[v.outcome], k
     return CODE[v.outcome], design.max_boots
@@ -137,7 +137,7 @@ def fixed(path, n: int, design: Design, expect: Expect, min_effect: float) -> in
     a, b = path
     one = Design(alpha=design.alpha, min_boots=n, max_boots=n, analysis=design.analysis)
     v = evaluate(a[:n], b[:n], expect=expect, min_effect=min_effect, design=one,
-                   rounds=(range(n), range(n)), interval=False)
+                 rounds=(range(n), range(n)), interval=False)
     return CODE[v.outcome]
 
 

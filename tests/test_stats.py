@@ -292,7 +292,7 @@ def test_crossing_probability_by_look_follows_spending():
 @pytest.mark.parametrize("analysis", T_ANALYSES)
 def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within, analysis):
     r = simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
-                   design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
+                 design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
     assert r.confirmed <= 0.05 + 0.007  # 3.5 standard errors
     # Not needlessly conservative: the paired test is exact; the unpaired one pays
     # for holding alpha at every variance ratio with about a third of alpha at equal
@@ -307,7 +307,7 @@ def test_aa_false_confirmed_rate_holds_with_unequal_variances(between_b, analysi
     # 0.0625-0.066 with boundaries calibrated at equal variances only.
     d = Design(min_boots=3, max_boots=6, analysis=analysis)
     r = simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000,
-                   seed=30, between_cv_b=between_b)
+                 seed=30, between_cv_b=between_b)
     assert r.confirmed <= 0.05 + 0.0055  # 3.5 standard errors
 
 
@@ -349,7 +349,7 @@ def test_family_of_twelve_aa_checks_with_bonferroni():
     m = 12
     a = adjust_alpha(0.05, m)
     r = simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, alpha=a,
-                   n_sim=m * 2000, seed=17)
+                 n_sim=m * 2000, seed=17)
     any_false = (r.outcomes.reshape(2000, m) == 1).any(axis=1).mean()
     assert any_false <= 0.05 + 0.012
 

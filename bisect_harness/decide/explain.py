@@ -327,7 +327,7 @@ class _Search:
                 (bb if c is base else tb).append(smp)
             look_first = False
             v = evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
-                               alpha=self.alpha if alpha is None else alpha)
+                         alpha=self.alpha if alpha is None else alpha)
             if v.final:
                 t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
                          (len(bb), len(tb)), v.reason, None, tuple(bc), tuple(tc))

@@ -73,7 +73,7 @@ class Side:
 def design(spec: Spec) -> Design:
     d = spec.defaults
     return Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
-                        analysis=d.analysis)
+                  analysis=d.analysis)
 
 
 def alpha_each(spec: Spec) -> float:
@@ -113,7 +113,7 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
         res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
-                             min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
+                       min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
                 "varying values (a rate, a latency, a count per sample)", **ids}

@@ -3,7 +3,7 @@ a paired t-test at the first looks and a sign-flip test of the clipped ratios la
 
 The rounds of ``"paired"`` (:mod:`bisect_harness.decide.analyses.paired`), tested in two
 parts whose errors add (Bonferroni). Looks up to ``ROBUST_T_LAST_LOOK`` (5)
-rounds use the paired t-test below with ``ROBUST_T_SHARE`` (40%) of alpha, so a
+rounds use the paired t-test with ``ROBUST_T_SHARE`` (40%) of alpha, so a
 clear change on a quiet host still stops at 3-4 boots per arm. Later looks use a
 sign-flip test (:mod:`bisect_harness.decide.signflip`) with the rest: the per-round log ratios,
 each clipped at the median magnitude of the rounds so far, summed; under no
