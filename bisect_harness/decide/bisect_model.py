@@ -15,7 +15,7 @@ per boot; the boot is the unit of replication) at host time ``t`` is modelled as
 
 Host time is the order in which boots were observed (every boot of every commit
 advances it), so ``beta`` is a linear drift of the host, learnt from commits that
-are measured again later (the anchors below). The *slow mode* is what real hosts
+are measured again later (the search's anchors). The *slow mode* is what real hosts
 make: a boot that stalled 20% slow, a second mode of thread placement, a
 neighbour's burst; it is shifted by ``o`` in the regression's own direction (at
 least three noise sds), with its rate ``eps`` under a Beta(1, 19) prior, so one
