@@ -63,7 +63,6 @@ printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -78,6 +77,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import MODELS, Host  # noqa: E402
 
+from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
 from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
 from bisect_harness.model import Expect  # noqa: E402
@@ -154,7 +154,7 @@ class Range:
 
 
 #: the search's own default for how often a round boots an anchor
-ANCHOR_EVERY = inspect.signature(BisectionSearch).parameters["anchor_every"].default
+ANCHOR_EVERY = SearchOptions().anchor_every
 
 
 def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA,

@@ -62,7 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from noise import MODELS, Host  # noqa: E402
 
-from bisect_harness.decide import stats as S  # noqa: E402
+from bisect_harness.decide.design import Design  # noqa: E402
+from bisect_harness.decide.evaluate import evaluate  # noqa: E402
 from bisect_harness.decide.explain import explain  # noqa: E402
 from bisect_harness.spec import Defaults  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
@@ -72,8 +73,8 @@ FIXED = (3, 5, 8, 12, 16, 24)
 ALPHA = 0.01
 #: the design explain_runner builds from the shipped defaults, as the CLI runs it
 SHIPPED = Defaults()
-DESIGN = S.Design(alpha=ALPHA, min_boots=SHIPPED.boots_per_arm, max_boots=SHIPPED.max_boots_per_arm,
-                  analysis=SHIPPED.analysis)
+DESIGN = Design(alpha=ALPHA, min_boots=SHIPPED.boots_per_arm, max_boots=SHIPPED.max_boots_per_arm,
+                analysis=SHIPPED.analysis)
 
 
 def scenario(n: int, rng: np.random.Generator):
@@ -104,7 +105,7 @@ def classify(found: set, truth: set) -> str:
 
 
 def one_at_a_time(names, host: Host, singles, pair, fixed: int, rng) -> tuple[set, int]:
-    design = S.Design(alpha=ALPHA, min_boots=fixed, max_boots=fixed, analysis="paired")
+    design = Design(alpha=ALPHA, min_boots=fixed, max_boots=fixed, analysis="paired")
     full = frozenset(names)
     found, boots = set(), 0
     for d in names:
@@ -118,7 +119,7 @@ def one_at_a_time(names, host: Host, singles, pair, fixed: int, rng) -> tuple[se
                 else:
                     t.append(host.boot(level(full - {d}, singles, pair), noisy=len(full) - 1 > len(names) // 2))
                 boots += 1
-        v = S.evaluate(b, t, expect=Expect.INCREASE, min_effect=MIN_EFFECT, design=design, alpha=ALPHA)
+        v = evaluate(b, t, expect=Expect.INCREASE, min_effect=MIN_EFFECT, design=design, alpha=ALPHA)
         if v.outcome is Outcome.CONFIRMED:
             found.add(d)
     return found, boots

@@ -11,7 +11,7 @@ is small on purpose::
         for h in run.hypotheses:
             print(h.hid, h.verdict.outcome, h.verdict.ratio)
 
-The statistics (``bisect_harness.decide.stats``) and the bisection search
+The statistics (``bisect_harness.decide``: ``design``, ``evaluate`` and their kin) and the bisection search
 (``bisect_harness.decide.bisection``) are pure and usable on their own.
 """
 
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # Exports load on first use, so `harness --help` and `import bisect_harness` stay fast
 # and a missing optional tool (git, a GPU) only matters to the part that needs it.
 _EXPORTS = {
-    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisection",
+    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisect_result",
     "BootFailed": "errors", "BootTimeout": "errors", "BuildFailed": "errors", "CommitError": "errors",
     "ConfigFailure": "errors", "HarnessError": "errors", "InfrastructureError": "errors",
     "SpecError": "errors", "UserError": "errors",
@@ -28,7 +28,7 @@ _EXPORTS = {
     "Arm": "model", "BenchmarkSpec": "model", "Better": "model", "Expect": "model", "Metric": "model",
     "Outcome": "model", "SampleOutcome": "boot",
     "make_plan": "plan.build", "Spec": "spec", "load_spec": "spec",
-    "Design": "decide.stats", "StatVerdict": "decide.stats", "evaluate": "decide.stats",
+    "Design": "decide.design", "StatVerdict": "decide.evaluate", "evaluate": "decide.evaluate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,7 +16,9 @@ CLI's help) reads them from the registry, so adding a kind is one new definition
 Kinds defined across the modules of a package (backends: one module each) are
 found by ``load``: a function the registry runs once, before it is first read,
 that imports those modules (each adds its kind as it is imported). Such a
-registry keeps its kinds in name order, as the modules may be imported in any.
+registry keeps its kinds in name order, as the modules may be imported in any,
+unless ``order`` gives the key they are listed by (analyses: the order their
+names are offered in, robust first).
 """
 
 from __future__ import annotations
@@ -35,15 +37,16 @@ class Registry(Mapping[str, T], Generic[T]):
     ``what`` names the sort in messages ("engine preset"); ``name_of`` reads a
     kind's name (its ``name`` attribute unless told otherwise); ``load``, when
     given, runs once before the registry is first read, and the kinds are then in
-    name order (see the module doc).
+    name order (see the module doc); ``order``, when given, is the key the kinds
+    are listed by instead (ties in the order added).
     """
 
     def __init__(self, what: str, *, name_of: Callable[[Any], str] = attrgetter("name"),
-                 load: Callable[[], None] | None = None) -> None:
+                 load: Callable[[], None] | None = None, order: Callable[[Any], Any] | None = None) -> None:
         self.what = what
         self._name_of = name_of
         self._load = load
-        self._by_name = load is not None
+        self._order = order if order is not None else (name_of if load is not None else None)
         self._found: dict[str, T] = {}
 
     @property
@@ -64,8 +67,8 @@ class Registry(Mapping[str, T], Generic[T]):
         if old is not None and old is not kind:
             raise ValueError(f"{self.what} {name!r} is already registered")
         self._found[name] = kind
-        if self._by_name:
-            self._found = dict(sorted(self._found.items()))
+        if self._order is not None:
+            self._found = dict(sorted(self._found.items(), key=lambda item: self._order(item[1])))
         return kind
 
     def discard(self, name: str) -> None:
@@ -73,7 +76,8 @@ class Registry(Mapping[str, T], Generic[T]):
         self._found.pop(name, None)
 
     def names(self) -> tuple[str, ...]:
-        """The known names, in the order they were added (by name where found by ``load``)."""
+        """The known names, in the order they were added (by name where found by ``load``,
+        by ``order`` where given)."""
         return tuple(self._kinds)
 
     def in_words(self, say: Callable[[T], str] | None = None) -> str:

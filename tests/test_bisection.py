@@ -7,10 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bisect_harness.decide.bisection import (
-    BisectionSearch, BisectResult, Candidate, Probe, StopReason, look_schedule, paired_sequential_test,
-    run_search,
-)
+from bisect_harness.decide.bisect_result import BisectResult, Candidate, Probe, StopReason
+from bisect_harness.decide.bisection import BisectionSearch, run_search
+from bisect_harness.decide.paired_sequential import look_schedule, paired_sequential_test
 from bisect_harness.model import Expect
 
 

@@ -11,7 +11,7 @@ from scipy import stats as st
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.model import Expect
 from bisect_harness.decide.verdict import judge_night
-from bisect_harness.decide.stats import detect_shift
+from bisect_harness.decide.shift import detect_shift
 
 from helpers import harness, last_json, query, write_spec
 

@@ -8,9 +8,22 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from bisect_harness.decide import stats as S
+from bisect_harness.decide import (
+    boundaries, components, design, evaluate as evaluate_module, kernel, multiplicity, power, shift, signflip,
+    simulate as simulate_module, ttest,
+)
+from bisect_harness.decide.analyses import base, paired, robust, unpaired
+from bisect_harness.decide.analyses.robust import robust_split
+from bisect_harness.decide.boundaries import _null_p_paths, nominal_levels, spent_alpha
+from bisect_harness.decide.components import variance_components
+from bisect_harness.decide.design import ANALYSES, SPENDING_FUNCTIONS, Design
+from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE, evaluate
+from bisect_harness.decide.multiplicity import adjust_alpha
+from bisect_harness.decide.power import noise_floor, smallest_detectable_effect
+from bisect_harness.decide.signflip import _sf_spent, _sign_flip
+from bisect_harness.decide.simulate import _draw, _run_paths, simulate
+from bisect_harness.decide.ttest import naive_pooled_t, welch_t
 from bisect_harness.model import Expect, Outcome
-from bisect_harness.decide.stats import Design, evaluate
 
 INC, DEC = Expect.INCREASE, Expect.DECREASE
 #: The analyses whose boundaries are calibrated t-tests (the simulations of many
@@ -30,7 +43,7 @@ def boots_from(rng, mean, n_boots, *, between=0.01, within=0.02, samples=3):
 def test_welch_matches_scipy():
     rng = np.random.default_rng(1)
     a, b = rng.normal(10, 1, 7), rng.normal(10.8, 2.5, 5)
-    ours = S.welch_t(a, b)
+    ours = welch_t(a, b)
     ref = st.ttest_ind(b, a, equal_var=False)
     assert ours.statistic == pytest.approx(ref.statistic, rel=1e-12)
     assert ours.p_two_sided == pytest.approx(ref.pvalue, rel=1e-10)
@@ -44,7 +57,7 @@ def test_welch_matches_scipy():
 def test_naive_pooled_t_is_welch_on_all_samples():
     rng = np.random.default_rng(2)
     base, treat = boots_from(rng, 100, 4), boots_from(rng, 101, 5)
-    ours = S.naive_pooled_t(base, treat)
+    ours = naive_pooled_t(base, treat)
     ref = st.ttest_ind(np.concatenate(treat), np.concatenate(base), equal_var=False)
     assert ours.statistic == pytest.approx(ref.statistic, rel=1e-12)
     assert ours.p_two_sided == pytest.approx(ref.pvalue, rel=1e-10)
@@ -124,7 +137,7 @@ def test_variance_components_montgomery_loom_example():
     # Example 3.11): four looms, four strength determinations each. The book's ANOVA
     # gives MS_treatments = 29.73, MS_E = 1.90, so sigma_tau^2 = (29.73 - 1.90)/4 = 6.96.
     looms = [[98, 97, 99, 96], [91, 90, 93, 92], [96, 95, 97, 95], [95, 96, 99, 98]]
-    vc = S.variance_components(looms)
+    vc = variance_components(looms)
     assert vc.ms_between == pytest.approx(29.73, abs=0.005)
     assert vc.ms_within == pytest.approx(1.90, abs=0.005)
     assert vc.var_between == pytest.approx(6.96, abs=0.005)
@@ -137,7 +150,7 @@ def test_variance_components_montgomery_loom_example():
 def test_variance_components_unbalanced_matches_f_oneway():
     rng = np.random.default_rng(4)
     groups = [rng.normal(50 + rng.normal(0, 2), 1, n) for n in (2, 5, 3, 4, 6)]
-    vc = S.variance_components(groups)
+    vc = variance_components(groups)
     f = st.f_oneway(*groups).statistic
     assert vc.ms_between / vc.ms_within == pytest.approx(f, rel=1e-10)
     n = np.array([2, 5, 3, 4, 6])
@@ -147,13 +160,13 @@ def test_variance_components_unbalanced_matches_f_oneway():
 
 def test_variance_components_recover_simulated_cvs():
     rng = np.random.default_rng(5)
-    vc = S.variance_components(boots_from(rng, 100, 400, between=0.03, within=0.05, samples=4))
+    vc = variance_components(boots_from(rng, 100, 400, between=0.03, within=0.05, samples=4))
     assert vc.between_cv == pytest.approx(0.03, rel=0.15)
     assert vc.within_cv == pytest.approx(0.05, rel=0.05)
 
 
 def test_between_variance_clips_at_zero():
-    vc = S.variance_components([[1.0, 3.0], [3.0, 1.0]])
+    vc = variance_components([[1.0, 3.0], [3.0, 1.0]])
     assert vc.var_between == 0.0 and vc.between_cv == 0.0
 
 
@@ -223,23 +236,25 @@ def test_verdict_reports_components_and_footnote_names_outcomes():
     assert v.ci_level == pytest.approx(0.90) and v.alpha == 0.05 and v.expect is INC
     assert "Welch" in v.test and "log boot means" in v.test
     for word in ("Confirmed", "Refuted", "Inconclusive"):
-        assert word in S.OUTCOME_FOOTNOTE
+        assert word in OUTCOME_FOOTNOTE
 
 
 def test_public_names():
-    for name in S.__all__:
-        assert hasattr(S, name), name
+    for module in (boundaries, components, design, evaluate_module, kernel, multiplicity, power, shift, signflip,
+                   simulate_module, ttest, base, paired, robust, unpaired):
+        for name in module.__all__:
+            assert hasattr(module, name), name
 
 
 # ------------------------------------------------------ sequential boundaries
 
 
-@pytest.mark.parametrize("spending", S.SPENDING_FUNCTIONS)
+@pytest.mark.parametrize("spending", SPENDING_FUNCTIONS)
 def test_boundaries_are_monotone_and_spend_at_most_alpha(spending):
     d = Design(spending=spending)
-    spent = S.spent_alpha(d)
+    spent = spent_alpha(d)
     assert np.all(np.diff(spent) > 0) and spent[-1] == pytest.approx(0.05)
-    levels = np.array(S.nominal_levels(d))
+    levels = np.array(nominal_levels(d))
     # Welch p-values on few boots are conservative, so a level may exceed its spent
     # alpha; whether the levels really spend alpha is checked by simulation below.
     assert np.all(levels > 0) and np.all(levels < 0.05)
@@ -255,7 +270,7 @@ def test_boundaries_are_monotone_and_spend_at_most_alpha(spending):
 
 
 def test_single_look_design_is_the_plain_test():
-    assert S.nominal_levels(Design(min_boots=5, max_boots=5), 0.025) == (0.025,)
+    assert nominal_levels(Design(min_boots=5, max_boots=5), 0.025) == (0.025,)
 
 
 def test_crossing_probability_by_look_follows_spending():
@@ -263,9 +278,9 @@ def test_crossing_probability_by_look_follows_spending():
     # function; the unpaired test's boundaries hold at the least favourable
     # variance ratio and cross less often at equal variances (tested below).
     d = Design(analysis="paired")
-    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000, seed=13)
+    r = simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000, seed=13)
     confirmed_by = [np.mean((r.outcomes == 1) & (r.boots <= k)) for k in d.looks]
-    np.testing.assert_allclose(confirmed_by, S.spent_alpha(d), atol=0.006)
+    np.testing.assert_allclose(confirmed_by, spent_alpha(d), atol=0.006)
 
 
 # ----------------------------------------------------- error rates and coverage
@@ -276,8 +291,8 @@ def test_crossing_probability_by_look_follows_spending():
     ("obrien-fleming", 0.01, 0.02)])
 @pytest.mark.parametrize("analysis", T_ANALYSES)
 def test_aa_false_confirmed_rate_at_most_alpha(spending, between, within, analysis):
-    r = S.simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
-                   design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
+    r = simulate(0.0, between_cv=between, within_cv=within, min_effect=0.0,
+                 design=Design(spending=spending, analysis=analysis), n_sim=12000, seed=14)
     assert r.confirmed <= 0.05 + 0.007  # 3.5 standard errors
     # Not needlessly conservative: the paired test is exact; the unpaired one pays
     # for holding alpha at every variance ratio with about a third of alpha at equal
@@ -291,18 +306,18 @@ def test_aa_false_confirmed_rate_holds_with_unequal_variances(between_b, analysi
     # The measurement: 1% vs 4-8% between-boot CV took the A/A rate to
     # 0.0625-0.066 with boundaries calibrated at equal variances only.
     d = Design(min_boots=3, max_boots=6, analysis=analysis)
-    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000,
-                   seed=30, between_cv_b=between_b)
+    r = simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=d, n_sim=20000,
+                 seed=30, between_cv_b=between_b)
     assert r.confirmed <= 0.05 + 0.0055  # 3.5 standard errors
 
 
 def test_unpaired_levels_hold_at_the_least_favourable_variance_ratio():
     d = Design(min_boots=3, max_boots=6, analysis="unpaired")
-    levels = np.array(S.nominal_levels(d))
+    levels = np.array(nominal_levels(d))
     rng = np.random.default_rng(31)
     rates = {}
     for ratio in (1.0, 4.0, 16.0, 1e6):  # fresh paths, not the calibration's
-        p = S._null_p_paths(rng, 200_000, d.looks, 0.2, "unpaired", ratio)
+        p = _null_p_paths(rng, 200_000, d.looks, 0.2, "unpaired", ratio)
         rates[ratio] = (p <= levels).any(axis=1).mean()
     assert max(rates.values()) <= 0.05 + 0.0015, rates
     # the bound binds at an unequal ratio, and equal variances pay for it
@@ -310,7 +325,7 @@ def test_unpaired_levels_hold_at_the_least_favourable_variance_ratio():
 
 
 def test_false_refuted_rate_at_most_alpha_when_effect_equals_hypothesis():
-    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, n_sim=20000, seed=15)
+    r = simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, n_sim=20000, seed=15)
     assert r.refuted <= 0.05 + 0.006
 
 
@@ -319,32 +334,32 @@ def test_effect_equal_to_min_effect_is_confirmed_well_short_of_one_minus_alpha(a
     # What CONFIRMED promises: no error against zero, and an estimate of at least E;
     # not that the effect is at least E. At effect = E it is little better than a coin.
     d = Design(min_boots=3, max_boots=6, analysis=analysis)
-    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=33)
+    r = simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=33)
     assert 0.5 <= r.confirmed <= 0.66 and r.refuted <= 0.05 + 0.005
-    below = S.simulate(0.025, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=34)
+    below = simulate(0.025, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=20000, seed=34)
     assert below.confirmed >= 0.3  # a true effect under E is confirmed often
 
 
 def test_naive_pooled_test_overstates_confidence():
-    r = S.simulate(0.0, between_cv=0.03, within_cv=0.05, min_effect=0.0, n_sim=20000, seed=16)
+    r = simulate(0.0, between_cv=0.03, within_cv=0.05, min_effect=0.0, n_sim=20000, seed=16)
     assert r.naive_confirmed > 0.07 and r.naive_peeking_confirmed > 0.12
 
 
 def test_family_of_twelve_aa_checks_with_bonferroni():
     m = 12
-    a = S.adjust_alpha(0.05, m)
-    r = S.simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, alpha=a,
-                   n_sim=m * 2000, seed=17)
+    a = adjust_alpha(0.05, m)
+    r = simulate(0.0, between_cv=0.01, within_cv=0.02, min_effect=0.0, alpha=a,
+                 n_sim=m * 2000, seed=17)
     any_false = (r.outcomes.reshape(2000, m) == 1).any(axis=1).mean()
     assert any_false <= 0.05 + 0.012
 
 
-@pytest.mark.parametrize("analysis", S.ANALYSES)
+@pytest.mark.parametrize("analysis", ANALYSES)
 def test_simulate_decides_exactly_like_evaluate(analysis):
     d = Design(analysis=analysis)
     rng = np.random.default_rng(18)
-    samples = S._draw(rng, 60, 0.02, 0.01, 0.02, d.max_boots, d.samples_per_boot)
-    outcomes, boots, _ = S._run_paths(samples, INC, 0.01, d, 0.05)
+    samples = _draw(rng, 60, 0.02, 0.01, 0.02, d.max_boots, d.samples_per_boot)
+    outcomes, boots, _ = _run_paths(samples, INC, 0.01, d, 0.05)
     code = {Outcome.CONFIRMED: 1, Outcome.REFUTED: -1, Outcome.INCONCLUSIVE: 0}
     for i in range(samples.shape[1]):
         for k in d.looks:
@@ -368,8 +383,8 @@ def test_ci_coverage_fixed_design():
 def test_repeated_ci_coverage_at_sequential_stop():
     d = Design()
     rng = np.random.default_rng(20)
-    samples = S._draw(rng, 250, 0.03, 0.01, 0.02, d.max_boots, d.samples_per_boot)
-    outcomes, boots, _ = S._run_paths(samples, INC, 0.015, d, 0.05)
+    samples = _draw(rng, 250, 0.03, 0.01, 0.02, d.max_boots, d.samples_per_boot)
+    outcomes, boots, _ = _run_paths(samples, INC, 0.015, d, 0.05)
     hits = 0
     for i in range(samples.shape[1]):
         k = boots[i]
@@ -384,22 +399,22 @@ def test_repeated_ci_coverage_at_sequential_stop():
 def test_smallest_detectable_effect_has_the_promised_power():
     rng = np.random.default_rng(21)
     aa = boots_from(rng, 100, 300), boots_from(rng, 100, 300)
-    est = S.noise_floor(*aa, design=Design())
+    est = noise_floor(*aa, design=Design())
     assert est.boot_mean_cv == pytest.approx(math.sqrt(0.01 ** 2 + 0.02 ** 2 / 3), rel=0.1)
     sde = est.smallest_detectable_effect
-    assert sde == S.smallest_detectable_effect(*aa)
-    r = S.simulate(sde, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
+    assert sde == smallest_detectable_effect(*aa)
+    r = simulate(sde, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
     assert r.confirmed >= 0.8 - 0.02
-    smaller = S.simulate(sde / 2, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
+    smaller = simulate(sde / 2, between_cv=0.01, within_cv=0.02, min_effect=0.0, n_sim=10000, seed=22)
     assert smaller.confirmed < 0.6
-    bigger_budget = S.smallest_detectable_effect(*aa, design=Design(max_boots=4, min_boots=4))
+    bigger_budget = smallest_detectable_effect(*aa, design=Design(max_boots=4, min_boots=4))
     assert bigger_budget > sde
     # Paired: n - 1 degrees of freedom instead of 2n - 2, so a larger floor, and the
     # promised power holds for the paired test too.
     dp = Design(analysis="paired")
-    sde_p = S.smallest_detectable_effect(*aa, design=dp)
+    sde_p = smallest_detectable_effect(*aa, design=dp)
     assert sde_p > sde
-    rp = S.simulate(sde_p, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=dp, n_sim=10000, seed=22)
+    rp = simulate(sde_p, between_cv=0.01, within_cv=0.02, min_effect=0.0, design=dp, n_sim=10000, seed=22)
     assert rp.confirmed >= 0.8 - 0.02
 
 
@@ -423,9 +438,9 @@ def test_evaluate_rejects_bad_boots(boots, msg):
 
 def test_single_boot_cannot_give_variance_components_or_noise():
     with pytest.raises(ValueError, match="single boot"):
-        S.variance_components([[1.0, 2.0, 3.0]])
+        variance_components([[1.0, 2.0, 3.0]])
     with pytest.raises(ValueError, match="single boot"):
-        S.noise_floor([[1.0, 2.0, 3.0]])
+        noise_floor([[1.0, 2.0, 3.0]])
 
 
 @pytest.mark.parametrize("kwargs,msg", [
@@ -454,11 +469,11 @@ def test_design_validates(kwargs):
 
 
 def test_adjust_alpha():
-    assert S.adjust_alpha(0.05, 12) == pytest.approx(0.05 / 12)
+    assert adjust_alpha(0.05, 12) == pytest.approx(0.05 / 12)
     with pytest.raises(ValueError, match="holm"):
-        S.adjust_alpha(0.05, 12, method="holm")
+        adjust_alpha(0.05, 12, method="holm")
     with pytest.raises(ValueError, match="m "):
-        S.adjust_alpha(0.05, 0)
+        adjust_alpha(0.05, 0)
 
 
 @pytest.mark.parametrize("analysis", ["unpaired", "paired"])
@@ -468,7 +483,7 @@ def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, 
 
     from scipy import stats as st
 
-    from bisect_harness.decide.stats import boots_to_decide
+    from bisect_harness.decide.evaluate import boots_to_decide
 
     level = 0.05
     text = boots_to_decide(dd, spread, log_e, level, "-5.0%", analysis)
@@ -488,7 +503,7 @@ def test_boots_to_decide_is_the_fewest_that_decide_at_the_spread_seen(analysis, 
 def test_at_a_sign_flip_look_the_rounds_to_decide_are_never_fewer_than_the_test_can_decide_with():
     import re
 
-    from bisect_harness.decide.stats import boots_to_decide
+    from bisect_harness.decide.evaluate import boots_to_decide
 
     level = 0.002  # a sign-flip test reaches it from 9 rounds on (2^-9 = 0.00195), 2^-8 = 0.0039 does not
     t_only = boots_to_decide(0.0, 0.01, 0.05, level, "-5.0%", "paired")
@@ -503,7 +518,8 @@ def test_at_a_sign_flip_look_the_rounds_to_decide_are_never_fewer_than_the_test_
 
 
 def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_it():
-    from bisect_harness.decide.stats import Design, evaluate
+    from bisect_harness.decide.design import Design
+    from bisect_harness.decide.evaluate import evaluate
 
     b = [[100.0], [104.0], [97.0]]
     t = [[99.0], [102.0], [96.5]]
@@ -517,15 +533,15 @@ def test_a_hypothesis_undecided_at_its_budget_says_how_many_boots_would_decide_i
 
 def _sf_parts(max_boots):
     d = Design(min_boots=3, max_boots=max_boots, analysis="robust")
-    _, _, sf_looks, a_sf = S.robust_split(d, 0.05)
-    return d, sf_looks, S._sf_spent(d, sf_looks, a_sf)
+    _, _, sf_looks, a_sf = robust_split(d, 0.05)
+    return d, sf_looks, _sf_spent(d, sf_looks, a_sf)
 
 
 def test_robust_splits_alpha_between_its_t_looks_and_its_sign_flip_looks():
-    assert S.robust_split(Design(min_boots=3, max_boots=20, analysis="robust"), 0.05) == (
+    assert robust_split(Design(min_boots=3, max_boots=20, analysis="robust"), 0.05) == (
         (3, 4, 5), pytest.approx(0.02), tuple(range(6, 21)), pytest.approx(0.03))
-    assert S.robust_split(Design(min_boots=3, max_boots=5, analysis="robust"), 0.05) == ((3, 4, 5), 0.05, (), 0.0)
-    assert S.robust_split(Design(min_boots=8, max_boots=10, analysis="robust"), 0.05) == ((), 0.0, (8, 9, 10), 0.05)
+    assert robust_split(Design(min_boots=3, max_boots=5, analysis="robust"), 0.05) == ((3, 4, 5), 0.05, (), 0.0)
+    assert robust_split(Design(min_boots=8, max_boots=10, analysis="robust"), 0.05) == ((), 0.0, (8, 9, 10), 0.05)
 
 
 @pytest.mark.parametrize("mags", [
@@ -543,7 +559,7 @@ def test_sign_flip_crosses_at_most_its_spent_alpha_whatever_the_magnitudes(mags)
     crossed = 0
     for signs in itertools.product((-1.0, 1.0), repeat=10):
         x = np.array(signs) * mags
-        crossed += any(S._sign_flip(x, sf_looks[:j + 1], spent[:j + 1])[0] for j in range(len(sf_looks)))
+        crossed += any(_sign_flip(x, sf_looks[:j + 1], spent[:j + 1])[0] for j in range(len(sf_looks)))
     assert crossed / 2 ** 10 <= spent[-1]
     assert crossed / 2 ** 10 >= spent[-1] / 2  # and not needlessly conservative
 
@@ -605,7 +621,7 @@ def test_robust_refutes_an_inert_change_and_its_interval_stops_short_of_the_clai
 
 def test_robust_effect_equal_to_min_effect_is_confirmed_about_half_the_time():
     d = Design(min_boots=3, max_boots=6, analysis="robust")
-    r = S.simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=1500, seed=33)
+    r = simulate(0.03, between_cv=0.01, within_cv=0.02, min_effect=0.03, design=d, n_sim=1500, seed=33)
     assert 0.4 <= r.confirmed <= 0.6 and r.refuted <= 0.05 + 0.017
 
 
@@ -613,11 +629,11 @@ def test_a_sign_flip_look_that_no_pattern_can_cross_says_so_instead_of_a_level_o
     rng = np.random.default_rng(1)
     b, t = ([[100 + rng.normal()] for _ in range(6)] for _ in range(2))
     design = Design(min_boots=3, max_boots=20, analysis="robust")
-    v = S.evaluate(b, t, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
+    v = evaluate(b, t, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
     assert v.outcome is Outcome.INCONCLUSIVE and not v.final and v.p_threshold == 0.0
     assert "no pattern of signs can cross at 6 rounds" in v.reason and "vs 0;" not in v.reason
     # at 8 rounds (2^-8 below the alpha spent) the look has a level again: here, noise of
     # 1% against a claim of -3%, it refutes
     b8, t8 = ([[100 + rng.normal()] for _ in range(8)] for _ in range(2))
-    v8 = S.evaluate(b8, t8, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
+    v8 = evaluate(b8, t8, expect=Expect.DECREASE, min_effect=0.03, design=design, alpha=0.025)
     assert v8.p_threshold > 0 and v8.outcome is Outcome.REFUTED and "no pattern" not in v8.reason

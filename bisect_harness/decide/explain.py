@@ -10,7 +10,7 @@ is told that boot's samples of the metric; whoever drives it boots
 a ``measure`` function, :func:`explain`), so the search calls nothing above it, as
 the bisection's search (``bisection.BisectionSearch.next_round``) does not. Every
 decision below is sequential: the paired ones by the harness's verdict rule
-(:func:`stats.evaluate`), the others by a block of many configs against one control
+(:func:`evaluate.evaluate`), the others by a block of many configs against one control
 (:mod:`blocks`), so a test stops at its first look when the answer is clear and
 spends its budget only where the answer is close.
 
@@ -109,7 +109,10 @@ import numpy as np
 from scipy import stats as _st
 
 from bisect_harness.model import Expect, Outcome
-from bisect_harness.decide import blocks, stats
+from bisect_harness.decide import blocks
+from bisect_harness.decide.design import Design
+from bisect_harness.decide.evaluate import evaluate
+from bisect_harness.decide.kernel import decide, log_effect
 
 __all__ = ["Difference", "Test", "Explanation", "ExplainSearch", "explain", "Measure", "Unmeasured",
            "STOP_REASONS"]
@@ -239,7 +242,7 @@ class Explanation:
 
 class _Search:
     def __init__(self, names: Sequence[str], *, worse: Expect, min_effect: float,
-                 design: stats.Design, alpha: float, seed: int, block_rounds: Optional[int] = None,
+                 design: Design, alpha: float, seed: int, block_rounds: Optional[int] = None,
                  rounds: Sequence[tuple] = ()):
         self.names = tuple(names)
         # Rounds of the fast and the slow config measured before the search (its run's):
@@ -323,8 +326,8 @@ class _Search:
                 (bc if c is base else tc).append(idx)
                 (bb if c is base else tb).append(smp)
             look_first = False
-            v = stats.evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
-                               alpha=self.alpha if alpha is None else alpha)
+            v = evaluate(bb, tb, expect=expect, min_effect=self.min_effect, design=self.design,
+                         alpha=self.alpha if alpha is None else alpha)
             if v.final:
                 t = Test(purpose, base, treat, expect.value, v.outcome.value, v.ratio, v.ci, v.p_value,
                          (len(bb), len(tb)), v.reason, None, tuple(bc), tuple(tc))
@@ -334,9 +337,9 @@ class _Search:
     def _judge_leave_out(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
         """(status, outcome, opposite, p, ci) of one leave-out contrast; status is
         ``matters``, ``opposite``, ``cleared`` or ``open``: the decision kernel
-        (:func:`stats.decide`) in each direction."""
-        b = stats.decide(c.estimate, c.se, c.df, expect=self.better, min_effect=self.min_effect, level=thr)
-        w = stats.decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
+        (:func:`kernel.decide`) in each direction."""
+        b = decide(c.estimate, c.se, c.df, expect=self.better, min_effect=self.min_effect, level=thr)
+        w = decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
         better, not_better = b.outcome is Outcome.CONFIRMED, b.outcome is Outcome.REFUTED
         worse, not_worse = w.outcome is Outcome.CONFIRMED, w.outcome is Outcome.REFUTED
         if better:
@@ -351,7 +354,7 @@ class _Search:
 
     def _judge_worse(self, c: blocks.Contrast, thr: float) -> tuple[str, str, Optional[str], float, tuple]:
         """A config against the fast one, one direction: is it worse by ``min_effect``?"""
-        w = stats.decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
+        w = decide(c.estimate, c.se, c.df, expect=self.worse, min_effect=self.min_effect, level=thr)
         status = {Outcome.CONFIRMED: "confirmed", Outcome.REFUTED: "refuted"}.get(w.outcome, "open")
         return status, w.outcome.value, None, w.p_value, w.ci
 
@@ -360,7 +363,7 @@ class _Search:
         exactly 0 would be, at the standard error its boots so far project to the cap
         (shrinking as one over the root of its boots), read with the normal quantile
         (below the t one at any degrees of freedom: in the contrast's favour)."""
-        margin = min(stats.log_effect(self.better, self.min_effect), stats.log_effect(self.worse, self.min_effect))
+        margin = min(log_effect(self.better, self.min_effect), log_effect(self.worse, self.min_effect))
         se_cap = c.se * math.sqrt(c.boots / self.max_rounds)
         return float(_st.norm.isf(thr)) * se_cap < margin
 
@@ -630,7 +633,7 @@ class ExplainSearch:
     """
 
     def __init__(self, names: Sequence[str], *, worse: Expect, min_effect: float,
-                 design: stats.Design = stats.Design(min_boots=3, max_boots=8, analysis="paired"),
+                 design: Design = Design(min_boots=3, max_boots=8, analysis="paired"),
                  alpha: float = 0.01, seed: int = 0, block_rounds: Optional[int] = None,
                  rounds: Sequence[tuple] = ()):
         if len(set(names)) != len(names) or not names:

@@ -5,7 +5,7 @@
 the boots it used); :class:`NightRule` is nightly's rule for one night against
 the nights before, stepped by its driver as the searches are. The executor's
 hypothesis loop, ``harness compare`` and ``harness nightly`` all decide through
-here; the statistics themselves live in ``stats``.
+here; the statistics themselves live in ``evaluate``, ``shift`` and their kin.
 
 A side that never booted (no good boot at all: every launch failed, or its
 commit never built) gives no verdict to speak of: the row is ``inconclusive``
@@ -24,7 +24,10 @@ from bisect_harness.engines import attach
 from bisect_harness.observe import engine_identity
 from bisect_harness.observe.mechanisms import ANSWERED
 from bisect_harness.observe import host_state
-from bisect_harness.decide import stats
+from bisect_harness.decide.design import Design
+from bisect_harness.decide.evaluate import evaluate
+from bisect_harness.decide.multiplicity import adjust_alpha
+from bisect_harness.decide.shift import Shift, detect_shift
 from bisect_harness.decide.mechanism import layers
 from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import host_drift
@@ -67,15 +70,15 @@ class Side:
         return [b for b in self.boots if b.status == "ok"]
 
 
-def design(spec: Spec) -> stats.Design:
+def design(spec: Spec) -> Design:
     d = spec.defaults
-    return stats.Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
-                        analysis=d.analysis)
+    return Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                  analysis=d.analysis)
 
 
 def alpha_each(spec: Spec) -> float:
     """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
-    return stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)
+    return adjust_alpha(spec.defaults.alpha, spec.multiplicity)
 
 
 def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
@@ -92,7 +95,7 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
     warnings = side_warnings(spec, baseline, treatment)
     bv = ledger.boot_values(bgood, metric)
     tv = ledger.boot_values(tgood, metric)
-    alpha = stats.adjust_alpha(spec.defaults.alpha, spec.multiplicity)  # as alpha_each(spec)
+    alpha = adjust_alpha(spec.defaults.alpha, spec.multiplicity)  # as alpha_each(spec)
     undecided = dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
                      alpha=alpha, warnings=warnings, stats={"family_size": spec.multiplicity, "checks": checks_all})
     if never:
@@ -109,8 +112,8 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
     rounds = tuple([i for i, x in enumerate(good) if x.id in set(v.boot_ids)]
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
-        res = stats.evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
-                             min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
+        res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
+                       min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
                 "varying values (a rate, a latency, a count per sample)", **ids}
@@ -225,7 +228,7 @@ class NightRule:
     """Nightly's rule, stepped by its driver: an alert must survive fresh boots.
 
     Made with the earlier nights' boots and tonight's, it looks once
-    (``stats.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
+    (``shift.detect_shift``). When that look alerts, :attr:`wants_fresh_boots` is
     true: the driver boots tonight's commit again (up to its budget) and gives
     :meth:`record` all of tonight's boots, and the test runs again on them. Only an
     alert at both looks stands (:attr:`shift`). Requiring both can only lower the
@@ -243,7 +246,7 @@ class NightRule:
                  worse: Expect, min_effect: float, alpha: float, window: int):
         self._history, self._tonight = history, tonight
         self._kw = dict(worse=worse, min_effect=min_effect, alpha=alpha, window=window)
-        self.shift: stats.Shift = stats.detect_shift(history, tonight, **self._kw)
+        self.shift: Shift = detect_shift(history, tonight, **self._kw)
         self.wants_fresh_boots = self.shift.regressed
 
     def record(self, again: Sequence[Sequence[float]]) -> None:
@@ -254,7 +257,7 @@ class NightRule:
         first, tonight = self.shift, self._tonight
         if len(again) <= len(tonight):  # no fresh boots to be had: the first look stands
             return
-        second = stats.detect_shift(self._history, again, **self._kw)
+        second = detect_shift(self._history, again, **self._kw)
         self.shift = second if second.regressed else dataclasses.replace(second, reason=(
             f"{second.reason}; the first look's alert ({first.ratio:.4f}x on {len(tonight)} boots) did not "
             f"survive {len(again) - len(tonight)} fresh boots"))
@@ -262,7 +265,7 @@ class NightRule:
 
 def judge_night(history: Sequence[Sequence[Sequence[float]]], tonight: Sequence[Sequence[float]],
                 more: Callable[[], Sequence[Sequence[float]]], *, worse: Expect, min_effect: float, alpha: float,
-                window: int) -> stats.Shift:
+                window: int) -> Shift:
     """:class:`NightRule` driven by ``more()`` (boots tonight again, returns all of
     tonight's boots), for drivers that boot in one call: the benches' simulated hosts."""
     rule = NightRule(history, tonight, worse=worse, min_effect=min_effect, alpha=alpha, window=window)

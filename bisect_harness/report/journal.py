@@ -14,11 +14,11 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from bisect_harness.decide.bisection import StopReason
+from bisect_harness.decide.bisect_result import StopReason
 from bisect_harness.observe import engine_identity, mechanisms
 from bisect_harness.measure.prompt_size import reuse_text
 from bisect_harness.observe import host_state
-from bisect_harness.decide import stats
+from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
 from bisect_harness.spec import metric_defs
 from bisect_harness.report import explain_view, profile_view, window_view
 from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run
@@ -352,7 +352,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             run.summary, ledger.session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all(),
             again=resume_command or run_command),
         run_command=run_command, resume_command=resume_command,
-        ci_label="confidence interval", footnote=stats.OUTCOME_FOOTNOTE)
+        ci_label="confidence interval", footnote=OUTCOME_FOOTNOTE)
 
 
 def _after_rounds(run: Run, bisection_rows: Sequence[Bisection]):

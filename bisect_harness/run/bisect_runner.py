@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Sequence
 
 from bisect_harness.observe import host_state
-from bisect_harness.decide.bisection import BisectionSearch, BisectResult, PairedTest, SearchTest, StopReason
+from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopReason
+from bisect_harness.decide.bisection import BisectionSearch
+from bisect_harness.decide.paired_sequential import PairedTest
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from bisect_harness.errors import UserError
 from bisect_harness.run.scheduler import Observer, Scheduler

@@ -20,7 +20,9 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping
 
-from bisect_harness.decide import verdict as decide, stats
+from bisect_harness.decide import verdict as decide
+from bisect_harness.decide.design import Design
+from bisect_harness.decide.power import noise_floor
 from bisect_harness.backends import Backend
 from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow
 from bisect_harness.model import Outcome
@@ -76,7 +78,7 @@ class Executor:
     def finish_run(self, status: str = "done", error: str | None = None) -> None:
         self.sched.finish_run(status, error)
 
-    def design(self) -> stats.Design:
+    def design(self) -> Design:
         return decide.design(self.spec)
 
     def alpha_each(self) -> float:
@@ -141,7 +143,7 @@ class Executor:
             b = self.ledger.boot_values(replica.good_boots[:d.boots_per_arm], metric).values
             if len(a) < 2 or len(b) < 2:
                 continue
-            noise = stats.noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
+            noise = noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
             sde = noise.smallest_detectable_effect
             self.noise[key] = {"metric": metric, "boot_mean_cv": noise.boot_mean_cv,
                                "smallest_detectable_effect": sde}

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
-from bisect_harness.decide import stats
+from bisect_harness.decide.design import Design
 from bisect_harness.decide.explain import Difference, ExplainSearch, Explanation, Unmeasured
 from bisect_harness.errors import CommitError, UserError
 from bisect_harness.model import Arm, Expect, Metric
@@ -121,7 +121,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
         calls += [(frozenset(), f_id), (frozenset(x.name for x in diffs), s_id)]
 
     d = spec.defaults
-    design = stats.Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
+    design = Design(alpha=alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm, analysis=d.analysis)
     finder = ExplainSearch([x.name for x in diffs], worse=metric.worse, min_effect=min_effect, design=design,
                            alpha=alpha, seed=sched.order_seed, rounds=given)
     while (subset := finder.next_config()) is not None:  # the search says what to boot; this loop boots it

@@ -4,7 +4,7 @@ Each night measures the engine's newest commit (the hypotheses file's engine, ba
 env and flags) for ``boots_per_arm`` boots and stores it as a ``nightly`` run. The
 series is the config without its commit (same env, flags, launch, benchmark), so
 nights at different commits line up. The newest night is tested against the last
-``window`` nights since the last alert (``stats.detect_shift``), each night one
+``window`` nights since the last alert (``shift.detect_shift``), each night one
 value (the median of its log boot means): nights differ by more than their boots
 do (a 2% night-to-night CV is common), so boots of different nights are not
 independent replicates. The test
@@ -34,7 +34,7 @@ from bisect_harness.record.ledger import Ledger
 from bisect_harness.model import Arm, Expect
 from bisect_harness.plan.build import make_config, series_key
 from bisect_harness.spec import Spec
-from bisect_harness.decide.stats import Shift
+from bisect_harness.decide.shift import Shift
 
 
 @dataclass(frozen=True)

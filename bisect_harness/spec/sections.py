@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bisect_harness.backends import BACKENDS
-from bisect_harness.decide.stats import ANALYSES
+from bisect_harness.decide.design import ANALYSES
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.engines.envs import ENV_MODES
 from bisect_harness.errors import SpecError, UserError

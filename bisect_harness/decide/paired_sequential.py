@@ -1,0 +1,100 @@
+"""A sequential one-sided paired test, robust to a stalled boot: the bisection's
+endpoint check and head-to-head tests.
+
+The differences of paired, randomly ordered rounds (bad minus good, in the
+expected direction) are symmetric about zero when nothing changed, whatever the
+host did. The test looks at a few pair counts (:func:`look_schedule`), each look
+at ``alpha / looks`` (Bonferroni over the looks), with Yuen's trimmed t (20%
+trimmed mean over its winsorised standard error; Yuen, Biometrika 1974; the plain
+t below 8 pairs), decided by the decision kernel
+(:mod:`bisect_harness.decide.kernel`). Used by
+:class:`~bisect_harness.decide.bisection.BisectionSearch`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from bisect_harness.decide.kernel import decide
+from bisect_harness.model import Expect, Outcome
+
+__all__ = ["PairedTest", "look_schedule", "paired_sequential_test"]
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A one-sided sequential paired test of ``bad - good`` in the expected direction.
+
+    ``decision``: ``passed`` (the change is shown), ``failed`` (the last look did
+    not pass, or the mean went the wrong way after ``2 min_pairs + 2`` pairs: stopped
+    for futility, which only lowers the error rate), ``abandoned`` (one of its two
+    commits became unmeasurable before it decided) or ``open``."""
+
+    pairs: int
+    mean: float
+    p_value: float
+    alpha_per_look: float
+    decision: str
+
+
+def look_schedule(min_pairs: int, max_pairs: int) -> tuple[int, ...]:
+    """The pair counts at which a paired test looks: from ``min_pairs`` growing by
+    half each time (3, 5, 8, 12, ...), and ``max_pairs``. Few looks keep each look's
+    share of alpha large."""
+    looks, n = [], min_pairs
+    while n < max_pairs:
+        looks.append(n)
+        n = max(n + 1, int(math.ceil(n * 1.5)))
+    return tuple(looks + [max_pairs])
+
+
+def paired_sequential_test(diffs: Sequence[float], *, alpha: float, min_pairs: int,
+                           max_pairs: int) -> PairedTest:
+    """Sequential one-sided paired test on ``diffs`` (positive: the expected change).
+
+    It looks at the pair counts of ``look_schedule``; each look has level
+    ``alpha / looks`` (Bonferroni over the looks), so the chance of any false pass
+    is at most ``alpha`` whatever the stopping. The statistic is Yuen's trimmed t
+    (20% trimmed mean over its winsorised standard error; Yuen, Biometrika 1974;
+    the plain t below 8 pairs), so that one stalled boot does not swamp a look; a
+    look passes when the decision kernel (:func:`kernel.decide`, a change above
+    zero) confirms. With the order inside each pair drawn at random, a difference
+    is symmetric about zero when nothing changed, whatever the host did.
+    """
+    d = np.asarray(diffs, dtype=float)
+    looks = look_schedule(min_pairs, max_pairs)
+    a = alpha / len(looks)
+    p_last = 1.0
+    for n in looks:
+        if n > d.size:
+            break
+        passed, p_last = _look(d[:n], a)
+        if passed:
+            return PairedTest(n, float(d[:n].mean()), p_last, a, "passed")
+    n = d.size
+    mean = float(d.mean()) if n else math.nan
+    if n >= max_pairs or (n >= 2 * min_pairs + 2 and mean <= 0.0):
+        return PairedTest(n, mean, p_last, a, "failed")
+    return PairedTest(n, mean, p_last, a, "open")
+
+
+def _look(d: np.ndarray, level: float) -> tuple[bool, float]:
+    """One look of the paired test: (passed, one-sided p) of Yuen's trimmed t (20%)
+    for mean > 0, the plain t below 8 values, decided by the kernel."""
+    n = d.size
+    g = int(math.floor(0.2 * n)) if n >= 8 else 0
+    x = np.sort(d)
+    tm = float(x[g:n - g].mean())
+    w = np.clip(x, x[g], x[n - 1 - g])
+    h = n - 2 * g
+    sw = float(np.sqrt(((w - w.mean()) ** 2).sum() / (n - 1))) if n > 1 else 0.0
+    se = sw / ((h / n) * math.sqrt(n)) if h >= 2 else 0.0
+    if h < 2 or se == 0.0 or not math.isfinite(se):
+        p = 0.0 if tm > 0 else 1.0  # no spread to judge by: the sign alone
+        return p <= level, p
+    dec = decide(tm, se, h - 1, expect=Expect.INCREASE, min_effect=0.0, level=level)
+    return dec.outcome is Outcome.CONFIRMED, dec.p_value
