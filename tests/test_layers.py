@@ -1,12 +1,15 @@
 """The package's layers run one way: in its imports, and in the calls a run makes.
 
-``docs/design.md`` draws the package as layers (the shared vocabulary at the bottom,
-then demo, boot, input, planning, analysis, record, orchestrate, cli), each using
-only those below it. Two checks hold the code to that picture:
+``docs/design.md`` draws the package as layers (:data:`LAYERS`, lowest first: the
+shared vocabulary, demo, process, measure and observe, engines, decide, backends,
+spec, plan, record, report, run, cli), each using only those below it. Two checks
+hold the code to that picture:
 
 * the imports, read from the source (module level and inside functions): no import
-  cycle between modules, and no import of a layer above, but the one arrow
-  design.md names (``analysis`` reading the ledger's rows and values);
+  cycle between modules, and no import of a layer above (:data:`UP_IMPORTS` is empty:
+  deciding reads values, the boots as the frozen records ``record.ledger.boot_records``
+  makes of the rows and the rules ``plan.build.verdict_rules`` reads from the spec,
+  never the ledger or the spec itself);
 * the calls, traced while the harness runs (``sys.setprofile``): a run of
   ``harness run`` whose hypotheses go on to a bisection and an explanation, and a
   ``harness bisect``, through a backend seam (boots nothing: its values depend on the
@@ -48,17 +51,10 @@ LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init_
           {"run"}, {"cli"}]
 
 #: imports of a layer above, (importing module, imported module): why each may stay
-UP_IMPORTS = {
-    ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' rows and their values",
-    ("decide/verdict", "spec/parse"): "the verdict rule reads the hypothesis and the spec's defaults",
-    ("observe/drift", "record/ledger"): "host drift is read from the boots' rows",
-}
+UP_IMPORTS: dict[tuple[str, str], str] = {}
 
 #: calls into a module of a layer above, (calling module, called module): why each may stay
 UP_CALLS = {
-    ("decide/verdict", "record/ledger"): "the verdict rule reads the boots' values (Ledger.boot_values)",
-    ("decide/verdict", "spec/parse"): "the verdict rule asks the spec for its multiplicity (Spec.multiplicity)",
-    ("observe/drift", "record/ledger"): "host drift reads a run's calibration rows (Run.calibration)",
     ("measure/sources", "backends/local"): "read_server_info calls the fetch it was given (a lambda of run_boot)",
     ("observe/mechanisms", "engines/presets"): "InfoField.read calls the reader the preset gave it",
     ("backends/local", "run/scheduler"): "the backend seam: a backend reports each boot's start, samples and "
