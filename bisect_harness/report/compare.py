@@ -6,8 +6,9 @@ then judged by the verdict rule itself (``decide.verdict.judge``: the same
 boot-level statistics, the same warnings, host drift included), run A as the
 baseline and run B as the treatment, with alpha divided over the configs
 compared. The claim tested is "run B is worse by at least ``min_effect``" in the
-metric's own direction, unless ``expect`` says otherwise. The one warning the
-verdict rule cannot give here is an attached server's (it reads the planned
+metric's own direction, unless ``expect`` says otherwise. The boots go to the
+verdict rule as frozen records (``record.ledger.boot_records``). The one warning
+not given here is an attached server's (the executor reads it from the planned
 config, which the ledger does not hold); every boot mark, contention, calibration
 and host-drift warning is given.
 """
