@@ -1,4 +1,5 @@
-"""A boot as a value: what to boot (:class:`BootRequest`) and what came of it (:class:`BootOutcome`).
+"""A boot as a value: what to boot (:class:`BootRequest`), what came of it (:class:`BootOutcome`),
+and how the ledger holds it (:class:`BootRecord`, in its run, :class:`RunRecord`).
 
 The plan turns each config into requests (``plan.boot_request``); a backend turns
 a request into an outcome (``backends.local.LocalBackend`` on this host,
@@ -11,18 +12,26 @@ and nodes never touch the ledger.
 What depends on where the boot runs is left as a placeholder in the request and
 filled there: ``{port}`` (a free port on that host), ``{worktree}`` and
 ``{python}`` (the commit's checkout and interpreter in that host's cache).
+
+What the verdict and host drift read of the boots the ledger recorded comes to
+them as frozen records too (``record.ledger.boot_records`` makes them from the
+rows), so deciding never reads storage: a :class:`BootRecord` holds a boot's
+status, checks, provenance and samples, its :class:`RunRecord` the run's
+calibration probes, and :class:`BootValues` is one metric's values per boot.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Union
+from typing import Any, Generator, Mapping, Sequence, Union
 
 from bisect_harness.model import BenchmarkSpec
 
 __all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Started", "Sampled", "Finished",
-           "Message", "Event", "Sink", "deliver", "freeze"]
+           "Message", "Event", "Sink", "deliver", "freeze", "CalibrationRecord", "RunRecord", "BootRecord",
+           "BootValues"]
 
 
 def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -263,3 +272,74 @@ def deliver(events: Generator[Event, None, Any], sink: Sink | None = None) -> An
                 sink.message(event.text)
         except BaseException as exc:  # noqa: BLE001 - it goes back into the boots, then on to the caller
             failure = exc
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """One calibration probe of a run, as recorded: its ``phase`` (preflight, before,
+    after) and its ``result`` (the probe's figures, or ``{"error": ...}``)."""
+
+    phase: str
+    result: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A recorded run, as far as a verdict on its boots reads it: its id and its
+    calibration probes, in the order they were taken."""
+
+    id: int
+    calibrations: tuple[CalibrationRecord, ...] = ()
+
+    def calibration(self, phase: str = "before") -> Mapping[str, Any] | None:
+        """The probe result of ``phase``, when that probe ran and succeeded."""
+        for cal in self.calibrations:
+            if cal.phase == phase and cal.result and "error" not in cal.result:
+                return cal.result
+        return None
+
+
+@dataclass(frozen=True)
+class BootRecord:
+    """One recorded boot, as the verdict and host drift read it. ``status``: running |
+    ok | failed | excluded (only ``ok`` boots are measured); ``argv`` and ``failure``
+    say how it launched and why it failed; ``env_report``, ``flag_report`` and
+    ``provenance`` hold its checks and what was observed of its host, devices and
+    engine; ``marks`` the checks it failed; ``samples`` its measurements in order;
+    ``run`` the run it belongs to (None when that is not known)."""
+
+    id: int
+    run_id: int
+    status: str
+    failure: str | None = None
+    argv: tuple[str, ...] = ()
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+    env_report: Mapping[str, Any] | None = None
+    flag_report: Mapping[str, Any] | None = None
+    marks: tuple[str, ...] = ()
+    samples: tuple[SampleOutcome, ...] = ()
+    run: RunRecord | None = None
+
+    def values(self, metric: str) -> tuple[float, ...]:
+        """The values of ``metric`` in this boot's samples that have one, in order."""
+        return tuple(float(s.metrics[metric]) for s in self.samples
+                     if metric in s.metrics and s.metrics[metric] is not None)
+
+
+@dataclass(frozen=True)
+class BootValues:
+    """Boot-level view of a config's measurements for one metric."""
+
+    boot_ids: tuple[int, ...]
+    values: tuple[tuple[float, ...], ...]  # per boot, the sample values
+
+    @classmethod
+    def of(cls, boots: Sequence[BootRecord], metric: str) -> "BootValues":
+        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out."""
+        kept = [(b.id, vals) for b in boots if b.status == "ok" for vals in (b.values(metric),) if vals]
+        return cls(tuple(i for i, _ in kept), tuple(v for _, v in kept))
+
+    def means(self) -> list[float]:
+        """One value per boot, the mean of its samples: what a boot is worth as one
+        replicate (the boot is the unit of replication)."""
+        return [math.fsum(v) / len(v) for v in self.values]

@@ -20,7 +20,7 @@ from bisect_harness.decide.power import noise_floor
 from bisect_harness.decide.simulate import _draw, _run_paths
 from bisect_harness.errors import SpecError
 from bisect_harness.model import Expect, Outcome
-from bisect_harness.spec.parse import load_spec
+from bisect_harness.spec import load_spec
 from bisect_harness.spec.schema import hypotheses_schema
 
 from helpers import write_spec

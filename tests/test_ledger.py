@@ -64,7 +64,7 @@ def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
 
     from bisect_harness.observe.calibration import calibrate
     from bisect_harness.observe.drift import host_drift
-    from bisect_harness.record.ledger import Boot, Calibration
+    from bisect_harness.record.ledger import Boot, Calibration, boot_records
     from bisect_harness.observe.provenance import collect_host
 
     host = collect_host().to_dict()
@@ -82,9 +82,10 @@ def test_sides_from_runs_whose_calibration_differs_get_a_drift(tmp_path):
             boots.append(led.add(Boot(run_id=run.id, config_id=cfg.id, config_key="k", seq=1, status="ok",
                                       provenance={"host": host})))
         led.session.expire_all()
-        drifts = host_drift([boots[0]], [boots[1]])
+        fast_boot, slow_boot = boot_records(boots)
+        drifts = host_drift([fast_boot], [slow_boot])
         assert any(d.field.startswith("calibration") for d in drifts), drifts
-        assert host_drift([boots[0]], [boots[0]]) == []  # same run, same host: nothing to say
+        assert host_drift([fast_boot], [fast_boot]) == []  # same run, same host: nothing to say
 
 
 def test_only_finished_boots_of_the_same_config_on_the_same_host_are_reusable(tmp_path):

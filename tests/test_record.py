@@ -134,9 +134,10 @@ def test_progress_in_a_pipe_is_a_line_per_boot_counted_against_the_budget(runs):
 @pytest.mark.slow
 def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
     from bisect_harness.decide.verdict import Side, judge
+    from bisect_harness.plan.build import verdict_rules
     from bisect_harness.spec import load_spec
     from bisect_harness.model import Expect
-    from bisect_harness.record.ledger import Ledger
+    from bisect_harness.record.ledger import Ledger, boot_records
     import dataclasses
 
     a, b = runs["ids"]
@@ -146,13 +147,13 @@ def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
     assert (out["run_a"], out["run_b"]) == (a, b) and len(out["configs"]) == 2
     with Ledger(runs["url"]) as led:
         ra, rb = led.run(a), led.run(b)
-        spec = dataclasses.replace(load_spec(runs["spec"]), family_size=2)
+        rules = verdict_rules(dataclasses.replace(load_spec(runs["spec"]), family_size=2))
         for row in out["configs"]:
             assert row["matched_by"] == "key"
             ca = next(c for c in ra.configs if c.key == row["key"])
             cb = next(c for c in rb.configs if c.key == row["key"])
-            want = judge(led, spec, Side("run A", list(ca.boots)), Side("run B", list(cb.boots)), metric="tok_s",
-                         expect=Expect.DECREASE, min_effect=0.05, hypothesis_id=0, force_final=True)
+            want = judge(rules, Side("run A", boot_records(ca.boots)), Side("run B", boot_records(cb.boots)),
+                         metric="tok_s", expect=Expect.DECREASE, min_effect=0.05, hypothesis_id=0, force_final=True)
             assert row["verdict"] == want["outcome"] and row["ratio"] == pytest.approx(want["ratio"])
             assert row["p_value"] == pytest.approx(want["p_value"])
             assert row["boots"] == {"a": len(want["baseline_boot_ids"]), "b": len(want["treatment_boot_ids"])}

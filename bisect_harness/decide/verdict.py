@@ -7,6 +7,11 @@ the nights before, stepped by its driver as the searches are. The executor's
 hypothesis loop, ``harness compare`` and ``harness nightly`` all decide through
 here; the statistics themselves live in ``evaluate``, ``shift`` and their kin.
 
+It reads values, never the ledger or the hypotheses file: each side's boots as
+frozen records (``boot.BootRecord``, which ``record.ledger.boot_records`` makes
+from the rows), the :class:`Rules` the file sets (``plan.build.verdict_rules``
+reads them), and the warnings only the caller can know (an attached server's).
+
 A side that never booted (no good boot at all: every launch failed, or its
 commit never built) gives no verdict to speak of: the row is ``inconclusive``
 with the test :data:`NOT_MEASURED`, and :func:`shown_outcome` reads it as "not
@@ -20,8 +25,9 @@ import dataclasses
 import shlex
 from typing import Callable, Mapping, Sequence
 
-from bisect_harness.engines import attach
+from bisect_harness.boot import BootRecord, BootValues
 from bisect_harness.observe import engine_identity
+from bisect_harness.observe.contention import Thresholds
 from bisect_harness.observe.mechanisms import ANSWERED
 from bisect_harness.observe import host_state
 from bisect_harness.decide.design import Design
@@ -31,14 +37,12 @@ from bisect_harness.decide.shift import Shift, detect_shift
 from bisect_harness.decide.mechanism import layers
 from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import host_drift
-from bisect_harness.record.ledger import Boot, Ledger
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
-from bisect_harness.spec.types import Spec
 
-__all__ = ["design", "alpha_each", "judge", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
+__all__ = ["Rules", "judge", "look", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
            "never_booted", "shown_outcome", "checks_done"]
 
-def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | None:
+def never_booted(name: str, boots: Sequence[BootRecord], failed: str | None) -> str | None:
     """Why a side with no good boot could not be measured (its launch argv and first
     failure), or None when it has a good boot or did not fail."""
     if failed is None or any(b.status in ("ok", "excluded") for b in boots):
@@ -57,33 +61,41 @@ def never_booted(name: str, boots: Sequence[Boot], failed: str | None) -> str | 
 
 @dataclasses.dataclass(frozen=True)
 class Side:
-    """One side of a comparison: its boots (all of them, good or not), the config it
-    booted, and why it could not be measured (a failed build or boot), if so."""
+    """One side of a comparison: its boots (all of them, good or not, as records), and
+    why it could not be measured (a failed build or boot), if so."""
 
     name: str
-    boots: Sequence[Boot]
-    config: object = None
+    boots: Sequence[BootRecord]
     failed: str | None = None
 
     @property
-    def good_boots(self) -> list[Boot]:
+    def good_boots(self) -> list[BootRecord]:
         return [b for b in self.boots if b.status == "ok"]
 
 
-def design(spec: Spec) -> Design:
-    d = spec.defaults
-    return Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
-                  analysis=d.analysis)
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """What the verdict takes from the hypotheses file: the sequential design (the
+    family's alpha, the boots per arm before the first look and at most, the
+    analysis), the size of the multiplicity family (every hypothesis of the file,
+    whatever ``--only`` kept) and the host thresholds its warnings judge by."""
+
+    design: Design
+    family_size: int
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+
+    @property
+    def alpha_each(self) -> float:
+        """Each hypothesis' alpha: Bonferroni over the family."""
+        return adjust_alpha(self.design.alpha, self.family_size)
 
 
-def alpha_each(spec: Spec) -> float:
-    """Each hypothesis' alpha: Bonferroni over every hypothesis of the file, whatever --only kept."""
-    return adjust_alpha(spec.defaults.alpha, spec.multiplicity)
-
-
-def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
-          min_effect: float, hypothesis_id: int, force_final: bool, order_seed: int | None = None) -> dict:
+def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
+          hypothesis_id: int, force_final: bool, order_seed: int | None = None,
+          config_warnings: Sequence[str] = ()) -> dict:
     """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``.
+    ``config_warnings``: what the caller knows of the configs compared that their
+    boots do not say (``engines.attach.verdict_warnings``: an attached server's).
 
     What this module works out itself comes first (the boots' checks, device sets,
     the design), then what it asks of others (the sides' warnings, the values, the test)."""
@@ -91,13 +103,13 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
     never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
     checks_all, checks_good = checks_done([*baseline.boots, *treatment.boots]), checks_done([*bgood, *tgood])
     blocks = device_blocks(bgood, tgood)
-    the_design = design(spec)
-    warnings = side_warnings(spec, baseline, treatment)
-    bv = ledger.boot_values(bgood, metric)
-    tv = ledger.boot_values(tgood, metric)
-    alpha = adjust_alpha(spec.defaults.alpha, spec.multiplicity)  # as alpha_each(spec)
+    the_design = rules.design
+    warnings = side_warnings(rules, baseline, treatment, config_warnings)
+    bv = BootValues.of(bgood, metric)
+    tv = BootValues.of(tgood, metric)
+    alpha = rules.alpha_each
     undecided = dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                     alpha=alpha, warnings=warnings, stats={"family_size": spec.multiplicity, "checks": checks_all})
+                     alpha=alpha, warnings=warnings, stats={"family_size": rules.family_size, "checks": checks_all})
     if never:
         return {**undecided, "reason": "not measured: " + "; ".join(never), "test": NOT_MEASURED}
     failed = [s for s in (baseline, treatment) if s.failed]
@@ -121,21 +133,23 @@ def judge(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric
         hypothesis_id=hypothesis_id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
         ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
         p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
-        stats=jsonable({**dataclasses.asdict(res), "family_size": spec.multiplicity,
+        stats=jsonable({**dataclasses.asdict(res), "family_size": rules.family_size,
                         "checks": checks_good,
-                        "family_alpha": spec.defaults.alpha, "rounds": rounds, "order_seed": order_seed,
+                        "family_alpha": rules.design.alpha, "rounds": rounds, "order_seed": order_seed,
                         **({"device_blocks": blocks} if blocks else {})}), **ids)
 
 
-def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric: str, expect: Expect,
-         min_effect: float, mechanism: Sequence = (), hypothesis_id: int, force_final: bool,
-         order_seed: int | None = None) -> dict:
+def look(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
+         mechanism: Sequence = (), hypothesis_id: int, force_final: bool, order_seed: int | None = None,
+         config_warnings: Sequence[str] = ()) -> dict:
     """One look at a hypothesis: :func:`judge` on its metric and, when it names
-    mechanism metrics, on each of them too, split into three layers (flag accepted /
-    mechanism engaged / outcome moved, ``mechanism.layers``) under ``stats["layers"]``."""
+    mechanism metrics (each with ``metric``, ``expect`` and ``min_effect``), on each
+    of them too, split into three layers (flag accepted / mechanism engaged / outcome
+    moved, ``mechanism.layers``) under ``stats["layers"]``."""
     asked = [(metric, expect, min_effect), *((m.metric, m.expect, m.min_effect) for m in mechanism)]
-    verdicts = [judge(ledger, spec, baseline, treatment, metric=name, expect=exp, min_effect=effect,
-                      hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed)
+    verdicts = [judge(rules, baseline, treatment, metric=name, expect=exp, min_effect=effect,
+                      hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed,
+                      config_warnings=config_warnings)
                 for i, (name, exp, effect) in enumerate(asked)]
     v = verdicts[0]
     if mechanism:
@@ -145,7 +159,7 @@ def look(ledger: Ledger, spec: Spec, baseline: Side, treatment: Side, *, metric:
     return v
 
 
-def checks_done(boots: Sequence[Boot]) -> dict:
+def checks_done(boots: Sequence[BootRecord]) -> dict:
     """How many of ``boots`` (the good ones) had each check answer: the env check
     (a requested var, every process read), the flag check, the mechanism check
     (the measured window read: a state in ``mechanisms.ANSWERED``; "not observable"
@@ -178,7 +192,7 @@ def checks_done(boots: Sequence[Boot]) -> dict:
     return out
 
 
-def _block(boot: Boot) -> str | None:
+def _block(boot: BootRecord) -> str | None:
     """The device set (and node) a boot ran on, as recorded by its backend."""
     d = (boot.provenance or {}).get("devices")
     if not isinstance(d, Mapping):
@@ -186,7 +200,7 @@ def _block(boot: Boot) -> str | None:
     return str(d.get("label") or d.get("slot"))
 
 
-def device_blocks(a: Sequence[Boot], b: Sequence[Boot]) -> dict | None:
+def device_blocks(a: Sequence[BootRecord], b: Sequence[BootRecord]) -> dict | None:
     """How each side's good boots spread over device sets (slots, nodes). None when
     every boot ran on one set (nothing to block on)."""
     sides = {"baseline": [_block(x) for x in a], "treatment": [_block(x) for x in b]}
@@ -196,7 +210,7 @@ def device_blocks(a: Sequence[Boot], b: Sequence[Boot]) -> dict | None:
     return {side: {label: xs.count(label) for label in sorted(labels)} for side, xs in sides.items()}
 
 
-def _device_warning(a: Sequence[Boot], b: Sequence[Boot]) -> list[str]:
+def _device_warning(a: Sequence[BootRecord], b: Sequence[BootRecord]) -> list[str]:
     """Side and device set confounded: each side ran on its own sets only, so a
     difference between GPUs, cores or nodes reads as an effect."""
     blocks = device_blocks(a, b)
@@ -210,16 +224,16 @@ def _device_warning(a: Sequence[Boot], b: Sequence[Boot]) -> list[str]:
             "reads as an effect (more rounds rotate the sets, or run with one slot)"]
 
 
-def side_warnings(spec: Spec, b: Side, t: Side) -> list[str]:
-    """Marked boots on either side, and every way the two sides' hosts differed."""
+def side_warnings(rules: Rules, b: Side, t: Side, config_warnings: Sequence[str] = ()) -> list[str]:
+    """Marked boots on either side, what the caller knows of the configs
+    (``config_warnings``), and every way the two sides' hosts differed."""
     marks = [f"{side.name} boot {bt.id}: {', '.join(bt.marks)}" for side in (b, t) for bt in side.boots if bt.marks]
     bgood, tgood = b.good_boots, t.good_boots
     devices = _device_warning(bgood, tgood)
     mixed = [m for m in (engine_identity.mixed_versions(side.name, side.boots) for side in (b, t)) if m]
-    attached = attach.verdict_warnings([s.config for s in (b, t) if s.config is not None])
     drifted = [f"host drift: {drift.message}" for drift in host_drift(bgood, tgood)]
-    thresholds = spec.defaults.host_thresholds
-    return [*marks, *mixed, *attached, *drifted, *devices,
+    thresholds = rules.thresholds
+    return [*marks, *mixed, *config_warnings, *drifted, *devices,
             *host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds),
             *host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)]
 

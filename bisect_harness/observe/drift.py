@@ -3,20 +3,22 @@
 Below the journal, the decision and nightly (each reads it; none of them owns it).
 A side's first and last boots are compared with the other side's last and first,
 so a reboot or a driver change in the middle of a side shows too; sides from
-different runs also compare their runs' calibration probes.
+different runs also compare their runs' calibration probes. The boots come as
+frozen records (``boot.BootRecord``, made from the ledger's rows by
+``record.ledger.boot_records``), so this reads no storage.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from bisect_harness.boot import BootRecord
 from bisect_harness.observe import calibration, provenance
-from bisect_harness.record.ledger import Boot
 
 __all__ = ["host_drift"]
 
 
-def _boot_host(boot: Boot):
+def _boot_host(boot: BootRecord):
     prov = boot.provenance or {}
     if "host" not in prov:
         return None, None
@@ -25,12 +27,12 @@ def _boot_host(boot: Boot):
     return host, samples
 
 
-def _boot_calibration(boot: Boot):
+def _boot_calibration(boot: BootRecord):
     result = boot.run.calibration("before") if boot.run is not None else None
     return calibration.Calibration.from_dict(result) if result else None
 
 
-def host_drift(a_boots: Sequence[Boot], b_boots: Sequence[Boot]) -> list[calibration.Drift]:
+def host_drift(a_boots: Sequence[BootRecord], b_boots: Sequence[BootRecord]) -> list[calibration.Drift]:
     """What differed between the hosts of two sides (first and last boot of each,
     so a reboot or a driver change in the middle of a side shows too), including the
     calibration probes of the runs the boots belong to (sides from different runs)."""

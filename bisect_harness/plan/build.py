@@ -18,6 +18,8 @@ from bisect_harness.engines import presets
 from bisect_harness.measure import sources
 from bisect_harness.measure.apis import get_api
 from bisect_harness.boot import BootRequest, Checks, freeze
+from bisect_harness.decide.design import Design
+from bisect_harness.decide.verdict import Rules
 from bisect_harness.engines.checkout import Workspace, default_cache_dir
 from bisect_harness.engines.envs import resolve_python
 from bisect_harness.errors import CommitError, UserError
@@ -266,6 +268,16 @@ def series_key(spec: Spec, arm: Arm) -> str:
 def make_config(spec: Spec, arm: Arm, replica: int = 0) -> PlannedConfig:
     key = hashlib.sha256(f"{arm.key()}:{engine_fingerprint(spec)}:{replica}".encode()).hexdigest()[:20]
     return PlannedConfig(key=key, arm=arm, replica=replica)
+
+
+def verdict_rules(spec: Spec) -> Rules:
+    """What the verdict rule takes from the file: the sequential design, the size of the
+    multiplicity family (every hypothesis of the file, whatever ``--only`` kept), the
+    host thresholds."""
+    d = spec.defaults
+    return Rules(design=Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                               analysis=d.analysis),
+                 family_size=spec.multiplicity, thresholds=d.host_thresholds)
 
 
 def arm_of(spec: Spec, sha: str | None, env, flags, base_url: str | None = None, release: str | None = None) -> Arm:

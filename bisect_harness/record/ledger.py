@@ -11,9 +11,7 @@ harness is refused rather than misread.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
@@ -23,6 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
+from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRecord, SampleOutcome
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
@@ -233,17 +232,22 @@ class Probe(Base):
     bisection: Mapped[Bisection] = relationship(back_populates="probes")
 
 
-@dataclass(frozen=True)
-class BootValues:
-    """Boot-level view of a config's measurements for one metric."""
-
-    boot_ids: tuple[int, ...]
-    values: tuple[tuple[float, ...], ...]  # per boot, the sample values
-
-    def means(self) -> list[float]:
-        """One value per boot, the mean of its samples: what a boot is worth as one
-        replicate (the boot is the unit of replication)."""
-        return [math.fsum(v) / len(v) for v in self.values]
+def boot_records(boots: Iterable[Boot]) -> list[BootRecord]:
+    """The boots as the frozen records the verdict and host drift read (``boot.BootRecord``):
+    each with its samples and its run's calibration probes (one record per run)."""
+    runs: dict[int, RunRecord] = {}
+    out = []
+    for b in boots:
+        run = b.run
+        if run is not None and run.id not in runs:
+            runs[run.id] = RunRecord(run.id, tuple(CalibrationRecord(c.phase, c.result) for c in run.calibrations))
+        out.append(BootRecord(
+            id=b.id, run_id=b.run_id, status=b.status, failure=b.failure, argv=tuple(b.argv or ()),
+            provenance=b.provenance or {}, env_report=b.env_report, flag_report=b.flag_report,
+            marks=tuple(b.marks or ()), run=runs.get(run.id) if run is not None else None,
+            samples=tuple(SampleOutcome(metrics=s.metrics, requests=s.requests, output_tokens=s.output_tokens,
+                                        duration_s=s.duration_s, errors=s.errors, seq=s.seq) for s in b.samples)))
+    return out
 
 
 class Ledger:

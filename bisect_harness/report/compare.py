@@ -2,12 +2,13 @@
 
 Each config of run B is matched to run A's config of the same key (the same
 commit, env, flags and engine), else of the same label; the boots of the two are
-then judged by the verdict rule itself (``analysis.decide.judge``: the same
+then judged by the verdict rule itself (``decide.verdict.judge``: the same
 boot-level statistics, the same warnings, host drift included), run A as the
 baseline and run B as the treatment, with alpha divided over the configs
 compared. The claim tested is "run B is worse by at least ``min_effect``" in the
-metric's own direction, unless ``expect`` says otherwise. The one warning the
-verdict rule cannot give here is an attached server's (it reads the planned
+metric's own direction, unless ``expect`` says otherwise. The boots go to the
+verdict rule as frozen records (``record.ledger.boot_records``). The one warning
+not given here is an attached server's (the executor reads it from the planned
 config, which the ledger does not hold); every boot mark, contention, calibration
 and host-drift warning is given.
 """
@@ -18,9 +19,10 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
+from bisect_harness.boot import BootRecord, BootValues
 from bisect_harness.errors import HarnessError, UserError
 from bisect_harness.model import Expect
-from bisect_harness.record.ledger import Config, Ledger, Run
+from bisect_harness.record.ledger import Config, Ledger, Run, boot_records
 
 __all__ = ["ConfigComparison", "compare_runs", "matched_configs", "render_lines"]
 
@@ -37,7 +39,7 @@ class ConfigComparison:
     min_effect: float
     boots: tuple[int, int]     # good boots with values: run A, run B
     means: tuple[float | None, float | None]
-    verdict: dict              # the fields of a verdict row (analysis.decide.judge)
+    verdict: dict              # the fields of a verdict row (decide.verdict.judge)
     drift: tuple[str, ...]     # how the two runs' hosts differed
 
     def to_json(self) -> dict:
@@ -63,9 +65,8 @@ def matched_configs(a: Run, b: Run) -> list[tuple[Config, Config, str]]:
     return out
 
 
-def _boot_mean(ledger: Ledger, boots, metric: str) -> tuple[int, float | None]:
-    bv = ledger.boot_values(boots, metric)
-    means = bv.means()
+def _boot_mean(boots: Sequence[BootRecord], metric: str) -> tuple[int, float | None]:
+    means = BootValues.of(boots, metric).means()
     return len(means), (sum(means) / len(means) if means else None)
 
 
@@ -75,6 +76,7 @@ def compare_runs(ledger: Ledger, run_a: int, run_b: int, *, metric: str = "tok_s
     they share none or the metric is unknown to run B's spec."""
     from bisect_harness.decide.verdict import Side, judge
     from bisect_harness.observe.drift import host_drift
+    from bisect_harness.plan.build import verdict_rules
     from bisect_harness.spec import parse_spec
 
     a, b = ledger.run(run_a), ledger.run(run_b)
@@ -92,15 +94,15 @@ def compare_runs(ledger: Ledger, run_a: int, run_b: int, *, metric: str = "tok_s
     if not 0 < min_effect < 1:
         raise UserError(f"--min-effect must lie between 0 and 1 (0.05 is 5%), got {min_effect}")
     direction = Expect(expect) if expect else metrics[metric].worse
-    spec = dataclasses.replace(spec, family_size=len(pairs))  # alpha divided over the configs compared
+    rules = verdict_rules(dataclasses.replace(spec, family_size=len(pairs)))  # alpha divided over the configs
     out = []
     for ca, cb, how in pairs:
-        side_a = Side("run A", list(ca.boots))
-        side_b = Side("run B", list(cb.boots))
-        verdict = judge(ledger, spec, side_a, side_b, metric=metric, expect=direction, min_effect=min_effect,
+        side_a = Side("run A", boot_records(ca.boots))
+        side_b = Side("run B", boot_records(cb.boots))
+        verdict = judge(rules, side_a, side_b, metric=metric, expect=direction, min_effect=min_effect,
                         hypothesis_id=0, force_final=True)
-        na, ma = _boot_mean(ledger, side_a.good_boots, metric)
-        nb, mb = _boot_mean(ledger, side_b.good_boots, metric)
+        na, ma = _boot_mean(side_a.good_boots, metric)
+        nb, mb = _boot_mean(side_b.good_boots, metric)
         drift = tuple(d.message for d in host_drift(side_a.good_boots, side_b.good_boots))
         out.append(ConfigComparison(label=cb.label, key=cb.key, matched_by=how, metric=metric,
                                     expect=direction.value, min_effect=min_effect, boots=(na, nb), means=(ma, mb), verdict=verdict,

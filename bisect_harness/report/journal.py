@@ -21,7 +21,7 @@ from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
 from bisect_harness.spec import metric_defs
 from bisect_harness.report import explain_view, profile_view, window_view
-from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run
+from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run, boot_records
 from bisect_harness.observe.drift import host_drift
 from bisect_harness.observe.provenance import EnvReport, FlagReport
 from bisect_harness.secrets import redact_text
@@ -238,7 +238,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                     "marks": ", ".join(boot.marks or []) or "-"})
         drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
                   "message": _md(d.message)}
-                 for d in host_drift(used_boots["baseline"], used_boots["treatment"])]
+                 for d in host_drift(boot_records(used_boots["baseline"]), boot_records(used_boots["treatment"]))]
         claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
         same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
         unit = _unit(h, run.spec_text)

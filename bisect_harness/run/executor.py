@@ -24,9 +24,10 @@ from bisect_harness.decide import verdict as decide
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.power import noise_floor
 from bisect_harness.backends import Backend
-from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow
+from bisect_harness.engines import attach
+from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow, boot_records
 from bisect_harness.model import Outcome
-from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config
+from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, verdict_rules
 from bisect_harness.run import resume as resume_mod
 from bisect_harness.run.bisect_runner import bisect_hypothesis
 from bisect_harness.run.explain_runner import explain_hypothesis, explanation_lines
@@ -50,6 +51,7 @@ class Executor:
                                order_seed=order_seed, wait_quiet_s=wait_quiet_s, backend=backend)
         self.plan = plan
         self.spec = plan.spec
+        self.rules = verdict_rules(plan.spec)
         self.ledger = ledger
         self.obs = self.sched.obs
         self.aa_check = aa_check
@@ -79,10 +81,10 @@ class Executor:
         self.sched.finish_run(status, error)
 
     def design(self) -> Design:
-        return decide.design(self.spec)
+        return self.rules.design
 
     def alpha_each(self) -> float:
-        return decide.alpha_each(self.spec)
+        return self.rules.alpha_each
 
     def execute(self) -> Run:
         """The whole experiment: calibrate, boot rounds until decided, bisect and explain
@@ -126,7 +128,7 @@ class Executor:
         """Boot each baseline config against an independent replica of itself, measure
         the noise, and refuse to claim effects smaller than the run can resolve."""
         d = self.spec.defaults
-        design, alpha_each = decide.design(self.spec), decide.alpha_each(self.spec)
+        design, alpha_each = self.rules.design, self.rules.alpha_each
         groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
         for h in self.plan.hypotheses:
             if not h.is_aa:
@@ -161,7 +163,7 @@ class Executor:
                     earlier: Mapping[str, tuple[VerdictRow | None, int]]) -> None:
         """``earlier``: per hypothesis, its final verdict and the looks recorded before a resume."""
         d = self.spec.defaults
-        alpha_each = decide.alpha_each(self.spec)
+        alpha_each = self.rules.alpha_each
         pending = []
         for h in self.plan.hypotheses:
             final, _ = earlier.get(h.id, (None, 0))
@@ -239,10 +241,12 @@ class Executor:
 
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
-        sides = [decide.Side(name, st.boots, st.planned, st.failed) for name, st in (("baseline", b), ("treatment", t))]
-        v = decide.look(self.ledger, self.spec, *sides, metric=h.metric.name, expect=h.spec.expect,
+        sides = [decide.Side(name, boot_records(st.boots), st.failed)
+                 for name, st in (("baseline", b), ("treatment", t))]
+        v = decide.look(self.rules, *sides, metric=h.metric.name, expect=h.spec.expect,
                         min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
-                        force_final=force_final, order_seed=self.order_seed)
+                        force_final=force_final, order_seed=self.order_seed,
+                        config_warnings=attach.verdict_warnings([b.planned, t.planned]))
         return VerdictRow(**v)
 
 

@@ -30,7 +30,7 @@ from bisect_harness.errors import UserError
 from bisect_harness.decide.verdict import NightRule
 from bisect_harness.observe.drift import host_drift
 from bisect_harness.run.scheduler import Observer, Scheduler
-from bisect_harness.record.ledger import Ledger
+from bisect_harness.record.ledger import Ledger, boot_records
 from bisect_harness.model import Arm, Expect
 from bisect_harness.plan.build import make_config, series_key
 from bisect_harness.spec import Spec
@@ -120,7 +120,7 @@ def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, w
     shift = rule.shift
     reference = nights[-1][1]
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
-    drift = tuple(d.message for d in host_drift(last_boots, st.good_boots))
+    drift = tuple(d.message for d in host_drift(boot_records(last_boots), boot_records(st.good_boots)))
     thresholds = ex.spec.defaults.host_thresholds
     warnings = tuple(host_state.contention_warnings({"last night": last_boots, "tonight": st.boots}, thresholds)
                      + host_state.calibration_warnings([run], thresholds))
