@@ -89,6 +89,10 @@ class Registry(Mapping[str, T], Generic[T]):
     def __getitem__(self, name: str) -> T:
         return self._kinds[name]
 
+    def __contains__(self, name: object) -> bool:
+        # a value read from YAML may be a list or a mapping: not a kind's name, never an error
+        return isinstance(name, str) and name in self._kinds
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._kinds)
 

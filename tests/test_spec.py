@@ -252,3 +252,19 @@ def test_the_dry_run_prints_a_derived_metric_definition(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert ("  derived source 'verify_ms_per_cycle': verify_s / passes x 1000, from each sample window's values "
             "of those sources [ms], lower is better\n") in proc.stdout
+
+
+@pytest.mark.parametrize("key, line, value", [
+    ("engine.checkout", "  launch: [my-server, --port, \"{port}\"]\n", "  checkout: []\n"),
+    ("engine.checkout", "  launch: [my-server, --port, \"{port}\"]\n", "  checkout: {mode: tree}\n"),
+    ("backend.kind", "hypotheses:\n", "backend: {kind: [local]}\n"),
+    ("defaults.analysis", "  max_boots_per_arm: 4\n", "  analysis: [robust]\n"),
+    ("benchmark.api", "  output_tokens: 32\n", "  api: {name: chat}\n"),
+])
+def test_a_kind_named_by_a_list_or_a_mapping_is_a_spec_error_naming_its_key(tmp_path, key, line, value):
+    """A registry is asked with whatever the file holds: a list is no kind's name, and
+    the answer is the key's own error, not a TypeError from inside the check."""
+    text = GOOD.replace(line, line + value, 1) if key != "backend.kind" else GOOD.replace(line, value + line, 1)
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, tmp_path / "hypotheses.yaml")
+    assert info.value.key == key, str(info.value)
