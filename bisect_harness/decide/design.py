@@ -10,12 +10,14 @@ and the analysis that compares the two arms.
 The analyses are kinds: each module of ``decide/analyses/`` defines one and adds
 it to :data:`ANALYSES`, and whatever needs their names (this class, the spec's
 check of ``defaults.analysis``, the JSON Schema, ``bench/bench_stats.py``) reads
-them there. ``bisect_harness.decide`` imports every one of those modules when it
-is imported, so the registry is full wherever a design can be made.
+them there. The registry imports every one of those modules the first time it is
+read (as the backends' registry does), so it is full wherever it is asked.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -30,7 +32,15 @@ SPENDING_FUNCTIONS = ("pocock", "obrien-fleming")
 #: t-test at the first looks, then a sign-flip test of the clipped ratios),
 #: ``"paired"`` (per-round log ratios, a paired t-test at every look) or
 #: ``"unpaired"`` (Welch on log boot means).
-ANALYSES: Registry = Registry("analysis", order=attrgetter("listed"))
+def _import_analyses() -> None:
+    """Import each module of ``decide/analyses/``: each adds its analysis."""
+    from bisect_harness.decide import analyses
+
+    for found in pkgutil.iter_modules(analyses.__path__):
+        importlib.import_module(f"{analyses.__name__}.{found.name}")
+
+
+ANALYSES: Registry = Registry("analysis", load=_import_analyses, order=attrgetter("listed"))
 
 
 @dataclass(frozen=True)

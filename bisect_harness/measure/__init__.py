@@ -1,1 +1,2 @@
-"""Measuring a server: the streaming APIs, the benchmark client, request bodies, and the metric sources read around each sample."""
+"""Measuring a server: the streaming APIs, the benchmark client, request bodies, and the
+metric sources read around each sample."""

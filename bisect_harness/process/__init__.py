@@ -1,1 +1,2 @@
-"""Owning processes: every process the harness starts runs in its own group, under a deadline, and is stopped with it."""
+"""Owning processes: every process the harness starts runs in its own group, under a
+deadline, and is stopped with it."""

@@ -1,1 +1,2 @@
-"""What people read: the journal and its plots, the index, compare and series views, and the progress lines."""
+"""What people read: the journal and its plots, the index, compare and series views, and
+the progress lines."""

@@ -1,1 +1,2 @@
-"""The drivers: the boot scheduler with one measuring call, and the loops that use it (hypotheses, bisect, explain, nightly, resume)."""
+"""The drivers: the boot scheduler with one measuring call, and the loops that use it
+(hypotheses, bisect, explain, nightly, resume)."""

@@ -1,4 +1,5 @@
-"""The one reader of hypotheses.yaml: the spec's types, its sections' parsers, the metric definitions, and the JSON Schema.
+"""The one reader of hypotheses.yaml: the spec's types, its sections' parsers, the
+metric definitions, and the JSON Schema.
 
 ``load_spec(path)`` reads, validates and freezes a file into a ``Spec``; every error
 names the key path and its line. The parts, for a reader of the code:
