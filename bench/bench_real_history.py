@@ -254,7 +254,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="llama-server -t (1: on a small shared host, two spinning threads stall each other)")
     p.add_argument("--cache-dir", default=None, help="the harness's cache (checkouts, builds)")
-    p.add_argument("--checkout", default="worktree", choices=("worktree", "tree", "clone"),
+    from bisect_harness.engines.checkout import CHECKOUT_MODES
+
+    p.add_argument("--checkout", default="worktree", choices=CHECKOUT_MODES.names(),
                    help="engine.checkout: how each commit is checked out")
     out = run(p.parse_args())
     print(f"culprit named: {out['culprit'] and out['culprit'][:9]} (expected {out['expected'] and out['expected'][:9]}, "
