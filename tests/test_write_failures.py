@@ -149,3 +149,26 @@ def test_boots_whose_logs_could_not_be_written_are_marked_and_their_tails_kept(t
         assert "served request" not in Path(log_path).read_text()
     journal = next((tmp_path / "exp").glob("*.md")).read_text()
     assert journal.count("log not written: ") == 4 and "log_unwritten" in journal
+
+
+def test_a_boot_that_fails_with_its_log_unwritable_says_so_and_keeps_the_engines_last_words(tmp_path):
+    from bisect_harness.engines.server import ServerProcess
+    from bisect_harness.errors import BootFailed
+
+    script = "import time; time.sleep(1.0); print('engine: model file not found', flush=True); raise SystemExit(1)"
+    stop, limited = threading.Event(), set()
+    filler = threading.Thread(target=_fill_the_disk_under_every_boot_log, args=(os.getpid(), stop, limited))
+    filler.start()
+    try:
+        with pytest.raises(BootFailed) as info:
+            ServerProcess([sys.executable, "-c", script], env=dict(os.environ), cwd=tmp_path,
+                          log_path=tmp_path / "boot.log", base_url="http://127.0.0.1:9", ready_timeout_s=30,
+                          record=False).start()
+    finally:
+        stop.set()
+        filler.join()
+    assert len(limited) == 1
+    exc = info.value
+    assert exc.log_unwritten and exc.log_unwritten.endswith("(EFBIG: File too large)"), exc.log_unwritten
+    assert "engine: model file not found" in exc.log_tail
+    assert "model file not found" not in (tmp_path / "boot.log").read_text()
