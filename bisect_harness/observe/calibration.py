@@ -170,12 +170,13 @@ class Calibration:
 
 
 def _time_op(op: Callable[[], Any], sync: Callable[[], None], budget_s: float,
-             repeats: int, min_repeats: int = 3) -> tuple[list[float], int]:
+             repeats: int, min_repeats: int = 4) -> tuple[list[float], int]:
     """Seconds per op over up to ``repeats`` repetitions within ``budget_s``.
 
     Two warm-up ops (the second timed) size the repetitions: each runs ``inner`` ops so that all
     repetitions together take about the budget. At least ``min_repeats`` run, so
-    the spread is defined even when one op alone exceeds the budget.
+    the spread after the settling repetition (:func:`steady_spread`) is defined even
+    when one op alone exceeds the budget.
     Returns ``(seconds_per_op for each repetition, inner)``.
     """
     t_start = time.perf_counter()
@@ -339,7 +340,8 @@ def calibrate(device: str = "auto", seconds_budget: float = 3.0, *,
     ``cuda``. ``seconds_budget`` bounds the timed repetitions (split evenly over
     the workloads); warm-up ops and, with several GPUs, the start of the
     all-reduce processes come on top. Each measurement reports the median rate
-    over at most ``repeats`` repetitions (at least 3) and its relative spread.
+    over at most ``repeats`` repetitions (at least 4: :func:`steady_spread` judges the
+    three after the first) and its relative spread.
     """
     import torch
 
