@@ -83,10 +83,13 @@ class NotObserved(HarnessError):
 
 
 class ConfigFailure(HarnessError):
-    """One config could not be measured; recorded and skipped, never fatal to the run."""
+    """One config could not be measured; recorded and skipped, never fatal to the run.
+    ``log_unwritten``: where its log could not be written (a full disk), how much is
+    missing and why; ``log_tail`` then comes from memory."""
 
     def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None):
         self.log_tail, self.log_path = log_tail, log_path
+        self.log_unwritten: str | None = None
         super().__init__(message)
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bisect_harness.observe.calibration import (
-    Calibration, Doctor, Drift, Measurement, Severity, allreduce_bandwidth, calibrate, compare_hosts,
-    doctor_report, host_warnings, render_doctor_text,
+    Calibration, Drift, Measurement, Severity, allreduce_bandwidth, calibrate, compare_hosts, host_warnings,
 )
+from bisect_harness.observe.doctor import Doctor, doctor_report, render_doctor_text
 from bisect_harness.errors import UserError
 from bisect_harness.observe.provenance import GpuInfo, GpuSummary, HostInfo, SamplerSummary, Stat
 
@@ -228,8 +228,9 @@ def test_doctor_text_golden():
         "  [0] SM 1980/1980 MHz, mem 2619/2619 MHz, 40 C, 120/700 W, throttle sw_power_cap, "
         "ECC True, MIG False, persistence True\n"
         "calibration (cpu, 1.2 s, 8 threads)\n"
-        "  matmul@cpu             1000.0 GFLOP/s  spread 2.0%  [n=512 float32, 4 ops/rep]\n"
-        "  memcpy@cpu              100.0 GB/s     spread 0.0%  "
+        "  matmul@cpu             1000.0 GFLOP/s  spread 2.00%  [n=512 float32, 4 ops/rep]\n"
+        "  memcpy@cpu              100.0 GB/s     spread 0.00%  "
         "[64 MiB, read+written bytes, 2 ops/rep]\n"
         "warnings\n"
-        "  warning  GPU 0 clocks limited by sw_power_cap\n")
+        "  warning  GPU 0 clocks limited by sw_power_cap\n"
+        "doctor    not ok (1 warning(s))\n")

@@ -97,13 +97,13 @@ def cache_prune(
 def doctor(json_out: bool = typer.Option(False, "--json"),
            seconds: float = typer.Option(3.0, "--seconds", help="Budget of the calibration probe.")) -> None:
     """This host's provenance and a calibration probe, now."""
-    from bisect_harness.observe import calibration
+    from bisect_harness.observe import doctor as _doctor
 
-    report = calibration.doctor_report(seconds_budget=seconds)
+    report = _doctor.doctor_report(seconds_budget=seconds)
     if json_out:
         print(json.dumps(report.to_dict(), default=str))
     else:
-        Console().print(calibration.render_doctor_text(report), markup=False)
+        Console().print(_doctor.render_doctor_text(report), markup=False)
 
 def schema() -> None:
     """The JSON Schema of hypotheses.yaml (for editors: completion and checks as you type)."""

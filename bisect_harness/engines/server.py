@@ -196,11 +196,24 @@ class ServerProcess:
             return None
         return self._proc.log_bytes, self._proc.log_dropped
 
+    @property
+    def log_unwritten(self) -> str | None:
+        """Once stopped, where the log could not be written (a full disk): how much of the
+        server's output is missing from it and why; None when every write reached it."""
+        lost = self._proc.log_unwritten if self._proc is not None else None
+        if lost is None:
+            return None
+        return f"{lost[0]:,} bytes of the server's output could not be written to {self.log_path} ({lost[1]})"
+
     def __repr__(self) -> str:
         return f"ServerProcess(pid={self.pid}, base_url={self.base_url!r}, log={str(self.log_path)!r})"
 
     def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the boot log ("" when there is none)."""
+        """The last ``lines`` lines of the boot log ("" when there is none); once stopped, where
+        the log could not be written, the newest output the supervisor kept in memory."""
+        kept = self._proc.log_memory_tail if self._proc is not None and self._proc.log_unwritten else None
+        if kept is not None:
+            return "\n".join(kept.decode("utf-8", errors="replace").splitlines()[-lines:])
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -241,8 +254,10 @@ class ServerProcess:
                 raise BootFailed(f"could not launch {self.argv[0]!r}: {e}. Check the launch command "
                                  f"and that cwd {self.cwd} exists.", log_path=str(self.log_path)) from e
             self._wait_ready()
-        except BaseException:
+        except BaseException as exc:
             self.stop()
+            if isinstance(exc, BootFailed) and self.log_unwritten:  # the log's tail came from memory
+                exc.log_tail, exc.log_unwritten = self.log_tail(), self.log_unwritten
             raise
         return self
 

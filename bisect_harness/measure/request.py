@@ -56,6 +56,7 @@ class RequestRecord:
     # where it said (``Api.cached_tokens``, ``Api.evaluated_tokens``)
     cached_tokens: int | None = None
     evaluated_tokens: int | None = None
+    server_tokens: int | None = None  # the server's own count of the output tokens, where it sent one
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -246,7 +247,7 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
-        usage_mismatch=mismatch, **_prompt_counts(api, st)), None
+        usage_mismatch=mismatch, server_tokens=server, **_prompt_counts(api, st)), None
 
 
 def _prompt_counts(api: Api, st: "_Stream") -> dict[str, int | None]:

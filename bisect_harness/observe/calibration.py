@@ -9,7 +9,11 @@
   comparison: driver, CUDA, boot id, kernel, GPU model, packages, governor,
   calibration beyond a threshold, and on either side clocks held low or
   throttle reasons active.
-* :func:`doctor_report` and :func:`render_doctor_text` back ``harness doctor``.
+* :func:`steady_spread` is how much a probe's repetitions varied once it settled,
+  the figure judged against ``calibration_spread`` (``harness doctor``, a run's
+  calibrations; see its docstring for why the first repetition is left out);
+  :func:`percent_beyond` prints a figure and its limit with the digits that show
+  which side of the limit it is.
 
 Example::
 
@@ -36,7 +40,7 @@ from bisect_harness.model import jsonable
 from bisect_harness.secrets import redact_env
 from bisect_harness.process.ports import free_port
 from bisect_harness.observe.provenance import (
-    SCHEMA_VERSION, GpuSampler, HostInfo, SamplerSummary, _check_schema, collect_host,
+    SCHEMA_VERSION, HostInfo, SamplerSummary, _check_schema,
 )
 
 #: Fixed workload sizes: changing them makes old calibrations incomparable, so a
@@ -69,6 +73,11 @@ class Measurement:
     def key(self) -> str:
         return f"{self.name}@{self.device}"
 
+    @property
+    def steady_spread(self) -> float:
+        """:func:`steady_spread` of the repetitions: the figure judged against a limit."""
+        return steady_spread(self.values)
+
     @classmethod
     def of(cls, name: str, device: str, unit: str, values: Sequence[float],
            detail: str = "") -> "Measurement":
@@ -88,6 +97,40 @@ class Measurement:
     def from_dict(cls, d: Mapping[str, Any]) -> "Measurement":
         return cls(d["name"], d["device"], d["unit"], d["median"], d["spread"],
                    tuple(d["values"]), d.get("detail", ""))
+
+
+def steady_spread(values: Sequence[float]) -> float:
+    """How much a probe's repetitions varied once it settled: ``(max - min) / median``
+    of the repetitions after the first, where four or more ran (of all of them else).
+
+    The first timed repetition is the probe's own settling, not the host: a GPU runs
+    the first few hundred milliseconds of a full-load matrix product at its boost
+    clock, until its power controller pulls the clock down to the power limit
+    (``sw_power_cap``), so that repetition can come out faster by up to the boost's
+    margin over the capped clock; a CPU's first repetition carries the frequency ramp. The warm-up op before it pays for allocation and kernel choice but is too
+    short for the power controller. A host that is not quiet (another process on the
+    GPU or the cores) slows repetitions anywhere in the run, so it still shows in the
+    later ones, and in the same unit as before: a range over a median, judged against
+    the same ``calibration_spread``. The range, not a deviation, because a single slow
+    repetition among the settled ones is what contention looks like and should count.
+    ``(max - min) / median`` of all repetitions stays recorded as ``spread``."""
+    vals = [float(v) for v in values]
+    settled = vals[1:] if len(vals) >= 4 else vals
+    if not settled:
+        return float("nan")
+    med = statistics.median(settled)
+    return (max(settled) - min(settled)) / med if med > 0 else float("inf")
+
+
+def percent_beyond(value: float, limit: float) -> tuple[str, str]:
+    """``value`` and ``limit`` as percentages with as few decimals as tell them apart
+    (``("10.4%", "10%")``, never ``("10%", "10%")``): a figure printed beside the limit
+    it crossed shows that it did. The limit is printed as it is set."""
+    lim = f"{limit * 100:.6f}".rstrip("0").rstrip(".") + "%"
+    for digits in range(0, 7):
+        if round(value * 100, digits) != round(limit * 100, digits):
+            return f"{value * 100:.{digits}f}%", lim
+    return f"{value * 100:.6f}%", lim
 
 
 @dataclass(frozen=True)
@@ -127,12 +170,13 @@ class Calibration:
 
 
 def _time_op(op: Callable[[], Any], sync: Callable[[], None], budget_s: float,
-             repeats: int, min_repeats: int = 3) -> tuple[list[float], int]:
+             repeats: int, min_repeats: int = 4) -> tuple[list[float], int]:
     """Seconds per op over up to ``repeats`` repetitions within ``budget_s``.
 
     Two warm-up ops (the second timed) size the repetitions: each runs ``inner`` ops so that all
     repetitions together take about the budget. At least ``min_repeats`` run, so
-    the spread is defined even when one op alone exceeds the budget.
+    the spread after the settling repetition (:func:`steady_spread`) is defined even
+    when one op alone exceeds the budget.
     Returns ``(seconds_per_op for each repetition, inner)``.
     """
     t_start = time.perf_counter()
@@ -296,7 +340,8 @@ def calibrate(device: str = "auto", seconds_budget: float = 3.0, *,
     ``cuda``. ``seconds_budget`` bounds the timed repetitions (split evenly over
     the workloads); warm-up ops and, with several GPUs, the start of the
     all-reduce processes come on top. Each measurement reports the median rate
-    over at most ``repeats`` repetitions (at least 3) and its relative spread.
+    over at most ``repeats`` repetitions (at least 4: :func:`steady_spread` judges the
+    three after the first) and its relative spread.
     """
     import torch
 
@@ -480,153 +525,7 @@ def compare_hosts(a: HostInfo, b: HostInfo, cal_a: Calibration | None,
     return out
 
 
-# ------------------------------------------------------------------------- doctor
-
-
-@dataclass(frozen=True)
-class Doctor:
-    """This host now: a snapshot, a calibration run under a sampler, and the
-    problems found."""
-
-    host: HostInfo
-    calibration: Calibration | None
-    samples: SamplerSummary | None
-    warnings: tuple[Drift, ...]
-    note: str = ""
-    contention: Mapping[str, Any] | None = None  # contention.Window.to_dict() of a window before calibrating
-
-    @property
-    def ok(self) -> bool:
-        return not any(w.severity is not Severity.INFO for w in self.warnings)
-
-    def to_dict(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, "ok": self.ok, "host": self.host.to_dict(),
-                "calibration": self.calibration.to_dict() if self.calibration else None,
-                "samples": self.samples.to_dict() if self.samples else None,
-                "warnings": [w.to_dict() for w in self.warnings], "note": self.note,
-                "contention": dict(self.contention) if self.contention else None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Doctor":
-        _check_schema(d, "Doctor")
-        return cls(HostInfo.from_dict(d["host"]),
-                   Calibration.from_dict(d["calibration"]) if d.get("calibration") else None,
-                   SamplerSummary.from_dict(d["samples"]) if d.get("samples") else None,
-                   tuple(Drift.from_dict(w) for w in d["warnings"]), d.get("note", ""), d.get("contention"))
-
-
-def doctor_report(*, seconds_budget: float = 3.0, device: str = "auto",
-                  engine_repo: Path | None = None, run_calibration: bool = True,
-                  sample_interval_s: float = 0.25, contention_s: float = 2.0,
-                  thresholds: Any | None = None) -> Doctor:
-    """Snapshot the host, watch it for ``contention_s`` seconds (foreign CPU, pressure,
-    run queue, steal, other GPU processes), calibrate it while sampling clocks and
-    thermals (so "clocks held low" is judged under load), and list what looks wrong:
-    contention and a calibration spread above ``thresholds`` (``contention.Thresholds``)
-    are warnings, as they are for a run's boots."""
-    from bisect_harness.observe import contention
-
-    thresholds = thresholds or contention.Thresholds()
-    host = collect_host(engine_repo)
-    cal = None
-    samples = None
-    window = contention.sample_host(contention_s) if contention_s > 0 else None
-    if run_calibration:
-        with GpuSampler(sample_interval_s) as sampler:
-            cal = calibrate(device, seconds_budget)
-        samples = sampler.summary()
-    warnings = host_warnings(host, samples)
-    if window is not None:
-        for c in contention.judge(window, thresholds):
-            warnings.append(Drift(f"contention.{c.figure}", round(c.value, 4), None, Severity.WARNING,
-                                  f"host busy: {c.message}"))
-    for m in cal.measurements if cal is not None else ():
-        if m.spread > thresholds.calibration_spread:
-            warnings.append(Drift(f"calibration.{m.key}.spread", round(m.spread, 4), None, Severity.WARNING,
-                                  f"calibration {m.key} varied {m.spread:.0%} between repetitions "
-                                  f"(> {thresholds.calibration_spread:.0%}): the host is not quiet"))
-    notes = []
-    if host.cpu_governor not in (None, "performance"):
-        warnings.append(Drift("cpu_governor", host.cpu_governor, None, Severity.INFO,
-                              f"CPU governor is {host.cpu_governor!r}, not 'performance'"))
-    if not host.gpus:
-        notes.append(host.gpu_note)
-    return Doctor(host, cal, samples, tuple(warnings), "; ".join(n for n in notes if n),
-                  window.to_dict() if window is not None else None)
-
-
-def _fmt_bytes(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def render_doctor_text(doctor: Doctor) -> str:
-    """Plain text for ``harness doctor`` (no markup; safe to print through rich)."""
-    h = doctor.host
-    lines = [
-        f"host      {h.hostname}  ({h.os}, kernel {h.kernel})",
-        f"boot id   {h.boot_id or '(unknown)'}",
-        f"cpu       {h.cpu_model}, {h.cpu_count_logical} logical cores, governor "
-        f"{h.cpu_governor or '(no cpufreq)'}, load {h.load_avg[0]:.2f} {h.load_avg[1]:.2f} "
-        f"{h.load_avg[2]:.2f}",
-        f"memory    {_fmt_bytes(h.mem_available_bytes)} free of {_fmt_bytes(h.mem_total_bytes)}",
-        f"python    {h.python_version}, torch {h.torch_version or '(not installed)'}"
-        f" (CUDA {'available' if h.torch_cuda_available else 'not available'}"
-        f"{', ' + h.torch_cuda_version if h.torch_cuda_version else ''})",
-        f"packages  {h.packages_count} installed, hash {h.packages_hash[:12]}",
-    ]
-    if h.engine_commit or h.engine_note != "no engine repository given":
-        dirty = {True: " (dirty)", False: " (clean)", None: ""}[h.engine_dirty]
-        lines.append(f"engine    {h.engine_commit or '(unknown)'}{dirty}"
-                     + (f"  {h.engine_note}" if h.engine_note else ""))
-    if h.gpus:
-        lines.append(f"gpus      {len(h.gpus)} x {h.gpus[0].name}, driver {h.driver_version}, "
-                     f"CUDA {h.cuda_version}")
-        for g in h.gpus:
-            thr = ",".join(g.throttle_reasons) or "none"
-            lines.append(
-                f"  [{g.index}] SM {g.sm_clock_mhz}/{g.sm_clock_max_mhz} MHz, "
-                f"mem {g.mem_clock_mhz}/{g.mem_clock_max_mhz} MHz, {g.temperature_c} C, "
-                f"{g.power_w if g.power_w is None else round(g.power_w)}/"
-                f"{g.power_limit_w if g.power_limit_w is None else round(g.power_limit_w)} W, "
-                f"throttle {thr}, ECC {g.ecc_mode}, MIG {g.mig_mode}, "
-                f"persistence {g.persistence_mode}")
-    else:
-        lines.append(f"gpus      none: {h.gpu_note}")
-    if doctor.contention:
-        from bisect_harness.observe.contention import Window, summary_line
-
-        w = Window.from_dict(doctor.contention)
-        lines.append(f"contention {summary_line(w)}")
-        for p in w.details.get("top_foreign", [])[:5]:
-            lines.append(f"  foreign  {p.get('command') or p['name']} (pid {p['pid']}) {p['cores']:.2f} cores")
-    cal = doctor.calibration
-    if cal is not None:
-        lines.append(f"calibration ({cal.device}, {cal.elapsed_s:.1f} s, {cal.threads} threads)")
-        for m in cal.measurements:
-            lines.append(f"  {m.key:<16} {m.median:>12.1f} {m.unit:<8} spread {m.spread:.1%}"
-                         f"  [{m.detail}]")
-        if cal.note:
-            lines.append(f"  note: {cal.note}")
-    s = doctor.samples
-    if s is not None:
-        cpu = ", ".join(f"{k} {v.min:.1f}/{v.mean:.1f}/{v.max:.1f}" for k, v in s.cpu.items())
-        lines.append(f"sampled   {s.n_samples} samples over {s.duration_s:.1f} s (min/mean/max): {cpu}")
-        for g in s.gpus:
-            st = ", ".join(f"{k} {v.min:.0f}/{v.mean:.0f}/{v.max:.0f}" for k, v in g.stats.items())
-            lines.append(f"  [{g.index}] {st}; throttle seen: "
-                         f"{','.join(g.throttle_reasons_seen) or 'none'}")
-    if doctor.warnings:
-        lines.append("warnings")
-        for w in doctor.warnings:
-            lines.append(f"  {w.severity.value:<8} {w.message}")
-    else:
-        lines.append("warnings  none")
-    if doctor.note:
-        lines.append(f"note      {doctor.note}")
-    return "\n".join(lines) + "\n"
-
-
 __all__ = [
-    "Calibration", "Doctor", "Drift", "Measurement", "Severity", "allreduce_bandwidth",
-    "calibrate", "compare_hosts", "doctor_report", "host_warnings", "render_doctor_text",
+    "Calibration", "Drift", "Measurement", "Severity", "allreduce_bandwidth", "calibrate", "compare_hosts",
+    "host_warnings", "percent_beyond", "steady_spread",
 ]

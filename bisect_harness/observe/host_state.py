@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from bisect_harness.observe.calibration import percent_beyond, steady_spread
 from bisect_harness.observe.contention import Thresholds, Window, summary_line
 
 
@@ -74,14 +75,20 @@ def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | 
 
 
 def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[str]:
-    """The calibration measurements whose spread is above ``limit``, as sentences."""
+    """The calibration measurements whose spread once the probe settled
+    (``calibration.steady_spread``: the repetitions after the first) is above ``limit``,
+    as sentences whose figures show they crossed it."""
     if not result or "measurements" not in result:
         return []
     out = []
     for m in result["measurements"]:
-        if m.get("spread") is not None and m["spread"] > limit:
-            out.append(f"{m['name']}@{m['device']} varied {m['spread']:.0%} between repetitions (> {limit:.0%}): "
-                       "the host was not quiet while it was calibrated")
+        values = m.get("values") or []
+        steady = steady_spread(values) if values else m.get("spread")
+        if steady is not None and steady > limit:
+            seen, lim = percent_beyond(steady, limit)
+            which = "its repetitions after the first" if len(values) >= 4 else "repetitions"
+            out.append(f"{m['name']}@{m['device']} varied {seen} between {which} (> {lim}): the host was not "
+                       "quiet while it was calibrated")
     return out
 
 

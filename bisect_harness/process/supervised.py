@@ -3,7 +3,8 @@
 :class:`Supervised` starts :mod:`bisect_harness.process.supervisor` as a process of
 its own, which starts the command and owns every process the command starts; the
 two talk through the supervisor's stdin (the request, ``stop``) and a status pipe
-(``pid``, ``exit``, ``timeout``, ``log``, ``done``). :func:`run` runs a command to
+(``pid``, ``exit``, ``timeout``, ``log``, ``done``; ``logerr`` and ``logtail`` when
+the log could not be written). :func:`run` runs a command to
 its end; :func:`reap_leftovers` kills what supervisors that died themselves left
 behind (their record files); :func:`supervisors_of` lists the live supervisors of
 a harness.
@@ -21,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import os
@@ -141,6 +143,10 @@ class Supervised:
         self.log_cap = log_cap
         self.log_bytes: int | None = None    # what the command wrote, once it is over (capped logs)
         self.log_dropped: int | None = None  # of it, bytes dropped from the log's middle
+        # the log could not be written (capped logs): (bytes lost, the first refused write,
+        # e.g. "ENOSPC: No space left on device"), and the newest output from the supervisor's memory
+        self.log_unwritten: tuple[int, str] | None = None
+        self.log_memory_tail: bytes | None = None
 
     @property
     def supervisor_pid(self) -> int | None:
@@ -220,6 +226,11 @@ class Supervised:
             self.left_alive = int(rest)
         elif word == "log":
             self.log_bytes, self.log_dropped = (int(x) for x in rest.split())
+        elif word == "logerr":
+            n, _, why = rest.partition(" ")
+            self.log_unwritten = (int(n), why)
+        elif word == "logtail":
+            self.log_memory_tail = base64.b64decode(rest)
 
     def _pump(self) -> None:
         if self._status_fd is None:

@@ -36,6 +36,7 @@ its two siblings (:mod:`~bisect_harness.process.proctree`,
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -346,6 +347,10 @@ def main(args: Sequence[str]) -> int:
                     break
             os.close(out_r)
         log.flush()
+        failure = log.failure()
+        if failure:  # the log could not be written: why, and the newest output, from memory
+            status.send(f"logerr {log.unwritten} {failure}")
+            status.send("logtail " + base64.b64encode(log.memory_tail()).decode())
         status.send(f"log {log.total} {log.dropped}")
     status.send(f"done {left}")
     if left == 0:

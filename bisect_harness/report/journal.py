@@ -242,10 +242,13 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
         same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
         unit = _unit(h, run.spec_text)
-        plot = None
+        plot = plot_missing = None
         if plots_dir is not None:
-            drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{reproduce.file_part(h.hid)}.png",
-                                          title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
+            try:
+                drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{reproduce.file_part(h.hid)}.png",
+                                              title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
+            except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
+                drawn, plot_missing = None, _md(str(exc))
             plot = drawn.name if drawn else None
         pair = (h.baseline.commit, h.treatment.commit)
         if pair not in logs:
@@ -273,7 +276,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
-            "plot": plot, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
+            "plot": plot, "plot_missing": plot_missing, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
             "commands": [{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
                          for side, b in sorted(first_used.items())],
             "git_log": logs[pair][0], "git_note": logs[pair][1]})
@@ -312,6 +315,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             stop = (b.provenance or {}).get("stop") or {}
             if not stop.get("clean", True):  # how the server ended at the harness's stop
                 details.append(f"- stop: {_md(stop.get('note', ''))}")
+            details += [f"- {_md(line)}" for line in _boot_facts(b.provenance or {})]
             details.append(f"- ran as: `{reproduce.boot_command(b)}`")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
@@ -473,6 +477,26 @@ def _prompt_text(prompt: dict) -> str:
     return f"{text}; {reuse_text(bool(prompt['unique']), prompt.get('spread'))}"
 
 
+def _boot_facts(prov: dict) -> list[str]:
+    """Facts of a boot that are not marks, and what a mark left missing, as sentences
+    from its provenance: a log that could not be written, a server's steady off-by-one
+    between its text chunks and its token count, the collective libraries' own sockets
+    beyond loopback."""
+    out = []
+    log = prov.get("log") or {}
+    if log.get("unwritten"):
+        out.append(f"log not written: {log['unwritten']}; the ledger's log_tail holds the newest output, "
+                   "kept in memory")
+    offset = prov.get("usage_offset")
+    if offset:
+        out.append(f"token count: {offset['note']}")
+    listening = prov.get("listening") or {}
+    if listening.get("collective"):
+        out.append("listening beyond loopback for the server's own processes (collective-communication "
+                   "bootstrap, not a server port): " + ", ".join(listening["collective"]))
+    return out
+
+
 def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
     result = bis.result or {}
     probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
@@ -524,13 +548,16 @@ def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
               "mean": _fmt(t.get("mean"), 4), "p": _fmt(t.get("p_value"), 4), "level": _fmt(t.get("alpha_per_look"), 4),
               "decision": _md(str(t.get("decision"))), "boot_ids": ", ".join(map(str, t.get("boot_ids") or [])) or "-"}
              for t in result.get("tests") or []]
-    plot = None
+    plot = plot_missing = None
     if plots_dir is not None and bis.probes:
-        plot = _plot_bisection(bis, plots_dir, stem)
+        try:
+            plot = _plot_bisection(bis, plots_dir, stem)
+        except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
+            plot_missing = _md(str(exc))
     if result.get("warnings"):
         summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
     return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
-            "probes": probes, "candidates": cands, "plot": plot, "tests": tests}
+            "probes": probes, "candidates": cands, "plot": plot, "plot_missing": plot_missing, "tests": tests}
 
 
 def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
@@ -549,7 +576,6 @@ def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
                 ys.append(float(v))
     if not points[True][0] and not points[False][0]:
         return None
-    plots_dir.mkdir(parents=True, exist_ok=True)
     path = plots_dir / f"{stem}-bisection-{bis.id}.png"
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110, facecolor="white")
     if points[False][0]:
@@ -563,9 +589,7 @@ def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
     ax.set_ylabel(f"boot mean {bis.metric}")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path.name
+    return plots.save_figure(fig, path).name
 
 
 def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:

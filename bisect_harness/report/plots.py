@@ -3,15 +3,59 @@
 Each plot is drawn from ledger rows alone, on a white background, with axis
 labels and the metric's unit, so a journal folder can be committed and read on
 any markdown viewer.
+
+A plot is written whole or not at all (:func:`save_figure`): drawn into a
+temporary file beside its place and renamed onto it, the temporary file removed
+when the write fails (a full disk), so no empty or cut PNG is left in the
+folder; the failure is raised as :class:`PlotNotWritten` for the journal to say.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-__all__ = ["BootPoint", "plot_hypothesis"]
+__all__ = ["BootPoint", "PlotNotWritten", "plot_hypothesis", "save_figure"]
+
+
+class PlotNotWritten(OSError):
+    """A plot could not be written (its folder's disk full, say); nothing was left at its path."""
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno or 0, "")
+        return f"{self.filename} not written ({name + ': ' if name else ''}{self.strerror})"
+
+
+def save_figure(fig: Any, path: Path, **savefig: Any) -> Path:
+    """Write matplotlib figure ``fig`` to ``path`` whole or not at all: into a temporary
+    file in the same folder, then renamed onto ``path``. Raises :class:`PlotNotWritten`
+    (the temporary file removed, an older file at ``path`` left as it was) when the
+    folder cannot take it. The figure is closed either way."""
+    plt = _pyplot()
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode, as open() gives
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", **savefig)
+        os.replace(tmp, path)
+        tmp = None
+        return path
+    except OSError as exc:
+        raise PlotNotWritten(exc.errno, exc.strerror or str(exc), str(path)) from exc
+    finally:
+        plt.close(fig)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 SIDE_STYLE = {"baseline": ("tab:blue", "o"), "treatment": ("tab:orange", "s")}
 
@@ -39,7 +83,8 @@ def _pyplot():
 
 def plot_hypothesis(points: Sequence[BootPoint], path: Path, *, title: str, metric: str, unit: str) -> Path | None:
     """Two panels: boot means per side in boot order (rounds shaded, marked boots hollow,
-    unused boots grey) and every sample's value per side. None when no boot has a value."""
+    unused boots grey) and every sample's value per side. None when no boot has a value;
+    :class:`PlotNotWritten` when it could not be written (nothing left at ``path``)."""
     points = sorted((p for p in points if p.values), key=lambda p: p.boot_id)
     if not points:
         return None
@@ -97,7 +142,4 @@ def plot_hypothesis(points: Sequence[BootPoint], path: Path, *, title: str, metr
     dist.set_title("samples of the boots used", fontsize=10, pad=14)
     dist.grid(axis="y", color="0.85", linewidth=0.6)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, facecolor="white")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, facecolor="white")

@@ -326,9 +326,14 @@ def main(argv=None) -> int:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, args.threads))
-        # gloo's pair sockets listen on the interface named here, else on every address:
-        # the demo serves on loopback only, its collectives too
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    # The demo serves on loopback only, its collectives too: gloo's pair sockets and NCCL's
+    # bootstrap, proxy and RAS sockets listen on the interface named here, else on the
+    # host's own address (one more socket beyond loopback per rank on every GPU boot).
+    # Where the config sets them, its values stand.
+    loopback = "lo0" if sys.platform == "darwin" else "lo"
+    for name, value in (("GLOO_SOCKET_IFNAME", loopback), ("NCCL_SOCKET_IFNAME", loopback),
+                        ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
     tuned = os.environ.get("DEMO_COMM_TUNING", "") == "1"
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
                             store=loopback_store(args.dist_port, args.rank, args.world_size, timedelta(seconds=120)),
