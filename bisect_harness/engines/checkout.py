@@ -197,6 +197,7 @@ class Workspace:
                 return path
             self.notes.append(f"the {mode} checkout of {sha[:12]} is not what it was made from ({why}); "
                               "made it again")
+            self.mirror()  # made (under the lock below) before the lock is taken here
             with _locked(self._lock()):
                 self._discard(path, mode)
             return self._made(sha, mode)
