@@ -9,6 +9,7 @@ real files, and for the boots a real server (``packaged_engine``) booted through
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -222,3 +223,51 @@ def test_a_boot_whose_checkout_changed_while_it_ran_is_marked_and_not_counted(tm
     again = run_boot(_request(tmp_path, engine, build=EDITABLE_BUILD, launch=TOUCHES_ITS_CHECKOUT, boot_id=2), said)
     assert any("python/tinyengine/serve.py: content differs" in s and "made it again" in s for s in said.lines)
     assert again.status == "excluded" and integrity.CHECKOUT_CHANGED in again.marks
+
+
+#: The same launch, changing its checkout only where the arm's env says so.
+TOUCHES_WHEN_ASKED = ["{python}", "-c", "import os, pathlib, runpy, sys; p = pathlib.Path('python/tinyengine/serve.py'); "
+                      "os.environ.get('BH_TOUCH') == '1' and p.write_text(p.read_text() + '# changed' + chr(10)); "
+                      "sys.argv = ['serve', '--host', sys.argv[1], '--port', sys.argv[2]]; "
+                      "runpy.run_module('tinyengine.serve', run_name='__main__')", "{host}", "{port}"]
+
+
+@pytest.mark.slow
+def test_a_run_never_counts_a_boot_whose_checkout_changed(tmp_path, engine):
+    """Through ``harness run``: the treatment's server writes into its checkout on every
+    boot, so none of its boots is the commit as checked out; the verdict counts none of
+    them, the run says each remake, and the journal says what changed."""
+    from helpers import harness, last_json, query
+
+    eng = {"preset": "openai", "repo": "engine", "build": EDITABLE_BUILD, "launch": TOUCHES_WHEN_ASKED,
+           "health": "/health", "server_info": "/server_info", "ready_timeout_s": 60}
+    spec = write_spec(
+        tmp_path / "h.yaml", engine=eng,
+        benchmark={"model": "tiny", "prompt_tokens": 8, "output_tokens": 8, "requests_per_sample": 2,
+                   "warmup_requests": 1, "ignore_eos": False},
+        defaults={"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 2, "boot_retries": 0,
+                  "host_preflight_s": 0},
+        hypotheses=[{"id": "h", "baseline": {"commit": "HEAD~1"},
+                     "treatment": {"commit": "HEAD", "env": {"BH_TOUCH": "1"}},
+                     "metric": "tok_s", "expect": "increase", "min_effect": "10%"}])
+    db = tmp_path / "r.db"
+    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}", "--journal-dir",
+                   tmp_path / "exp", "--cache-dir", tmp_path / "cache", cwd=tmp_path, timeout=600)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    boots = query(db, "SELECT c.`commit`, b.id, b.status, b.marks, b.provenance FROM boots b "
+                      "JOIN configs c ON c.id = b.config_id ORDER BY b.id")
+    treatment = [(i, s, json.loads(m), json.loads(p)) for c, i, s, m, p in boots if c == engine[1]]
+    baseline = [(i, s, json.loads(m)) for c, i, s, m, _ in boots if c == engine[0]]
+    assert len(treatment) == 3 and all(s == "excluded" and "checkout_changed" in m for _, s, m, _ in treatment)
+    assert all(p["checkout_changed"] == [f"{engine[1]}: python/tinyengine/serve.py: content differs"]
+               for *_, p in treatment)
+    assert all("checkout" in p for *_, p in treatment[1:])  # each later boot started on one made again
+    assert baseline and all("checkout_changed" not in m for *_, m in baseline)
+    (h,) = last_json(proc.stdout)["hypotheses"]
+    assert h["boots"]["treatment"] == 0, h
+    assert "checkout_changed" in h["checks"]["word"] or any("checkout_changed" in w for w in h["warnings"]), h
+    said = " ".join((proc.stderr + proc.stdout).split())  # the console wraps long lines
+    assert said.count(f"the worktree checkout of {engine[1][:12]} is not what it was made from") == 2, said[-3000:]
+    (journal,) = (tmp_path / "exp").glob("*-run*.md")
+    text = journal.read_text()
+    assert "- the checkout changed while the boot ran: " in text and "- before the boot: the worktree checkout" in text
