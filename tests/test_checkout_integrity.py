@@ -271,3 +271,33 @@ def test_a_run_never_counts_a_boot_whose_checkout_changed(tmp_path, engine):
     (journal,) = (tmp_path / "exp").glob("*-run*.md")
     text = journal.read_text()
     assert "- the checkout changed while the boot ran: " in text and "- before the boot: the worktree checkout" in text
+
+
+def test_an_environment_whose_package_came_from_another_commits_checkout_is_made_again(tmp_path, monkeypatch):
+    """The installed distribution's recorded source (``direct_url.json``) names the
+    checkout it came from: one of another commit is not this commit's environment."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    a, b = make_packaged_engine(tmp_path / "engine", VERSIONS)
+    ws = Workspace(tmp_path / "engine", tmp_path / "cache")
+    other = ws.checkout(b)
+    env = ws.environment(a, sys.executable)
+    ws.build(a, [env.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", str(other / "python")],
+             env.apply(os.environ), python=env.python)
+    rec = integrity.load(env.venv)
+    assert any(d.get("editable") and str(other) in d.get("url", "") for d in rec.about["installed"]), rec.about
+    assert ws.notes == []
+    again = ws.environment(a, sys.executable)
+    assert again.venv == env.venv and not list(env.venv.glob("lib/python*/site-packages/*.dist-info"))
+    (note,) = ws.notes
+    assert f"tinyengine was installed from the checkout of {b[:12]}" in note and note.endswith("made it again")
+    assert not list((ws.root / "builds").glob(f"{a}-*.json"))  # its build runs again in the new one
+
+
+def test_prune_removes_a_checkouts_record_with_it(repo, tmp_path):
+    from bisect_harness.plan.cache import list_cache, prune
+
+    ws = Workspace(repo, tmp_path / "cache")
+    paths = [ws.checkout(ws.resolve("HEAD"), mode) for mode in ("worktree", "tree", "clone")]
+    assert all(integrity.record_path(p).is_file() for p in paths)
+    assert len(prune(list_cache(tmp_path / "cache"))) == 3
+    assert not any(integrity.record_path(p).exists() for p in paths)
