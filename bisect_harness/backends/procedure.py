@@ -27,7 +27,7 @@ from typing import Any, Generator, Mapping, Sequence
 
 import httpx
 
-from bisect_harness.engines import attach, benchtools, presets, profilers
+from bisect_harness.engines import attach, benchtools, integrity, presets, profilers
 from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
 from bisect_harness.measure import bodies
 from bisect_harness.engines.checkout import read_tail
@@ -38,7 +38,8 @@ from bisect_harness.model import jsonable, utcnow
 from bisect_harness.measure.sources import SourceCollector
 from bisect_harness.measure.sources.prometheus import parse_prometheus
 from bisect_harness.measure.values import read_server_info
-from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, SampleOutcome, Sampled, Sink, Started
+from bisect_harness.boot import (BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Sink,
+                                 Started)
 from bisect_harness.boot import deliver
 
 __all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_server_info"]
@@ -164,6 +165,21 @@ def _log_unwritten(b: "_Boot", why: str | None) -> None:
     b.provenance.setdefault("log", {})["unwritten"] = why
     if "log_unwritten" not in b.marks:
         b.marks.append("log_unwritten")
+
+
+def _checkout_check(b: "_Boot", held: integrity.Held) -> None:
+    """After the server stopped: is the checkout (and the commit's environment) still
+    what the boot was started on? One that changed while the boot ran says nothing of
+    the commit: the boot is marked ``checkout_changed``, what changed is in
+    ``provenance["checkout_changed"]``, and it is excluded (booted again, on a checkout
+    made again)."""
+    changed = integrity.changed_since(held)
+    if not changed:
+        return
+    b.provenance["checkout_changed"] = changed[:20] + ([f"and {len(changed) - 20} more"] if len(changed) > 20 else [])
+    b.marks.append(integrity.CHECKOUT_CHANGED)
+    if b.status in ("running", "ok"):
+        b.status = "excluded"
 
 
 def _retry_check(b: "_Boot", requests) -> None:
@@ -430,8 +446,9 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
         b.provenance["devices"] = req.devices.to_dict()
     log_path = Path(req.log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    remade: list[str] = []
     try:
-        worktree, cenv = checkout(req)
+        worktree, cenv = checkout(req, remade)
         b.provenance["environment"] = cenv.to_dict()
     except BuildFailed as exc:
         b.status, b.failure, b.log_tail, b.log_path = "failed", str(exc), exc.log_tail, exc.log_path
@@ -439,6 +456,11 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
         out = b.outcome()
         yield Finished(req, out)
         return out
+    for note in remade:  # a checkout or environment that was not what it was made from: made again
+        yield Message(f"boot {req.boot_id} ({req.label}): {note}")
+    if remade:
+        b.provenance["checkout"] = {"remade": remade}
+    held = integrity.held([worktree, cenv.venv])  # as verified: compared again when the boot ends
     source = _source(req)
     cfg = _Config(req.endpoint)
     port = source.port(cfg)
@@ -521,6 +543,7 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
             b.log_tail = server.log_tail(40)
         _stop_check(b, server)
         _log_check(b, server)
+        _checkout_check(b, held)
     except _Stop:
         b.log_tail = read_tail(log_path)
     except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -50,7 +51,8 @@ import git  # noqa: E402
 from filelock import FileLock, Timeout  # noqa: E402
 
 from bisect_harness.process import supervised
-from bisect_harness.engines.envs import CommitEnv, create_venv
+from bisect_harness.engines import integrity
+from bisect_harness.engines.envs import CommitEnv, create_venv, installed, is_complete
 from bisect_harness.errors import BuildFailed, CommitError, InfrastructureError
 from bisect_harness.kinds import Registry
 from bisect_harness.secrets import redact_argv
@@ -95,6 +97,8 @@ class Workspace:
         self.trees = self.root / CHECKOUT_MODES["worktree"].folder
         self.envs = self.root / "envs"
         self._mirror: git.Repo | None = None
+        #: What the checks of checkouts and environments found and did (each made again), in words.
+        self.notes: list[str] = []
 
     # ------------------------------------------------------------------ revisions (read-only on the user's repo)
 
@@ -180,11 +184,32 @@ class Workspace:
                                   f"{exc.stderr.strip()}") from None
 
     def checkout(self, sha: str, mode: str = "worktree") -> Path:
-        """The folder of ``sha``'s checkout in ``mode`` (:data:`CHECKOUT_MODES`), made on first use."""
-        if mode == "worktree":
-            return self.worktree(sha)
+        """The folder of ``sha``'s checkout in ``mode`` (:data:`CHECKOUT_MODES`), made on first
+        use and verified against its record on every later one (``engines.integrity``): one
+        that is not what it was made from is made again (said in :attr:`notes`), and the
+        commit's builds are run again in it."""
         if mode not in CHECKOUT_MODES:
             raise ValueError(f"unknown checkout mode {mode!r}")
+        with _locked(self._commit_lock(sha)):
+            path = self._made(sha, mode)
+            why = self._differs(path, {"commit": sha, "mode": mode})
+            if why is None:
+                return path
+            self.notes.append(f"the {mode} checkout of {sha[:12]} is not what it was made from ({why}); "
+                              "made it again")
+            self.mirror()  # made (under the lock below) before the lock is taken here
+            with _locked(self._lock()):
+                self._discard(path, mode)
+            return self._made(sha, mode)
+
+    def worktree(self, sha: str) -> Path:
+        """A clean detached checkout of ``sha`` in the cache (created on first use, verified on each)."""
+        return self.checkout(sha, "worktree")
+
+    def _made(self, sha: str, mode: str) -> Path:
+        """The checkout as it stands, or made (with its record) when there is none that can be used."""
+        if mode == "worktree":
+            return self._worktree(sha)
         path = self.root / CHECKOUT_MODES[mode].folder / sha
         if self._reusable(path, sha, mode):  # only ever renamed into place whole
             _touch(path)
@@ -206,6 +231,7 @@ class Workspace:
                     git.Repo.clone_from(str(self.mirror_path), str(tmp), no_checkout=True, local=True)
                     git.Repo(tmp).git.checkout("--detach", "--force", sha)
                 os.replace(tmp, path)
+                self._record(path, sha, mode)
             except (git.GitCommandError, OSError, tarfile.TarError) as exc:
                 detail = exc.stderr.strip() if isinstance(exc, git.GitCommandError) else str(exc)
                 raise InfrastructureError(f"cannot make the {mode} checkout of {sha[:12]} in the cache: "
@@ -214,8 +240,7 @@ class Workspace:
                 _rmtree(tmp)
         return path
 
-    def worktree(self, sha: str) -> Path:
-        """A clean detached checkout of ``sha`` in the cache (created on first use)."""
+    def _worktree(self, sha: str) -> Path:
         path = self.trees / sha
         if self._reusable(path, sha, "worktree"):
             _touch(path)
@@ -231,8 +256,10 @@ class Workspace:
             try:
                 mirror.git.worktree("prune")
                 mirror.git.worktree("add", "--detach", "--force", str(path), sha)
-            except git.GitCommandError as exc:
-                raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {exc.stderr.strip()}") from None
+                self._record(path, sha, "worktree")
+            except (git.GitCommandError, OSError) as exc:
+                detail = exc.stderr.strip() if isinstance(exc, git.GitCommandError) else str(exc)
+                raise InfrastructureError(f"git worktree add failed for {sha[:12]}: {detail}") from None
         return path
 
     def _reusable(self, path: Path, sha: str, mode: str) -> bool:
@@ -259,9 +286,84 @@ class Workspace:
             path.unlink()
         elif path.exists():
             _rmtree(path)
+        integrity.record_path(path).unlink(missing_ok=True)
+        self._drop_builds(sha_of(path), path)
         if mode == "worktree" and (self.mirror_path / "HEAD").exists():
             with contextlib.suppress(git.GitCommandError):
                 self.mirror().git.worktree("prune")
+
+    # ------------------------------------------------------------------ records (engines.integrity)
+
+    def _commit_lock(self, sha: str) -> FileLock:
+        """One commit's checkouts, environments and builds are checked, made again and
+        built by one process at a time: a check never reads a build half-written. Waited
+        for as long as a build with the default timeout may take, and then some."""
+        (self.root / "locks").mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / "locks" / f"{sha}.lock"), timeout=LOCK_TIMEOUT_S + BUILD_TIMEOUT_S)
+
+    def _record(self, path: Path, sha: str, mode: str) -> None:
+        """Write the record of a checkout just made: the commit, its tree id, its files."""
+        tree = self.mirror().git.rev_parse(f"{sha}^{{tree}}").strip()
+        integrity.save(path, integrity.make(path, {"commit": sha, "tree": tree, "mode": mode},
+                                            skip=(".git",) if mode != "tree" else ()))
+
+    def _differs(self, path: Path, about: Mapping) -> str | None:
+        """None when ``path`` is what its record says (stat first, content where a stat
+        changed), else what differs, in words."""
+        rec = integrity.load(path)
+        if rec is None:
+            return "no record of what it was made from"
+        wrong = [k for k, v in about.items() if rec.about.get(k) != v]
+        if wrong:
+            return f"its record names another {wrong[0]}: {rec.about.get(wrong[0])}"
+        check = integrity.verify(path, rec)
+        if check.refreshed and check.ok:
+            with contextlib.suppress(OSError):
+                integrity.save(path, rec)
+        return integrity.describe(check.changes) if check.changes else None
+
+    def _foreign(self, venv: Path, sha: str) -> str | None:
+        """A distribution the environment's record says was installed from another
+        commit's checkout in this cache (its ``direct_url.json``), in words; else None."""
+        rec = integrity.load(venv)
+        folders = {m.folder for m in CHECKOUT_MODES.values()}
+        for dist in (rec.about.get("installed") or []) if rec is not None else []:
+            url = str(dist.get("url") or "")
+            if not url.startswith("file://"):
+                continue
+            where = Path(urllib.parse.unquote(url[len("file://"):]))
+            if not where.is_relative_to(self.root):
+                continue
+            parts = where.relative_to(self.root).parts
+            if len(parts) >= 2 and parts[0] in folders and parts[1] != sha:
+                return f"{dist.get('name')} was installed from the checkout of {parts[1][:12]}"
+        return None
+
+    def _drop_builds(self, sha: str, where: Path) -> None:
+        """The build markers (and logs) of ``sha`` whose build ran in ``where`` or with its
+        interpreter: once that is made again, its builds are run again in the new one."""
+        for marker in (self.root / "builds").glob(f"{sha}-*.json"):
+            try:
+                info = json.loads(marker.read_text())
+                ran = [str(info.get("checkout") or ""), str(info.get("python") or "")]
+            except (OSError, ValueError, AttributeError):
+                ran = [str(where)]
+            if any(r == str(where) or r.startswith(str(where) + os.sep) for r in ran):
+                marker.unlink(missing_ok=True)
+                marker.with_suffix(".log").unlink(missing_ok=True)
+
+    def _record_built(self, sha: str, mode: str, python: str) -> None:
+        """After a build ran: the records of the checkout and of the commit's environment
+        it installed into take what the build wrote (only new or changed files are read)."""
+        tree = self.root / CHECKOUT_MODES[mode].folder / sha
+        places = [tree]
+        if Path(python).parent.parent.parent == self.envs:  # {python} is the commit's own environment
+            places.append(Path(python).parent.parent)
+        for place in places:
+            rec = integrity.load(place)
+            if rec is not None and place.is_dir():
+                about = {**rec.about, "installed": installed(place)} if place != tree else None
+                integrity.save(place, integrity.update(place, rec, about))
 
     # ------------------------------------------------------------------ environments (cache only)
 
@@ -271,8 +373,20 @@ class Workspace:
         ident = hashlib.sha256(base_python.encode()).hexdigest()[:8]
         venv = self.envs / f"{sha}-{ident}"
         self.envs.mkdir(parents=True, exist_ok=True)
-        with _locked(FileLock(str(venv.with_name(venv.name + ".lock")), timeout=LOCK_TIMEOUT_S)):
+        with _locked(self._commit_lock(sha)), \
+                _locked(FileLock(str(venv.with_name(venv.name + ".lock")), timeout=LOCK_TIMEOUT_S)):
+            if is_complete(venv):  # made before: is it what it was made (and built) as?
+                why = self._differs(venv, {"commit": sha, "base_python": base_python}) or self._foreign(venv, sha)
+                if why is not None:
+                    self.notes.append(f"the environment of {sha[:12]} is not what it was made and built as "
+                                      f"({why}); made it again")
+                    _rmtree(venv)
+                    integrity.record_path(venv).unlink(missing_ok=True)
+                    self._drop_builds(sha, venv)
             env = create_venv(base_python, venv)
+            if integrity.load(venv) is None:  # just made: its record
+                integrity.save(venv, integrity.make(venv, {"commit": sha, "base_python": base_python,
+                                                           "installed": installed(venv)}))
         _touch(venv)
         return env
 
@@ -295,7 +409,13 @@ class Workspace:
         # One build of a (commit, interpreter, argv, env) at a time, across threads (parallel
         # slots) and processes (two harnesses on one cache); the second finds the marker.
         with _locked(FileLock(str(marker.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S + timeout_s)):
-            return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+            if marker.exists():
+                return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+            with _locked(self._commit_lock(sha)):  # no check reads the checkout while it builds
+                try:
+                    return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+                finally:  # what the build wrote is part of the checkout (and environment) from now on
+                    self._record_built(sha, mode, python)
 
     def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
         """One build (or its cached outcome). It runs with the whole ``env``; the marker
@@ -385,6 +505,13 @@ def _export(mirror: Path, sha: str, dest: Path) -> None:
 
 #: Seconds a run waits for another run's mirror, worktree or environment creation.
 LOCK_TIMEOUT_S = 1800.0
+#: A build's default timeout (``Workspace.build``), which a check of its commit may wait out.
+BUILD_TIMEOUT_S = 3600.0
+
+
+def sha_of(path: Path) -> str:
+    """The commit a cached checkout or environment belongs to, from its folder's name."""
+    return Path(path).name.split("-", 1)[0]
 
 
 @contextlib.contextmanager
@@ -394,7 +521,7 @@ def _locked(lock: FileLock) -> Iterator[None]:
             yield
     except Timeout:
         raise InfrastructureError(f"another harness has held the cache lock {lock.lock_file} for "
-                                  f"{LOCK_TIMEOUT_S:.0f}s; wait for it to finish, or give this run its own "
+                                  f"{lock.timeout:.0f}s; wait for it to finish, or give this run its own "
                                   "--cache-dir") from None
 
 

@@ -145,6 +145,29 @@ def _supervised(argv: list[str], timeout_s: float) -> tuple[int | None, str]:
         return code, out.read().decode("utf-8", errors="replace")
 
 
+def installed(venv: Path) -> list[dict]:
+    """The distributions installed into the environment's own site folders, each with
+    where it was installed from (PEP 610's ``direct_url.json``: a folder's or archive's
+    URL, editable or not, a VCS commit), for its record (``engines.integrity``). The
+    folder names say name and version; nothing is imported."""
+    out = []
+    for info in sorted(Path(venv).glob("lib*/python*/site-packages/*.dist-info")):
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+        item: dict = {"name": name, "version": version}
+        try:
+            direct = json.loads((info / "direct_url.json").read_text())
+        except (OSError, ValueError):
+            direct = None
+        if isinstance(direct, dict):
+            item["url"] = direct.get("url")
+            item["editable"] = bool((direct.get("dir_info") or {}).get("editable"))
+            commit = (direct.get("vcs_info") or {}).get("commit_id")
+            if commit:
+                item["commit"] = commit
+        out.append(item)
+    return out
+
+
 def is_complete(venv: Path) -> bool:
     return (venv / MARKER).is_file() and (venv / "bin" / "python").exists()
 

@@ -22,10 +22,11 @@ from bisect_harness.boot import BootRequest
 __all__ = ["checkout", "placeholders", "working_dir", "process_env"]
 
 
-def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
+def checkout(req: BootRequest, notes: list[str] | None = None) -> tuple[Path | None, CommitEnv]:
     """The checkout of ``req``'s commit (``engine.checkout``: a worktree, an exported tree
     or a clone; None without a commit) and the environment it runs in;
-    the commit's own environment made and its build run (cached) first. Raises BuildFailed."""
+    the commit's own environment made and its build run (cached) first, each verified
+    against its record; what the checks made again is said in ``notes``. Raises BuildFailed."""
     worktree, cenv = None, CommitEnv(python=req.base_python, venv=None, base_python=req.base_python)
     if req.release is not None:  # a released build: its own environment, installed once (no checkout)
         from bisect_harness.engines.releases import image_record, install
@@ -37,6 +38,7 @@ def checkout(req: BootRequest) -> tuple[Path | None, CommitEnv]:
         return None, cenv
     if req.commit is not None and req.repo is not None:
         ws = Workspace(Path(req.repo), Path(req.cache_dir))
+        ws.notes = notes if notes is not None else ws.notes
         worktree = ws.checkout(req.commit, req.checkout)
         if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
             cenv = ws.environment(req.commit, req.base_python)

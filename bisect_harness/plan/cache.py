@@ -4,7 +4,9 @@ The cache folder holds, per engine repository, a bare mirror, a checkout per
 commit and mode (``worktrees/<sha>``, ``trees/<sha>``, ``clones/<sha>``: see
 ``boot.checkout``), a Python environment per commit and base
 interpreter (``envs/<sha>-<base>``) and build markers with their logs
-(``builds/<sha>-<key>.json``). ``list_cache`` reports every worktree and
+(``builds/<sha>-<key>.json``); beside each checkout and environment, the record of
+what it was made from (``<folder>.record.json``, ``engines.integrity``), which
+every boot verifies it against. ``list_cache`` reports every worktree and
 environment with its size and when it was last used (a half-made checkout, a
 dot-folder, is not listed); ``prune`` removes them
 by age and/or until the total fits a size, oldest first.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from bisect_harness.engines import integrity
 from bisect_harness.engines.checkout import CHECKOUT_MODES
 from bisect_harness.errors import UserError
 
@@ -155,6 +158,7 @@ def prune(entries: Iterable[CacheEntry]) -> list[CacheEntry]:
         else:
             shutil.rmtree(e.path, ignore_errors=True)
             e.path.with_name(e.path.name + ".log").unlink(missing_ok=True)
+        integrity.record_path(e.path).unlink(missing_ok=True)  # what it was made from: gone with it
         done.append(e)
     return done
 

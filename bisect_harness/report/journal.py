@@ -316,6 +316,11 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             if not stop.get("clean", True):  # how the server ended at the harness's stop
                 details.append(f"- stop: {_md(stop.get('note', ''))}")
             details += [f"- {_md(line)}" for line in _boot_facts(b.provenance or {})]
+            for note in ((b.provenance or {}).get("checkout") or {}).get("remade") or []:
+                details.append(f"- before the boot: {_md(note)}")
+            changed = (b.provenance or {}).get("checkout_changed")
+            if changed:  # marked checkout_changed: never counted as the commit
+                details.append(f"- the checkout changed while the boot ran: {_md('; '.join(changed))}")
             details.append(f"- ran as: `{reproduce.boot_command(b)}`")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
