@@ -126,15 +126,25 @@ def _log_check(b: "_Boot", server) -> None:
         b.marks.append("log_capped")
 
 
-def _retry_check(b: "_Boot", requests) -> None:
-    """Requests the server answered with "try again" and that were sent again within
-    their sample: how many, how often, and the first answer (``provenance["request_retries"]``)."""
+def _retry_check(b: "_Boot", requests, seq: int) -> None:
+    """Requests that failed in sample ``seq``: those sent again within it (the server said
+    "try again", never took them, answered 200 with nothing, or cut the stream) and those
+    that failed in the end, in ``provenance["request_retries"]``: how many, how often, the
+    first answer, the first failure, and per sample (``samples``: ``{seq: {"retries",
+    "failed"}}``). The boot is marked ``requests_failed``."""
     tried = [r for r in requests if r.retries]
-    if not tried:
+    failed = [r for r in requests if not r.ok]
+    if not tried and not failed:
         return
-    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": tried[0].retry_reason})
+    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": None})
     seen["requests"] += len(tried)
     seen["retries"] += sum(r.retries for r in tried)
+    seen["example"] = seen.get("example") or (tried[0].retry_reason if tried else None)
+    seen["failed"] = seen.get("failed", 0) + len(failed)
+    seen["failed_example"] = seen.get("failed_example") or (failed[0].error if failed else None)
+    seen.setdefault("samples", {})[str(seq)] = {"retries": sum(r.retries for r in tried), "failed": len(failed)}
+    if "requests_failed" not in b.marks:
+        b.marks.append("requests_failed")
 
 
 def _source(req: BootRequest):
@@ -456,7 +466,7 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
                     extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
                     _usage_check(b, detail.requests)
-                    _retry_check(b, detail.requests)
+                    _retry_check(b, detail.requests, i + 1)
                     b.samples.append(s)
                     yield Sampled(req, s)
                 window.close()  # the measured samples' window ends here
