@@ -296,7 +296,7 @@ class ServerProcess:
                         self.ready_by = by
                         return
                 except httpx.HTTPError as exc:
-                    last = type(exc).__name__ + (f" (no whole answer within {timeout:g} s)"
+                    last = type(exc).__name__ + (f" (no whole answer within {timeout:.1f} s)"
                                                  if isinstance(exc, httpx.TimeoutException) else "")
                 time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
 
