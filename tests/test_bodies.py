@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from bisect_harness.measure.deadline import deadline_client
 from bisect_harness.measure.bodies import MAX_BODY_BYTES, BodyTooLarge, UnreadableBody, bounded_get, decoded, read_some
 from hostile_engine import gzip_bomb
 
@@ -50,7 +51,7 @@ class Serve:
 
 def test_a_gzip_bomb_costs_the_cap_not_its_decoded_size():
     # httpx's own decoder inflates each received chunk whole: 64 KiB of this bomb is 64 MiB
-    with Serve(BOMB, {"Content-Encoding": "gzip"}) as srv, httpx.Client() as http:
+    with Serve(BOMB, {"Content-Encoding": "gzip"}) as srv, deadline_client() as http:
         tracemalloc.start()
         try:
             with pytest.raises(BodyTooLarge, match="went past 4,194,304 bytes"):
@@ -62,7 +63,7 @@ def test_a_gzip_bomb_costs_the_cap_not_its_decoded_size():
 
 
 def test_pieces_are_never_larger_than_asked_and_decode_to_the_whole():
-    with Serve(BOMB, {"Content-Encoding": "gzip"}) as srv, httpx.Client() as http:
+    with Serve(BOMB, {"Content-Encoding": "gzip"}) as srv, deadline_client() as http:
         with http.stream("GET", srv.url) as resp:
             sizes = [len(p) for p in decoded(resp, 1 << 20)]
     assert max(sizes) <= 1 << 20 and sum(sizes) == 256 << 20
@@ -75,20 +76,20 @@ def test_pieces_are_never_larger_than_asked_and_decode_to_the_whole():
     ("identity", b"hostile_tokens_total 3\n"),
 ])
 def test_each_encoding_a_server_may_send_is_decoded(encoding, body):
-    with Serve(body, {"Content-Encoding": encoding}) as srv, httpx.Client() as http:
+    with Serve(body, {"Content-Encoding": encoding}) as srv, deadline_client() as http:
         got = bounded_get(http, srv.url, 10.0)
     assert got.content == b"hostile_tokens_total 3\n"
 
 
 def test_an_encoding_the_harness_does_not_decode_is_named():
-    with Serve(b"\x00" * 64, {"Content-Encoding": "br"}) as srv, httpx.Client() as http:
+    with Serve(b"\x00" * 64, {"Content-Encoding": "br"}) as srv, deadline_client() as http:
         with pytest.raises(UnreadableBody, match="'br'-encoded although the harness asked for none"):
             bounded_get(http, srv.url, 10.0)
 
 
 def test_a_huge_error_page_is_read_only_as_far_as_it_is_quoted():
     page = b"<html>" + b"x" * (64 << 20)
-    with Serve(page, {}, status=500) as srv, httpx.Client() as http:
+    with Serve(page, {}, status=500) as srv, deadline_client() as http:
         with http.stream("GET", srv.url) as resp:
             head = read_some(resp, 500)
     assert head == page[:500]

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bisect_harness.measure.deadline import deadline_client
 from bisect_harness.measure.client import SampleFailed, boot_session, measure_sample, measure_sample_detail, warmup
 from bisect_harness.measure.prompts import request_prompt, synthetic_prompt
 from bisect_harness.measure.sse import SSEDecoder
@@ -386,7 +387,7 @@ def test_disconnect_mid_stream_is_an_error():
 def test_concurrency_overlaps_requests():
     # 8 requests of ~0.1 + 7*0.03 = 0.31 s each: serial would take ~2.5 s
     with Replay("vllm_completions.sse", first_delay=0.1, delay=0.03) as srv:
-        with httpx.Client(trust_env=False) as http:
+        with deadline_client() as http:
             detail = measure_sample_detail(srv.base_url, spec(requests_per_sample=8, concurrency=4),
                                            client=http)
     r = detail.result

@@ -30,6 +30,7 @@ import httpx
 from bisect_harness.engines import attach, benchtools, integrity, presets, profilers
 from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
 from bisect_harness.measure import bodies
+from bisect_harness.measure.deadline import deadline_client
 from bisect_harness.engines.checkout import read_tail
 from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
 from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
@@ -71,7 +72,7 @@ def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str,
     """The first server-info endpoint that answers with a JSON object, or None
     (``values.read_server_info``, the rule the metric sources use too); no body
     is read past ``limit`` bytes (``limits.body_bytes``)."""
-    with httpx.Client(trust_env=False) as client:
+    with deadline_client() as client:
         data, _ = read_server_info(client, base_url, paths, timeout_s=10.0, headers=headers, limit=limit)
     return dict(data) if data is not None else None
 
@@ -182,15 +183,25 @@ def _checkout_check(b: "_Boot", held: integrity.Held) -> None:
         b.status = "excluded"
 
 
-def _retry_check(b: "_Boot", requests) -> None:
-    """Requests the server answered with "try again" and that were sent again within
-    their sample: how many, how often, and the first answer (``provenance["request_retries"]``)."""
+def _retry_check(b: "_Boot", requests, seq: int) -> None:
+    """Requests that failed in sample ``seq``: those sent again within it (the server said
+    "try again", never took them, answered 200 with nothing, or cut the stream) and those
+    that failed in the end, in ``provenance["request_retries"]``: how many, how often, the
+    first answer, the first failure, and per sample (``samples``: ``{seq: {"retries",
+    "failed"}}``). The boot is marked ``requests_failed``."""
     tried = [r for r in requests if r.retries]
-    if not tried:
+    failed = [r for r in requests if not r.ok]
+    if not tried and not failed:
         return
-    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": tried[0].retry_reason})
+    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": None})
     seen["requests"] += len(tried)
     seen["retries"] += sum(r.retries for r in tried)
+    seen["example"] = seen.get("example") or (tried[0].retry_reason if tried else None)
+    seen["failed"] = seen.get("failed", 0) + len(failed)
+    seen["failed_example"] = seen.get("failed_example") or (failed[0].error if failed else None)
+    seen.setdefault("samples", {})[str(seq)] = {"retries": sum(r.retries for r in tried), "failed": len(failed)}
+    if "requests_failed" not in b.marks:
+        b.marks.append("requests_failed")
 
 
 def _source(req: BootRequest):
@@ -357,7 +368,7 @@ class _MechanismWindow:
 
     def _scrape(self) -> list | None:
         try:
-            with httpx.Client(trust_env=False) as client:
+            with deadline_client() as client:
                 r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
                                        limit=self.req.benchmark.limits.body_bytes)
             return parse_prometheus(r.text) if r.status_code == 200 else None
@@ -523,7 +534,7 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
                     extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
                     s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
                     _usage_check(b, detail.requests)
-                    _retry_check(b, detail.requests)
+                    _retry_check(b, detail.requests, i + 1)
                     b.samples.append(s)
                     yield Sampled(req, s)
                 window.close()  # the measured samples' window ends here

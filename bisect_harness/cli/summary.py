@@ -85,12 +85,35 @@ def _mechanisms_json(v) -> dict:
     return out
 
 
+def _failed_requests_json(v) -> dict:
+    """Per arm, the verdict's boots' failed requests (``boots.provenance["request_retries"]``):
+    tries sent again, requests failed after them, and the boots and samples that had
+    any, e.g. ``{"treatment": {"retries": 3, "failed": 0, "boots": 2, "samples": 3}}``; {}
+    when none failed."""
+    from sqlalchemy.orm import object_session
+
+    from bisect_harness.record.ledger import Boot
+
+    session = object_session(v) if v is not None else None
+    out: dict[str, dict] = {}
+    for arm, ids in (("baseline", v.baseline_boot_ids), ("treatment", v.treatment_boot_ids)) if session else ():
+        for b in session.query(Boot).filter(Boot.id.in_(list(ids or []))).order_by(Boot.id):
+            seen = (b.provenance or {}).get("request_retries")
+            if seen:
+                arm_out = out.setdefault(arm, {"retries": 0, "failed": 0, "boots": 0, "samples": 0})
+                arm_out["retries"] += seen.get("retries", 0)
+                arm_out["failed"] += seen.get("failed", 0)
+                arm_out["boots"] += 1
+                arm_out["samples"] += len(seen.get("samples") or {})
+    return out
+
+
 def run_summary(run) -> dict:
     """The ``--json`` object of ``harness run``: each hypothesis' verdict, what its
     bisection and explanation found where the file asked for them, and its arms'
     profiles side by side (``profile``) where a boot of either arm was profiled, and
     each arm's mean of the engine's declared metrics over the verdict's windows
-    (``window_metrics``)."""
+    (``window_metrics``), and each arm's failed requests (``failed_requests``)."""
     from bisect_harness.spec.metric_defs import declared_metrics
     from bisect_harness.report.profile_view import hypothesis_json
     from bisect_harness.report.window_view import hypothesis_json as window_json
@@ -112,6 +135,7 @@ def run_summary(run) -> dict:
             "reason": v.reason if v else "no verdict recorded",
             "checks": _checks_json(v),
             "mechanisms": _mechanisms_json(v),
+            "failed_requests": _failed_requests_json(v),
             "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}

@@ -35,6 +35,7 @@ import httpx
 
 from bisect_harness.engines.benchtools import Endpoint
 from bisect_harness.errors import BootFailed, BootTimeout, UserError
+from bisect_harness.measure.deadline import deadline_client, total_deadline
 from bisect_harness.engines.presets import LOOPBACK
 from bisect_harness import secrets
 from bisect_harness.secrets import redact_text
@@ -147,18 +148,19 @@ class AttachedServer:
         deadline = started + self.ready_timeout_s
         last = "no answer"
         probe = None  # the API's probe, once health_path answered 404 (no such route)
-        with httpx.Client(trust_env=False, headers=headers) as http:
+        with deadline_client(headers=headers) as http:
             while True:
                 remaining = deadline - time.monotonic()
                 try:
                     timeout = max(0.05, min(10.0, remaining))
-                    if probe is None:
-                        r = http.get(url, timeout=timeout)
-                        by = f"GET {self.health_path}"
-                    else:
-                        r = http.request(probe.method, self.base_url + probe.path, json=probe.body,
-                                         timeout=timeout, headers={"Connection": "close"})
-                        by = f"{probe.describe()}, GET {self.health_path} answering 404"
+                    with total_deadline(timeout):  # the whole answer, however slowly it comes
+                        if probe is None:
+                            r = http.get(url, timeout=timeout)
+                            by = f"GET {self.health_path}"
+                        else:
+                            r = http.request(probe.method, self.base_url + probe.path, json=probe.body,
+                                             timeout=timeout, headers={"Connection": "close"})
+                            by = f"{probe.describe()}, GET {self.health_path} answering 404"
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
                         self.ready_by = by

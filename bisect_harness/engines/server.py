@@ -39,6 +39,7 @@ from typing import IO, Mapping, Sequence
 import httpx
 
 from bisect_harness.measure.apis import ReadyProbe
+from bisect_harness.measure.deadline import deadline_client, total_deadline
 from bisect_harness.engines.rejection import ARGPARSE_EXIT, argparse_rejection
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
 from bisect_harness.process.ports import free_port
@@ -128,7 +129,8 @@ class ServerProcess:
     ``ready_timeout_s`` passes, and in both cases the process group is already
     gone. Used as a context manager it starts on entry and always stops on exit.
     Each readiness probe may take up to ``health_request_timeout_s`` (SGLang's
-    ``/health_generate`` runs a generation), never past the deadline.
+    ``/health_generate`` runs a generation) in all, its body included however slowly
+    it comes, never past the deadline.
     ``grace_s`` is SIGTERM to SIGKILL when stopping (``stop()`` without an argument,
     a signal to the harness, the harness's death). ``record`` is where the
     supervisor keeps its record for the next start (None: the cache's
@@ -267,7 +269,7 @@ class ServerProcess:
         last = "no answer"
         started = time.monotonic()
         deadline = started + self.ready_timeout_s
-        with httpx.Client(trust_env=False) as http:
+        with deadline_client() as http:
             while True:
                 rc = self._proc.poll()
                 if rc == ARGPARSE_EXIT:
@@ -297,25 +299,35 @@ class ServerProcess:
                         log_tail=self.log_tail(), log_path=str(self.log_path))
                 timeout = max(0.05, min(self.health_request_timeout_s, remaining))
                 try:
-                    if probe is None:
-                        r = http.get(url, timeout=timeout)
-                        if r.status_code == 404 and self.ready_probe is not None:
-                            probe = self.ready_probe  # the server is up and has no such route
-                            last = "HTTP 404"
-                            continue
-                        by = f"GET {self.health_path}"
-                    else:  # Connection: close: a probe's body is never left for the next request
-                        r = http.request(probe.method, self.base_url + probe.path, json=probe.body,
-                                         timeout=timeout, headers={"Connection": "close"})
-                        by = f"{probe.describe()}, GET {self.health_path} answering 404"
+                    # a total for the probe, its body included: a per-read timeout restarts with every byte
+                    with total_deadline(timeout):
+                        r, by = self._probe(http, url, probe, timeout)
+                    if r is None:  # the server is up and has no such route: the API's own probe from now
+                        probe, last = self.ready_probe, "HTTP 404"
+                        continue
                     last = f"HTTP {r.status_code}"
                     if r.status_code == 200:
                         self.ready_after_s = time.monotonic() - started
                         self.ready_by = by
                         return
                 except httpx.HTTPError as exc:
-                    last = type(exc).__name__
+                    last = type(exc).__name__ + (f" (no whole answer within {timeout:.1f} s)"
+                                                 if isinstance(exc, httpx.TimeoutException) else "")
                 time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
+
+    def _probe(self, http: httpx.Client, url: str, probe: ReadyProbe | None,
+               timeout: float) -> tuple[httpx.Response | None, str]:
+        """One readiness probe: the answer and what asked; (None, "") where health_path
+        answered 404 and the API has a probe of its own."""
+        if probe is None:
+            r = http.get(url, timeout=timeout)
+            if r.status_code == 404 and self.ready_probe is not None:
+                return None, ""
+            return r, f"GET {self.health_path}"
+        # Connection: close: a probe's body is never left for the next request
+        r = http.request(probe.method, self.base_url + probe.path, json=probe.body, timeout=timeout,
+                         headers={"Connection": "close"})
+        return r, f"{probe.describe()}, GET {self.health_path} answering 404"
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM every process of the server's tree, wait up to ``grace_s`` (None: the

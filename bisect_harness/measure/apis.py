@@ -4,9 +4,11 @@ Each kind builds its request and reads its stream, one JSON object at a time:
 which objects carried output text, the server's own running count of output
 tokens (checked by the stream: never believed blindly), and what the server said
 of the request as a whole (usage, ``meta_info``, llama.cpp's ``timings``), which
-``from: response`` metric sources read. A kind also says which failures the
-server means as "try again" (:meth:`Api.retryable`): the client sends such a
-request again within the sample and counts it.
+``from: response`` metric sources read. A kind also says which object ends its
+stream (:meth:`Api.ends`; ``data: [DONE]`` ends any): a stream that stops before it
+was cut short. It says which failures the server means as "try again"
+(:meth:`Api.retryable`): the client sends such a request, and one that produced
+nothing, again within the sample and counts it.
 
 ============  ===========================  ====================================================
 api           endpoint                     stream
@@ -103,12 +105,19 @@ class Api:
     needs_model: ClassVar[bool] = False
     #: readiness where the server has no health route (see :class:`ReadyProbe`)
     ready_probe: ClassVar[ReadyProbe]
+    #: what ends this kind's stream, in words (:meth:`ends`), for a failed request's reason
+    end: ClassVar[str]
 
     def payload(self, *, prompt: str, max_tokens: int, temperature: float, ignore_eos: bool, model: str | None,
                 seed: int) -> dict:
         raise NotImplementedError
 
     def read(self, st: Reader, obj: dict, now: float) -> None:
+        raise NotImplementedError
+
+    def ends(self, obj: dict) -> bool:
+        """Does this object of the stream end it (the server is done with the request)?
+        ``data: [DONE]`` ends every kind's stream as well."""
         raise NotImplementedError
 
     def retryable(self, status: int, body: str) -> bool:
@@ -152,6 +161,12 @@ class Completions(Api):
     name, path, needs_model = "completions", "/v1/completions", True
     # an OpenAI server lists its models once they are loaded
     ready_probe = ReadyProbe("GET", "/v1/models")
+    end = "data: [DONE] or a choice's finish_reason"
+
+    def ends(self, obj):
+        choices = obj.get("choices")
+        return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") is not None
+                                                 for c in choices)
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
@@ -198,6 +213,11 @@ class Chat(Completions):
 class Generate(Api):
     name, path = "generate", "/generate"
     ready_probe = ReadyProbe("POST", "/generate", {"text": "ready", "sampling_params": {"max_new_tokens": 1}})
+    end = "data: [DONE] or meta_info.finish_reason"
+
+    def ends(self, obj):
+        meta = obj.get("meta_info")
+        return isinstance(meta, dict) and meta.get("finish_reason") is not None
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         return {"text": prompt, "stream": True,
@@ -228,6 +248,10 @@ class LlamaCpp(Api):
     name, path = "llamacpp", "/completion"
     # the 2023 server has no /health; it loads the model before it listens
     ready_probe = ReadyProbe("POST", "/completion", {"prompt": "ready", "n_predict": 1})
+    end = "an object with stop: true"
+
+    def ends(self, obj):
+        return obj.get("stop") is True
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         return {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "stream": True,
@@ -273,6 +297,10 @@ class Tgi(Api):
 
     name, path = "tgi", "/generate_stream"
     ready_probe = ReadyProbe("POST", "/generate", {"inputs": "ready", "parameters": {"max_new_tokens": 1}})
+    end = "an event with details or generated_text"
+
+    def ends(self, obj):
+        return obj.get("details") is not None or obj.get("generated_text") is not None
 
     def payload(self, *, prompt, max_tokens, temperature, ignore_eos, model, seed):
         params: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True, "seed": seed,

@@ -1,7 +1,7 @@
 """Reading a server's response body within bounds, whatever it sends.
 
 :func:`bounded_get` (and :func:`bounded_request` for any method) reads a whole body
-within a byte limit and a deadline, or raises :class:`BodyTooLarge` /
+within a byte limit and a total deadline (``measure.deadline``), or raises :class:`BodyTooLarge` /
 :class:`TimeoutError` saying what happened: how ``/metrics``, server info and a
 profiler's answers are read.
 
@@ -20,12 +20,12 @@ Encodings decoded: identity, gzip (x-gzip) and deflate; any other is refused wit
 
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from bisect_harness.errors import ServerReplyError
+from bisect_harness.measure.deadline import seconds_left, stream_within
 from bisect_harness.model import Limits
 
 __all__ = ["Body", "BodyTooLarge", "MAX_BODY_BYTES", "UnreadableBody", "bounded_get", "bounded_request", "decoded",
@@ -120,11 +120,12 @@ class Body:
 
 def bounded_get(client: Any, url: str, timeout_s: float, headers: Mapping[str, str] | None = None,
                 limit: int = MAX_BODY_BYTES) -> Body:
-    """GET ``url`` through an httpx client (None: one of its own), reading at most
-    ``limit`` decoded bytes within ``timeout_s`` in all (httpx's own timeout bounds each
-    read, not the whole body). Asks for no compression; a server that compresses anyway is decoded chunk
-    by chunk and stopped at the limit. Raises :class:`BodyTooLarge` or
-    :class:`TimeoutError` with what happened."""
+    """GET ``url`` through a client of ``measure.deadline.deadline_client`` (None: one of
+    its own), reading at most ``limit`` decoded bytes within ``timeout_s`` in all, headers
+    included, however slowly they come (``deadline.stream_within``). Asks for no
+    compression; a server that compresses anyway is decoded chunk by chunk and stopped at
+    the limit. Raises :class:`BodyTooLarge`, or :class:`TimeoutError` / httpx's timeout
+    error naming the deadline."""
     return bounded_request(client, "GET", url, timeout_s, headers, limit)
 
 
@@ -133,21 +134,15 @@ def bounded_request(client: Any, method: str, url: str, timeout_s: float, header
     """:func:`bounded_get` for any method, with an optional JSON body (a profiler's
     ``POST /start_profile``): the answer read within ``limit`` bytes and ``timeout_s``
     in all. ``client`` None: a client of the harness's own for this one request."""
-    if client is None:
-        import httpx
-
-        with httpx.Client(trust_env=False) as own:
-            return bounded_request(own, method, url, timeout_s, headers, limit, json_body=json_body, chunk=chunk)
-    deadline = time.monotonic() + timeout_s
     kwargs = {"json": json_body} if json_body is not None else {}
-    with client.stream(method, url, timeout=timeout_s,
+    with stream_within(client, method, url, timeout_s,
                        headers={"Accept-Encoding": "identity", **dict(headers or {})}, **kwargs) as resp:
         chunks, size = [], 0
         for piece in decoded(resp, chunk):
             size += len(piece)
             if size > limit:
                 raise BodyTooLarge(f"the body of {url} went past {limit:,} bytes; stopped reading")
-            if time.monotonic() > deadline:
+            if seconds_left() == 0:  # bytes already buffered need no read, so no read's check
                 raise TimeoutError(f"the body of {url} was not read within {timeout_s:g} s")
             chunks.append(piece)
         return Body(resp.status_code, b"".join(chunks))

@@ -52,13 +52,15 @@ from typing import Any, Iterator, Mapping
 
 import httpx
 
-from bisect_harness.errors import ConfigFailure
+from bisect_harness.errors import ConfigFailure, ServerReplyError
 from bisect_harness.model import BenchmarkSpec
 from bisect_harness.measure.apis import APIS as _APIS, get_api
+from bisect_harness.measure.bodies import bounded_get
+from bisect_harness.measure.deadline import deadline_client, require_deadline_client
 from bisect_harness.measure.percentiles import percentile_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
-from bisect_harness.measure.request import RequestRecord, run_request
+from bisect_harness.measure.request import MAX_RETRIES, RequestRecord, run_request
 from bisect_harness.boot import SampleOutcome
 
 __all__ = [
@@ -101,13 +103,14 @@ class SampleDetail:
 def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: float = 30.0) -> str:
     """The first model id listed by ``GET /v1/models``."""
     own = client is None
-    http = client or httpx.Client(trust_env=False)
+    http = client or deadline_client()
     url = base_url.rstrip("/") + "/v1/models"
     try:
-        r = http.get(url, timeout=timeout_s)
-        r.raise_for_status()
+        r = bounded_get(http, url, timeout_s)  # timeout_s in all, however slowly it comes
+        if r.status_code != 200:
+            raise ValueError(f"HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+    except (httpx.HTTPError, ServerReplyError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as e:
         raise SampleFailed(f"could not read the model name from {url}: {e!r}. Set benchmark.model "
                            "in the hypotheses file to skip this lookup.") from e
     finally:
@@ -161,10 +164,10 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
 
 def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
     conns = max(1, bench.concurrency)
-    return httpx.Client(
+    return deadline_client(
         # identity: a compressed stream is held back by the server's compressor (and a bomb
         # would be decoded in memory); the measured bytes are the server's own
-        trust_env=False, headers={"Accept-Encoding": "identity", **dict(headers or {})},
+        headers={"Accept-Encoding": "identity", **dict(headers or {})},
         timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns))
 
@@ -185,6 +188,28 @@ def _all_failed(what: str, base_url: str, records: list[RequestRecord]) -> Sampl
                         "Check that the server is up and that benchmark.api matches it.")
 
 
+#: The most of a sample's requests that may fail (after their retries) for its figures to
+#: stand: past it the sample, and so its boot, fails.
+MAX_FAILED_SHARE = 0.5
+
+
+def _keeps_failing(base_url: str, records: list[RequestRecord]) -> SampleFailed | None:
+    """A sample whose requests keep failing (one failed every try, or more than
+    :data:`MAX_FAILED_SHARE` of them failed) is a failure of its boot, not a quieter number."""
+    failed = [r for r in records if not r.ok]
+    spent = [r for r in failed if r.retries >= MAX_RETRIES]
+    if spent:
+        r = spent[0]
+        return SampleFailed(f"a request to {base_url} failed all {r.retries + 1} tries (first: {r.retry_reason}; "
+                            f"last: {r.error}); {len(failed)} of the sample's {len(records)} requests failed. "
+                            "The server does not answer requests as asked: see its log.")
+    if failed and len(failed) > MAX_FAILED_SHARE * len(records):
+        return SampleFailed(f"{len(failed)} of the sample's {len(records)} requests to {base_url} failed "
+                            f"(more than {MAX_FAILED_SHARE:.0%}); first error: {failed[0].error}. A sample's "
+                            "figures do not stand on the few that passed.")
+    return None
+
+
 def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
                           client: httpx.Client | None = None,
                           headers: Mapping[str, str] | None = None,
@@ -202,13 +227,19 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
     where no request had two tokens). ``result.requests`` counts the successful
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
-    object in the stream, no output). Raises :class:`SampleFailed` when all fail.
+    object in the stream, no output, a stream cut before its end; each after its
+    retries, ``request.MAX_RETRIES``, counted in its record). Raises :class:`SampleFailed`
+    when all fail, when one failed every try, or when more than
+    :data:`MAX_FAILED_SHARE` of them failed.
     """
     records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers,
                            prompt.words if prompt is not None else None, boot, sample)
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
+    failing = _keeps_failing(base_url, records)
+    if failing is not None:
+        raise failing
     tokens = sum(r.output_tokens for r in ok)
     decode_tokens = sum(r.decode_tokens for r in ok)
     decode_s = math.fsum(r.decode_s for r in ok)
@@ -237,6 +268,8 @@ def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | N
     """``n`` requests as a sample sends them, on ``client`` or a client of our own
     (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
+    if not own:
+        require_deadline_client(client)
     http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)

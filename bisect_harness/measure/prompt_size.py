@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from bisect_harness.measure.deadline import total_deadline
 from bisect_harness.measure.prompts import request_prompt
 from bisect_harness.model import BenchmarkSpec
 
@@ -79,8 +80,9 @@ def _token_counter(http: httpx.Client, base_url: str, model: str | None, probe: 
                 # reading the body (as Python's http.server handlers often do) would leave
                 # that body in a kept-alive connection, to be read as the start of the
                 # next request -- the boot's first benchmark request
-                r = http.post(base_url.rstrip("/") + path, json=body(text, model), timeout=10.0,
-                              headers={"Connection": "close"})
+                with total_deadline(10.0):  # the whole answer, however slowly it comes
+                    r = http.post(base_url.rstrip("/") + path, json=body(text, model), timeout=10.0,
+                                  headers={"Connection": "close"})
                 if r.status_code != 200:
                     return None
                 n = read(r.json())

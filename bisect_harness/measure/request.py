@@ -1,6 +1,8 @@
-"""One streamed request: sent, read chunk by chunk as untrusted input, timed, and sent
-again where the server said "try again" or never took it (:data:`MAX_RETRIES`).
-What each time means is in ``measure.client``'s docstring; a request's record is a
+"""One streamed request: sent, read chunk by chunk as untrusted input within a total
+deadline (``measure.deadline``), timed, and sent again where it produced nothing
+(:data:`MAX_RETRIES`): the server said "try again", never took it, answered 200 with
+no output, or ended the stream before its stop event (``Api.ends``). What each time
+means is in ``measure.client``'s docstring; a request's record is a
 :class:`RequestRecord`, a failed one's with its reason, never an exception."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import httpx
 
 from bisect_harness.measure.apis import Api, StreamError
 from bisect_harness.measure.bodies import UnreadableBody, decoded, read_some
+from bisect_harness.measure.deadline import stream_within
 from bisect_harness.measure.sse import MAX_SSE_LINE, SSEDecoder, SSELineTooLong
 
 __all__ = ["MAX_RETRIES", "RequestRecord", "run_request"]
@@ -49,7 +52,7 @@ class RequestRecord:
     # the server's count was below the chunks that carried text (each carries a token at
     # least): not believed, ``output_tokens`` is the counted figure, and the boot is marked
     usage_mismatch: str | None = None
-    retries: int = 0                # times it was sent again: the server said "try again" or never took it
+    retries: int = 0                # times it was sent again: a try that produced nothing (:data:`MAX_RETRIES`)
     prompt_tokens: int | None = None  # the prompt's length as the server counted it (usage), where it said
     retry_reason: str | None = None  # the first such answer
     # of the prompt, the tokens the server took from its prefix cache and those it computed,
@@ -109,7 +112,7 @@ class _Stream:
 
     def handle(self, event: str | None, data: bytes, now: float) -> None:
         if data[:6] == b"[DONE]":
-            self.done = True
+            self.done = True  # the OpenAI end of stream: every kind takes it as the end
             return
         if not data.strip():
             return
@@ -125,6 +128,8 @@ class _Stream:
             raise StreamError(f"server error in stream: {_error_text(obj)}")
         self.last = obj
         self.api.read(self, obj, now)
+        if self.api.ends(obj):
+            self.done = True
 
     def output(self, now: float, k: int | None) -> None:
         """A chunk carried output: ``k`` tokens (None: not known from this chunk)."""
@@ -160,10 +165,13 @@ def _failed(start: float, error: str) -> RequestRecord:
 #: Transport errors before any response: the request was not taken and may be sent again.
 _NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
 
-#: Times a request that the server answered with "try again" (``Api.retryable``: 429,
-#: 503, llama.cpp's "slot unavailable") or that was never taken (a connection closed
-#: before any answer) is sent again within its sample, after a short pause; every retry
-#: is counted in the request's record and the boot's provenance.
+#: Times a request that produced nothing is sent again within its sample, after a short
+#: pause: the server answered "try again" (``Api.retryable``: 429, 503, llama.cpp's "slot
+#: unavailable"), never took it (a connection closed before any answer), answered 200
+#: with no output (an empty stream: llama.cpp's server of late 2023 did so to a request
+#: that came as the previous one ended), or ended the stream before its stop event (cut
+#: short). Every retry is counted in the request's record and the boot's provenance; a
+#: request whose every try failed fails its sample (``measure.client``).
 MAX_RETRIES = 3
 
 
@@ -189,7 +197,7 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
     head = b""  # the body's first bytes: what a server that streamed nothing said instead
     answered = False
     try:
-        with http.stream("POST", url, json=payload, timeout=timeout_s) as r:
+        with stream_within(http, "POST", url, timeout_s, json=payload) as r:  # timeout_s in all
             answered = True
             if r.status_code != 200:
                 body = read_some(r, 500).decode("utf-8", "replace")  # an error page, however long
@@ -211,17 +219,23 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
         # A kept-alive connection the server closed as the request went out (an idle
         # timeout, a cap on requests per connection: cpp-httplib's, say) ends before any
         # answer: the server never took the request, so it is sent again on a fresh
-        # connection, like urllib3 and browsers do, and counted as a retry.
-        again = (f"{type(e).__name__} before any response: {e}"
-                 if not answered and isinstance(e, _NOT_TAKEN) else None)
+        # connection, like urllib3 and browsers do, and counted as a retry. A stream the
+        # server cut (a chunked body never finished) ended before its stop event: the same.
+        again = None
+        if isinstance(e, _NOT_TAKEN):
+            again = (f"{type(e).__name__} before any response: {e}" if not answered
+                     else f"stream cut before its stop event ({api.end}): {type(e).__name__}: {e}")
         return _failed(start, f"{type(e).__name__} on {url}: {e}"), again
     except (StreamError, SSELineTooLong, UnreadableBody) as e:
         return _failed(start, str(e)), None
     t_end = time.perf_counter()
-    if not st.times:
+    if not st.times:  # a 200 that produced nothing: asked again (llama.cpp's "slot unavailable" is one)
         said = head.decode("utf-8", "replace")
-        again = f"HTTP 200 without output: {said[:120]}" if api.retryable(200, said) else None
+        again = f"HTTP 200 without output: {said[:120]}" if said.strip() else "an empty HTTP 200 stream"
         return _failed(start, f"stream from {url} ended without any output" + (f": {said[:200]}" if said else "")), again
+    if not st.done:  # output, then the stream ended before the server said it was done
+        return _failed(start, f"stream from {url} ended before its stop event ({api.end}) after "
+                              f"{len(st.times)} chunks of output"), f"stream ended before its stop event ({api.end})"
 
     times, ks = st.times, st.ks
     counted = sum(1 if k is None else k for k in ks)

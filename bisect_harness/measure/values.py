@@ -21,6 +21,8 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+import httpx
+
 from bisect_harness.measure.bodies import MAX_BODY_BYTES, BodyTooLarge, UnreadableBody, bounded_get
 
 __all__ = ["lookup", "read_server_info", "values_equal"]
@@ -47,8 +49,9 @@ def read_server_info(client: Any, base_url: str, paths: Sequence[str], *, timeou
                      limit: int = MAX_BODY_BYTES) -> tuple[Mapping | None, str]:
     """The first of ``paths`` under ``base_url`` that answers 200 with a JSON object, or
     (None, what each path answered). Each path is read with ``bodies.bounded_get``
-    through ``client`` (None: a client of its own for each), sending ``headers``,
-    within ``limit`` bytes and ``timeout_s``. The one reader of server info: the boot's
+    through ``client`` (a ``deadline.deadline_client``; None: a client of its own for
+    each), sending ``headers``, within ``limit`` bytes and ``timeout_s`` in all however
+    slowly the server sends. The one reader of server info: the boot's
     flag check and the metric sources both call it."""
     tried = []
     for path in paths:
@@ -60,7 +63,8 @@ def read_server_info(client: Any, base_url: str, paths: Sequence[str], *, timeou
                     return data, ""
             tried.append(f"{path}: HTTP {resp.status_code}")
         except Exception as exc:  # a hostile or broken server: say what it did, never raise
-            tried.append(f"{path}: {type(exc).__name__}" + (f" ({exc})" if isinstance(exc, (BodyTooLarge, UnreadableBody)) else ""))
+            said = isinstance(exc, (BodyTooLarge, UnreadableBody, TimeoutError, httpx.TimeoutException))
+            tried.append(f"{path}: {type(exc).__name__}" + (f" ({exc})" if said else ""))
     return None, "no server-info path answered with JSON (" + "; ".join(tried) + ")"
 
 

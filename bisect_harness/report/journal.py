@@ -156,6 +156,23 @@ def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
     return "**" + ", ".join(parts) + "**" + (f", {unchecked}" if unchecked else "")
 
 
+def requests_text(seen: dict | None) -> str | None:
+    """The boot's failed requests (``provenance["request_retries"]``) in words, or None."""
+    if not seen:
+        return None
+    parts = []
+    if seen.get("retries"):
+        parts.append(f"{seen['retries']} tries of {seen['requests']} requests produced nothing and were sent "
+                     f"again within their sample (first: {seen.get('example')})")
+    if seen.get("failed"):
+        parts.append(f"{seen['failed']} requests failed after their retries (first: {seen.get('failed_example')})")
+    per = seen.get("samples") or {}
+    if per:
+        parts.append("by sample: " + ", ".join(f"{k}: {v.get('retries', 0)} sent again, {v.get('failed', 0)} failed"
+                                               for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))))
+    return "; ".join(parts) or None
+
+
 def _sampling_text(d: dict) -> str:
     """One line per boot: CPU load and, per GPU, clocks, temperature, power, throttling."""
     def rng(stat: dict | None, unit: str) -> str:
@@ -321,6 +338,9 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             changed = (b.provenance or {}).get("checkout_changed")
             if changed:  # marked checkout_changed: never counted as the commit
                 details.append(f"- the checkout changed while the boot ran: {_md('; '.join(changed))}")
+            failed = requests_text((b.provenance or {}).get("request_retries"))
+            if failed:  # requests that produced nothing: sent again, or failed in the end
+                details.append(f"- requests: {_md(failed)}")
             details.append(f"- ran as: `{reproduce.boot_command(b)}`")
             boots.append({
                 "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),

@@ -46,6 +46,19 @@ def _status(boot) -> str:
     return boot.status + (f" [{', '.join(boot.marks)}]" if boot.marks else "")
 
 
+def _requests_note(boot) -> str:
+    """`` (2 tries sent again, 1 request failed in samples 1, 3)``: the boot's failed
+    requests (``provenance["request_retries"]["samples"]``), or ""."""
+    per = ((getattr(boot, "provenance", None) or {}).get("request_retries") or {}).get("samples") or {}
+    retried = sum(v.get("retries", 0) for v in per.values())
+    failed = sum(v.get("failed", 0) for v in per.values())
+    said = ([f"{retried} {'try' if retried == 1 else 'tries'} sent again"] if retried else []) + (
+        [f"{failed} request{'' if failed == 1 else 's'} failed"] if failed else [])
+    if not said:
+        return ""
+    return f" ({', '.join(said)} in sample{'' if len(per) == 1 else 's'} {', '.join(sorted(per, key=int))})"
+
+
 class _Common:
     """What both observers do alike: the run's start, verdicts and messages on the console."""
 
@@ -109,7 +122,8 @@ class BarsObserver(_Common):
 
     def boot_finished(self, config, boot) -> None:
         if self.task is not None:
-            self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {_status(boot)}"))
+            self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {_status(boot)}"
+                                                               + _requests_note(boot)))
             self.task = None
         overall = self._overall()
         self.progress.advance(overall)
@@ -162,7 +176,8 @@ class LinesObserver(_Common):
         budget = f"/{self.budget}" if self.budget else ""
         n = self.done - self._search_from if self.search else self.done
         count = f"{n}{budget} boot{'' if n == 1 and not budget else 's'}" + (f" of the {self.search}" if self.search else "")
-        self._line(f"boot {boot.id} ({config.label[:60]}, #{boot.seq}): {_status(boot)}{took}; {count}")
+        self._line(f"boot {boot.id} ({config.label[:60]}, #{boot.seq}): {_status(boot)}{_requests_note(boot)}{took}; "
+                   f"{count}")
 
     def search_started(self, name: str, budget: int | None) -> None:
         super().search_started(name, budget)
