@@ -16,7 +16,9 @@ Each feature these tests drive also has an end-to-end test on real demo servers
 from __future__ import annotations
 
 import hashlib
+import io
 import random
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -60,26 +62,24 @@ class Planted:
         return out
 
 
-def harness_here(monkeypatch, capsys, cwd: Path):
-    """``run(*args, handler=...)``: the real ``harness ARGS --backend NAME`` in this process, its
-    boots answered by ``handler`` (a :class:`Planted` or any handler with a ``backend``); returns
-    (exit code, stdout, stderr). The backend is lent for the call and taken back after it."""
+def harness_here(*args: Any, handler, cwd: Path) -> subprocess.CompletedProcess:
+    """The real ``harness ARGS --backend NAME`` in this process, in ``cwd``, its boots answered by
+    ``handler`` (a :class:`Planted`, or any handler with a ``backend``): exit code, stdout and
+    stderr as :func:`helpers.harness` gives them. The backend is lent for the call only."""
     from bisect_harness import cli
 
-    monkeypatch.setenv("COLUMNS", "1000")  # a message is one line; nothing wraps it
-    monkeypatch.setattr("bisect_harness.engines.server.install_signal_handlers", lambda: None)
-    monkeypatch.chdir(cwd)
-
-    def run(*args: Any, handler) -> tuple[int, str, str]:
-        backend = handler.backend
-        BACKENDS.add(backend.as_kind())
-        try:
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as stop:
-                cli.main([*map(str, args), "--backend", backend.name])
-            out = capsys.readouterr()
-        finally:
-            BACKENDS.discard(backend.name)
-        return stop.value.code or 0, out.out, out.err
-
-    return run
+    backend = handler.backend
+    out, err = io.StringIO(), io.StringIO()
+    BACKENDS.add(backend.as_kind())
+    try:
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit) as stop:
+            mp.setenv("COLUMNS", "1000")  # a message is one line; nothing wraps it
+            mp.setattr("bisect_harness.engines.server.install_signal_handlers", lambda: None)
+            mp.chdir(cwd)
+            mp.setattr("sys.stdout", out)
+            mp.setattr("sys.stderr", err)
+            cli.main([*map(str, args), "--backend", backend.name])
+    finally:
+        BACKENDS.discard(backend.name)
+    return subprocess.CompletedProcess(["harness", *map(str, args)], stop.value.code or 0, out.getvalue(),
+                                       err.getvalue())

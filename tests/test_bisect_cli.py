@@ -87,25 +87,22 @@ def harness(args: list[str], cwd: Path, timeout: float = 400) -> tuple[subproces
     return proc, time.monotonic() - t0
 
 
-def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str, here, planted: Planted):
+def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str, planted: Planted):
     """``harness bisect`` in this process, its boots answered by ``planted``."""
-    code, stdout, stderr = here("bisect", spec, "--good", good, "--bad", bad, "--json",
-                                "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
-                                "--journal-dir", tmp_path / "journal", "--metric", "decode_ms", *extra,
-                                handler=planted)
-    assert code == 0, stderr[-4000:]
-    out = json.loads(stdout.strip().splitlines()[-1])
+    proc = harness_here("bisect", spec, "--good", good, "--bad", bad, "--json",
+                        "--ledger", f"sqlite:///{tmp_path / 'results.db'}", "--journal-dir", tmp_path / "journal",
+                        "--metric", "decode_ms", *extra, handler=planted, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
     # piped: a plain line per boot and per search step on stderr, as they happen
-    lines = stderr.splitlines()
-    assert sum(1 for x in lines if re.match(r"boot \d+ \(.*, #\d+\): \w+", x)) >= out["new_boots"], stderr[-3000:]
-    assert any(x.startswith("bisect step 1: endpoints ") for x in lines), stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert sum(1 for x in lines if re.match(r"boot \d+ \(.*, #\d+\): \w+", x)) >= out["new_boots"], proc.stderr[-3000:]
+    assert any(x.startswith("bisect step 1: endpoints ") for x in lines), proc.stderr[-3000:]
     return out
 
 
-def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger(hist, tmp_path, monkeypatch,
-                                                                               capsys):
+def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger(hist, tmp_path):
     i_reg = hist.index(hist.events["regression"])
-    here = harness_here(monkeypatch, capsys, tmp_path)
     planted = Planted(slow_from=hist.shas[i_reg:], broken=[hist.events["build_failure"]])
     i_broken = hist.index(hist.events["build_failure"])
     # good just before the regression; the broken build sits at the uniform
@@ -114,12 +111,12 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
     # A first search out of budget after the endpoint check's first rounds...
-    first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", here=here, planted=planted)
+    first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", planted=planted)
     assert first["stopped"] == "budget" and first["culprit"] is None
     assert first["boots"] == first["new_boots"] == 4
 
     # ...and a second over the same range goes on from its boots.
-    out = bisect(tmp_path, spec, good, bad, "--max-boots", "100", here=here, planted=planted)
+    out = bisect(tmp_path, spec, good, bad, "--max-boots", "100", planted=planted)
     assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
     assert out["culprit"] == hist.events["regression"], out
     assert out["probability"] >= 0.95 and out["stopped"] == "confident"
@@ -175,7 +172,7 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert "| endpoint check |" in text and "| head-to-head 1 |" in text
 
     # --fresh: boots of earlier runs are left out, the search starts from nothing
-    third = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh", here=here, planted=planted)
+    third = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh", planted=planted)
     assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 

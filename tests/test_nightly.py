@@ -99,7 +99,7 @@ def test_detect_shift_bad_input():
         detect_shift([[[1.0], [2.0]], [[1.0], [2.0]]], [[1.0], [2.0]], worse=Expect.DECREASE)
 
 
-def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path, monkeypatch, capsys):
+def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path):
     """Five quiet nights, then a night past the regression: an alert, then a bisection that
     reuses the nights' boots and names the culprit. Nightly's rule and its hand-off to the
     search are the point, so the real ``harness nightly`` runs in this process with its boots
@@ -110,7 +110,6 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path, monkey
     regression = history.events["regression"]
     i = history.index(regression)
     planted = Planted(slow_from=history.shas[i:])
-    here = harness_here(monkeypatch, capsys, tmp_path)
     spec = write_spec(
         tmp_path / "nightly.yaml",
         engine={"preset": "demo", "repo": "engine",
@@ -125,12 +124,13 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path, monkey
     # Each night is one value and the spread between nights is the noise: the test
     # needs two earlier nights, so five first. A 25% floor: the regression is 1.9x.
     for back, status in ((5, "first-night"), (4, "first-night"), (3, "ok"), (2, "ok"), (1, "ok")):
-        code, stdout, stderr = here("nightly", spec, "--rev", history.shas[i - back], *common, handler=planted)
-        assert code == 0, stderr[-3000:]
-        assert last_json(stdout)["status"] == status, stdout[-2000:]
-    code, stdout, stderr = here("nightly", spec, "--rev", history.shas[i + 2], *common, handler=planted)
-    assert code == 4, stdout[-3000:] + stderr[-3000:]
-    out = last_json(stdout)
+        night = harness_here("nightly", spec, "--rev", history.shas[i - back], *common, handler=planted,
+                             cwd=tmp_path)
+        assert night.returncode == 0, night.stderr[-3000:]
+        assert last_json(night.stdout)["status"] == status, night.stdout[-2000:]
+    tonight = harness_here("nightly", spec, "--rev", history.shas[i + 2], *common, handler=planted, cwd=tmp_path)
+    assert tonight.returncode == 4, tonight.stdout[-3000:] + tonight.stderr[-3000:]
+    out = last_json(tonight.stdout)
     low, high = out["ci"]
     assert out["status"] == "regression" and out["alert"]
     assert out["reference_commit"] == history.shas[i - 1]
