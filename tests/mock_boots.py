@@ -32,8 +32,8 @@ from bisect_harness.boot import SampleOutcome
 class Planted:
     """Answers boots as the demo history would, without its noise's surprises.
 
-    ``slow_from``: the commits (full SHAs) that decode ``factor`` times slower; ``broken``:
-    commits whose build fails (a config that cannot be measured, never retried);
+    ``slow_from``: the commits (full SHAs), or released versions, that decode ``factor`` times
+    slower; ``broken``: those whose build fails (a config that cannot be measured, never retried);
     ``noise``: the boot-to-boot spread (lognormal sigma) and a tenth of it within a boot.
     """
 
@@ -46,14 +46,15 @@ class Planted:
         self.backend = MockBackend(self, name=name)
 
     def __call__(self, r):
-        self.booted.append(r.commit)
-        if r.commit in self.broken:
-            return failed(f"build failed at {r.commit[:12]} (exit 1): KeyError in build.py",
-                          config_status="build_failed")
+        # what is booted: the commit, or for a released build its version
+        what = r.commit if r.release is None else r.release.version
+        self.booted.append(what)
+        if what in self.broken:
+            return failed(f"build failed at {what[:12]} (exit 1): KeyError in build.py", config_status="build_failed")
         k = self.made.get(r.config_key, 0)
         self.made[r.config_key] = k + 1
-        rng = random.Random(hashlib.sha256(f"{r.commit}:{r.config_key}:{k}".encode()).digest())
-        level = self.level_ms * (self.factor if r.commit in self.slow else 1.0) * rng.lognormvariate(0.0, self.noise)
+        rng = random.Random(hashlib.sha256(f"{what}:{r.config_key}:{k}".encode()).digest())
+        level = self.level_ms * (self.factor if what in self.slow else 1.0) * rng.lognormvariate(0.0, self.noise)
         out = []
         for i in range(max(1, r.samples)):
             ms = level * rng.lognormvariate(0.0, self.noise / 10)
