@@ -1,16 +1,24 @@
-"""``harness bisect`` and ``bisect: true`` against the live demo engine.
+"""``harness bisect`` and ``bisect: true`` against the demo engine's history.
 
 The demo repository is made in a temp folder; ``events`` (known only to tests)
-names the commit that slowed decoding and the one that breaks the build. Every
-boot is a real server on 127.0.0.1. The ranges are small and the effect (the
-context length 512 -> 4096: decode cycles about 1.9 times as long) is several
-times the boot-to-boot noise even on a busy 2-core host, so a probe needs about one
-boot; each search here takes 15 to 70 boots, since the endpoint check and the
-culprit against its parent are paired rounds of fresh boots (3 pairs at least) and
-an anchor is measured again every second probe round (31 boots on a quiet host, 68
-on CI's busy one, for the resumed search below). The
-metric is the engine's own decode time per cycle (a declared log source, median
-per sample): on a shared machine it is steadier than the client's tok/s.
+names the commit that slowed decoding and the one that breaks the build.
+
+``bisect: true`` runs on live demo servers: every boot is a real server on
+127.0.0.1, built from its commit. The range is small and the effect (the context
+length 512 -> 4096: decode cycles about 1.9 times as long) is several times the
+boot-to-boot noise even on a busy 2-core host, so a probe needs about one boot. The
+metric is the engine's own decode time per cycle (a declared log source, median per
+sample): on a shared machine it is steadier than the client's tok/s. That test is the
+bisection's end to end on real servers (``test_releases`` descends to a commit on real
+servers too, and ``test_cli_e2e`` records a real broken build).
+
+The search over a longer range that steps over the broken build and resumes from
+the ledger is search and bookkeeping: the real ``harness bisect`` command runs in this
+process with its boots answered by the mock backend (``mock_boots.Planted``: the
+history's regression, its broken build and a few percent of noise), so it takes 15 to
+70 boots in a second, not minutes (the endpoint check and the culprit against its
+parent are paired rounds of fresh boots, 3 pairs at least, and an anchor is measured
+again every second probe round).
 """
 
 from __future__ import annotations
@@ -27,8 +35,7 @@ import pytest
 
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.record.ledger import Bisection, Boot, Ledger
-
-pytestmark = pytest.mark.slow
+from mock_boots import Planted, harness_here
 
 SPEC = """\
 version: 1
@@ -80,21 +87,23 @@ def harness(args: list[str], cwd: Path, timeout: float = 400) -> tuple[subproces
     return proc, time.monotonic() - t0
 
 
-def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str):
-    proc, seconds = harness(["bisect", str(spec), "--good", good, "--bad", bad, "--json",
-                             "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
-                             "--journal-dir", str(tmp_path / "journal"), "--metric", "decode_ms", *extra], tmp_path)
+def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str, planted: Planted):
+    """``harness bisect`` in this process, its boots answered by ``planted``."""
+    proc = harness_here("bisect", spec, "--good", good, "--bad", bad, "--json",
+                        "--ledger", f"sqlite:///{tmp_path / 'results.db'}", "--journal-dir", tmp_path / "journal",
+                        "--metric", "decode_ms", *extra, handler=planted, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # piped: a plain line per boot and per search step on stderr, as they happen
     lines = proc.stderr.splitlines()
     assert sum(1 for x in lines if re.match(r"boot \d+ \(.*, #\d+\): \w+", x)) >= out["new_boots"], proc.stderr[-3000:]
     assert any(x.startswith("bisect step 1: endpoints ") for x in lines), proc.stderr[-3000:]
-    return out, seconds
+    return out
 
 
 def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger(hist, tmp_path):
     i_reg = hist.index(hist.events["regression"])
+    planted = Planted(slow_from=hist.shas[i_reg:], broken=[hist.events["build_failure"]])
     i_broken = hist.index(hist.events["build_failure"])
     # good just before the regression; the broken build sits at the uniform
     # posterior's median (5 of 10 candidates), so it is the first interior probe.
@@ -102,13 +111,12 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
     # A first search out of budget after the endpoint check's first rounds...
-    first, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "4")
+    first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", planted=planted)
     assert first["stopped"] == "budget" and first["culprit"] is None
     assert first["boots"] == first["new_boots"] == 4
 
     # ...and a second over the same range goes on from its boots.
-    out, seconds = bisect(tmp_path, spec, good, bad, "--max-boots", "100")
-    print(f"resumed bisection: {out['new_boots']} new of {out['boots']} boots in {seconds:.0f}s")
+    out = bisect(tmp_path, spec, good, bad, "--max-boots", "100", planted=planted)
     assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
     assert out["culprit"] == hist.events["regression"], out
     assert out["probability"] >= 0.95 and out["stopped"] == "confident"
@@ -116,8 +124,8 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
     assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
     assert out["skipped"] == [hist.events["build_failure"]]
-    # confident well inside the budget of 100: 31 boots on a quiet host, 68 on a busy CI host
-    assert 12 <= out["boots"] <= 80
+    # confident well inside the budget of 100 (31 boots of real servers on a quiet host, 68 on a busy CI host)
+    assert 12 <= out["boots"] <= 80, out["boots"]
     assert out["endpoint_test"]["decision"] == "passed" and out["endpoint_test"]["pairs"] >= 3
     assert out["verify_test"]["decision"] == "passed" and out["verify_test"]["pairs"] >= 3
     assert out["no_step_probability"] < 0.05
@@ -164,11 +172,12 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert "| endpoint check |" in text and "| head-to-head 1 |" in text
 
     # --fresh: boots of earlier runs are left out, the search starts from nothing
-    third, _ = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh")
+    third = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh", planted=planted)
     assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 
 
+@pytest.mark.slow
 def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     i_reg = hist.index(hist.events["regression"])
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 2]

@@ -15,6 +15,8 @@ import pytest
 
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
+pytestmark = pytest.mark.slow  # every test reads the module's search, which boots real demo servers
+
 DEFAULTS = {"samples_per_boot": 1, "boots_per_arm": 3, "max_boots_per_arm": 6}
 # decode_tok_s (first to last token of each stream): the doubled decode steps show in it
 # without the request overhead that dominates end-to-end tok/s on so short a benchmark;

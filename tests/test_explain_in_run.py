@@ -3,9 +3,14 @@
 The slow arm is the commit after the demo's regression commit; the fast arm is the
 commit before the regression. The run must confirm the hypothesis, explain it in the
 same run, name the commit, and hand the commit range to the bisection, which must
-name the regression commit. (The search over several differences, an interacting
-pair among them, is ``test_explain_e2e``'s; the search's logic, an inert difference
-beside a cause included, is ``test_explain.py``'s, on a fake measure.)
+name the regression commit. The hand-offs (the run's rounds to the explanation, the
+commit to the bisection) are the point here, so the real ``harness run`` runs in this
+process with its boots answered by the mock backend (``mock_boots.Planted``: the demo
+history's 1.9x regression, 3% noise). On real servers: the explanation's search, an
+interacting pair, is ``test_explain_e2e``'s on the demo engine; ``explain: true`` inside
+a run is ``test_llamacpp_real``'s on llama.cpp; a bisection is ``test_bisect_cli``'s.
+(The search's logic, an inert difference beside a cause included, is ``test_explain.py``'s,
+on a fake measure.)
 """
 
 from __future__ import annotations
@@ -15,9 +20,8 @@ import json
 import pytest
 
 from bisect_harness.demo import create_demo_repo
-from helpers import harness, last_json, query, write_spec
-
-pytestmark = pytest.mark.slow
+from helpers import last_json, query, write_spec
+from mock_boots import Planted, harness_here
 
 # The engine's own decode time per cycle (median per sample): the regression shows in it,
 # and it is steadier than the client's tok/s.
@@ -44,8 +48,8 @@ def ran(tmp_path_factory):
                      "treatment": {"commit": slow},
                      "metric": "decode_ms", "expect": "increase", "min_effect": "10%", "explain": True}])
     db = root / "r.db"
-    proc = harness("run", spec, "--ledger", f"sqlite:///{db}", "--journal-dir", root / "exp", "--json",
-                   cwd=root, timeout=1500)
+    proc = harness_here("run", spec, "--ledger", f"sqlite:///{db}", "--journal-dir", root / "exp", "--json",
+                        handler=Planted(slow_from=hist.shas[i_reg:]), cwd=root)
     return {"proc": proc, "db": db, "hist": hist, "root": root}
 
 

@@ -1,11 +1,16 @@
 """Bisecting released builds, then the commits between two of them.
 
-Real parts throughout: the demo engine's generated history, tagged ``v0.1.0`` ..
-``v0.8.0`` at eight commits that build; a wheel of each release built from its tag
+Real parts: the demo engine's generated history, tagged ``v0.1.0`` .. ``v0.8.0`` at
+eight commits that build; a wheel of each release built from its tag
 (``bisect_harness.demo.releases``) into a folder that pip reads with
-``--find-links``; each release installed by pip into an environment of its own;
-real servers on 127.0.0.1. The planted regression lies between two releases, with
-commits in between to descend into.
+``--find-links``. A run comparing two releases installs each by pip into an
+environment of its own and boots real servers on 127.0.0.1; its boots name the
+version installed and the hash of the very wheel. The planted regression lies between
+two releases, with commits in between to descend into: the search over the releases
+and its descent to the commit are search logic, so they run in this process with their
+boots answered by the mock backend (``mock_boots.Planted``: the history's regression,
+1.9x, at the release that holds it and at its commits); a bisection on real demo
+servers is ``test_bisect_cli``'s and ``test_slurm_e2e``'s.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from bisect_harness.errors import CommitError, SpecError
 from bisect_harness.spec import parse_spec
 
 from helpers import query
+from mock_boots import Planted, harness_here
 
 DECODE = {"name": "decode_ms", "from": "log", "pattern": "decode cycle: (?P<value>[0-9.]+) ms/cyc",
           "reduce": "median", "unit": "ms", "better": "lower"}
@@ -91,22 +97,26 @@ def test_a_release_arm_needs_engine_releases_and_is_not_also_a_commit(tmp_path):
 
 
 def _harness(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # The session's cache (conftest's harness_cache): each release's environment and each
+    # commit's build is made once in the session, whichever test asks first, as a user's
+    # cache keeps them between runs; a test of the install itself reads the provenance.
     return subprocess.run([sys.executable, "-m", "bisect_harness.cli", *args, "--json",
-                           "--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", str(tmp_path / "journal"),
-                           "--cache-dir", str(tmp_path / "cache")],
+                           "--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", str(tmp_path / "journal")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.slow
 def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit(released, tmp_path):
     hist, points, wheels = released
     culprit_commit = hist.events["regression"]
     order = list(points)
     # the release that first holds the regression, by the history's own order
     expected = next(v for v in order if hist.index(points[v]) >= hist.index(culprit_commit))
+    planted = Planted(slow_from=[*hist.shas[hist.index(culprit_commit):],
+                                 *(v for v in order if hist.index(points[v]) >= hist.index(culprit_commit))])
     spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels)
-    proc = _harness(tmp_path, "bisect", str(spec), "--good", order[0], "--bad", order[-1], "--metric", "decode_ms",
-                    "--max-boots", "120")
+    proc = harness_here("bisect", spec, "--good", order[0], "--bad", order[-1], "--metric", "decode_ms",
+                        "--max-boots", "120", "--json", "--ledger", f"sqlite:///{tmp_path / 'r.db'}",
+                        "--journal-dir", tmp_path / "journal", handler=planted, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["revisions"] == "releases" and out["culprit"] == expected, out
@@ -114,28 +124,17 @@ def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit
     assert descent is not None, out["descent_note"]
     assert descent["culprit"] == culprit_commit and descent["stopped"] == "confident", descent
     assert f"culprit release: {expected}" in proc.stderr and f"culprit commit: {culprit_commit}" in proc.stderr
-
-    # each release boot names the version installed and the hash of the very wheel
-    wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
-    rows = query(tmp_path / "r.db", "SELECT c.label, b.provenance FROM boots b JOIN configs c ON c.id = b.config_id "
-                                    "WHERE b.status = 'ok'")
-    released_boots = [(label, json.loads(p)) for label, p in rows if label.startswith("release ")]
-    assert released_boots
-    for label, prov in released_boots:
-        version = label.split()[1]
-        rec = prov["environment"]["release"]
-        assert (rec["version"], rec["sha256"]) == (version, wheel_sha[version]), (label, rec)
-        assert "release_mismatch" not in prov
-        assert version in prov["engine_version"]["label"]  # the server reports the release it is
+    # the search booted releases, then only commits between the culprit release and the one before it
+    before = order[order.index(expected) - 1]
+    between = hist.shas[hist.index(points[before]):hist.index(points[expected]) + 1]
+    assert set(planted.booted) & set(order) and set(planted.booted) & set(hist.shas)
+    assert set(planted.booted) & set(hist.shas) <= set(between)
 
     # both stages are in one journal
     (journal,) = [p for p in (tmp_path / "journal").glob("*.md") if p.name != "index.md"]
     text = journal.read_text()
     assert "The revisions were releases" in text and f"culprit `{culprit_commit[:12]}`" in text
     assert "## Bisection 1: 0.1.0..0.8.0" in text and "## Bisection 2: " in text
-    version = released_boots[0][0].split()[1]
-    assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
-           f"{wheel_sha[version][:16]}" in text
 
 
 # --------------------------------------------------------------------------- releases as container images
@@ -223,6 +222,24 @@ def test_a_run_compares_two_releases_each_from_its_own_environment(released, tmp
             for (p,) in query(tmp_path / "r.db", "SELECT provenance FROM boots WHERE status = 'ok'")}
     assert len(envs) == 2 and all(f"/releases/demo-engine/{v}-" in e for v, e in zip(sorted([before, culprit]),
                                                                                          sorted(envs)))
+
+    # each release boot names the version installed and the hash of the very wheel
+    wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
+    rows = query(tmp_path / "r.db", "SELECT c.label, b.provenance FROM boots b JOIN configs c ON c.id = b.config_id "
+                                    "WHERE b.status = 'ok'")
+    released_boots = [(label, json.loads(p)) for label, p in rows if label.startswith("release ")]
+    assert {label.split()[1] for label, _ in released_boots} == {before, culprit}
+    for label, prov in released_boots:
+        version = label.split()[1]
+        rec = prov["environment"]["release"]
+        assert (rec["version"], rec["sha256"]) == (version, wheel_sha[version]), (label, rec)
+        assert "release_mismatch" not in prov
+        assert version in prov["engine_version"]["label"]  # the server reports the release it is
+    (journal,) = [p for p in (tmp_path / "journal").glob("*.md") if p.name != "index.md"]
+    text = journal.read_text()
+    for version in (before, culprit):
+        assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
+               f"{wheel_sha[version][:16]}" in text
 
 
 def test_the_dry_run_shows_each_release_and_the_launch_it_runs(released, tmp_path):
