@@ -149,7 +149,7 @@ def verdicts_run(tmp: Path) -> str:
 
     seeded = Seeded(level, between=0.02, mark=mark,
                     fail=lambda r, k: not r.flags and not r.arm_env and k == 1)
-    wide = Seeded(level, between=0.09)  # the borderline claim's arms: a wide spread between boots
+    wide = Seeded(level, between=0.09, mark=mark)  # the borderline claim's arms: a wide spread between boots
     backend = MockBackend(lambda r: (wide if dict(r.flags).get("y") else seeded)(r), name="seeded")
     db = tmp / "run.db"
     with Ledger(f"sqlite:///{db}") as led:
@@ -170,11 +170,11 @@ def busy_bisection(tmp: Path) -> str:
 
     def mark(r, k):
         rng = _rng("busy", r.config_key, k)
-        if rng.random() < 0.8:
+        if rng.random() < 0.9:
             return ("host_busy",), {"contention": busy_record(rng)}
         return (), {}
 
-    seeded = Seeded(lambda r: 70.0 if order.index(r.commit) >= 11 else 100.0, between=0.03, mark=mark)
+    seeded = Seeded(lambda r: 80.0 if order.index(r.commit) >= 11 else 100.0, between=0.05, mark=mark)
     db = tmp / "bisect.db"
     with Ledger(f"sqlite:///{db}") as led:
         bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
