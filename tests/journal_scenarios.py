@@ -6,9 +6,10 @@ searched, a real git history with fixed dates (so its commit ids are the same on
 every machine); only the boots are a stand-in: the mock backend, whose answers are
 a function of the config and the boot's place among that config's boots, seeded
 by a hash (never by the order the scheduler happened to boot in). Each returns the
-journal as ``report.journal.render`` writes it, then :func:`normalize` takes out
-what differs from one machine or day to the next (dates, temp paths, the host,
-the harness version).
+journal as ``report.journal.render`` writes it, with what differs from one machine
+or day to the next taken out by :func:`normalize` (dates, temp paths, the host, the
+harness version), and the ledger it was rendered from, so a test can hold the
+journal's sentences to the rows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import random
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from bisect_harness.backends.mock import MockBackend, failed
@@ -117,14 +119,21 @@ def normalize(text: str, tmp: Path) -> str:
     return text
 
 
-def _render(db: Path, tmp: Path, run_id: int | None = None) -> str:
+@dataclass(frozen=True)
+class Rendered:
+    """A scenario's journal (normalized) and the ledger it was rendered from."""
+
+    text: str
+    db: Path
+
+
+def _render(db: Path, tmp: Path) -> Rendered:
     with Ledger(f"sqlite:///{db}") as led:
-        runs = led.runs()
-        run = runs[-1] if run_id is None else next(r for r in runs if r.id == run_id)
-        return normalize(journal.render(led, run), tmp)
+        (run,) = led.runs()
+        return Rendered(normalize(journal.render(led, run), tmp), db)
 
 
-def verdicts_run(tmp: Path) -> str:
+def verdicts_run(tmp: Path) -> Rendered:
     """``harness run`` of three hypotheses: one confirmed (1.5x), one refuted (no effect),
     one inconclusive (a 6% effect against a 10% claim at a wide spread); a few boots
     marked, one failed and booted again."""
@@ -157,7 +166,7 @@ def verdicts_run(tmp: Path) -> str:
     return _render(db, tmp)
 
 
-def busy_bisection(tmp: Path) -> str:
+def busy_bisection(tmp: Path) -> Rendered:
     """``harness bisect`` over 16 commits, the step at the 11th, on a host where other
     jobs ran: most boots marked ``host_busy`` with their figures."""
     subjects = [f"engine: change {i}" for i in range(16)]
@@ -182,7 +191,7 @@ def busy_bisection(tmp: Path) -> str:
     return _render(db, tmp)
 
 
-def explanation(tmp: Path) -> str:
+def explanation(tmp: Path) -> Rendered:
     """``harness explain``: the slow arm differs by three env vars; A and B together
     make it 25% slower, each alone or C changes nothing."""
     spec = load_spec(write_spec(tmp / "explain.yaml", engine=ENGINE,

@@ -108,7 +108,7 @@ def _facts(bis, result: dict, busy: tuple[int, int]) -> list[str]:
                    f"{und.get('would_decide')}")
     if result.get("revisions") == "releases":
         d = result.get("descent")
-        out.append("the revisions were releases; " + (
+        out.append("The revisions were releases; " + (
             f"the commits between the culprit release and the one before it were then bisected (bisection "
             f"{d.get('bisection_id')}: " + (f"culprit `{str(d.get('culprit'))[:12]}`" if d.get("culprit")
                                              else f"stopped `{d.get('stopped')}`") + ")"
