@@ -15,7 +15,7 @@ from typing import Callable
 
 from bisect_harness.decide.bisect_result import StopReason
 from bisect_harness.model import reused_from
-from bisect_harness.report import warnings_view
+from bisect_harness.report import plots, warnings_view
 from bisect_harness.report.cells import apart, fmt, md, probability
 
 __all__ = ["PURPOSES", "view", "answer"]
@@ -175,12 +175,10 @@ def view(bis, *, boot_of: Callable[[int], object | None], plots_dir: Path | None
     warnings["any"] = bool(warnings["marks"] or warnings["busy"] or warnings["other"])
     plot = None
     if plots_dir is not None and bis.probes:
-        from bisect_harness.report.plots import plot_bisection
-
-        plot = plot_bisection(bis, plots_dir, stem)
+        plot = plots.plot_bisection(bis, plots_dir, stem)
     return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric,
             "lead": md(_lead(bis, result, subjects)), "facts": _facts(bis, result, busy),
             "answer": md(answer(bis, busy)), "hypothesis_id": bis.hypothesis_id,
             "commits": _by_commit(bis, result.get("culprit")), "probes": steps,
-            "steps_folded": len(steps) > warnings_view.FOLD_AFTER, "candidates": cands, "plot": plot,
+            "candidates": cands, "plot": plot,
             "tests": tests, "warnings": warnings}
