@@ -56,6 +56,19 @@ def shown_outcome(verdict) -> str:
     return NOT_MEASURED if verdict.test == NOT_MEASURED else verdict.outcome
 
 
+def shown_apart(a: float, b: float, digits: int = 2, most: int = 8) -> tuple[str, str]:
+    """``a`` and ``b`` as text (``g`` format) with the fewest significant digits, at
+    least ``digits``, that tell them apart when they differ: a comparison printed
+    with them reads as it was decided (``p=0.00196 <= 0.002``, never ``0.002 <=
+    0.002``). Rounding keeps order, so the two texts never compare the wrong way."""
+    a, b = float(a), float(b)
+    for d in range(digits, most + 1):
+        ta, tb = f"{a:.{d}g}", f"{b:.{d}g}"
+        if ta != tb or a == b:
+            return ta, tb
+    return repr(a), repr(b)
+
+
 def reused_from(runs: Sequence[int], this_run: int | None) -> str:
     """Where a search's reused boots were measured, in words: this run's own rounds (a
     bisection inside ``harness run`` reuses the hypothesis loop's boots), earlier runs, or both."""
@@ -163,13 +176,32 @@ class Arm:
             out += [(kind, k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) or (k in a) != (k in b)]
         return out
 
+    def _source(self) -> str:
+        return (f"release {self.release}" if self.release is not None
+                else self.commit[:10] if self.commit else (self.endpoint or "(installed)"))
+
     def describe(self) -> str:
-        parts = [f"release {self.release}" if self.release is not None
-                 else self.commit[:10] if self.commit else (self.endpoint or "(installed)")]
+        parts = [self._source()]
         # a label is stored and printed: secret values masked
         parts += [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
         parts += [f"--{k}={v}" for k, v in sorted(redact_env(self.flags).items())]
         return " ".join(parts)
+
+    def describe_against(self, other: "Arm") -> str:
+        """What sets this arm apart from ``other``, as a short label: its commit (or
+        release, or endpoint) where that differs, then each env variable and flag whose
+        value differs, ``+`` before a setting ``other`` lacks and ``no`` before one only
+        ``other`` has (``+--md=draft.gguf``, ``NCCL_PROTO=LL``, ``no NCCL_ALGO``). Arms
+        equal but for their commit read as the commit; equal arms as :meth:`describe`."""
+        parts = [self._source()] if self._source() != other._source() else []
+        env, flags = redact_env(self.env), redact_env(self.flags)
+        for kind, key in self.setting_differences(other):
+            mine, theirs, name = (env, other.env, key) if kind == "env" else (flags, other.flags, f"--{key}")
+            if key not in mine:
+                parts.append(f"no {name}")
+            else:
+                parts.append(("" if key in theirs else "+") + f"{name}={mine[key]}")
+        return " ".join(parts) or self.describe()
 
 
 @dataclass(frozen=True)

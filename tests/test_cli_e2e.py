@@ -160,10 +160,9 @@ def test_journal_has_verdicts_configs_and_the_hypotheses_as_written(demo_run):
     assert len(journals) == 1, list(demo_run["journal_dir"].iterdir())
     text = journals[0].read_text()
     out = {h["id"]: h for h in last_json(demo_run["proc"].stdout)["hypotheses"]}
-    verdicts = text.split("## Verdicts", 1)[1].split("\n### ", 1)[0]
-    assert "| hypothesis | metric | claim | verdict |" in verdicts
+    verdicts = text.split("## Summary", 1)[1].split("\n### ", 1)[0]  # one line per hypothesis, first
     for hid, h in out.items():
-        assert re.search(rf"^\| `{re.escape(hid)}` \| tok_s \| [^|]+ \| \*\*{h['verdict']}\*\* \|", verdicts, re.M), \
+        assert re.search(rf"^- `{re.escape(hid)}` \(tok_s, [^)]+\): \*\*{h['verdict']}\*\*, ", verdicts, re.M), \
             verdicts
     configs = text.split("## Configs and boots", 1)[1].split("## Host and calibration", 1)[0]
     assert len(re.findall(r"^### config \d+: ", configs, re.M)) == 3

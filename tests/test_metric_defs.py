@@ -77,8 +77,9 @@ def test_journal_prints_the_bisection_metric_with_its_definition(tmp_path):
                           result={}))
         text = journal.render(led, run)
     section = text.split("## Bisection 1:", 1)[1]
-    assert section.split("\n\n")[1].startswith(
-        "Metric: `gen_tok_rate` (tok/s, higher is better): demo_generation_tokens_total from /metrics")
+    facts = section.split("\n\n")[2].splitlines()  # under the heading and the search's answer
+    assert facts[-1].startswith("- metric: `gen_tok_rate` (tok/s, higher is better): demo_generation_tokens_total "
+                                "from /metrics"), section
 
 
 DERIVED_TEXT = """\

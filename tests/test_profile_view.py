@@ -101,7 +101,6 @@ GOLDEN = """\
 | annotation | verify_step | 0.00 | 0.120 | +0.120 |
 | kernel | flash_fwd | 0.400 | 0.350 | -0.0500 |
 | CUDA call | cudaGraphLaunch | 0.0200 | <= 0.120 | <= +0.100 |
-
 """
 # by hand: per token = ms / 100 tokens. decode_step: the treatment lists 3 of its 9 names, so a name
 # it does not list took at most its smallest row (12 ms / 100); verify_step: the baseline lists all 3

@@ -365,7 +365,7 @@ class StopAtSearch(Observer):
     def __init__(self, n: int):
         self.n, self.started = n, []
 
-    def search_started(self, name, budget) -> None:
+    def search_started(self, name, budget, reference=None) -> None:
         self.started.append(name)
         if len(self.started) == self.n:
             raise KeyboardInterrupt

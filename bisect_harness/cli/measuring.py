@@ -285,8 +285,8 @@ def nightly(
     spec = load_spec(file)
     from bisect_harness.run.nightly import run_nightly
     from bisect_harness.record.ledger import Ledger
-    budget = spec.defaults.max_boots_per_arm + (0 if no_bisect else max_boots)  # tonight, then a bisection
-    with Ledger(ledger) as led, observer_for(console, budget=budget) as obs, \
+    # tonight's boots, retries included; a bisection after them counts against its own budget
+    with Ledger(ledger) as led, observer_for(console, budget=spec.defaults.boots_per_config) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=_effect(min_effect), alpha=alpha,
                                         window=window, bisect=not no_bisect, max_boots=max_boots,

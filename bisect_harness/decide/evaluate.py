@@ -51,7 +51,7 @@ from bisect_harness.decide.components import variance_components
 from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.kernel import _pct, log_effect
 from bisect_harness.decide.ttest import _check_boots
-from bisect_harness.model import Expect, Outcome
+from bisect_harness.model import Expect, Outcome, shown_apart
 
 __all__ = ["OUTCOME_FOOTNOTE", "StatVerdict", "evaluate", "boots_to_decide"]
 
@@ -201,6 +201,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     ratio = math.exp(d)
     common["ratio"] = ratio
     want = f"{'+' if expect is Expect.INCREASE else '-'}{min_effect * 100:.1f}%"
+    ps, ts = shown_apart(p0, thr) if p0 is not None and thr is not None else (f"{p0}", f"{thr}")
     if look is None:
         return StatVerdict(outcome=Outcome.INCONCLUSIVE, final=False, ci=ci, p_value=p0,
                            p_threshold=thr, look=None,
@@ -213,7 +214,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
                                    f"only when both arms have the same number of boots."), **common)
     if code == 1:
         outcome, final = Outcome.CONFIRMED, True
-        reason = (f"Confirmed: {ci_txt}; p={p0:.2g} <= {thr:.2g} at look {look}, and the "
+        reason = (f"Confirmed: {ci_txt}; p={ps} <= {ts} at look {look}, and the "
                   f"estimate {_pct(ratio - 1)} reaches the hypothesised {want}.")
     elif code == -1:
         outcome, final = Outcome.REFUTED, True
@@ -224,7 +225,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
         if at_budget:
             spread = analysis.spread(arms, est)
             reason = (f"Budget of {design.max_boots} boots per arm spent without a decision: "
-                      f"{ci_txt}; p={p0:.2g} vs {thr:.2g}. "
+                      f"{ci_txt}; p={ps} vs {ts}. "
                       + boots_to_decide(expect.sign * d, spread, log_e, thr, want, design.analysis,
                                         sign_flip=lk.sign_flip))
         elif p0 <= thr:
@@ -234,7 +235,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
             reason = (f"Undecided at look {look}: {ci_txt}; p={p0:.2g}, and no pattern of signs can cross at "
                       f"{look} rounds (the alpha spent by this look is below 2^-{look}); boot more.")
         else:
-            reason = f"Undecided at look {look}: {ci_txt}; p={p0:.2g} vs {thr:.2g}; boot more."
+            reason = f"Undecided at look {look}: {ci_txt}; p={ps} vs {ts}; boot more."
     return StatVerdict(outcome=outcome, final=final, ci=ci, p_value=p0, p_threshold=thr,
                        look=look, reason=reason, **common)
 

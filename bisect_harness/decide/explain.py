@@ -108,7 +108,7 @@ from typing import Callable, Generator, Optional, Sequence
 import numpy as np
 from scipy import stats as _st
 
-from bisect_harness.model import Expect, Outcome
+from bisect_harness.model import Expect, Outcome, shown_apart
 from bisect_harness.decide import blocks
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.evaluate import evaluate
@@ -451,9 +451,10 @@ class _Search:
                 if status == "open" and rnd < self.max_rounds and not futile:
                     continue
                 ratio = math.exp(c.estimate)
+                p_text, thr_text = shown_apart(p, thr)  # the digits that tell p from its threshold
                 where = (f"{c.boots} boots against {name} booted between them, robust pooled fit, "
                          f"{c.df:.0f} error df, {c.segments_left_out} host block(s) left out as unsettled, "
-                         f"threshold p <= {thr:.2g} per direction and look")
+                         f"threshold p <= {thr_text} per direction and look")
                 if status == "open" and outcome != Outcome.INCONCLUSIVE.value and not (
                         outcome == Outcome.REFUTED.value and (half_checked or half_holds())):
                     outcome = Outcome.INCONCLUSIVE.value
@@ -471,7 +472,7 @@ class _Search:
                              ": with its estimate one standard error either way, the test would settle nothing "
                              f"more within {self.max_rounds} rounds")
                 reason = (f"{head}: "
-                          f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} ({where}).")
+                          f"{ratio:.4f}x {name}, interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p_text} ({where}).")
                 done[k] = (status, Test(items[k][0], control, items[k][1], expect.value, outcome, ratio, ci, p,
                                         (len(calls[-1]), len(calls[k])), reason, opp, tuple(calls[-1]),
                                         tuple(calls[k])))

@@ -18,7 +18,7 @@ import numpy as np
 
 from bisect_harness.decide.kernel import _pct, decide
 from bisect_harness.decide.ttest import _check_boots
-from bisect_harness.model import Expect, Outcome
+from bisect_harness.model import Expect, Outcome, shown_apart
 
 __all__ = ["Shift", "detect_shift"]
 
@@ -97,12 +97,13 @@ def detect_shift(history: Sequence[Sequence[Sequence[float]]], newest: Sequence[
     p, ci, ratio = verdict.p_value, verdict.ci, math.exp(diff)
     regressed = verdict.outcome is Outcome.CONFIRMED
     ref_boots = sum(len(night) for night in nights)
+    p_text, alpha_text = shown_apart(p, alpha)  # the digits that tell p from alpha
     if regressed:
         reason = (f"Regression: {ratio:.4f}x of the last {n} nights (each night one value, {ref_boots} boots), "
-                  f"prediction interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} <= {alpha:.2g}")
+                  f"prediction interval {ci[0]:.4f}x..{ci[1]:.4f}x, p={p_text} <= {alpha_text}")
     elif p <= alpha:
         reason = f"A change of {_pct(ratio - 1)} is shown (p={p:.2g}) but is below {min_effect:.0%}"
     else:
         reason = (f"No regression: {ratio:.4f}x of the last {n} nights, prediction interval "
-                  f"{ci[0]:.4f}x..{ci[1]:.4f}x, p={p:.2g} > {alpha:.2g}")
+                  f"{ci[0]:.4f}x..{ci[1]:.4f}x, p={p_text} > {alpha_text}")
     return Shift(regressed, ratio, ci, p, ref_boots, len(new), reason, n, df)

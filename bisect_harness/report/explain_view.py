@@ -5,6 +5,7 @@ sentence is built from the stored record alone."""
 from __future__ import annotations
 
 from bisect_harness.decide.explain import STOP_REASONS
+from bisect_harness.report.cells import fmt as _p
 
 
 def _fmt(x, digits: int = 4) -> str:
@@ -44,7 +45,7 @@ def views(summary: dict | None, boots=(), *, again: str = "") -> list[dict]:
                          "treatment": _config(t["treatment"], names), "expect": t["expect"],
                          "verdict": verdict, "ratio": _fmt(t["ratio"]),
                          "ci": f"[{_fmt(t['ci'][0])}, {_fmt(t['ci'][1])}]" if t.get("ci") else "n/a",
-                         "p": _fmt(t.get("p_value")), "boots": f"{t['boots'][0]} / {t['boots'][1]}",
+                         "p": _p(t.get("p_value"), 4), "boots": f"{t['boots'][0]} / {t['boots'][1]}",
                          "boot_ids": ", ".join(str(b) for b in t["baseline_boot_ids"] + t["treatment_boot_ids"]),
                          "reason": t["reason"]})
         members = rec["members"]
@@ -71,7 +72,7 @@ def views(summary: dict | None, boots=(), *, again: str = "") -> list[dict]:
             c = rec["confidence"].get(m)
             if c:
                 notes.append(f"`{m}`: leaving it out of the slow config gives {_fmt(c['ratio'])}x "
-                             f"(p {_fmt(c.get('p_value'))}, {c['outcome']}).")
+                             f"(p {_p(c.get('p_value'), 4)}, {c['outcome']}).")
         for pair in rec["interactions"]:
             notes.append(f"interaction: {' + '.join(f'`{n}`' for n in pair)}: neither alone is slower "
                          "(refuted), together they are (confirmed).")
@@ -133,7 +134,7 @@ def layers_lines(stats: dict | None) -> list[str]:
     parts = []
     for m in lay["mechanism"]:
         parts.append(f"{m['metric']} expected to {m['expect']} by {m['min_effect']:.0%}: {m['outcome']} "
-                     f"({_fmt(m.get('ratio'))}x, p {_fmt(m.get('p_value'))})")
+                     f"({_fmt(m.get('ratio'))}x, p {_p(m.get('p_value'), 4)})")
     out.append(f"layer 2, mechanism engaged: **{lay['mechanism_engaged']}**: " + "; ".join(parts))
     out.append(f"layer 3, outcome moved: **{lay['outcome_moved']}**")
     if lay.get("finding"):

@@ -14,35 +14,21 @@ from typing import Sequence
 import jinja2
 from sqlalchemy import select
 
-from bisect_harness.decide.bisect_result import StopReason
 from bisect_harness.observe import engine_identity, mechanisms
 from bisect_harness.measure.prompt_size import reuse_text
 from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
 from bisect_harness.spec import metric_defs
-from bisect_harness.report import explain_view, profile_view, window_view
+from bisect_harness.report import bisection_view, explain_view, profile_view, summary_view, warnings_view, window_view
+from bisect_harness.report.cells import boots_per_arm, effect, fmt as _fmt, md as _md
 from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run, boot_records
 from bisect_harness.observe.drift import host_drift
 from bisect_harness.observe.provenance import EnvReport, FlagReport
 from bisect_harness.secrets import redact_text
-from bisect_harness.model import reused_from, shown_outcome
+from bisect_harness.model import shown_outcome
 from bisect_harness.report import plots, reproduce
 from bisect_harness.report import resumed as _resume
 from bisect_harness.report.index import journal_stem, write_index
-
-
-def _fmt(x, digits: int = 3) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float):
-        if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e5):
-            return f"{x:.2e}"
-        return f"{x:.{digits}f}"
-    return str(x)
-
-
-def _md(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _mean(vals: Sequence[float]) -> float | None:
@@ -222,6 +208,10 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     logs: dict[tuple, tuple[list[str], str]] = {}
     bisection_rows = ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
     later = _after_rounds(run, bisection_rows)
+
+    def boot_of(boot_id: int) -> Boot | None:  # a warning's boot, for its stored figures
+        return session.get(Boot, boot_id)
+
     for h in run.hypotheses:
         v = h.verdict
         boot_rows = []
@@ -273,17 +263,18 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
                         if ms else "not recorded (no boot used)") for side, ms in side_means.items()}
         hyps.append({
-            "id": h.hid, "metric": h.metric, "claim": claim, "statement": h.statement,
+            "id": h.hid, "row_id": h.id, "metric": h.metric, "claim": claim, "statement": h.statement,
             "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
-            "outcome": shown_outcome(v),
+            "outcome": shown_outcome(v), "lead": _md(summary_view.verdict_lead(v)),
+            "effect": effect(v.ratio, v.ci_low, v.ci_high) if v else "no estimate",
+            "boots_text": boots_per_arm(v.baseline_boot_ids or [], v.treatment_boot_ids or []) if v else "no boots",
             "ratio": _fmt(v.ratio, 4) if v else "n/a",
             "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
-            "p": _fmt(v.p_value, 4) if v else "n/a",
-            "boots": f"{len(v.baseline_boot_ids)} / {len(v.treatment_boot_ids)}" if v else "0 / 0",
             "baseline_label": h.baseline.label, "treatment_label": h.treatment.label,
-            "looks": len(h.verdicts), "test": v.test if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
-            "reason": v.reason if v else "no verdict was recorded (the run stopped early)",
-            "warnings": list(v.warnings or []) if v else [], "boot_rows": boot_rows, "drift": drift,
+            "test": _md(v.test) if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
+            "reason": _md(v.reason) if v else "no verdict was recorded (the run stopped early)",
+            "warnings": warnings_view.grouped(list(v.warnings or []) if v else [], boot_of),
+            "boot_rows": boot_rows, "drift": drift,
             "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
             "same_host": same, "not_same": "; ".join(not_same),
             "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
@@ -367,21 +358,61 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                                 "unit": _md(m.get("unit", "")), "spread": f"{m['spread']:.1%}" if m.get("spread")
                                 is not None else "n/a", "n": len(vals),
                                 "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
-    bisections = []
     run_command, resume_command = reproduce.run_command(run, bisection_rows), reproduce.resume_command(run)
-    for bis in bisection_rows:
-        bisections.append({**_bisection_view(bis, plots_dir, stem),
-                           "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))})
-    return template.render(
+    bisections = [{**bisection_view.view(bis, boot_of=boot_of, plots_dir=plots_dir, stem=stem),
+                   "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))}
+                  for bis in bisection_rows]
+    return _tidy(template.render(
         resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
         hypotheses=hyps, configs=configs, calibrations=cals, calibration_figures=cal_figures, bisections=bisections,
+        summary=_summary_lines(run, hyps, bisections),
         changepoint_lines=_changepoint_lines(run),
         explanations=explain_view.views(
             run.summary, ledger.session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all(),
             again=resume_command or run_command),
         run_command=run_command, resume_command=resume_command,
-        ci_label="confidence interval", footnote=OUTCOME_FOOTNOTE)
+        ci_label="confidence interval", footnote=OUTCOME_FOOTNOTE))
+
+
+def _tidy(text: str) -> str:
+    """At most one blank line in a row outside code blocks (the template's optional parts
+    leave runs of them); a code block (a log, the spec as written) is kept as it is."""
+    out: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and not line.strip() and out and not out[-1].strip():
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _summary_lines(run: Run, hyps: Sequence[dict], bisections: Sequence[dict]) -> list[str]:
+    """The journal's first lines: one per hypothesis, with the answers of the searches that
+    followed it, then one per search of its own (``summary_view``)."""
+    records = (run.summary or {}).get("explain") or [] if isinstance(run.summary, dict) else []
+    lines, told = [], set()
+    for h in hyps:
+        searches = []
+        for b in bisections:
+            if b["hypothesis_id"] == h["row_id"]:
+                searches.append(f"bisection {b['id']}: {b['answer']}")
+                told.add(("bisection", b["id"]))
+        for k, rec in enumerate(records):
+            if rec.get("hypothesis_id") == h["row_id"]:
+                searches.append("explanation: " + summary_view.explanation_answer(rec))
+                told.add(("explanation", k))
+        lines.append(summary_view.hypothesis_line(h, searches))
+    for b in bisections:
+        if ("bisection", b["id"]) not in told:
+            lines.append(f"bisection {b['id']} (`{b['good']}`..`{b['bad']}` on {b['metric']}): {b['answer']}")
+    for k, rec in enumerate(records):
+        if ("explanation", k) not in told:
+            lines.append(_md(f"explanation ({rec.get('fast')} fast, {rec.get('slow')} slow, on {rec.get('metric')}): "
+                             + summary_view.explanation_answer(rec)))
+    return lines
 
 
 def _after_rounds(run: Run, bisection_rows: Sequence[Bisection]):
@@ -469,25 +500,6 @@ def _calibration_text(result: dict) -> str:
     return ", ".join(parts) or json.dumps(result, default=str)[:300]
 
 
-#: what a bisection step was for; ledgers before schema 3 wrote it into the note
-PURPOSES = ("probe", "anchor", "endpoints", "verify", "reused")
-
-
-def _probe_purpose(p) -> str:
-    parts = (p.note or "").split(" | ")[1:]
-    return p.purpose or next((x for x in parts if x in PURPOSES), "reused" if p.reused else "probe")
-
-
-def _probe_note(p) -> str:
-    """What became of a bisection step, past its subject: reused, skipped (and why), short."""
-    rest = [x for x in (p.note or "").split(" | ")[1:] if x not in PURPOSES]
-    if p.reused:
-        rest.insert(0, f"{p.reused} reused")
-    elif p.skipped:  # stepped over for good: say so first, then why
-        rest.insert(0, "skipped")
-    return _md("; ".join(rest))
-
-
 def _prompt_text(prompt: dict) -> str:
     """A boot's prompt length (``prompt_size.PromptSize``), in the unit it really is in, and
     whether each sample's prompts were its own (a boot recorded before they were says nothing)."""
@@ -520,101 +532,6 @@ def _boot_facts(prov: dict) -> list[str]:
         out.append("listening beyond loopback for the server's own processes (collective-communication "
                    "bootstrap, not a server port): " + ", ".join(listening["collective"]))
     return out
-
-
-def _bisection_view(bis, plots_dir: Path | None, stem: str) -> dict:
-    result = bis.result or {}
-    probes = [{"commit": p.commit[:12], "subject": _md(p.note.split(" | ")[0]) if p.note else "",
-               "purpose": _probe_purpose(p), "boots": len(p.values or []),
-               "vals": ", ".join(_fmt(float(x), 2) for x in (p.values or [])) or "-",
-               "boot_ids": ", ".join(str(b) for b in (p.boot_ids or [])) or "-",
-               "note": _probe_note(p)}
-              for p in bis.probes]
-    cands = [{"commit": c["commit"][:12], "p": _fmt(c["probability"], 3)} for c in result.get("candidates", [])[:5]]
-    culprit = result.get("culprit")
-    stopped = result.get("stopped", bis.status)
-    try:
-        why = StopReason(stopped).meaning
-    except ValueError:
-        why = "a stop reason this version does not know"
-    if culprit:
-        summary = (f"Culprit: `{culprit[:12]}` with posterior probability {_fmt(result.get('probability'), 3)} "
-                   f"after {result.get('boots')} boots. Stopped: `{stopped}` ({why}).")
-    elif bis.status == "running":
-        summary = ("The bisection did not finish; " + (
-            "`harness run FILE --resume` bisects again, its boots feeding the new search."
-            if bis.hypothesis_id is not None else "`harness bisect` resumes it from the ledger."))
-    else:
-        cset = result.get("candidate_set") or []
-        summary = (f"No single culprit. Stopped: `{stopped}` ({why})."
-                   + (f" Candidate set: {', '.join(f'`{c[:12]}`' for c in cset)} (posterior probability "
-                      f"{_fmt(result.get('probability'), 3)})." if len(cset) > 1 else "")
-                   + (f" Skipped: {', '.join(s[:12] for s in result.get('skipped', []))}." if result.get("skipped") else ""))
-    if result.get("revisions") == "releases":
-        d = result.get("descent")
-        summary += (f" The revisions were releases; the commits between the culprit release and the one before "
-                    f"it were then bisected (bisection {d.get('bisection_id')}: "
-                    + (f"culprit `{str(d.get('culprit'))[:12]}`" if d.get("culprit") else f"stopped `{d.get('stopped')}`")
-                    + ")." if d else f" The revisions were releases; no descent into commits: {result.get('descent_note')}.")
-    und = result.get("undetermined")
-    if und:
-        summary += (f" It would have stopped `{und.get('would_have_stopped')}`, but {und.get('why')}: "
-                    f"{und.get('would_decide')}.")
-    vt = result.get("verify_test")
-    if vt:
-        summary += (f" Head-to-head test: {vt.get('decision')} after {vt.get('pairs')} paired rounds "
-                    f"(p = {_fmt(vt.get('p_value'), 4)}, level per look {_fmt(vt.get('alpha_per_look'), 4)}).")
-    if result.get("reused_runs"):
-        n = sum(p.reused or 0 for p in bis.probes)
-        summary += (f" {n} boots {reused_from(result['reused_runs'], bis.run_id)} fed the "
-                    "posterior, not its paired tests (`reused` rows; hollow in the plot).")
-    tests = [{"name": "endpoint check" if t.get("kind") == "endpoints" else f"head-to-head {t.get('test')}",
-              "good": str(t.get("good", ""))[:12], "bad": str(t.get("bad", ""))[:12], "pairs": t.get("pairs"),
-              "mean": _fmt(t.get("mean"), 4), "p": _fmt(t.get("p_value"), 4), "level": _fmt(t.get("alpha_per_look"), 4),
-              "decision": _md(str(t.get("decision"))), "boot_ids": ", ".join(map(str, t.get("boot_ids") or [])) or "-"}
-             for t in result.get("tests") or []]
-    plot = plot_missing = None
-    if plots_dir is not None and bis.probes:
-        try:
-            plot = _plot_bisection(bis, plots_dir, stem)
-        except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
-            plot_missing = _md(str(exc))
-    if result.get("warnings"):
-        summary += " Warnings: " + " ".join(f"{w}." for w in result["warnings"])
-    return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric, "summary": summary,
-            "probes": probes, "candidates": cands, "plot": plot, "plot_missing": plot_missing, "tests": tests}
-
-
-def _plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    order = {c: i for i, c in enumerate(bis.commits or [])}
-    points = {True: ([], []), False: ([], [])}  # reused from earlier runs or not: (xs, ys)
-    for p in bis.probes:
-        for v in p.values or []:
-            if p.commit in order:
-                xs, ys = points[bool(p.reused)]
-                xs.append(order[p.commit])
-                ys.append(float(v))
-    if not points[True][0] and not points[False][0]:
-        return None
-    path = plots_dir / f"{stem}-bisection-{bis.id}.png"
-    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110, facecolor="white")
-    if points[False][0]:
-        ax.plot(*points[False], "o", alpha=0.7, label="boot mean (this search)")
-    if points[True][0]:
-        ax.plot(*points[True], "o", mfc="none", color="tab:gray", alpha=0.8, label="boot mean (earlier runs)")
-    culprit = (bis.result or {}).get("culprit")
-    if culprit in order:
-        ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
-    ax.set_xlabel("commit (order from good to bad)")
-    ax.set_ylabel(f"boot mean {bis.metric}")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    return plots.save_figure(fig, path).name
 
 
 def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["BootPoint", "PlotNotWritten", "plot_hypothesis", "save_figure"]
+__all__ = ["BootPoint", "PlotNotWritten", "plot_bisection", "plot_hypothesis", "save_figure"]
 
 
 class PlotNotWritten(OSError):
@@ -143,3 +143,34 @@ def plot_hypothesis(points: Sequence[BootPoint], path: Path, *, title: str, metr
     dist.grid(axis="y", color="0.85", linewidth=0.6)
     fig.tight_layout()
     return save_figure(fig, path, facecolor="white")
+
+
+def plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
+    """A bisection's boot means against commit order (its ``bisect_probes`` rows), the
+    culprit marked; reused boots hollow. The file's name, or None with nothing to draw."""
+    plt = _pyplot()
+    order = {c: i for i, c in enumerate(bis.commits or [])}
+    points = {True: ([], []), False: ([], [])}  # reused from earlier runs or not: (xs, ys)
+    for p in bis.probes:
+        for v in p.values or []:
+            if p.commit in order:
+                xs, ys = points[bool(p.reused)]
+                xs.append(order[p.commit])
+                ys.append(float(v))
+    if not points[True][0] and not points[False][0]:
+        return None
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    path = plots_dir / f"{stem}-bisection-{bis.id}.png"
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=110, facecolor="white")
+    if points[False][0]:
+        ax.plot(*points[False], "o", alpha=0.7, label="boot mean (this search)")
+    if points[True][0]:
+        ax.plot(*points[True], "o", mfc="none", color="tab:gray", alpha=0.8, label="boot mean (earlier runs)")
+    culprit = (bis.result or {}).get("culprit")
+    if culprit in order:
+        ax.axvline(order[culprit] - 0.5, color="tab:red", linestyle="--", label=f"culprit {culprit[:8]}")
+    ax.set_xlabel("commit (order from good to bad)")
+    ax.set_ylabel(f"boot mean {bis.metric}")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path).name

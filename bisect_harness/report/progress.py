@@ -20,21 +20,50 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bisect_harness.secrets import redact_text
 
-__all__ = ["boot_budget", "BarsObserver", "LinesObserver", "observer_for"]
+__all__ = ["boot_budget", "config_labels", "BarsObserver", "LinesObserver", "observer_for"]
 
 
 def boot_budget(plan) -> int | None:
-    """Every config booted up to ``defaults.max_boots_per_arm`` times (configs shared by
-    hypotheses are booted once per round for all of them), plus an A/A check's boots.
-    None when the plan does not say (the bar then shows boots done without a total)."""
+    """The most boots the run's rounds may start: every config up to
+    ``defaults.boots_per_config`` times (its ``max_boots_per_arm`` plus the boots that
+    failed or were left out and were booted again; configs shared by hypotheses are
+    booted once per round for all of them), plus an A/A check's boots. A count of boots
+    done, retries included, never passes it. None when the plan does not say (the
+    bar then shows boots done without a total)."""
     try:
-        per_config = int(plan.spec.defaults.max_boots_per_arm)
+        per_config = int(plan.spec.defaults.boots_per_config)
         n = len(plan.configs) * per_config
         if plan.spec.defaults.aa_check:
             n += len({h.baseline.key for h in plan.hypotheses}) * per_config
         return n
     except (AttributeError, TypeError, ValueError):
         return None
+
+
+def _replica(config) -> str:
+    n = getattr(config, "replica", 0)
+    return f" (replica {n})" if n else ""
+
+
+def config_labels(plan) -> dict[str, str]:
+    """Each config's progress label: what sets it apart from its hypothesis' other arm
+    (``Arm.describe_against``: ``+--md=draft.gguf``, ``NCCL_PROTO=LL``, the commit where
+    only the commit differs), taken from the first hypothesis it is an arm of. Configs
+    whose labels would read alike keep their whole label, so no two print the same."""
+    labels: dict[str, str] = {}
+    for h in getattr(plan, "hypotheses", ()):
+        for mine, other in ((h.baseline, h.treatment), (h.treatment, h.baseline)):
+            if mine.key not in labels:
+                labels[mine.key] = mine.arm.describe_against(other.arm) + _replica(mine)
+    by_label: dict[str, list[str]] = {}
+    for key, label in labels.items():
+        by_label.setdefault(label, []).append(key)
+    full = {c.key: c.label for c in getattr(plan, "configs", ())}
+    for keys in by_label.values():
+        if len(keys) > 1:
+            for key in keys:
+                labels[key] = full.get(key, labels[key])
+    return labels
 
 
 def observer_for(console: Console, budget: int | None = None):
@@ -60,21 +89,52 @@ def _requests_note(boot) -> str:
 
 
 class _Common:
-    """What both observers do alike: the run's start, verdicts and messages on the console."""
+    """What both observers do alike: the run's start, verdicts and messages on the
+    console, each config's label, and the count of boots done against the budget."""
 
     def __init__(self, console: Console, budget: int | None = None):
         self.console = console
         self.budget = budget
         self.search: str | None = None  # the search the boots count for (a run's bisection, say); None: the command's
+        self.labels: dict[str, str] = {}  # config key -> what sets it apart from its hypothesis' other arm
+        self.reference = None  # a search's arm that its configs are told apart from (``search_started``)
+        self.done = 0  # boots finished since the command started
+        self._search_from = 0  # boots finished when the search started
+        self.not_ok: dict[str, int] = {}  # of the boots counted, those that did not end ok, by status
 
     def run_started(self, run, plan) -> None:
         self.console.print(f"run {run.id}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs", markup=False)
         self.budget = boot_budget(plan)
+        self.labels = config_labels(plan)
 
-    def search_started(self, name: str, budget: int | None) -> None:
+    def search_started(self, name: str, budget: int | None, reference=None) -> None:
         """A search (a bisection, an explanation) starts: its boots count against its own
-        budget from here on (a run's planned boots say nothing of a follow-up search's)."""
-        self.search, self.budget = name, budget
+        budget from here on (a run's planned boots say nothing of a follow-up search's),
+        and its configs are labelled by what sets them apart from ``reference`` (an
+        ``Arm``: the good commit's, the fast arm), else by their whole label."""
+        self.search, self.budget, self.reference = name, budget, reference
+        self._search_from, self.not_ok = self.done, {}
+
+    def label(self, config) -> str:
+        """What a progress line calls ``config``: what sets it apart, never a cut prefix."""
+        arm = getattr(config, "arm", None)
+        if self.reference is not None and arm is not None:
+            return arm.describe_against(self.reference) + _replica(config)
+        return self.labels.get(getattr(config, "key", None)) or config.label
+
+    def _count(self, boot) -> str:
+        """Count a finished boot; ``12/40 boots (1 failed)``: boots done against the budget,
+        retries included, with those that did not end ok (booted again) by status."""
+        self.done += 1
+        if boot.status != "ok":
+            self.not_ok[boot.status] = self.not_ok.get(boot.status, 0) + 1
+        n = self.done - self._search_from
+        budget = f"/{self.budget}" if self.budget else ""
+        return f"{n}{budget} boot{'' if n == 1 and not budget else 's'}" + self._not_ok_text()
+
+    def _not_ok_text(self) -> str:
+        return (" (" + ", ".join(f"{n} {status}" for status, n in sorted(self.not_ok.items())) + ")"
+                if self.not_ok else "")
 
     def verdict(self, hypothesis, verdict) -> None:
         if verdict.final:
@@ -96,9 +156,12 @@ class BarsObserver(_Common):
         self.step = None  # the search's state, a line of its own
         self.overall = None  # made with the run's first line or boot: bad input shows no empty bar
 
+    def _what(self) -> str:
+        return (f"{self.search}: " if self.search else "") + "boots done / budget"
+
     def _overall(self):
         if self.overall is None:
-            self.overall = self.progress.add_task("boots done / budget", total=self.budget)
+            self.overall = self.progress.add_task(escape(self._what()), total=self.budget)
         return self.overall
 
     def __enter__(self):
@@ -114,7 +177,7 @@ class BarsObserver(_Common):
 
     def boot_started(self, config, attempt, samples) -> None:
         self._overall()
-        self.task = self.progress.add_task(escape(f"boot {attempt} {config.label[:60]}"), total=samples)
+        self.task = self.progress.add_task(escape(f"boot {attempt} {self.label(config)}"), total=samples)
 
     def sample_done(self, config, index, metrics) -> None:
         if self.task is not None:
@@ -122,18 +185,17 @@ class BarsObserver(_Common):
 
     def boot_finished(self, config, boot) -> None:
         if self.task is not None:
-            self.progress.update(self.task, description=escape(f"boot {boot.seq} {config.label[:48]}: {_status(boot)}"
+            self.progress.update(self.task, description=escape(f"boot {boot.seq} {self.label(config)}: {_status(boot)}"
                                                                + _requests_note(boot)))
             self.task = None
         overall = self._overall()
-        self.progress.advance(overall)
-        task = next(t for t in self.progress.tasks if t.id == overall)
-        if task.total is not None and task.completed > task.total:  # retries past the budget
-            self.progress.update(overall, total=task.completed)
+        self._count(boot)
+        self.progress.update(overall, advance=1, description=escape(self._what() + self._not_ok_text()))
 
-    def search_started(self, name: str, budget: int | None) -> None:
-        super().search_started(name, budget)
-        self.overall = self.progress.add_task(escape(f"{name}: boots done / budget"), total=budget)
+    def search_started(self, name: str, budget: int | None, reference=None) -> None:
+        super().search_started(name, budget, reference)
+        self.overall = None
+        self._overall()
 
     def search_step(self, text: str) -> None:
         if self.step is None:
@@ -143,13 +205,11 @@ class BarsObserver(_Common):
 
 class LinesObserver(_Common):
     """One line on stderr per boot and per search step, written as it happens:
-    ``boot 12 (HEAD~3 NCCL_ALGO=Ring, #2): ok [host_busy] in 41 s; 12/40 boots``."""
+    ``boot 12 (+NCCL_ALGO=Ring, #2): ok [host_busy] in 41 s; 12/40 boots``."""
 
     def __init__(self, console: Console, budget: int | None = None, stream=None):
         super().__init__(console, budget)
         self.stream = stream
-        self.done = 0
-        self._search_from = 0  # boots done when the search started
         self._started = None
 
     def _line(self, text: str) -> None:
@@ -170,18 +230,11 @@ class LinesObserver(_Common):
         return None
 
     def boot_finished(self, config, boot) -> None:
-        self.done += 1
         took = f" in {time.monotonic() - self._started:.0f} s" if self._started is not None else ""
         self._started = None
-        budget = f"/{self.budget}" if self.budget else ""
-        n = self.done - self._search_from if self.search else self.done
-        count = f"{n}{budget} boot{'' if n == 1 and not budget else 's'}" + (f" of the {self.search}" if self.search else "")
-        self._line(f"boot {boot.id} ({config.label[:60]}, #{boot.seq}): {_status(boot)}{_requests_note(boot)}{took}; "
+        count = self._count(boot) + (f" of the {self.search}" if self.search else "")
+        self._line(f"boot {boot.id} ({self.label(config)}, #{boot.seq}): {_status(boot)}{_requests_note(boot)}{took}; "
                    f"{count}")
-
-    def search_started(self, name: str, budget: int | None) -> None:
-        super().search_started(name, budget)
-        self._search_from = self.done
 
     def search_step(self, text: str) -> None:
         self._line(text)

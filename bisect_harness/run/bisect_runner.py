@@ -117,7 +117,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             return f"{spec.engine.releases.package} {rev}"
         return sched.ws.subject(rev) if sched.ws else ""
 
-    sched.obs.search_started("bisection", max_boots)
+    sched.obs.search_started("bisection", max_boots, reference=arm(commits[0]))  # its configs: their commits
     configs = {sha: make_config(spec, arm(sha)) for sha in commits}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}

@@ -102,7 +102,8 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
     diffs = differences(fast, slow)
     if not diffs:
         raise UserError(f"{fast_name} and {slow_name} are the same config (commit, env and flags): nothing to explain")
-    sched.obs.search_started("explanation", None)  # its boots depend on what it finds: no budget to show
+    # its boots depend on what it finds: no budget to show; its configs read as what they add to fast
+    sched.obs.search_started("explanation", None, reference=fast)
     # The search in progress, in the run's summary until its record replaces it: a run stopped
     # in it says so in its journal (which search, from which boot), and --resume makes it again.
     run = sched.run

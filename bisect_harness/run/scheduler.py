@@ -62,6 +62,7 @@ from bisect_harness.backends.local import LocalBackend
 from bisect_harness.backends.procedure import this_host
 from bisect_harness.errors import HarnessError, InfrastructureError, UserError
 from bisect_harness.record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
+from bisect_harness.model import Arm
 from bisect_harness.plan.build import ConfigRecipe, Plan, PlannedConfig
 
 __all__ = ["Observer", "ConfigState", "Measurement", "Scheduler", "MEASURED_FAILURES_IN_A_ROW", "PROFILE_ATTEMPTS"]
@@ -85,7 +86,8 @@ class Observer:
     def verdict(self, hypothesis, verdict) -> None: ...
     def message(self, text: str) -> None: ...
     def search_step(self, text: str) -> None: ...  # a search's state after a step (progress, not a record)
-    def search_started(self, name: str, budget: int | None) -> None: ...  # boots from here on count against it
+    # boots from here on count against ``budget``; its configs are told apart from ``reference`` (an Arm)
+    def search_started(self, name: str, budget: int | None, reference: Arm | None = None) -> None: ...
 
 
 @dataclass
@@ -498,7 +500,7 @@ class Scheduler:
         rounds), in a seeded random order per pass, within the run's cap per config."""
         d = self.spec.defaults
         return self.measure(states, [max(0, target - len(st.good_boots)) for st in states], shuffle=True,
-                            cap=d.max_boots_per_arm + d.boot_retries + 1)
+                            cap=d.boots_per_config)
 
     def boot(self, st: ConfigState) -> Boot:
         """One boot of one config (build once, boot, verify, sample, tear down)."""

@@ -95,6 +95,13 @@ class Defaults:
     analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
     secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
 
+    @property
+    def boots_per_config(self) -> int:
+        """The most boots a config gets in a run's rounds, retries included: its budget,
+        ``max_boots_per_arm``, plus ``boot_retries + 1`` for boots that failed or that a
+        boot check left out (the scheduler's cap; progress counts against it)."""
+        return self.max_boots_per_arm + self.boot_retries + 1
+
 
 @dataclass(frozen=True)
 class ArmSpec:
