@@ -90,8 +90,8 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     if not launch and base_url is None:
         raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "
                           "e.g. [my-server, --port, '{port}']")
-    build = r.argv(e["build"], "engine.build") if "build" in e else (
-        tuple(preset.build) if preset.build and base_url is None else None)
+    build = r.steps(e["build"], "engine.build") if "build" in e else (
+        (tuple(preset.build),) if preset.build and base_url is None else None)
     health = e.get("health", preset.health_path)
     r.typed(health, "engine.health", (str,), "a URL path like /health")
     if not health.startswith("/"):

@@ -51,7 +51,8 @@ class EngineSpec:
 
     preset: str = "openai"
     repo: Path | None = None
-    build: tuple[str, ...] | None = None
+    # the build's steps, each an argv run in order in the checkout (no shell); one argv is one step
+    build: tuple[tuple[str, ...], ...] | None = None
     launch: tuple[str, ...] = ()
     cwd: str | None = None
     health: str = "/health"
