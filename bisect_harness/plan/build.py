@@ -185,7 +185,7 @@ class Plan:
         # the preset's own options a build may lack: only where the launch is the preset's, and
         # not where the arm asks for the option itself
         # (a release's image runs its help inside the image: not read, the options stay)
-        optional = tuple(f for f in preset.optional_flags if tuple(launch) == tuple(preset.launch)
+        optional = tuple(f for f in preset.optional_flags if not engine.launch_written and launch == engine.launch
                          and f not in presets.flags_to_argv(flags, preset)
                          and (release is None or release.image is None))
         help_template = tuple(without(launch, optional)) + tuple(preset.help_args) if optional else ()

@@ -148,7 +148,8 @@ _ERROR_WORDS = ("error", "fatal", "undefined reference", "no rule to make target
 def error_lines(log_tail: str, n: int = 5) -> tuple[str, ...]:
     """The last ``n`` lines of a build log that say an error (a compiler's ``error:``,
     make's ``Error 2``, CMake's ``CMake Error``), or its last ``n`` lines where none does."""
-    lines = [line.rstrip() for line in log_tail.splitlines() if line.strip()]
+    lines = [line.rstrip() for line in log_tail.splitlines()
+             if line.strip() and not line.startswith("== build step ")]  # the harness's own step headers
     errors = [line for line in lines if any(w in line.lower() for w in _ERROR_WORDS)]
     return tuple((errors or lines)[-n:])
 

@@ -141,7 +141,8 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     checkout, build_env = _checkout_keys(r, e)
     releases = _releases(r, e["releases"], spec_dir) if e.get("releases") is not None else None
     return EngineSpec(
-        preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
+        preset=preset_name, repo=repo, build=build, launch=launch, launch_written="launch" in e, cwd=cwd,
+        health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
         metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,
