@@ -193,3 +193,23 @@ def test_a_two_step_build_runs_before_the_flag_check_of_a_commit_that_builds(rep
     good, broken = check_plan_flags(plan, timeout_s=60)
     assert good.error == "" and good.options >= 3 and not good.refused
     assert broken.build_log and broken.build_errors[-1].startswith("src/main.c:3:5: error")
+    assert not any(line.startswith("== build step") for line in broken.build_errors)  # the harness's headers
+
+
+def test_the_real_history_bench_plans_a_two_step_build_without_a_shell(repo, tmp_path):
+    """bench/bench_real_history.py writes its spec with configure-then-build as two argvs
+    (no ``sh -c``); its --dry-run is the harness's own plan of that spec."""
+    import subprocess
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench" / "bench_real_history.py"
+    proc = subprocess.run([sys.executable, str(bench), "--repo", str(repo), "--good", "HEAD~1", "--bad", "HEAD",
+                           "--culprit", "", "--dry-run"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(bench.parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout.strip().splitlines()[-1])
+    (config, _) = plan["configs"]
+    assert config["checkout"] == "clone"
+    assert [step[:2] for step in config["build"]] == [["cmake", "-B"], ["cmake", "--build"]]
+    assert not any(a in ("sh", "bash", "-c") for step in config["build"] for a in step)
+    assert config["argv"][0] == "{worktree}/build/bin/llama-server" and "--metrics" in config["argv"]
