@@ -157,3 +157,12 @@ def test_the_real_llama_server_keeps_metrics(tmp_path, monkeypatch):
     assert "--metrics" in out.argv and out.provenance["preset_flags"]["kept"] == ["--metrics"]
     assert out.samples[0].metrics.get("predicted", 0) > 0  # /metrics answered: the flag took effect
     assert not messages
+    # today's llama-server refuses an option it lacks in its own words, exit 1: a refusal, not a crash
+    from bisect_harness.engines.server import ServerProcess, free_port
+    from bisect_harness.errors import FlagNotAccepted
+
+    port = free_port()
+    with pytest.raises(FlagNotAccepted, match="error: invalid argument: --no-such-flag"):
+        with ServerProcess([str(server), "--port", str(port), "--no-such-flag"], env=dict(os.environ), cwd=tmp_path,
+                           log_path=tmp_path / "refused.log", base_url=f"http://127.0.0.1:{port}", ready_timeout_s=30):
+            pass

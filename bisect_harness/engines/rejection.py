@@ -2,7 +2,7 @@
 
 Python's argparse refuses an unknown or ambiguous option with exit status 2 and
 an ``error:`` line before the server does anything (llama.cpp's own parser, exit 1
-and ``error: unknown argument: --x``); the same argv fails the same
+and ``error: unknown argument: --x``, now ``error: invalid argument: --x``); the same argv fails the same
 way every time at that commit, so such a boot is a recipe failure ("flag not
 accepted at this commit"), never noise. The server wrapper reads the log with
 :func:`argparse_rejection`; ``plan/flag_check`` checks argvs against a
@@ -20,8 +20,10 @@ FLAG_NOT_ACCEPTED = "flag_not_accepted"
 #: argparse's exit status on a usage error (``parser.error``).
 ARGPARSE_EXIT = 2
 #: The phrases of argparse's usage errors that mean "this commit does not take this argv",
-#: and llama.cpp's own parser's ("error: unknown argument: --metrics", exit 1).
-REJECTION_MARKERS = ("unrecognized arguments", "ambiguous option", "invalid choice", "unknown argument")
+#: and llama.cpp's own parser's (2023: "error: unknown argument: --metrics"; now "error: invalid
+#: argument: --x"; exit 1 both).
+REJECTION_MARKERS = ("unrecognized arguments", "ambiguous option", "invalid choice", "unknown argument",
+                     "invalid argument")
 #: The exit statuses of a parser's refusal: argparse's 2, llama.cpp's 1.
 REJECTION_EXITS = (ARGPARSE_EXIT, 1)
 
