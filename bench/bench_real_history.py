@@ -25,8 +25,9 @@ culprit; the next one (#9330) changes the CPU matmul path for batch size 1 and
 is left out.
 
 What it does: writes the model and a hypotheses file to a temp folder (engine
-``repo`` = ``--repo``, preset ``llamacpp``, build ``make -j2 llama-server`` per
-commit in the harness's own checkout, metric = the server's own decode rate,
+``repo`` = ``--repo``, preset ``llamacpp``, a build of two steps per commit in the
+harness's own checkout, no shell: ``cmake -B build ...`` then ``cmake --build build
+-j2 --target llama-server``; metric = the server's own decode rate,
 ``timings.predicted_per_second`` of each stream's last chunk, declared as a
 ``from: response`` source), runs the real ``harness bisect ... --json`` in a
 subprocess, echoes its progress, and scores its answer against the culprit.
@@ -34,15 +35,18 @@ subprocess, echoes its progress, and scores its answer against the culprit.
 No shim and no build-script work-around: the harness speaks the native stream
 of that era's server itself (``benchmark.api: llamacpp``: ``POST /completion``,
 ``{"content": ..., "stop": ...}`` events, ``tokens_predicted`` and ``timings``
-in the last one), and make's build-info of that era works in a git worktree
-(``--checkout tree`` or ``clone`` take the other checkout modes). The journal
-lists every paired test the search ran and each boot's role. ``CCACHE_NOHASHDIR``
-is set for speed only: make of that era compiles with ``-g``, which puts the
-checkout's folder into ccache's key, so without it no commit reuses another's
-objects.
+in the last one), and CMake's build-info of that era reads ``.git``, so the
+checkouts are clones (``--checkout worktree`` or ``tree`` take the other modes;
+``--build make`` the one-argv ``make -j2 llama-server`` the figures below were
+measured with). ``--dry-run`` prints the harness's plan (checkout mode, each build
+step and the launch per config) and boots nothing. The journal lists every paired
+test the search ran and each boot's role. ccache is shared across the commits'
+checkouts by the harness itself (``CCACHE_BASEDIR`` is each checkout's folder);
+``CCACHE_NOHASHDIR`` is set for make, which compiles with ``-g`` and so puts the
+checkout's folder into ccache's key.
 
-Measured with the native API (no proxy, worktree checkouts), on a shared 2-core
-x86 VM with every build already in ccache: ``harness bisect`` named ``df270ef74``
+Measured with ``--build make`` and the native API (no proxy, worktree checkouts), on
+a shared 2-core x86 VM with every build already in ccache: ``harness bisect`` named ``df270ef74``
 with P = 0.9999995 (stop reason ``confident``; endpoint test 3 pairs, p = 0.0054;
 culprit against its parent 3 pairs, p = 0.0020), after 19 boots of 8 commits (8
 builds, 14 s of them from ccache), in 59 s; the parent decoded at 3,900-4,800 tok/s,
@@ -56,7 +60,8 @@ most of the others short):
 
     git clone https://github.com/ggerganov/llama.cpp llama.cpp
     python bench/bench_real_history.py --repo llama.cpp [--good 49271efba] \\
-        [--bad e32d0816e] [--culprit df270ef74] [--max-boots 60] [--cache-dir DIR] [--checkout worktree]
+        [--bad e32d0816e] [--culprit df270ef74] [--max-boots 60] [--cache-dir DIR] [--checkout clone] \\
+        [--build cmake|make] [--dry-run]
 
 Its progress is the harness's own output; the last line printed is one JSON
 object: whether the culprit was named, the expected and named commits, the
@@ -113,18 +118,27 @@ def write_model(path: Path, n_vocab: int = N_VOCAB) -> Path:
 
 # --------------------------------------------------------------------------- the spec
 
+#: The build per commit, as argvs run in order in its checkout (no shell), and where it puts the server.
+BUILDS = {
+    "cmake": ([["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON"],
+               ["cmake", "--build", "build", "-j", "2", "--target", "llama-server"]], "build/bin/llama-server"),
+    # make of that era writes build-info from `git rev-parse`, which works in a worktree
+    "make": ([["make", "-j2", "llama-server"]], "llama-server"),
+}
+
+
 def write_spec(folder: Path, repo: Path, model: Path, good: str, bad: str, threads: int,
-               checkout: str = "worktree") -> Path:
+               checkout: str = "clone", build: str = "cmake") -> Path:
+    steps, server = BUILDS[build]
     doc = {
         "version": 1,
         "engine": {
             "preset": "llamacpp",
             "repo": str(repo),
             "checkout": checkout,
-            # make of that era writes build-info from `git rev-parse`, which works in a worktree
-            "build": ["make", "-j2", "llama-server"],
+            "build": steps,
             "environment": "shared",
-            "launch": ["{worktree}/llama-server", "-m", str(model), "-c", "512", "-t", str(threads), "-np", "1",
+            "launch": ["{worktree}/" + server, "-m", str(model), "-c", "512", "-t", str(threads), "-np", "1",
                        "--metrics", "--host", "{host}", "--port", "{port}"],
             "ready_timeout_s": 120,
             "metrics": [{"name": METRIC, "from": "response", "chunk": "last",
@@ -191,7 +205,10 @@ def run(args: argparse.Namespace) -> dict:
     cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else None
     work = Path(tempfile.mkdtemp(prefix="bench-real-history-"))
     model = write_model(work / "tiny-32k-f16.gguf")
-    spec = write_spec(work, repo, model, good, bad, args.threads, args.checkout)
+    spec = write_spec(work, repo, model, good, bad, args.threads, args.checkout, args.build)
+    if args.dry_run:  # the plan: checkout mode, each build step and the launch per config
+        return {"dry_run": subprocess.run([sys.executable, "-m", "bisect_harness.cli", "run", str(spec), "--dry-run",
+                                           "--json"], cwd=work, capture_output=True, text=True).stdout}
     db = work / "results.db"
     cmd = [sys.executable, "-m", "bisect_harness.cli", "bisect", str(spec), "--good", good, "--bad", bad,
            "--metric", METRIC, "--max-boots", str(args.max_boots), "--json",
@@ -256,9 +273,16 @@ def main() -> int:
     p.add_argument("--cache-dir", default=None, help="the harness's cache (checkouts, builds)")
     from bisect_harness.engines.checkout import CHECKOUT_MODES
 
-    p.add_argument("--checkout", default="worktree", choices=CHECKOUT_MODES.names(),
+    p.add_argument("--checkout", default="clone", choices=CHECKOUT_MODES.names(),
                    help="engine.checkout: how each commit is checked out")
-    out = run(p.parse_args())
+    p.add_argument("--build", default="cmake", choices=sorted(BUILDS),
+                   help="cmake: configure, then build (two steps); make: one argv")
+    p.add_argument("--dry-run", action="store_true", help="print the harness's plan and boot nothing")
+    args = p.parse_args()
+    out = run(args)
+    if args.dry_run:
+        print(out["dry_run"], flush=True)
+        return 0
     print(f"culprit named: {out['culprit'] and out['culprit'][:9]} (expected {out['expected'] and out['expected'][:9]}, "
           f"P={out['probability']}) stopped={out['stopped']} boots={out['boots']} builds={out['builds']} "
           f"seconds={out['seconds']}", flush=True)

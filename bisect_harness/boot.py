@@ -94,7 +94,7 @@ class BootRequest:
     base_python: str
     # the launch, with {port}, {worktree} and {python} still to fill where the boot runs
     argv: tuple[str, ...]
-    build_argv: tuple[str, ...] | None
+    build_steps: tuple[tuple[str, ...], ...] | None  # the build's argvs, run in order (placeholders open)
     cwd: str | None  # None: the worktree (or spec_dir without a commit)
     spec_dir: str
     env: tuple[tuple[str, str], ...]      # preset env, then the arm's: laid over that host's environment
@@ -125,6 +125,10 @@ class BootRequest:
     ready_probe: Any = None               # apis.ReadyProbe: readiness where health_path answers 404
     release: Any = None                   # releases.ReleaseRequest: a released build, installed, not a commit
     build_env: tuple[str, ...] = ()       # variables that key the build, beyond boot.checkout.BUILD_ENV
+    # the preset's own launch options a build may lack (Preset.optional_flags), and the help argv
+    # (placeholders open) a boot reads first to drop those the build does not name
+    preset_flags: tuple[str, ...] = ()
+    help_argv: tuple[str, ...] = ()
     devices: DeviceSet | None = None      # assigned by the backend before the boot starts
     # one extra sample after the measured ones, under the engine's profiler (boot.profilers);
     # set by the scheduler on a boot of a config that still lacks its profile

@@ -314,3 +314,34 @@ def test_a_boots_samples_hit_no_prefix_cache_unless_the_file_asks_for_reuse(mode
     assert reused[0]["prompt_tokens"] == reused[1]["prompt_tokens"]
     assert reused[1]["cached_prompt_tokens"] >= reused[1]["prompt_tokens"] - 2, reused[1]
     assert reused[1]["prompt_tokens_evaluated"] <= 2, reused[1]
+
+
+def test_a_boots_warm_ups_are_sized_like_its_samples(models, tmp_path, monkeypatch):
+    """The warm-up requests a boot sends first are fitted to ``prompt_tokens`` as its
+    samples are (once, they went out in words before the fitting: 217 and 241 tokens
+    evaluated against 64 asked). Read from the server's own log: each request's
+    ``prompt eval time = ... / N tokens``, the warm-ups first."""
+    import re
+
+    from bisect_harness.backends.procedure import run_boot
+    from bisect_harness.plan.build import make_plan
+    from bisect_harness.spec import load_spec
+
+    target, _ = models
+    monkeypatch.setenv("PATH", _env()["PATH"])
+    spec = write_spec(tmp_path / "hypotheses.yaml", engine=_engine(target),
+                      benchmark={"api": "llamacpp", "prompt_tokens": 40, "output_tokens": 8, "requests_per_sample": 2,
+                                 "warmup_requests": 2, "ignore_eos": True},
+                      defaults={"samples_per_boot": 1},
+                      hypotheses=[{"id": "t", "baseline": {}, "treatment": {"flags": {"threads": 2}},
+                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%"}])
+    plan = make_plan(load_spec(spec), cache_dir=tmp_path / "cache")
+    log = tmp_path / "boot.log"
+    out = run_boot(plan.boot_request(plan.configs[0], boot_id=1, seq=1, log_path=log))
+    assert out.status == "ok", (out.failure, out.log_tail)
+    size = out.provenance["prompt"]
+    assert size["unit"] == "tokens" and size["words"] != 40, size  # the fit is not the identity here
+    per_word = size["tokens"] / size["words"]
+    evaluated = [int(n) for n in re.findall(r"prompt eval time = +[0-9.]+ ms / +(\d+) tokens", log.read_text())]
+    assert len(evaluated) == 4, evaluated  # two warm-ups, then the sample's two requests
+    assert all(abs(n - 40) <= per_word + 2 for n in evaluated), (evaluated, size)

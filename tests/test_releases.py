@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,29 @@ def test_a_run_compares_two_releases_each_from_its_own_environment(released, tmp
             for (p,) in query(tmp_path / "r.db", "SELECT provenance FROM boots WHERE status = 'ok'")}
     assert len(envs) == 2 and all(f"/releases/demo-engine/{v}-" in e for v, e in zip(sorted([before, culprit]),
                                                                                          sorted(envs)))
+    # the journal lists the commits between the two releases' tags, not "no commits to compare"
+    (journal,) = [p for p in (tmp_path / "journal").glob("*.md") if p.name != "index.md"]
+    text = journal.read_text()
+    assert "no commits to compare" not in text and f"in v{before}..v{culprit}, newest first" in text, text
+    assert hist.messages[hist.index(points[culprit])].splitlines()[0] in text
+
+
+def test_the_commits_between_two_releases_are_listed_from_their_tags(released, tmp_path):
+    from bisect_harness.report.reproduce import commit_log
+
+    hist, points, wheels = released
+    spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels)
+    order = list(points)
+    old, new = order[0], order[-1]
+    lines, note = commit_log(spec.read_text(), str(spec), None, None, releases=(old, new))
+    expected = subprocess.run(["git", "-C", str(hist.path), "rev-list", "--count", f"v{old}..v{new}"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert note.startswith(f"{expected} commit(s) in v{old}..v{new}") and lines, note
+    assert lines[0].split()[0] == points[new][:len(lines[0].split()[0])]  # newest first: the release's own commit
+    untagged = spec.read_text().replace("tag: v{version}\n", "")
+    assert "tag:" not in untagged
+    lines, note = commit_log(untagged, str(spec), None, None, releases=(old, new))
+    assert lines == [] and "set engine.releases.tag" in note
 
     # each release boot names the version installed and the hash of the very wheel
     wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
@@ -251,3 +275,15 @@ def test_the_dry_run_shows_each_release_and_the_launch_it_runs(released, tmp_pat
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [c["release"] for c in out["configs"]] == ["0.1.0", "0.8.0"]
     assert all(c["argv"][1:3] == ["-m", "demo_engine"] for c in out["configs"])
+
+
+def test_bisect_help_says_what_a_revision_may_be():
+    """--good and --bad take commits, tags, branches, or versions of engine.releases."""
+    proc = subprocess.run([sys.executable, "-m", "bisect_harness.cli", "bisect", "--help"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"})
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.replace("│", " ").split())
+    for flag in ("--good", "--bad"):
+        line = text.split(flag, 1)[1][:400]
+        assert "a commit (sha), tag or branch of engine.repo" in line, line
+        assert "a released version (e.g. 1.4.2) where the file has engine.releases" in line, line

@@ -27,7 +27,7 @@ from typing import Any, Generator, Mapping, Sequence
 
 import httpx
 
-from bisect_harness.engines import attach, benchtools, integrity, presets, profilers
+from bisect_harness.engines import attach, benchtools, integrity, preset_flags, presets, profilers
 from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
 from bisect_harness.measure import bodies
 from bisect_harness.measure.deadline import deadline_client
@@ -430,11 +430,33 @@ def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None
     """A refused flag fails the config at this commit: marked, with the preset's notes on it."""
     b.marks.append(FLAG_NOT_ACCEPTED)
     notes = presets.notes_for(exc.engine_message, presets.get_preset(req.preset))
+    own = preset_flags.refused_preset_flag(exc.engine_message, req.preset_flags)
+    if own is not None:  # not the file's flag: the preset's launch adds it, and this build lacks it
+        notes.insert(0, f"this build refused its preset's flag {own}: the {req.preset} preset's launch adds it; "
+                        "write engine.launch without it for builds this old")
     b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
                                          "notes": notes}
     where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
     b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
     b.config_status = "boot_failed"
+
+
+#: Each build's answer to a help argv, once per process: (help argv, folder, commit) -> Adapted
+_ADAPTED: dict[tuple, preset_flags.Adapted] = {}
+
+
+def _adapt_preset_flags(req: BootRequest, argv: list[str], env: Mapping[str, str], cwd: Path,
+                        places: Mapping[str, str]) -> preset_flags.Adapted:
+    """``argv`` without the preset's own options this build's help does not name
+    (``engines/preset_flags``); the help is read once per build and folder."""
+    help_argv = presets.render_argv(list(req.help_argv), **places)
+    key = (tuple(help_argv), str(cwd), req.commit, env.get("PATH"))
+    seen = _ADAPTED.get(key)
+    if seen is None or not seen.checked:
+        seen = preset_flags.adapt_launch(argv, req.preset_flags, help_argv, env=env, cwd=cwd)
+        _ADAPTED[key] = seen
+    return preset_flags.Adapted(tuple(preset_flags.without(argv, seen.dropped)), dropped=seen.dropped,
+                                kept=seen.kept, checked=seen.checked, why=seen.why)
 
 
 def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Event | None = None) -> BootOutcome:
@@ -478,13 +500,19 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
     env = process_env(req, cenv)
     places = placeholders(req, port=port, worktree=worktree, python=cenv.python)
     argv = presets.render_argv(list(req.argv), **places)
+    cwd = working_dir(req, worktree, cenv.python)
+    if req.preset_flags and req.endpoint is None:  # the preset's options this build's --help does not name: left out
+        adapted = _adapt_preset_flags(req, argv, env, cwd, places)
+        argv = list(adapted.argv)
+        b.provenance["preset_flags"] = adapted.to_dict()
+        if adapted.dropped or not adapted.checked:
+            yield Message(f"boot {req.boot_id} ({req.label}): {adapted.note()}")
     profiler = profilers.get_profiler(presets.get_preset(req.preset).profiler)
     launched_with: tuple[str, ...] = ()
     if req.profile and req.endpoint is None:  # an engine whose profiler is a launch setting (vLLM)
         launched_with = profiler.launch_args(profilers.profile_dir(log_path))
         argv += list(launched_with)
     argv = _with_devices(req, argv, env)
-    cwd = working_dir(req, worktree, cenv.python)
     b.port, b.argv = port, tuple(argv)
     # what a person needs to run this boot again by hand (the journal's reproduction lines)
     b.provenance["launch"] = {"cwd": str(cwd), "env": dict(req.env)}

@@ -36,7 +36,8 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (configs, boots, argv, env); boot nothing."),
     check_flags: bool = typer.Option(False, "--check-flags", help="With --dry-run: build each commit and check "
-                                     "every planned flag against its --help (exit 2 if one is refused)."),
+                                     "every planned flag against its --help (exit 2 if one is refused or a "
+                                     "commit does not build)."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Worktrees, builds and the demo repo."),
     no_calibration: bool = typer.Option(False, "--no-calibration", help="Skip the calibration probe."),
     aa_check: bool = typer.Option(False, "--aa-check", help="Measure noise with an A/A check per baseline first; "
@@ -118,6 +119,14 @@ def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> No
                         f"{where} ({first['error'].splitlines()[0]}); so no flag was checked. Make the launch "
                         "runnable (engine.launch, engine.python: the interpreter whose bin holds the engine's "
                         "command) and check again")
+    broken = obj.get("builds_failed") or []
+    if broken:  # no help to read: the commit's flags are unchecked, and its boots would be skipped
+        first = broken[0]
+        lines = "\n".join(f"  | {line}" for line in first["last_errors"])
+        more = f" (and {len(broken) - 1} other commit(s))" if len(broken) > 1 else ""
+        raise UserError(f"--check-flags: {first['error']}{more}, so its flags were not checked; build log: "
+                        f"{first['log']}; its last error lines:\n{lines}\nFix engine.build for that commit "
+                        "(or leave the commit out) and check again")
     if obj.get("flags_refused"):
         raise UserError("a planned flag is not accepted at some commit (see the flag check above); rename it "
                         "for that commit or drop that hypothesis before booting")
@@ -192,10 +201,15 @@ def explain(
             print(json.dumps({"run_id": sched.run.id, **out.record}))
 
 
+#: What --good and --bad take.
+_REVISION = ("a commit (sha), tag or branch of engine.repo, or a released version (e.g. 1.4.2) where the file "
+             "has engine.releases; both of one kind.")
+
+
 def bisect(
     file: Path = typer.Argument(..., help="hypotheses.yaml: its engine and benchmark are used"),
-    good: str = typer.Option(..., "--good", help="A revision before the regression."),
-    bad: str = typer.Option(..., "--bad", help="A revision after it."),
+    good: str = typer.Option(..., "--good", help="A revision before the regression: " + _REVISION),
+    bad: str = typer.Option(..., "--bad", help="A revision after it: " + _REVISION),
     metric: str = typer.Option("tok_s", "--metric", help="Metric to bisect on."),
     confidence: float = typer.Option(DEFAULT_CONFIDENCE, "--confidence", help="Posterior mass the culprit must hold."),
     max_boots: int = typer.Option(DEFAULT_MAX_BOOTS, "--max-boots", help="Budget of boots for the search."),

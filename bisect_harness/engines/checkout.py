@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -392,61 +393,117 @@ class Workspace:
 
     # ------------------------------------------------------------------ build
 
-    def build(self, sha: str, argv: Sequence[str] | None, env: Mapping[str, str], *,
+    def build(self, sha: str, steps: Sequence[Sequence[str]] | Sequence[str] | None, env: Mapping[str, str], *,
               timeout_s: float = 3600.0, python: str | None = None, mode: str = "worktree",
               build_env: Sequence[str] = ()) -> BuildResult:
-        """Run the build argv in the commit's checkout once per interpreter (``python``,
+        """Run the build in the commit's checkout once per interpreter (``python``,
         the one ``{python}`` named and the build installs into) and per value of the
-        build's variables (:func:`build_key`); raise ``BuildFailed`` with the log tail."""
+        build's variables (:func:`build_key`); raise ``BuildFailed`` naming the step that
+        failed, its exit and the log. ``steps`` is one argv or a list of argvs, run in
+        order (``engine.build``), each in the checkout with no shell; ``timeout_s``
+        bounds the whole build."""
         tree = self.checkout(sha, mode)
-        if not argv:
+        steps = build_steps(steps)
+        if not steps:
             return BuildResult(True, tree / ".harness-build.log", 0.0, True)
         python = python or sys.executable
-        ident = build_key(python, argv, env, mode=mode, build_env=build_env)
+        ident = build_key(python, steps, env, mode=mode, build_env=build_env)
         marker = self.root / "builds" / f"{sha}-{ident}.json"
         log_path = marker.with_suffix(".log")
         marker.parent.mkdir(parents=True, exist_ok=True)
         # One build of a (commit, interpreter, argv, env) at a time, across threads (parallel
         # slots) and processes (two harnesses on one cache); the second finds the marker.
         with _locked(FileLock(str(marker.with_suffix(".lock")), timeout=LOCK_TIMEOUT_S + timeout_s)):
+            env = ccache_env(env, tree)
             if marker.exists():
-                return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+                return self._build_once(sha, steps, env, tree, marker, log_path, python, timeout_s)
             with _locked(self._commit_lock(sha)):  # no check reads the checkout while it builds
                 try:
-                    return self._build_once(sha, argv, env, tree, marker, log_path, python, timeout_s)
+                    return self._build_once(sha, steps, env, tree, marker, log_path, python, timeout_s)
                 finally:  # what the build wrote is part of the checkout (and environment) from now on
                     self._record_built(sha, mode, python)
 
-    def _build_once(self, sha, argv, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
-        """One build (or its cached outcome). It runs with the whole ``env``; the marker
-        records the checkout it ran in."""
+    def _build_once(self, sha, steps, env, tree, marker, log_path, python, timeout_s) -> BuildResult:
+        """One build (or its cached outcome): its steps in order, each logged under a header
+        line when there are several, stopping at the first that fails. It runs with the
+        whole ``env``; the marker records the checkout it ran in and each step's exit."""
         if marker.exists():
             info = json.loads(marker.read_text())
             if not info["ok"]:
-                raise BuildFailed(f"build failed at {sha[:12]} (cached; exit {info['code']}): "
-                                  f"{' '.join(argv)}", log_tail=read_tail(log_path), log_path=str(log_path))
+                failed = info.get("failed_step", len(steps))
+                raise BuildFailed(_failure(sha, steps, failed, info["code"], log_path, cached=True),
+                                  log_tail=read_tail(log_path), log_path=str(log_path))
             return BuildResult(True, log_path, info["seconds"], True)
         start = time.monotonic()
+        ran: list[dict] = []
+        code = 0
         with open(log_path, "wb") as log:
-            # Under a supervisor: a build's daemons and background jobs (`cmd &`, a compiler
-            # server) are killed with it, at its timeout, and if the harness dies.
-            try:
-                code = supervised.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=timeout_s)
-            except supervised.LaunchError as exc:
-                log.write(f"build command not found or not runnable: {argv[0]} ({exc})\n".encode())
-                code = 127
-            if code is None:
-                log.write(f"build timed out after {timeout_s:g}s\n".encode())
-                code = -1
+            for i, argv in enumerate(steps, 1):
+                if len(steps) > 1:
+                    log.write(f"== build step {i} of {len(steps)}: {shlex.join(redact_argv(argv))}\n".encode())
+                    log.flush()
+                left = timeout_s - (time.monotonic() - start)
+                code = _run_step(argv, env, tree, log, left, timeout_s)
+                ran.append({"argv": redact_argv(argv), "code": code})
+                if code != 0:
+                    break
         seconds = time.monotonic() - start
         tmp = marker.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: never half a marker
-        tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": redact_argv(argv),
+        shown = ran[0]["argv"] if len(steps) == 1 else [r["argv"] for r in ran]
+        tmp.write_text(json.dumps({"ok": code == 0, "code": code, "seconds": seconds, "argv": shown, "steps": ran,
+                                   "failed_step": len(ran) if code != 0 else None,
                                    "python": python, "checkout": str(tree)}))
         os.replace(tmp, marker)
         if code != 0:
-            raise BuildFailed(f"build failed at {sha[:12]} (exit {code}): {' '.join(argv)}",
+            raise BuildFailed(_failure(sha, steps, len(ran), code, log_path),
                               log_tail=read_tail(log_path), log_path=str(log_path))
         return BuildResult(True, log_path, seconds, False)
+
+
+def build_steps(value: Sequence[Sequence[str]] | Sequence[str] | None) -> tuple[tuple[str, ...], ...]:
+    """A build as its steps: one argv (a list of strings) is one step; a list of argvs is
+    several, run in order; None or empty is none."""
+    if not value:
+        return ()
+    if all(isinstance(a, str) for a in value):
+        return (tuple(value),)
+    return tuple(tuple(step) for step in value if step)
+
+
+def ccache_env(env: Mapping[str, str], tree: Path) -> dict[str, str]:
+    """``env`` with ``CCACHE_BASEDIR`` set to the checkout's folder unless it is set
+    already: ccache then hashes the paths under the checkout as relative ones, so two
+    commits' checkouts (each its own folder) share the compiler cache. Harmless where
+    no ccache runs; the user's own value wins."""
+    out = dict(env)
+    out.setdefault("CCACHE_BASEDIR", str(tree))
+    return out
+
+
+def _run_step(argv, env, tree: Path, log, left_s: float, timeout_s: float) -> int:
+    """One build step under a supervisor (a build's daemons and background jobs, ``cmd &``
+    or a compiler server, are killed with it, at the build's deadline, and if the harness
+    dies); its exit code, 127 where it cannot start, -1 past the deadline."""
+    if left_s <= 0:
+        code = None
+    else:
+        try:
+            code = supervised.run(list(argv), env=env, cwd=tree, stdout=log, timeout_s=left_s)
+        except supervised.LaunchError as exc:
+            log.write(f"build command not found or not runnable: {argv[0]} ({exc})\n".encode())
+            return 127
+    if code is None:
+        log.write(f"build timed out after {timeout_s:g}s\n".encode())
+        return -1
+    return code
+
+
+def _failure(sha: str, steps, failed: int, code: int, log_path: Path, *, cached: bool = False) -> str:
+    """What failed: the commit, the step (of several), its exit, its argv and the log."""
+    step = f"step {failed} of {len(steps)}, " if len(steps) > 1 else ""
+    argv = steps[failed - 1] if 0 < failed <= len(steps) else steps[-1]
+    return (f"build failed at {sha[:12]} ({'cached; ' if cached else ''}{step}exit {code}): "
+            f"{' '.join(argv)} (log: {log_path})")
 
 
 @dataclass(frozen=True)
@@ -473,13 +530,16 @@ BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CMAKE_AR
              "TORCH_CUDA_ARCH_LIST", "ROCM_PATH", "HIPCXX")
 
 
-def build_key(python: str, argv: Sequence[str], env: Mapping[str, str], *, mode: str = "worktree",
-              build_env: Sequence[str] = ()) -> str:
-    """A build's cache key: the interpreter, the rendered argv, the checkout mode (a
-    worktree's build is not a clone's) and the values of the build's variables
-    (:data:`BUILD_ENV` and ``build_env``; an unset one counts as unset)."""
+def build_key(python: str, steps: Sequence[Sequence[str]] | Sequence[str], env: Mapping[str, str], *,
+              mode: str = "worktree", build_env: Sequence[str] = ()) -> str:
+    """A build's cache key: the interpreter, every rendered step's argv (one step keys as
+    its argv alone, as a build of one argv always has), the checkout mode (a worktree's
+    build is not a clone's) and the values of the build's variables (:data:`BUILD_ENV`
+    and ``build_env``; an unset one counts as unset)."""
     names = sorted(set(BUILD_ENV) | set(build_env))
-    fields = [python, list(argv), [[n, env.get(n)] for n in names]]
+    steps = build_steps(steps)
+    argv = list(steps[0]) if len(steps) == 1 else [list(step) for step in steps]
+    fields = [python, argv, [[n, env.get(n)] for n in names]]
     if mode != "worktree":
         fields.append(mode)
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]

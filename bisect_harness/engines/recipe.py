@@ -42,9 +42,9 @@ def checkout(req: BootRequest, notes: list[str] | None = None) -> tuple[Path | N
         worktree = ws.checkout(req.commit, req.checkout)
         if req.per_commit_env:  # the commit's own interpreter: its build cannot reach another's
             cenv = ws.environment(req.commit, req.base_python)
-        if req.build_argv:
+        if req.build_steps:
             places = placeholders(req, port="", worktree=worktree, python=cenv.python)
-            ws.build(req.commit, render_argv(list(req.build_argv), **places),
+            ws.build(req.commit, [render_argv(list(step), **places) for step in req.build_steps],
                      process_env(req, cenv), python=cenv.python, mode=req.checkout, build_env=req.build_env)
     return worktree, cenv
 

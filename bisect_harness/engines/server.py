@@ -40,7 +40,7 @@ import httpx
 
 from bisect_harness.measure.apis import ReadyProbe
 from bisect_harness.measure.deadline import deadline_client, total_deadline
-from bisect_harness.engines.rejection import ARGPARSE_EXIT, argparse_rejection
+from bisect_harness.engines.rejection import REJECTION_EXITS, argparse_rejection
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
 from bisect_harness.process.ports import free_port
 from bisect_harness.process.capped_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES
@@ -125,7 +125,7 @@ class ServerProcess:
     ``log_path`` (appended). :meth:`start` returns once ``base_url + health_path``
     answers HTTP 200; it raises :class:`BootFailed` when the process exits first
     (with its exit code and the log tail; :class:`FlagNotAccepted` when it exited 2
-    with argparse's refusal of an option, the engine's message attached) and :class:`BootTimeout` when
+    with argparse's refusal of an option, or 1 with llama.cpp's, the engine's message attached) and :class:`BootTimeout` when
     ``ready_timeout_s`` passes, and in both cases the process group is already
     gone. Used as a context manager it starts on entry and always stops on exit.
     Each readiness probe may take up to ``health_request_timeout_s`` (SGLang's
@@ -272,7 +272,7 @@ class ServerProcess:
         with deadline_client() as http:
             while True:
                 rc = self._proc.poll()
-                if rc == ARGPARSE_EXIT:
+                if rc in REJECTION_EXITS:
                     self._log.flush()
                     refused = argparse_rejection(self.log_tail(200))
                     if refused:

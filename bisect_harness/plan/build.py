@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from bisect_harness.engines import presets
+from bisect_harness.engines.preset_flags import without
 from bisect_harness.measure import sources
 from bisect_harness.measure.apis import get_api
 from bisect_harness.boot import BootRequest, Checks, freeze
@@ -111,6 +112,12 @@ class Plan:
         return presets.render_argv(template, **presets.placeholder_values(port=port, worktree=worktree, python=python,
                                                                           spec_dir=self.spec.spec_dir))
 
+    def build_argv(self, config: PlannedConfig, step) -> list[str]:
+        """One step of ``config``'s build as the boot runs it, ``{worktree}`` and a
+        commit's own ``{python}`` left as placeholders."""
+        return presets.render_argv(list(step), **presets.placeholder_values(
+            port="", worktree=Path("{worktree}"), python=self.python_for(config), spec_dir=self.spec.spec_dir))
+
     def placeholders(self, *, port, worktree: Path | None, python: str | None = None) -> dict[str, str]:
         return presets.placeholder_values(port=port, worktree=worktree, python=python or self.base_python,
                                           spec_dir=self.spec.spec_dir)
@@ -175,6 +182,13 @@ class Plan:
                                      runtime_args=rel.runtime_args)
             launch, build, per_commit_env = (rel.launch or engine.launch), None, False
         template = presets.launch_argv(launch, flags, preset)
+        # the preset's own options a build may lack: only where the launch is the preset's, and
+        # not where the arm asks for the option itself
+        # (a release's image runs its help inside the image: not read, the options stay)
+        optional = tuple(f for f in preset.optional_flags if not engine.launch_written and launch == engine.launch
+                         and f not in presets.flags_to_argv(flags, preset)
+                         and (release is None or release.image is None))
+        help_template = tuple(without(launch, optional)) + tuple(preset.help_args) if optional else ()
         if release is not None and release.image is not None:  # the launch runs inside the image
             from bisect_harness.engines.releases import container_argv, find_runtime
 
@@ -193,7 +207,7 @@ class Plan:
             commit=arm.commit, repo=str(self.repo) if (self.repo is not None and release is None) else None,
             cache_dir=str(self.cache_dir), per_commit_env=per_commit_env, base_python=base_python,
             argv=tuple(str(x) for x in template),
-            build_argv=tuple(str(x) for x in build) if build else None,
+            build_steps=tuple(tuple(str(x) for x in step) for step in build) if build else None,
             cwd=engine.cwd, spec_dir=str(spec.spec_dir),
             env=freeze(env), arm_env=freeze(arm.env), flags=freeze(flags), flag_checks=checks,
             health_path=engine.health, ready_timeout_s=engine.ready_timeout_s,
@@ -208,7 +222,7 @@ class Plan:
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
             log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
-            build_env=engine.build_env, release=release)
+            build_env=engine.build_env, release=release, preset_flags=optional, help_argv=help_template)
         return ConfigRecipe(series=series, argv=tuple(shown), request=request, profile=self.profiles(config))
 
     def boot_request(self, config: PlannedConfig, *, boot_id: int, seq: int, log_path: Path) -> BootRequest:
@@ -228,7 +242,9 @@ def engine_fingerprint(spec: Spec) -> str:
     # with prompt_reuse: true, which measures as the older files did, keeps the keys they hold.
     if not spec.benchmark.prompt_reuse:
         bench["prompts"] = "unique"
-    fields = {"preset": e.preset, "launch": list(e.launch), "build": list(e.build or ()),
+    # one build step keys as the one argv it always was; several as a list of argvs
+    build = [list(step) for step in e.build or ()]
+    fields = {"preset": e.preset, "launch": list(e.launch), "build": build[0] if len(build) == 1 else build,
               "cwd": e.cwd, "bench": bench,
               "samples_per_boot": spec.defaults.samples_per_boot,
               "metrics": [repr(m) for m in e.metrics]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from bisect_harness.engines.checkout import CHECKOUT_MODES
 from bisect_harness.engines.presets import get_preset, notes_for
 from bisect_harness.plan.flag_check import check_plan_flags
 from bisect_harness.spec import Spec
@@ -28,8 +29,10 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     arguments (after its worktree, environment and build, as a boot would) and each
     planned option is checked against the options that commit names; the JSON gets
     ``flag_check`` (one entry per commit), ``flags_refused`` (true when any
-    config's argv would be refused) and ``flags_unchecked`` (commits whose help
-    could not be read, each entry's ``error`` says why)."""
+    config's argv would be refused), ``flags_unchecked`` (commits whose help
+    could not be read, each entry's ``error`` says why) and ``builds_failed`` (commits
+    whose build failed: the failure, the build log's path and its last error lines).
+    Each config shows its checkout, its build's steps and the launch argv a boot runs."""
     spec, d = plan.spec, plan.spec.defaults
     repo = plan.repo  # None for an attached server or a preset without a repository
     resolvable = repo is not None and Path(repo).exists()
@@ -44,18 +47,25 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     else:
         lines.append(f"python: {plan.base_python}" + (" (shared by every commit's build)"
                                                       if spec.engine.build and plan.repo is not None else ""))
+    if repo is not None and any(c.arm.commit is not None and c.arm.release is None for c in plan.configs):
+        mode = CHECKOUT_MODES[spec.engine.checkout]
+        lines.append(f"checkout: {mode.name} ({mode.summary}), one per commit in the cache")
     if spec.engine.metrics:  # each declared source says what it reads (sources.MetricSource.describe)
         lines.append("metric sources:")
         lines.extend(f"  {m.describe()}" for m in spec.engine.metrics)
     configs = []
     for i, c in enumerate(plan.configs, 1):
         argv = redact_argv(plan.argv(c, port="{port}", worktree=Path("{worktree}") if c.arm.commit else None))
+        req = plan.recipe(c).request
+        build = [redact_argv(plan.build_argv(c, step)) for step in req.build_steps or ()]
         env, flags = redact_env(c.arm.env), redact_env(c.arm.flags)  # secrets masked (secrets.py)
         users = [h.id for h in plan.hypotheses if c.key in (h.baseline.key, h.treatment.key)]
         profiler = get_preset(spec.engine.preset).profiler if plan.profiles(c) else None
         configs.append({"key": c.key, "commit": c.arm.commit, **({"release": c.arm.release} if c.arm.release else {}),
                         "env": env, "flags": flags,
-                        "argv": argv, "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
+                        "argv": argv, "build": build, "preset_flags": list(req.preset_flags),
+                        **({"checkout": req.checkout} if req.commit is not None and req.repo is not None else {}),
+                        "boots": {"min": d.boots_per_arm, "max": d.max_boots_per_arm},
                         "hypotheses": users, "profile": profiler})
         lines.append(f"\nconfig {i} [{c.key[:10]}] used by {', '.join(users)}")
         if c.arm.release is not None:
@@ -67,7 +77,15 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
             lines.append(f"  commit: {c.arm.commit or c.arm.endpoint or '(installed server)'}")
         if c.arm.env:
             lines.append("  env:    " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())))
+        if req.commit is not None and req.repo is not None:
+            lines.append(f"  checkout: {req.checkout} of the commit, {{worktree}} below")
+        for n, step in enumerate(build, 1):
+            lines.append(f"  build{f' {n}/{len(build)}' if len(build) > 1 else ''}: " + shlex.join(step)
+                         + ("  (once per commit, cached)" if n == len(build) else ""))
         lines.append("  argv:   " + shlex.join(argv))
+        if req.preset_flags:
+            lines.append(f"  preset flags: {' '.join(req.preset_flags)} (the preset's own: each boot reads the "
+                         "build's --help first and leaves out those it does not name)")
         if profiler is not None:
             lines.append(f"  profile: one extra sample after the measured ones of a boot, profiler {profiler}"
                          + (" (no profiler endpoint: the sample is not taken)" if profiler == "none" else ""))
@@ -100,6 +118,8 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
         obj["flag_check"] = [c.to_dict() for c in flag_check]
         obj["flags_refused"] = any(c.refused for c in flag_check)
         obj["flags_unchecked"] = [c.commit for c in flag_check if c.error]
+        obj["builds_failed"] = [{"commit": c.commit, "error": c.error, "log": c.build_log,
+                                 "last_errors": list(c.build_errors)} for c in flag_check if c.build_log is not None]
         obj["flags_help_failed"] = [{"commit": c.commit, "help_argv": list(c.help_argv), "error": c.error}
                                     for c in flag_check if c.help_failed]
     return "\n".join(lines), obj
@@ -117,7 +137,13 @@ def _check_flags(plan, lines: list[str], say) -> list:
         where = c.commit[:12] if c.commit else "installed server"
         if c.error:
             lines.append(f"  {where}: not checked: {c.error}")
+            if c.build_log is not None:
+                lines.append(f"  {where}: build log: {c.build_log}; its last error lines:")
+                lines.extend(f"    | {line}" for line in c.build_errors)
             continue
+        if c.dropped:
+            lines.append(f"  {where}: the preset's {' '.join(c.dropped)} not in this build's --help: its boots "
+                         "launch without it")
         bad = {k: ps for k, ps in c.problems.items() if ps}
         if not bad:
             lines.append(f"  {where}: every planned flag accepted ({c.options} options in `{shlex.join(c.help_argv)}`)")

@@ -26,7 +26,6 @@ help arguments, in a process group of its own with a deadline.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -35,8 +34,8 @@ from bisect_harness.engines.rejection import (
     ARGPARSE_EXIT, FLAG_NOT_ACCEPTED, REJECTION_MARKERS, argparse_rejection,
 )
 from bisect_harness.engines import recipe
-from bisect_harness.process import supervised
-from bisect_harness.engines.presets import OPTION_NAME, notes_for, render_argv
+from bisect_harness.engines.preset_flags import help_options, run_help, without
+from bisect_harness.engines.presets import notes_for, render_argv
 from bisect_harness.errors import BuildFailed
 
 __all__ = [
@@ -50,13 +49,9 @@ __all__ = [
     "FlagProblem",
     "CommitFlags",
     "check_plan_flags",
+    "error_lines",
 ]
 
-
-
-def help_options(help_text: str) -> frozenset[str]:
-    """Every ``--option`` named in a ``--help`` text (``--x, --no-x`` gives both)."""
-    return frozenset(o.rstrip(".") for o in OPTION_NAME.findall(help_text))
 
 
 @dataclass(frozen=True)
@@ -124,6 +119,9 @@ class CommitFlags:
     error: str = ""                       # why the help could not be read (build failed, no options, ...)
     problems: Mapping[str, tuple[FlagProblem, ...]] = field(default_factory=dict)  # config key -> problems
     help_failed: bool = False             # the help argv itself could not run or named no option
+    build_log: str | None = None          # the failed build's log (error is then the build's failure)
+    build_errors: tuple[str, ...] = ()    # the failed build log's last error lines (its last lines if none)
+    dropped: tuple[str, ...] = ()         # the preset's own options this help does not name: boots leave them out
 
     @property
     def help_text(self) -> str:
@@ -139,21 +137,21 @@ class CommitFlags:
 
     def to_dict(self) -> dict:
         return {"commit": self.commit, "help_argv": list(self.help_argv), "options": self.options,
-                "error": self.error, "help_failed": self.help_failed,
+                "error": self.error, "help_failed": self.help_failed, "build_log": self.build_log,
+                "build_errors": list(self.build_errors), "preset_flags_dropped": list(self.dropped),
                 "configs": {k: [p.to_dict() for p in ps] for k, ps in self.problems.items()}}
 
 
-def run_help(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float) -> tuple[int | None, str]:
-    """Run a help argv under a supervisor (its whole tree is gone on return, also on
-    Ctrl-C or the harness's death), with a deadline; (exit code, stdout+stderr). The
-    exit code is None when it ran past ``timeout_s``."""
-    with tempfile.TemporaryFile() as out:
-        try:
-            code = supervised.run(list(argv), env=dict(env), cwd=cwd, stdout=out, timeout_s=timeout_s)
-        except supervised.LaunchError as exc:
-            return 127, f"{argv[0]}: not found or not runnable ({exc})"
-        out.seek(0)
-        return code, out.read().decode("utf-8", errors="replace")
+_ERROR_WORDS = ("error", "fatal", "undefined reference", "no rule to make target")
+
+
+def error_lines(log_tail: str, n: int = 5) -> tuple[str, ...]:
+    """The last ``n`` lines of a build log that say an error (a compiler's ``error:``,
+    make's ``Error 2``, CMake's ``CMake Error``), or its last ``n`` lines where none does."""
+    lines = [line.rstrip() for line in log_tail.splitlines()
+             if line.strip() and not line.startswith("== build step ")]  # the harness's own step headers
+    errors = [line for line in lines if any(w in line.lower() for w in _ERROR_WORDS)]
+    return tuple((errors or lines)[-n:])
 
 
 def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -> list[CommitFlags]:
@@ -182,11 +180,14 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
                 say(f"checking flags at {commit[:12]}: worktree, environment and build")
             worktree, cenv = recipe.checkout(req)
             places = recipe.placeholders(req, port=0, worktree=worktree, python=cenv.python)
-            help_argv = tuple(render_argv(list(plan.spec.engine.launch) + list(preset.help_args), **places))
+            # the help as a boot reads it: the launch without the preset's own optional options
+            template = req.help_argv or (tuple(plan.spec.engine.launch) + tuple(preset.help_args))
+            help_argv = tuple(render_argv(list(template), **places))
             rc, text = run_help(help_argv, env=recipe.process_env(req, cenv),
                                 cwd=recipe.working_dir(req, worktree, cenv.python), timeout_s=timeout_s)
         except BuildFailed as exc:
-            out.append(CommitFlags(commit, help_argv, error=f"build failed: {exc}"))
+            out.append(CommitFlags(commit, help_argv, error=str(exc), build_log=exc.log_path,
+                                   build_errors=error_lines(exc.log_tail or "")))
             continue
         except OSError as exc:
             out.append(CommitFlags(commit, help_argv, error=f"could not run the help argv: {exc}",
@@ -199,9 +200,12 @@ def check_plan_flags(plan, *, timeout_s: float = 300.0, say=lambda text: None) -
             tail = "\n".join(text.strip().splitlines()[-5:])
             out.append(CommitFlags(commit, help_argv, error=f"the help argv {why}: {tail}", help_failed=True))
             continue
-        problems = {}
+        problems, dropped = {}, set()
         for c, r in zip(configs, reqs):
             argv = render_argv(list(r.argv), **recipe.placeholders(r, port=0, worktree=worktree, python=cenv.python))
-            problems[c.key] = tuple(check_argv(argv, options))
-        out.append(CommitFlags(commit, help_argv, options=len(options), problems=problems))
+            gone = [f for f in r.preset_flags if f not in options]  # left out at boot, not refused
+            dropped.update(gone)
+            problems[c.key] = tuple(check_argv(without(argv, gone), options))
+        out.append(CommitFlags(commit, help_argv, options=len(options), problems=problems,
+                               dropped=tuple(sorted(dropped))))
     return out

@@ -257,9 +257,10 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
                 drawn, plot_missing = None, _md(str(exc))
             plot = drawn.name if drawn else None
-        pair = (h.baseline.commit, h.treatment.commit)
+        rels = tuple((h.spec or {}).get(side, {}).get("release") for side in ("baseline", "treatment"))
+        pair = (h.baseline.commit, h.treatment.commit, rels)  # two releases: the commits between their tags
         if pair not in logs:
-            logs[pair] = reproduce.commit_log(run.spec_text, run.spec_path, *pair)
+            logs[pair] = reproduce.commit_log(run.spec_text, run.spec_path, *pair[:2], releases=rels)
         means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
                         if ms else "not recorded (no boot used)") for side, ms in side_means.items()}
         hyps.append({

@@ -97,10 +97,16 @@ def boot_command(boot) -> str:
 
 
 def commit_log(spec_text: str, spec_path: str, good: str | None, bad: str | None, *,
-               limit: int = 40) -> tuple[list[str], str]:
+               limit: int = 40, releases: tuple[str | None, str | None] = (None, None)) -> tuple[list[str], str]:
     """``git log --oneline good..bad`` from the cache's mirror of the engine (or the
     engine's own repository when no mirror exists yet): (lines, note). The note says
-    why there are no lines (same commit, no repository, a commit not found)."""
+    why there are no lines (same commit, no repository, a commit not found). Two
+    released builds (``releases``, no commits) are compared through their tags
+    (``engine.releases.tag``) where the file maps them to the repository."""
+    if (not good or not bad) and all(releases):
+        good, bad, why = _release_tags(spec_text, spec_path, *releases)
+        if why:
+            return [], why
     if not good or not bad:
         return [], "no commits to compare (an installed or attached server)"
     if good == bad:
@@ -125,6 +131,22 @@ def commit_log(spec_text: str, spec_path: str, good: str | None, bad: str | None
     if len(lines) > limit:
         note += f" (the first {limit} shown)"
     return lines[:limit], note
+
+
+def _release_tags(spec_text: str, spec_path: str, old: str, new: str) -> tuple[str | None, str | None, str]:
+    """The tags of releases ``old`` and ``new`` (``engine.releases.tag``), or why the
+    commits between them cannot be listed."""
+    from bisect_harness.errors import HarnessError
+    from bisect_harness.spec import parse_spec
+
+    try:
+        rel = parse_spec(spec_text, Path(spec_path)).engine.releases
+    except HarnessError:
+        rel = None
+    if rel is None or rel.tag is None:
+        return None, None, (f"releases {old} and {new} are not mapped to commits (set engine.releases.tag, e.g. "
+                            "'v{version}', and engine.repo to list the commits between them)")
+    return rel.tag.format(version=old), rel.tag.format(version=new), ""
 
 
 def _engine_repo(spec_text: str, spec_path: str) -> Path | None:

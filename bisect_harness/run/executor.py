@@ -251,4 +251,7 @@ class Executor:
 
 
 def _arm_dict(arm) -> dict:
-    return {"commit": arm.commit, "env": dict(arm.env), "flags": dict(arm.flags)}
+    out = {"commit": arm.commit, "env": dict(arm.env), "flags": dict(arm.flags)}
+    if getattr(arm, "release", None) is not None:  # a released build (engine.releases): its version
+        out["release"] = arm.release
+    return out

@@ -78,7 +78,7 @@ def _register_secrets(engine: EngineSpec, defaults: Defaults, hyps) -> None:
     arms = [a for h in hyps for a in (h.baseline, h.treatment)]
     values = secrets.spec_secret_values([engine.env, *(a.env for a in arms)],
                                         [engine.flags, *(a.flags for a in arms)], defaults.secret_names)
-    for argv in (engine.launch, engine.build):  # a literal --api-key written into a command
+    for argv in (engine.launch, *(engine.build or ())):  # a literal --api-key written into a command
         values |= secrets.argv_secret_values(argv or (), defaults.secret_names)
     for url in (engine.base_url, *(a.base_url for a in arms)):  # http://user:password@host
         values |= secrets.url_secret_values(url)

@@ -262,6 +262,17 @@ class _Reader:
             out.append(_no_nul(self.doc, str(item), f"{path}[{i}]"))
         return tuple(out)
 
+    def steps(self, value, path: str) -> tuple[tuple[str, ...], ...]:
+        """A build: one argv (a string or a list of strings), or a list of argvs run in
+        order (each a list of strings, or a string split like a command line)."""
+        if isinstance(value, list) and value and any(isinstance(v, list) for v in value):
+            for i, item in enumerate(value):
+                if not isinstance(item, (list, str)):
+                    raise self.doc.error(f"{path}[{i}]", "a build of several steps is a list of argvs: make every "
+                                         f"item a list of arguments, e.g. [cmake, --build, build], got {_typename(item)}")
+            return tuple(self.argv(item, f"{path}[{i}]") for i, item in enumerate(value))
+        return (self.argv(value, path),)
+
     def env(self, value, path: str) -> dict[str, str]:
         if value is None:
             return {}

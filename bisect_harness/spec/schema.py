@@ -32,6 +32,9 @@ SCHEMA_ID = "https://bisect-harness.invalid/schema/hypotheses-v1.json"
 _ARGV = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
                                          "items": {"type": ["string", "number"]}}],
          "description": "an argv list, or one string split like a command line (never run by a shell)"}
+_STEPS = {"anyOf": [_ARGV, {"type": "array", "minItems": 1, "items": _ARGV}],
+          "description": "one argv, or a list of argvs run in order in the checkout (each step's exit checked; "
+                         "never run by a shell)"}
 _ENV = {"type": "object", "propertyNames": {"pattern": _reader._ENV_NAME_RE.pattern},
         "additionalProperties": {"type": ["string", "number", "boolean"]}}
 _FLAGS = {"type": "object", "propertyNames": {"pattern": _reader._FLAG_NAME_RE.pattern}}
@@ -89,7 +92,7 @@ def hypotheses_schema() -> dict[str, Any]:
     engine = _section(_sections._ENGINE, _types.EngineSpec, {
         "preset": {"type": "string", "enum": _presets(), "default": _types.EngineSpec.preset},
         "repo": {"type": "string", "description": "the engine's git repository (relative to the file)"},
-        "build": _ARGV, "launch": _ARGV,
+        "build": _STEPS, "launch": _ARGV,
         "server_info": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
         "env": _ENV, "flags": _FLAGS,
         "metrics": {"type": "array", "items": {"type": "object"},

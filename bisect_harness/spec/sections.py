@@ -90,8 +90,8 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     if not launch and base_url is None:
         raise r.doc.error("engine", f"preset '{preset_name}' has no launch command: add engine.launch, "
                           "e.g. [my-server, --port, '{port}']")
-    build = r.argv(e["build"], "engine.build") if "build" in e else (
-        tuple(preset.build) if preset.build and base_url is None else None)
+    build = r.steps(e["build"], "engine.build") if "build" in e else (
+        (tuple(preset.build),) if preset.build and base_url is None else None)
     health = e.get("health", preset.health_path)
     r.typed(health, "engine.health", (str,), "a URL path like /health")
     if not health.startswith("/"):
@@ -141,7 +141,8 @@ def _engine(r: _Reader, value, spec_dir: Path) -> EngineSpec:
     checkout, build_env = _checkout_keys(r, e)
     releases = _releases(r, e["releases"], spec_dir) if e.get("releases") is not None else None
     return EngineSpec(
-        preset=preset_name, repo=repo, build=build, launch=launch, cwd=cwd, health=health,
+        preset=preset_name, repo=repo, build=build, launch=launch, launch_written="launch" in e, cwd=cwd,
+        health=health,
         ready_timeout_s=float(timeout), server_info=info,
         env=r.env(e.get("env"), "engine.env"), flags=r.flags(e.get("flags"), "engine.flags"),
         metrics=tuple(metrics), python=python, environment=environment, base_url=base_url,

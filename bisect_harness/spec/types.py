@@ -51,8 +51,10 @@ class EngineSpec:
 
     preset: str = "openai"
     repo: Path | None = None
-    build: tuple[str, ...] | None = None
+    # the build's steps, each an argv run in order in the checkout (no shell); one argv is one step
+    build: tuple[tuple[str, ...], ...] | None = None
     launch: tuple[str, ...] = ()
+    launch_written: bool = False  # engine.launch is the file's own (else the preset's: its optional_flags apply)
     cwd: str | None = None
     health: str = "/health"
     ready_timeout_s: float = 600.0

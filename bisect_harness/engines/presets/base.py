@@ -69,6 +69,10 @@ class Preset:
     ``profiler`` names how the engine is profiled (a kind of
     :mod:`bisect_harness.engines.profilers`: ``sglang``, ``vllm``, ``demo``, or ``none``,
     which answers a profiled sample with "no profiler endpoint").
+    ``optional_flags`` are bare options of the preset's own ``launch`` that older builds
+    of the engine may not have (llama.cpp's ``--metrics``): where the file keeps the
+    preset's launch, each boot reads the build's help first and launches without those it
+    does not name, saying so (:mod:`bisect_harness.engines.preset_flags`).
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -91,6 +95,7 @@ class Preset:
     info_key_rule: str | None = "underscore"
     info_compare: Mapping[str, str] = field(default_factory=dict)
     help_args: tuple[str, ...] = ("--help",)
+    optional_flags: tuple[str, ...] = ()
     flag_notes: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     mechanisms: tuple = ()
@@ -110,6 +115,9 @@ class Preset:
         bad = {k: v for k, v in self.info_compare.items() if v not in COMPARE_MODES}
         if bad:
             raise ValueError(f"info_compare modes must be one of {COMPARE_MODES}, got {bad}")
+        stray = [f for f in self.optional_flags if f not in self.launch]
+        if stray:
+            raise ValueError(f"optional_flags must be options of the preset's launch, got {stray}")
         if self.profiler not in PROFILERS:
             raise ValueError(f"profiler must be one of {sorted(PROFILERS)}, got {self.profiler!r}")
 

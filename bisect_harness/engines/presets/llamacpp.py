@@ -1,4 +1,4 @@
-"""The llama.cpp preset (``llama-server --metrics``).
+"""The llama.cpp preset (``llama-server``, ``--metrics`` where the build has it).
 
 Read from llama.cpp as vendored in llama-cpp-python 0.3.36 and checked on the real
 llama-server built from it: ``/health`` for readiness, ``/props`` for server info
@@ -17,6 +17,9 @@ _LLAMACPP = register_preset(Preset(
     # --metrics turns /metrics on: the spec-decode counters are the evidence that
     # drafting engaged, and llamacpp:tokens_predicted_total a server-side token count.
     launch=("llama-server", "--host", "{host}", "--port", "{port}", "--metrics"),
+    # a 2023 `server` has no --metrics ("error: unknown argument: --metrics", exit 1): a boot
+    # reads the build's --help first and launches without it there, saying so
+    optional_flags=("--metrics",),
     health_path="/health",
     ready_timeout_s=600.0,
     # tools/server/server-context.cpp get_res_props: build_info, total_slots,
@@ -62,5 +65,6 @@ _LLAMACPP = register_preset(Preset(
         ), source="llama.cpp src/llama-context.cpp 'flash_attn = enabled' (shown from -lv 4)",
             claims=lambda v: v is True or str(v).lower() in ("on", "enabled", "1", "true")),
     ),
-    description="llama.cpp: llama-server with --metrics; readiness by /health, server info /props",
+    description="llama.cpp: llama-server, with --metrics where the build's --help names it; readiness by "
+                "/health, server info /props",
 ))
