@@ -30,6 +30,7 @@ import httpx
 from bisect_harness.engines import attach, benchtools, presets, profilers
 from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
 from bisect_harness.measure import bodies
+from bisect_harness.measure.http import http_client
 from bisect_harness.engines.checkout import read_tail
 from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
 from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
@@ -70,7 +71,7 @@ def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str,
     """The first server-info endpoint that answers with a JSON object, or None
     (``values.read_server_info``, the rule the metric sources use too); no body
     is read past ``limit`` bytes (``limits.body_bytes``)."""
-    with httpx.Client(trust_env=False) as client:
+    with http_client() as client:
         data, _ = read_server_info(client, base_url, paths, timeout_s=10.0, headers=headers, limit=limit)
     return dict(data) if data is not None else None
 
@@ -297,7 +298,7 @@ class _MechanismWindow:
 
     def _scrape(self) -> list | None:
         try:
-            with httpx.Client(trust_env=False) as client:
+            with http_client() as client:
                 r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
                                        limit=self.req.benchmark.limits.body_bytes)
             return parse_prometheus(r.text) if r.status_code == 200 else None

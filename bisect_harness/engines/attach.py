@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bisect_harness.engines.benchtools import Endpoint
+from bisect_harness.measure.http import http_client
 from bisect_harness.errors import BootFailed, BootTimeout, UserError
 from bisect_harness.engines.presets import LOOPBACK
 from bisect_harness import secrets
@@ -147,7 +148,7 @@ class AttachedServer:
         deadline = started + self.ready_timeout_s
         last = "no answer"
         probe = None  # the API's probe, once health_path answered 404 (no such route)
-        with httpx.Client(trust_env=False, headers=headers) as http:
+        with http_client(headers=headers) as http:
             while True:
                 remaining = deadline - time.monotonic()
                 try:

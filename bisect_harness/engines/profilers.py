@@ -65,6 +65,7 @@ import httpx
 
 from bisect_harness.errors import NotObserved
 from bisect_harness.measure.bodies import BodyTooLarge, bounded_request
+from bisect_harness.measure.http import http_client
 
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
            "profile_dir", "kept_trace_path", "capture", "refused_at_launch", "STATES"]
@@ -306,7 +307,7 @@ def _take(rec: dict, req, profiler: Profiler, bench, endpoint, log_path: Path, o
     out_dir.mkdir(parents=True, exist_ok=True)
     # The runner's session (its client, the prompts sized) is made before the profiler starts,
     # so the profile holds the sample's requests alone.
-    with httpx.Client(trust_env=False) as http, bench.session():
+    with http_client() as http, bench.session():
         call = _Call(http, endpoint.base_url, endpoint.headers)
         profiler.start(call, out_dir, name)
         failed = None

@@ -39,6 +39,7 @@ from typing import IO, Mapping, Sequence
 import httpx
 
 from bisect_harness.measure.apis import ReadyProbe
+from bisect_harness.measure.http import http_client
 from bisect_harness.engines.rejection import ARGPARSE_EXIT, argparse_rejection
 from bisect_harness.errors import BootFailed, BootTimeout, FlagNotAccepted
 from bisect_harness.process.ports import free_port
@@ -252,7 +253,7 @@ class ServerProcess:
         last = "no answer"
         started = time.monotonic()
         deadline = started + self.ready_timeout_s
-        with httpx.Client(trust_env=False) as http:
+        with http_client() as http:
             while True:
                 rc = self._proc.poll()
                 if rc == ARGPARSE_EXIT:

@@ -134,9 +134,9 @@ def bounded_request(client: Any, method: str, url: str, timeout_s: float, header
     ``POST /start_profile``): the answer read within ``limit`` bytes and ``timeout_s``
     in all. ``client`` None: a client of the harness's own for this one request."""
     if client is None:
-        import httpx
+        from bisect_harness.measure.http import http_client
 
-        with httpx.Client(trust_env=False) as own:
+        with http_client() as own:
             return bounded_request(own, method, url, timeout_s, headers, limit, json_body=json_body, chunk=chunk)
     deadline = time.monotonic() + timeout_s
     kwargs = {"json": json_body} if json_body is not None else {}

@@ -55,6 +55,7 @@ import httpx
 from bisect_harness.errors import ConfigFailure
 from bisect_harness.model import BenchmarkSpec
 from bisect_harness.measure.apis import APIS as _APIS, get_api
+from bisect_harness.measure.http import http_client
 from bisect_harness.measure.percentiles import percentile_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
@@ -101,7 +102,7 @@ class SampleDetail:
 def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: float = 30.0) -> str:
     """The first model id listed by ``GET /v1/models``."""
     own = client is None
-    http = client or httpx.Client(trust_env=False)
+    http = client or http_client()
     url = base_url.rstrip("/") + "/v1/models"
     try:
         r = http.get(url, timeout=timeout_s)
@@ -161,10 +162,10 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
 
 def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
     conns = max(1, bench.concurrency)
-    return httpx.Client(
+    return http_client(
         # identity: a compressed stream is held back by the server's compressor (and a bomb
         # would be decoded in memory); the measured bytes are the server's own
-        trust_env=False, headers={"Accept-Encoding": "identity", **dict(headers or {})},
+        headers={"Accept-Encoding": "identity", **dict(headers or {})},
         timeout=httpx.Timeout(bench.request_timeout_s, connect=30.0),
         limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns))
 

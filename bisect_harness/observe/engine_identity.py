@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 
 import httpx
 
+from bisect_harness.measure.http import http_client
+
 __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion", "read_reported_version",
            "mixed_versions", "describe"]
 
@@ -64,8 +66,8 @@ def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout
         if text:
             values[f"server_info.{key}"] = text
     try:
-        r = httpx.get(base_url.rstrip("/") + VERSION_PATH, timeout=timeout_s, trust_env=False,
-                      headers=dict(headers or {}))
+        with http_client() as http:
+            r = http.get(base_url.rstrip("/") + VERSION_PATH, timeout=timeout_s, headers=dict(headers or {}))
         if r.status_code == 200:
             data = r.json()
             text = _text(data.get("version")) if isinstance(data, dict) else None
