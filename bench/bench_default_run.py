@@ -10,7 +10,7 @@ checks the story it tells against what the demo generator planted:
   (``env_missing``: HEAD's workers start from a scrubbed environment);
 - ``tuned-launch`` confirmed, and its explanation exact: ``NCCL_PROTO`` and
   ``--attention-mode`` as its members and as an interaction (slow only together),
-  ``NCCL_DEBUG`` not a member, nothing left undecided;
+  nothing else claimed, nothing left undecided;
 - every verdict's boots checked (env, flags, mechanisms: the checks word is not
   ``unchecked``) and a journal written.
 
