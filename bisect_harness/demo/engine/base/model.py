@@ -16,7 +16,9 @@ forward pass on a CPU is paced to the time a device would take for it
 per cache position attended over, per collective call): the pass computes, then
 waits out the rest of its modeled time, as a host waits for its GPU. What
 changes the work changes the time the same way (a longer cache, a second pass,
-fewer collectives); on a GPU the passes run unpaced.
+fewer collectives). A paced pass attends over the positions written so far (the
+masked rest adds nothing) while its modeled time charges the whole cache; on a GPU
+the passes run unpaced, over the whole cache.
 """
 
 from __future__ import annotations
@@ -181,7 +183,11 @@ class TinyLM:
         T = tokens.shape[0]
         x = self.embed[tokens]
         cos, sin = self.cos[positions], self.sin[positions]
-        later = (self.key_pos[None, :] > positions[:, None])[None]  # [1, T, max_seq]: not yet written
+        # A paced pass (on a CPU) reads the cache only as far as it is written: its modeled
+        # time charges the whole cache, the fixed-shape step a device runs, and the cores
+        # stay free for the server and the client. On a GPU the step reads all of it.
+        span = int(positions.max()) + 1 if self.paced else cfg.max_seq
+        mask = (self.key_pos[None, :span] <= positions[:, None])[None]  # [1, T, span]
         for i, layer in enumerate(self.layers[: n_layers or cfg.n_layers]):
             h = rms_norm(x, layer["ln1"])
             # [3, H, T, D]
@@ -189,10 +195,8 @@ class TinyLM:
             q = apply_rope(qkv[0], cos, sin)
             self.k_cache[i].index_copy_(1, positions, apply_rope(qkv[1], cos, sin))
             self.v_cache[i].index_copy_(1, positions, qkv[2])
-            # Masked attention, written out: it scales the queries, where torch's CPU path for a
-            # masked scaled_dot_product_attention scales every key of the cache on every step.
-            scores = (q * self.head_dim ** -0.5) @ self.k_cache[i].transpose(1, 2)  # [H, T, max_seq]
-            attn = torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ self.v_cache[i]
+            attn = F.scaled_dot_product_attention(q, self.k_cache[i][:, :span], self.v_cache[i][:, :span],
+                                                  attn_mask=mask)
             x = x + self.comm.all_reduce(attn.transpose(0, 1).reshape(T, -1) @ layer["wo"])
             h = rms_norm(x, layer["ln2"])
             x = x + self.comm.all_reduce(F.silu(h @ layer["w1"]) @ layer["w2"])
