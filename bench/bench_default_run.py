@@ -18,7 +18,10 @@ Goal (issue "The first hour"): on a quiet 2-core host the whole run in at most
 ``--goal-s`` (180) seconds, and the first verdict recorded within ``--first-verdict-goal-s``
 (60) seconds of the command's start. ``ok`` is every check above together.
 
-    python bench/bench_default_run.py [--runs 3] [--goal-s 180] [--first-verdict-goal-s 60]
+    python bench/bench_default_run.py [--runs 3] [--goal-s 180] [--first-verdict-goal-s 60] [--keep DIR]
+
+``--keep DIR`` keeps each run's folder (``DIR/run-N``: its ledger ``results.db``, journal
+and logs under ``exp/``, and the cache) for a closer look; by default a temp folder is removed.
 
 Per run it also reports where the time went, from the ledger: the boots of each part
 (the verdicts' rounds, the bisection, the explanation), the mean seconds to ready,
@@ -85,9 +88,10 @@ def _ledger_figures(db: Path, started: dt.datetime) -> dict:
     }
 
 
-def one_run(goal_s: float, first_goal_s: float) -> dict:
+def one_run(goal_s: float, first_goal_s: float, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+        tmp = Path(tmp) if keep is None else keep
+        tmp.mkdir(parents=True, exist_ok=keep is None)
         db = tmp / "results.db"
         env = {**os.environ, "BISECT_HARNESS_CACHE": str(tmp / "cache")}
         started = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # the ledger's clock: naive UTC
@@ -145,10 +149,13 @@ def main() -> int:
     ap.add_argument("--goal-s", type=float, default=180.0, help="wall time goal per run, seconds")
     ap.add_argument("--first-verdict-goal-s", type=float, default=60.0,
                     help="seconds from the command's start to its first verdict")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep each run's folder as KEEP/run-N (must not exist yet) instead of a temp folder")
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):
-        r = one_run(args.goal_s, args.first_verdict_goal_s)
+        r = one_run(args.goal_s, args.first_verdict_goal_s,
+                    args.keep / f"run-{i + 1}" if args.keep is not None else None)
         runs.append(r)
         if "verdicts" in r:
             print(f"run {i + 1}: wall {r['wall_s']:.0f} s (cpu {r['cpu_s']:.0f} s), first verdict at "
