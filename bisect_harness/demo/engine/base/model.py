@@ -14,11 +14,14 @@ a step's time would be the host's scheduling as much as the model's work. So a
 forward pass on a CPU is paced to the time a device would take for it
 (:class:`DeviceTime`, from the build's ``device`` table: per layer, per token,
 per cache position attended over, per collective call): the pass computes, then
-waits out the rest of its modeled time, as a host waits for its GPU. What
-changes the work changes the time the same way (a longer cache, a second pass,
-fewer collectives). A paced pass attends over the positions written so far (the
-masked rest adds nothing) while its modeled time charges the whole cache; on a GPU
-the passes run unpaced, over the whole cache.
+waits out the rest of its modeled time, as a host waits for its GPU. The host's
+work between two passes of one request (picking the token, sending it, logging)
+overlaps the device's next pass, as an engine's overlap scheduler has it, so a
+step takes its modeled time and no more while that work and the real compute fit
+in it. What changes the work changes the time the same way (a longer cache, a
+second pass, fewer collectives). A paced pass attends over the positions written
+so far (the masked rest adds nothing) while its modeled time charges the whole
+cache; on a GPU the passes run unpaced, over the whole cache.
 """
 
 from __future__ import annotations
@@ -170,6 +173,12 @@ class TinyLM:
         self.v_cache = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]
         self.key_pos = torch.arange(cfg.max_seq, device=device)
         self.paced = device.type == "cpu"  # see the module docstring
+        self._free_at = float("-inf")  # when the modeled device finished the last pass (perf_counter)
+
+    def start_request(self) -> None:
+        """A request begins: its first pass starts when it is launched (no host work of an
+        earlier request overlaps it)."""
+        self._free_at = float("-inf")
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
@@ -179,7 +188,7 @@ class TinyLM:
         the shared head).
         """
         cfg = self.cfg
-        t0, calls = time.perf_counter(), self.comm.calls
+        launch, calls = time.perf_counter(), self.comm.calls
         T = tokens.shape[0]
         x = self.embed[tokens]
         cos, sin = self.cos[positions], self.sin[positions]
@@ -202,9 +211,19 @@ class TinyLM:
             x = x + self.comm.all_reduce(F.silu(h @ layer["w1"]) @ layer["w2"])
         logits = rms_norm(x, self.ln_f) @ self.lm_head
         if self.paced:
-            ms = cfg.device.pass_ms(tokens=T, layers=min(n_layers or cfg.n_layers, cfg.n_layers),
-                                    cache_positions=cfg.max_seq, calls=self.comm.calls - calls)
-            rest = t0 + ms / 1e3 - time.perf_counter()
-            if rest > 0:
-                time.sleep(rest)
+            self._pace(launch, cfg.device.pass_ms(tokens=T, layers=min(n_layers or cfg.n_layers, cfg.n_layers),
+                                                  cache_positions=cfg.max_seq, calls=self.comm.calls - calls) / 1e3)
         return logits
+
+    def _pace(self, launch: float, seconds: float) -> None:
+        """Wait out the modeled time of a pass launched at ``launch``. It started on the device
+        when the last one finished, where the host came back within a pass's time (its work
+        in between overlapped), else at its launch; it ends ``seconds`` after its start, or
+        when its real work did, if that was later."""
+        start = self._free_at if launch - self._free_at < seconds else launch
+        rest = start + seconds - time.perf_counter()
+        if rest > 0:
+            time.sleep(rest)
+            self._free_at = start + seconds  # the device's end; waking up late is the host's
+        else:
+            self._free_at = time.perf_counter()
