@@ -799,3 +799,23 @@ def test_a_request_on_a_connection_the_server_closed_unanswered_is_sent_again():
     assert len(served) == 3
     retried = [r for r in detail.requests if r.retries]
     assert len(retried) == 2 and all("before any response" in r.retry_reason for r in retried), retried
+
+
+def test_the_harness_clients_share_one_tls_context_and_ignore_the_environment(monkeypatch):
+    # httpx builds a TLS context, loading the whole CA bundle, for every new client;
+    # a boot opens about eight: the harness's clients build one per process.
+    import ssl
+
+    from bisect_harness.measure import deadline
+
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    deadline._tls_context.cache_clear()
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # a proxy in the shell must not be used
+    with Replay("sglang_generate_spec.sse") as srv:
+        for _ in range(3):
+            with deadline.deadline_client() as client:
+                assert client.get(srv.base_url + "/v1/models").status_code == 200
+        assert srv.gets == 3  # reached directly, not through the proxy
+    assert len(built) == 1

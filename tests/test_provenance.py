@@ -500,6 +500,25 @@ def test_the_packages_fingerprint_is_read_again_when_an_install_changes_a_path(t
     assert upgraded[1] == installed[1] and upgraded[0] != installed[0]
 
 
+def test_the_packages_fingerprint_is_not_read_again_when_a_run_writes_beside_it(tmp_path, monkeypatch):
+    # Under `python -m`, the working folder is on sys.path, and a run writes its ledger
+    # there on every boot: that is no install, and must not cost a reading of every
+    # distribution's metadata per boot.
+    import importlib.metadata as md
+
+    from bisect_harness.observe.provenance.host import packages_fingerprint
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = packages_fingerprint()
+    readings = []
+    real = md.distributions
+    monkeypatch.setattr(md, "distributions", lambda *a, **k: readings.append(1) or real(*a, **k))
+    (tmp_path / "results.db-wal").write_bytes(b"x")
+    (tmp_path / "experiments").mkdir()
+    assert packages_fingerprint() == before
+    assert readings == []
+
+
 def test_host_provenance_reads_torch_without_importing_it():
     import subprocess
     import sys

@@ -11,10 +11,13 @@ different code under one label, and its verdicts say so in their warnings.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import httpx
+
+from bisect_harness.measure.bodies import ServerReplyError, bounded_get
 
 __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion", "read_reported_version",
            "mixed_versions", "describe"]
@@ -64,14 +67,13 @@ def read_reported_version(base_url: str, server_info: Mapping | None, *, timeout
         if text:
             values[f"server_info.{key}"] = text
     try:
-        r = httpx.get(base_url.rstrip("/") + VERSION_PATH, timeout=timeout_s, trust_env=False,
-                      headers=dict(headers or {}))
+        r = bounded_get(None, base_url.rstrip("/") + VERSION_PATH, timeout_s, headers, limit=64 << 10)
         if r.status_code == 200:
-            data = r.json()
+            data = json.loads(r.content)
             text = _text(data.get("version")) if isinstance(data, dict) else None
             if text:
                 values[VERSION_PATH] = text
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ServerReplyError, TimeoutError, ValueError):
         pass  # no such endpoint, or not JSON: this server says nothing there
     return ReportedVersion(values=values)
 

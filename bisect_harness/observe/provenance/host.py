@@ -297,16 +297,22 @@ def cpu_governor() -> str | None:
     return govs.pop() if len(govs) == 1 else "mixed: " + ",".join(sorted(govs))
 
 
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+
+
 def _path_stamp() -> tuple:
-    """The folders distributions are found in, with their modification times: an
-    install, upgrade or removal adds or removes a ``*.dist-info`` folder there, so a
-    fingerprint taken under the same stamp still holds."""
+    """The distributions' metadata on ``sys.path``: each folder with the names of its
+    ``*.dist-info`` / ``*.egg-info`` entries. An install, upgrade or removal adds,
+    renames (the name holds the version) or removes one, so a fingerprint taken under
+    the same stamp still holds. Not the folders' modification times: the working folder
+    is on ``sys.path`` under ``python -m``, and a run writes its ledger there on every boot."""
     stamp = []
     for entry in sys.path:
         try:
-            stamp.append((entry, os.stat(entry or ".").st_mtime_ns))
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith(_METADATA_SUFFIXES))
         except OSError:
-            stamp.append((entry, None))
+            names = None
+        stamp.append((entry, tuple(names) if names is not None else None))
     return tuple(stamp)
 
 
@@ -317,8 +323,8 @@ def packages_fingerprint() -> tuple[str, int]:
     """sha256 over the sorted ``name==version`` of installed distributions, and their count.
 
     Reading every distribution's metadata costs a second or more; it is read again
-    only when a folder on ``sys.path`` changed since the last reading (every boot
-    takes this fingerprint)."""
+    only when the distributions on ``sys.path`` changed since the last reading (every
+    boot takes this fingerprint)."""
     import importlib.metadata as md
 
     global _packages_seen

@@ -27,6 +27,11 @@ MODEL = {
 
 COMM = {"default_chunk": 128}
 
+# The device a forward pass is paced to when the workers run on a CPU (milliseconds):
+# per layer run, per token per layer, per token per layer per 1,024 cache positions
+# attended over, per collective call.
+DEVICE = {"layer_ms": 0.9, "token_ms": 0.02, "attention_ms_per_1k": 0.15, "collective_ms": 0.04}
+
 KERNELS = ["rms_norm", "rope", "masked_attention", "silu_mlp", "all_reduce"]
 
 
@@ -49,6 +54,7 @@ def main() -> int:
         "format": 1,
         "model": MODEL,
         "comm": COMM,
+        "device": DEVICE,
         "kernels": [{"name": k, "head_dim": head_dim} for k in KERNELS],
         "source_digest": source_digest(),
     }

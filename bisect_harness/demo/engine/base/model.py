@@ -7,15 +7,47 @@ generator and keeps its own slice, so outputs do not depend on the TP degree
 Attention runs over the whole preallocated KV cache with a position mask. That
 keeps every decode step the same shape, which is what lets the step be captured
 in a CUDA graph; the price is that decode cost grows with ``max_seq``.
+
+On a CPU the host and the "device" are the same cores, and the server, the
+client measuring it and everything else on the host take turns with the model:
+a step's time would be the host's scheduling as much as the model's work. So a
+forward pass on a CPU is paced to the time a device would take for it
+(:class:`DeviceTime`, from the build's ``device`` table: per layer, per token,
+per cache position attended over, per collective call): the pass computes, then
+waits out the rest of its modeled time, as a host waits for its GPU. The host's
+work between two passes of one request (picking the token, sending it, logging)
+overlaps the device's next pass, as an engine's overlap scheduler has it, so a
+step takes its modeled time and no more while that work and the real compute fit
+in it. What changes the work changes the time the same way (a longer cache, a
+second pass, fewer collectives). A paced pass attends over the positions written
+so far (the masked rest adds nothing) while its modeled time charges the whole
+cache; on a GPU the passes run unpaced, over the whole cache.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class DeviceTime:
+    """The modeled device time of one forward pass, in milliseconds."""
+
+    layer_ms: float
+    token_ms: float
+    attention_ms_per_1k: float
+    collective_ms: float
+
+    def pass_ms(self, *, tokens: int, layers: int, cache_positions: int, calls: int) -> float:
+        """A pass of ``tokens`` tokens through ``layers`` layers, each token attending over
+        ``cache_positions`` positions, with ``calls`` collective calls."""
+        per_layer = self.layer_ms + tokens * (self.token_ms + self.attention_ms_per_1k * cache_positions / 1024)
+        return layers * per_layer + calls * self.collective_ms
 
 
 @dataclass(frozen=True)
@@ -30,6 +62,7 @@ class ModelConfig:
     draft_layers: int
     deep_scale: float
     comm_chunk: int
+    device: DeviceTime
 
     @classmethod
     def from_kernels(cls, kernels: dict) -> "ModelConfig":
@@ -45,6 +78,7 @@ class ModelConfig:
             draft_layers=int(m["draft_layers"]),
             deep_scale=float(m["deep_scale"]),
             comm_chunk=int(kernels["comm"]["default_chunk"]),
+            device=DeviceTime(**{k: float(v) for k, v in kernels["device"].items()}),
         )
 
 
@@ -138,6 +172,13 @@ class TinyLM:
         self.k_cache = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]
         self.v_cache = [torch.zeros(shape, device=device) for _ in range(cfg.n_layers)]
         self.key_pos = torch.arange(cfg.max_seq, device=device)
+        self.paced = device.type == "cpu"  # see the module docstring
+        self._free_at = float("-inf")  # when the modeled device finished the last pass (perf_counter)
+
+    def start_request(self) -> None:
+        """A request begins: its first pass starts when it is launched (no host work of an
+        earlier request overlaps it)."""
+        self._free_at = float("-inf")
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
@@ -147,10 +188,15 @@ class TinyLM:
         the shared head).
         """
         cfg = self.cfg
+        launch, calls = time.perf_counter(), self.comm.calls
         T = tokens.shape[0]
         x = self.embed[tokens]
         cos, sin = self.cos[positions], self.sin[positions]
-        mask = (self.key_pos[None, :] <= positions[:, None])[None]  # [1, T, max_seq]
+        # A paced pass (on a CPU) reads the cache only as far as it is written: its modeled
+        # time charges the whole cache, the fixed-shape step a device runs, and the cores
+        # stay free for the server and the client. On a GPU the step reads all of it.
+        span = int(positions.max()) + 1 if self.paced else cfg.max_seq
+        mask = (self.key_pos[None, :span] <= positions[:, None])[None]  # [1, T, span]
         for i, layer in enumerate(self.layers[: n_layers or cfg.n_layers]):
             h = rms_norm(x, layer["ln1"])
             # [3, H, T, D]
@@ -158,8 +204,26 @@ class TinyLM:
             q = apply_rope(qkv[0], cos, sin)
             self.k_cache[i].index_copy_(1, positions, apply_rope(qkv[1], cos, sin))
             self.v_cache[i].index_copy_(1, positions, qkv[2])
-            attn = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask)
+            attn = F.scaled_dot_product_attention(q, self.k_cache[i][:, :span], self.v_cache[i][:, :span],
+                                                  attn_mask=mask)
             x = x + self.comm.all_reduce(attn.transpose(0, 1).reshape(T, -1) @ layer["wo"])
             h = rms_norm(x, layer["ln2"])
             x = x + self.comm.all_reduce(F.silu(h @ layer["w1"]) @ layer["w2"])
-        return rms_norm(x, self.ln_f) @ self.lm_head
+        logits = rms_norm(x, self.ln_f) @ self.lm_head
+        if self.paced:
+            self._pace(launch, cfg.device.pass_ms(tokens=T, layers=min(n_layers or cfg.n_layers, cfg.n_layers),
+                                                  cache_positions=cfg.max_seq, calls=self.comm.calls - calls) / 1e3)
+        return logits
+
+    def _pace(self, launch: float, seconds: float) -> None:
+        """Wait out the modeled time of a pass launched at ``launch``. It started on the device
+        when the last one finished, where the host came back within a pass's time (its work
+        in between overlapped), else at its launch; it ends ``seconds`` after its start, or
+        when its real work did, if that was later."""
+        start = self._free_at if launch - self._free_at < seconds else launch
+        rest = start + seconds - time.perf_counter()
+        if rest > 0:
+            time.sleep(rest)
+            self._free_at = start + seconds  # the device's end; waking up late is the host's
+        else:
+            self._free_at = time.perf_counter()

@@ -127,6 +127,7 @@ class Engine:
         # every later one (SGLang and vLLM send theirs before the first token too).
         emit({"event": "accepted"})
         m = self.model
+        m.start_request()
         t0 = time.perf_counter()
         logits = m.forward(torch.tensor(prompt, device=self.device),
                            torch.arange(len(prompt), device=self.device))
