@@ -229,6 +229,22 @@ def test_a_run_compares_two_releases_each_from_its_own_environment(released, tmp
     assert "no commits to compare" not in text and f"in v{before}..v{culprit}, newest first" in text, text
     assert hist.messages[hist.index(points[culprit])].splitlines()[0] in text
 
+    # each release boot names the version installed and the hash of the very wheel
+    wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
+    rows = query(tmp_path / "r.db", "SELECT c.label, b.provenance FROM boots b JOIN configs c ON c.id = b.config_id "
+                                    "WHERE b.status = 'ok'")
+    released_boots = [(label, json.loads(p)) for label, p in rows if label.startswith("release ")]
+    assert {label.split()[1] for label, _ in released_boots} == {before, culprit}
+    for label, prov in released_boots:
+        version = label.split()[1]
+        rec = prov["environment"]["release"]
+        assert (rec["version"], rec["sha256"]) == (version, wheel_sha[version]), (label, rec)
+        assert "release_mismatch" not in prov
+        assert version in prov["engine_version"]["label"]  # the server reports the release it is
+    for version in (before, culprit):
+        assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
+               f"{wheel_sha[version][:16]}" in text
+
 
 def test_the_commits_between_two_releases_are_listed_from_their_tags(released, tmp_path):
     from bisect_harness.report.reproduce import commit_log
@@ -246,24 +262,6 @@ def test_the_commits_between_two_releases_are_listed_from_their_tags(released, t
     assert "tag:" not in untagged
     lines, note = commit_log(untagged, str(spec), None, None, releases=(old, new))
     assert lines == [] and "set engine.releases.tag" in note
-
-    # each release boot names the version installed and the hash of the very wheel
-    wheel_sha = {p.name.split("-")[1]: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels.glob("*.whl")}
-    rows = query(tmp_path / "r.db", "SELECT c.label, b.provenance FROM boots b JOIN configs c ON c.id = b.config_id "
-                                    "WHERE b.status = 'ok'")
-    released_boots = [(label, json.loads(p)) for label, p in rows if label.startswith("release ")]
-    assert {label.split()[1] for label, _ in released_boots} == {before, culprit}
-    for label, prov in released_boots:
-        version = label.split()[1]
-        rec = prov["environment"]["release"]
-        assert (rec["version"], rec["sha256"]) == (version, wheel_sha[version]), (label, rec)
-        assert "release_mismatch" not in prov
-        assert version in prov["engine_version"]["label"]  # the server reports the release it is
-    (journal,) = [p for p in (tmp_path / "journal").glob("*.md") if p.name != "index.md"]
-    text = journal.read_text()
-    for version in (before, culprit):
-        assert f"demo-engine {version} installed from `demo_engine-{version}-py3-none-any.whl`, sha256 " \
-               f"{wheel_sha[version][:16]}" in text
 
 
 def test_the_dry_run_shows_each_release_and_the_launch_it_runs(released, tmp_path):
