@@ -69,6 +69,19 @@ def test_calibrate_cpu_within_budget():
     assert Calibration.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
+def test_the_cpu_copy_probe_runs_on_one_thread_and_gives_the_others_back(monkeypatch):
+    # a copy split over the cores jumps between two rates on a quiet VM (the probe's own
+    # noise, read as "the host was not quiet"); one thread's copy is repeatable
+    seen = []
+    real = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: seen.append(torch.get_num_threads()) or real(self, src))
+    before = torch.get_num_threads()
+    c = calibrate("cpu", seconds_budget=0.2, repeats=4)
+    assert seen and set(seen) == {1}
+    assert "one thread" in c.get("memcpy").detail
+    assert torch.get_num_threads() == before
+
+
 def test_calibrate_rejects_bad_arguments():
     with pytest.raises(UserError, match="positive"):
         calibrate("cpu", seconds_budget=0)

@@ -296,9 +296,18 @@ def _cpu_measurements(budget_s: float, repeats: int) -> list[Measurement]:
     numel = CPU_COPY_BYTES // 4
     src = torch.ones(numel, dtype=torch.float32)
     dst = torch.zeros_like(src)  # touched now, so no page faults inside the timing
-    per_op, inner = _time_op(lambda: dst.copy_(src), lambda: None, budget_s / 2, repeats)
+    # One thread: a copy split over the cores is the probe's own noise, not the host's. On a
+    # quiet 2-core VM two threads' repetitions jumped between ~30 and ~44 GB/s (spreads up
+    # to 34% after the first), one thread's stayed within 1-6%; the matmul above uses
+    # every core and so still sees a neighbour on any of them.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        per_op, inner = _time_op(lambda: dst.copy_(src), lambda: None, budget_s / 2, repeats)
+    finally:
+        torch.set_num_threads(threads)
     cp = Measurement.of("memcpy", "cpu", "GB/s", [2 * numel * 4 / t / 1e9 for t in per_op],
-                        f"{CPU_COPY_BYTES // 2**20} MiB, read+written bytes, {inner} ops/rep")
+                        f"{CPU_COPY_BYTES // 2**20} MiB, read+written bytes, one thread, {inner} ops/rep")
     return [mm, cp]
 
 
