@@ -140,3 +140,4 @@ def test_two_numbers_print_with_the_digits_that_tell_them_apart():
     assert effect(1.0049, 1.0011, 1.0098) == "1.005x [1.001, 1.010]"  # two decimals would print 1.00 twice
     assert effect(1.02, None, None) == "1.02x (no interval yet)"
     assert probability(0.9996) == "0.9996" and probability(1 - 1e-12) == "> 0.99999999"
+    assert probability(1.0) == "> 0.99999999"  # a posterior of 1.0 is the float's rounding, not certainty

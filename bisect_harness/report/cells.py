@@ -66,11 +66,11 @@ def apart(a: float | None, b: float | None) -> tuple[str, str]:
 
 def probability(p: float | None) -> str:
     """A posterior probability with three decimals, more where three would round it to 1
-    (``0.99998``, never ``1.000`` for what is not certain), and ``> 0.99999999`` past eight."""
+    (``0.99998``, never ``1.000`` for what is not certain), and ``> 0.99999999`` past eight,
+    also for a posterior that came out as 1.0: under a noise model it is the float's
+    rounding, never certainty."""
     if p is None:
         return "n/a"
-    if p >= 1:
-        return "1"
     for digits in range(3, 9):
         text = f"{p:.{digits}f}"
         if float(text) < 1:
