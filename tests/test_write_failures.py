@@ -98,12 +98,14 @@ def test_a_plot_that_cannot_be_written_leaves_no_file_behind_and_says_why(tmp_pa
     assert (tmp_path / "warm-up.png").read_bytes().startswith(b"\x89PNG")
 
 
-def _fill_the_disk_under_every_boot_log(harness_pid: int, stop: threading.Event, limited: set) -> None:
-    """Each boot's supervisor (the log's only writer) gets a file-size limit of 0 as it starts."""
+def _fill_the_disk_under_every_boot_log(harness_pid: int, stop: threading.Event, limited: set,
+                                        skip: frozenset = frozenset()) -> None:
+    """Each boot's supervisor (the log's only writer) gets a file-size limit of 0 as it starts;
+    those in ``skip`` (another test's servers, still up in this process) are left alone."""
     hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
     while not stop.is_set():
         for pid in supervisors_of(harness_pid):
-            if pid not in limited:
+            if pid not in limited and pid not in skip:
                 try:
                     resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, hard))
                     limited.add(pid)
@@ -157,7 +159,8 @@ def test_a_boot_that_fails_with_its_log_unwritable_says_so_and_keeps_the_engines
 
     script = "import time; time.sleep(1.0); print('engine: model file not found', flush=True); raise SystemExit(1)"
     stop, limited = threading.Event(), set()
-    filler = threading.Thread(target=_fill_the_disk_under_every_boot_log, args=(os.getpid(), stop, limited))
+    others = frozenset(supervisors_of(os.getpid()))  # servers of other tests in this process
+    filler = threading.Thread(target=_fill_the_disk_under_every_boot_log, args=(os.getpid(), stop, limited, others))
     filler.start()
     try:
         with pytest.raises(BootFailed) as info:
