@@ -41,6 +41,25 @@ def write_spec(path: Path, *, engine: Mapping, hypotheses: Iterable[Mapping], be
     return path
 
 
+def run_inert_pair(tmp_path: Path, engine_script: Path, mode: str, *, benchmark: Mapping,
+                   samples_per_boot: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
+    """``harness run --json`` of one hypothesis whose two arms differ by a variable no
+    engine reads, two boots an arm and no retries, on a test engine script started as
+    ``SCRIPT --port {port} --mode MODE``: (the finished process, the ledger's path)."""
+    engine = {"preset": "openai", "ready_timeout_s": 30,
+              "launch": [sys.executable, str(engine_script), "--port", "{port}", "--mode", mode]}
+    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
+            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "h.yaml", engine=engine, hypotheses=hyp, benchmark=benchmark,
+                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": samples_per_boot,
+                                "boot_retries": 0, "host_preflight_s": 0})
+    db = tmp_path / "r.db"
+    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
+                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc, db
+
+
 def last_json(stdout: str) -> Any:
     """The ``--json`` object: the last non-empty line of stdout."""
     lines = [ln for ln in stdout.splitlines() if ln.strip()]

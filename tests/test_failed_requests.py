@@ -10,7 +10,6 @@ a stream before its stop event."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,11 @@ from bisect_harness.measure.client import SampleFailed, measure_sample_detail
 from bisect_harness.measure.request import MAX_RETRIES
 from bisect_harness.model import BenchmarkSpec
 from flaky_engine import FlakyServer
-from helpers import harness, last_json, query, write_spec
+from helpers import last_json, query, run_inert_pair
 
+#: three requests a sample in llama.cpp's native API, as the 2023 server is asked
+LLAMACPP_BENCH = {"api": "llamacpp", "prompt_tokens": 4, "output_tokens": 8, "requests_per_sample": 3,
+                  "warmup_requests": 0}
 ENGINE = Path(__file__).with_name("flaky_engine.py")
 
 
@@ -75,19 +77,8 @@ def test_each_api_knows_the_object_that_ends_its_stream(api, whole, cut):
 
 @pytest.mark.slow
 def test_failed_requests_are_said_in_the_progress_line_json_journal_and_ledger(tmp_path):
-    engine = {"preset": "openai", "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode",
-                                             "empty-every-third"], "ready_timeout_s": 30}
-    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}}, "metric": "tok_s",
-            "expect": "decrease", "min_effect": "10%"}]
-    spec = write_spec(tmp_path / "h.yaml", engine=engine, hypotheses=hyp,
-                      benchmark={"api": "llamacpp", "prompt_tokens": 4, "output_tokens": 8,
-                                 "requests_per_sample": 3, "warmup_requests": 0},
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2,
-                                "boot_retries": 0, "host_preflight_s": 0})
-    db = tmp_path / "r.db"
-    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
-                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    proc, db = run_inert_pair(tmp_path, ENGINE, "empty-every-third", benchmark=LLAMACPP_BENCH, samples_per_boot=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     boots = query(db, "SELECT status, marks, provenance FROM boots")
     assert len(boots) == 4 and all(s == "ok" and "requests_failed" in json.loads(m) for s, m, _ in boots), boots
     seen = json.loads(boots[0][2])["request_retries"]
@@ -103,19 +94,7 @@ def test_failed_requests_are_said_in_the_progress_line_json_journal_and_ledger(t
 
 @pytest.mark.slow
 def test_a_config_whose_requests_keep_failing_is_a_failed_boot_with_the_reason(tmp_path):
-    engine = {"preset": "openai", "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode",
-                                             "empty-after-first"], "ready_timeout_s": 30}
-    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}}, "metric": "tok_s",
-            "expect": "decrease", "min_effect": "10%"}]
-    spec = write_spec(tmp_path / "h.yaml", engine=engine, hypotheses=hyp,
-                      benchmark={"api": "llamacpp", "prompt_tokens": 4, "output_tokens": 8,
-                                 "requests_per_sample": 3, "warmup_requests": 0},
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 1,
-                                "boot_retries": 0, "host_preflight_s": 0})
-    db = tmp_path / "r.db"
-    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
-                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    proc, db = run_inert_pair(tmp_path, ENGINE, "empty-after-first", benchmark=LLAMACPP_BENCH)
     boots = query(db, "SELECT status, failure FROM boots")
     assert boots and all(s == "failed" and f"failed all {MAX_RETRIES + 1} tries" in (f or "") for s, f in boots), boots
     assert query(db, "SELECT count(*) FROM samples") == [(0,)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import harness, last_json, query, write_spec
+from helpers import harness, last_json, query, run_inert_pair, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +20,7 @@ BENCH = {"prompt_tokens": 4, "output_tokens": 8, "requests_per_sample": 2, "warm
 
 
 def _run(tmp_path: Path, mode: str):
-    engine = {"preset": "openai", "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", mode],
-              "ready_timeout_s": 30}
-    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
-            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
-    spec = write_spec(tmp_path / "h.yaml", engine=engine, benchmark=BENCH, hypotheses=hyp,
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 1,
-                                "boot_retries": 0, "host_preflight_s": 0})
-    db = tmp_path / "r.db"
-    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
-                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc, db
+    return run_inert_pair(tmp_path, ENGINE, mode, benchmark=BENCH)
 
 
 def test_a_count_below_the_chunks_marks_the_boot_and_the_counted_tokens_stand(tmp_path):

@@ -6,31 +6,21 @@ bootstrap are told apart from a server port reachable from the network."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from bisect_harness.observe.provenance import ListeningReport, ListeningSocket
-from helpers import harness, query, write_spec
+from helpers import query, run_inert_pair
 
 ENGINE = Path(__file__).parent / "marks_engine.py"
 
 
 def _run(tmp_path: Path, mode: str, requests: int = 2):
-    engine = {"preset": "openai", "ready_timeout_s": 30,
-              "launch": [sys.executable, str(ENGINE), "--port", "{port}", "--mode", mode]}
-    hyp = [{"id": "h", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
-            "metric": "tok_s", "expect": "decrease", "min_effect": "10%"}]
-    spec = write_spec(tmp_path / "h.yaml", engine=engine, hypotheses=hyp,
-                      benchmark={"prompt_tokens": 4, "output_tokens": 8, "requests_per_sample": requests,
-                                 "warmup_requests": 0, "ignore_eos": False},
-                      defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2,
-                                "boot_retries": 0, "host_preflight_s": 0})
-    db = tmp_path / "r.db"
-    proc = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}",
-                   "--journal-dir", tmp_path / "exp", cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    proc, db = run_inert_pair(tmp_path, ENGINE, mode, samples_per_boot=2,
+                              benchmark={"prompt_tokens": 4, "output_tokens": 8, "requests_per_sample": requests,
+                                         "warmup_requests": 0, "ignore_eos": False})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     boots = [(s, json.loads(m), json.loads(p), port) for s, m, p, port in
              query(db, "SELECT status, marks, provenance, port FROM boots")]
     assert len(boots) == 4 and all(s == "ok" for s, *_ in boots), boots
