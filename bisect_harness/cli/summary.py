@@ -113,7 +113,10 @@ def run_summary(run) -> dict:
     bisection and explanation found where the file asked for them, and its arms'
     profiles side by side (``profile``) where a boot of either arm was profiled, and
     each arm's mean of the engine's declared metrics over the verdict's windows
-    (``window_metrics``), and each arm's failed requests (``failed_requests``)."""
+    (``window_metrics``), and each arm's failed requests (``failed_requests``), and
+    what the verdict cost (``cost``: every boot of its two configs in the run, their
+    samples and node seconds, and the cost model that priced a boot; None for a
+    verdict recorded before costs were kept)."""
     from bisect_harness.spec.metric_defs import declared_metrics
     from bisect_harness.report.profile_view import hypothesis_json
     from bisect_harness.report.window_view import hypothesis_json as window_json
@@ -136,6 +139,7 @@ def run_summary(run) -> dict:
             "checks": _checks_json(v),
             "mechanisms": _mechanisms_json(v),
             "failed_requests": _failed_requests_json(v),
+            "cost": ((v.stats or {}).get("cost") if v else None),
             "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}

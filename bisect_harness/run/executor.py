@@ -20,6 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping
 
+from bisect_harness.decide import allocation
 from bisect_harness.decide import verdict as decide
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.power import noise_floor
@@ -185,6 +186,13 @@ class Executor:
         done = {h.id: earlier.get(h.id, (None, 0))[1] for h in pending}
         target = d.boots_per_arm + min(done.values(), default=0)
         skip = {hid: n - (target - d.boots_per_arm) for hid, n in done.items()}
+        try:
+            self._rounds(pending, rows, target, skip)
+        finally:
+            self.sched.samples_per_boot = None  # the searches after the rounds take the file's count
+
+    def _rounds(self, pending, rows, target: int, skip: dict) -> None:
+        d = self.spec.defaults
         while pending:
             needed: list[ConfigState] = []
             for h in pending:
@@ -192,6 +200,12 @@ class Executor:
                     st = self.states[pc.key]
                     if st not in needed and st.failed is None:
                         needed.append(st)
+            samples = self.samples_next(pending)
+            if samples != (self.sched.samples_per_boot or d.samples_per_boot):
+                cost = self.cost_model()
+                self.obs.message(f"round {target}: {samples} samples per boot (a boot costs {cost.boot_s:.1f} s, "
+                                 f"a sample {cost.sample_s:.2f} s, {cost.source}; decide.allocation)")
+            self.sched.samples_per_boot = samples
             self.sched.boot_round(needed, target)
             still = []
             for h in pending:
@@ -239,6 +253,48 @@ class Executor:
         self.obs.verdict(h, verdict)
         return verdict
 
+    # ------------------------------------------------------------------ node time: boots or samples
+
+    def cost_model(self) -> allocation.CostModel | None:
+        """What a boot and a sample cost: as the file states them, else measured from
+        this run's finished boots (None before one finished with a sample)."""
+        d = self.spec.defaults
+        if d.boot_cost_s is not None and d.sample_cost_s is not None:
+            return allocation.CostModel(d.boot_cost_s, d.sample_cost_s, "stated")
+        return allocation.measured_cost([_boot_seconds(b) for st in self.states.values() for b in st.boots])
+
+    def samples_next(self, pending) -> int:
+        """Samples per boot for the next round of ``pending`` hypotheses: the two-stage
+        optimum of ``decide.allocation`` from their rounds so far (pooled per metric,
+        the most any metric asks for), within ``samples_per_boot`` ..
+        ``max_samples_per_boot``; the first count until a cost and two rounds are known."""
+        d = self.spec.defaults
+        cost = self.cost_model()
+        if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
+            return d.samples_per_boot
+        by_metric: dict[str, list] = {}
+        for h in pending:
+            b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+            bv, tv = (self.ledger.boot_values(st.boots, h.metric.name) for st in (b, t))
+            by_metric.setdefault(h.metric.name, []).extend(zip(bv.values, tv.values))
+        return max([allocation.samples_per_boot(cost, allocation.round_components(pairs), min_samples=d.samples_per_boot,
+                                                max_samples=d.max_samples_per_boot)
+                    for pairs in by_metric.values()], default=d.samples_per_boot)
+
+    def verdict_cost(self, b: ConfigState, t: ConfigState) -> dict:
+        """What a verdict cost so far: every boot of its two configs in this run (failed
+        and left-out ones too), their samples, and their node time as measured, with
+        the cost model (stated or measured) that prices a boot of this node."""
+        sides = {"baseline": b.boots, "treatment": t.boots}
+        seconds = [_boot_seconds(x) for boots in sides.values() for x in boots]
+        out = {"boots": {k: len(v) for k, v in sides.items()},
+               "samples": sum(n for _, _, n in seconds), "node_s": round(sum(s for s, _, _ in seconds), 1)}
+        model = self.cost_model()
+        if model is not None:
+            out["model"] = {"boot_s": round(model.boot_s, 2), "sample_s": round(model.sample_s, 3),
+                            "source": model.source}
+        return out
+
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         sides = [decide.Side(name, boot_records(st.boots), st.failed)
@@ -247,7 +303,18 @@ class Executor:
                         min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
                         force_final=force_final, order_seed=self.order_seed,
                         config_warnings=attach.verdict_warnings([b.planned, t.planned]))
+        v["stats"] = {**(v.get("stats") or {}), "cost": self.verdict_cost(b, t)}
         return VerdictRow(**v)
+
+
+def _boot_seconds(boot) -> tuple[float, float, int]:
+    """One boot as the cost model reads it: (node seconds from its row to its end,
+    seconds of its samples together, samples taken); (0, 0, 0) while it runs."""
+    if boot.finished_at is None or boot.started_at is None:
+        return 0.0, 0.0, 0
+    samples = list(boot.samples or ())
+    return (max(0.0, (boot.finished_at - boot.started_at).total_seconds()),
+            float(sum(s.duration_s or 0.0 for s in samples)), len(samples))
 
 
 def _arm_dict(arm) -> dict:

@@ -41,6 +41,8 @@ The failure policy, decided here once for every command (``docs/design.md``):
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import hashlib
 import random
@@ -191,6 +193,9 @@ class Scheduler:
         self._resume_record: dict = {}
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
+        # samples each boot takes from now on: the hypothesis loop sets it round by round
+        # (decide.allocation); None: defaults.samples_per_boot
+        self.samples_per_boot: int | None = None
 
     # ------------------------------------------------------------------ the run
 
@@ -528,13 +533,16 @@ class Scheduler:
             pc = st.planned
             seq = len(st.boots) + len(st.not_counted) + 1
             profile = st.wants_profile  # asked before this boot's row joins the config's boots
-            self.obs.boot_started(pc, seq, self.spec.defaults.samples_per_boot)
+            samples = self.samples_per_boot or self.spec.defaults.samples_per_boot
+            self.obs.boot_started(pc, seq, samples)
             boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
                                         host_fingerprint=self.host_fp))
             st.boots.append(boot)
             log_path = self.log_dir / f"boot-{boot.id}.log"
             boot.log_path = str(log_path)
             req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
+            if req.samples != samples:
+                req = dataclasses.replace(req, samples=samples)
             if profile:
                 req = req.profiled()
             recorder.expect(req, boot, st)

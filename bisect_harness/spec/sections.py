@@ -334,10 +334,20 @@ def _limits(r: _Reader, value) -> Limits:
 def _defaults(r: _Reader, value) -> Defaults:
     d = r.mapping(value, "defaults", _DEFAULTS)
     kwargs: dict[str, Any] = {}
-    for name in ("samples_per_boot", "boots_per_arm", "max_boots_per_arm"):
+    for name in ("samples_per_boot", "max_samples_per_boot", "boots_per_arm", "max_boots_per_arm"):
         if name in d:
-            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=2 if name != "samples_per_boot" else 1,
-                                          maximum=MAX_SAMPLES_PER_BOOT if name == "samples_per_boot" else MAX_BOOTS)
+            samples = name.endswith("samples_per_boot")
+            kwargs[name] = r.positive_int(d[name], f"defaults.{name}", minimum=1 if samples else 2,
+                                          maximum=MAX_SAMPLES_PER_BOOT if samples else MAX_BOOTS)
+    if "samples_per_boot" in kwargs and "max_samples_per_boot" not in kwargs:  # more first samples than the most
+        kwargs["max_samples_per_boot"] = max(kwargs["samples_per_boot"], Defaults.max_samples_per_boot)
+    costs = [name for name in ("boot_cost_s", "sample_cost_s") if name in d]
+    if len(costs) == 1:
+        other = "sample_cost_s" if costs[0] == "boot_cost_s" else "boot_cost_s"
+        raise r.doc.error(f"defaults.{costs[0]}", f"a node's cost needs both boot_cost_s and sample_cost_s; add "
+                          f"defaults.{other} (seconds), or remove this key to measure both from the run's boots")
+    for name in costs:
+        kwargs[name] = r.number(d[name], f"defaults.{name}", "a number of seconds", positive=True)
     if "boot_retries" in d:
         kwargs["boot_retries"] = r.positive_int(d["boot_retries"], "defaults.boot_retries", minimum=0,
                                                 maximum=MAX_BOOTS)
@@ -377,6 +387,10 @@ def _defaults(r: _Reader, value) -> Defaults:
             r.typed(n, f"defaults.secret_names[{i}]", (str,), "an env or flag name")
         kwargs["secret_names"] = tuple(names)
     out = Defaults(**kwargs)
+    if out.max_samples_per_boot < out.samples_per_boot:
+        raise r.doc.error("defaults.max_samples_per_boot", f"the most samples per boot ({out.max_samples_per_boot}) "
+                          f"is below samples_per_boot ({out.samples_per_boot}); raise it, or set it equal for a "
+                          "fixed count")
     if out.max_boots_per_arm < out.boots_per_arm:
         raise r.doc.error("defaults.max_boots_per_arm",
                           f"the budget ({out.max_boots_per_arm}) is below boots_per_arm ({out.boots_per_arm})")

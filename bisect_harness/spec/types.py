@@ -82,7 +82,12 @@ class EngineSpec:
 class Defaults:
     """Run-wide knobs; hypotheses may not override them (one design per run)."""
 
-    samples_per_boot: int = 3
+    samples_per_boot: int = 3          # the first rounds' samples per boot, and the fewest a boot takes
+    # the most samples a later round's boots take: decide.allocation spends node time on samples
+    # where boots are dear and agree with each other (equal to samples_per_boot: a fixed count)
+    max_samples_per_boot: int = 12
+    boot_cost_s: float | None = None    # what one boot and one sample cost on the node; measured
+    sample_cost_s: float | None = None  # from the run's own boots when left out (decide.allocation)
     boots_per_arm: int = 3
     max_boots_per_arm: int = 20         # a budget, not a quota: quiet hosts decide at 3-4 (bench/bench_stats.py)
     alpha: float = 0.05

@@ -7,18 +7,9 @@
 # to run (hypotheses.yaml beside this script if left out).
 set -euo pipefail
 src=${1:?tarball}; out=${2:?out dir}; file=${3:-experiments/llamacpp-h200/hypotheses.yaml}
-mkdir -p "$out" /tmp/llama-src
-t0=$(date +%s)
-tar -xJf "$src" -C /tmp/llama-src  # the tree, or one folder holding it
-tree=$(dirname "$(find /tmp/llama-src -maxdepth 2 -name CMakeLists.txt | sort | head -1)")
-cmake -S "$tree" -B /tmp/llama.cpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$out/cmake.log" 2>&1
-cmake --build /tmp/llama.cpp/build --target llama-server -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-t1=$(date +%s); echo "llama-server built in $((t1 - t0)) s"
+t1=$(date +%s)
+"$(dirname "$0")/build-server.sh" "$src" "$out"
 export PATH="/tmp/llama.cpp/build/bin:$PATH"
-llama-server --version 2>&1 | tail -2
-python3 experiments/llamacpp-h200/make_models.py
 python3 -m bisect_harness.cli run "$file" --no-calibration --json \
     --ledger "sqlite:///$out/results.db" --journal-dir "$out/journal" || echo "harness exit $?"
 echo "experiment took $(( $(date +%s) - t1 )) s"

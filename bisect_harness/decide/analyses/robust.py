@@ -42,8 +42,8 @@ __all__ = ["Robust", "robust_split", "ROBUST_T_LAST_LOOK", "ROBUST_T_SHARE", "RO
 #: with ``ROBUST_T_SHARE`` of alpha; later looks belong to the sign-flip test,
 #: with the rest. Below six rounds no sign-flip test can reach a level of a few
 #: percent (its smallest p-value is 2^-k), so the first looks need the t-test.
-ROBUST_T_LAST_LOOK = 5
-ROBUST_T_SHARE = 0.4
+ROBUST_T_LAST_LOOK = 8
+ROBUST_T_SHARE = 0.6
 #: The sign-flip part runs only where its share of alpha lets at least this many of
 #: the 2^max_boots sign patterns cross by the last look (else it could decide
 #: almost nothing, and its share is better spent by the t-test).
