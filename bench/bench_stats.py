@@ -60,12 +60,30 @@ level varies with a CV of ``night_cv`` (2%): ``false_alert_min_effect_0`` and
 across nights, for contrast) and ``power.<0.05|0.10>`` (P(alert) for a
 regression of 5% and 10% with min_effect 5%).
 
+``pricing`` (the issue "fewer boots per answer"): the expected node time to a
+verdict, the shipped rule beside the rule shipped before it (``present``: the robust
+analysis with its t looks at 3..5 and 40% of alpha, 3 samples in every boot), per
+noise model (``noise.ALL_MODELS``: the models above and the shapes fitted from real
+boots) and per cost model (``small_gpu``: a boot 10 s, a sample 3 s; ``large_node``: a
+boot 900 s, a sample 20 s). The shipped rule chooses each later round's samples per
+boot by ``decide.allocation`` under the cost model it is priced with; rounds are
+generated one at a time so that it can. ``pricing.<model>.<rule>[.<cost>]`` holds
+``aa_false_confirmed`` (min_effect 0, both directions, as above) and, per point of
+``PRICE_POINTS`` (true slowdown 0, E, 2E; claim E = 3%), ``confirmed``,
+``refuted``, ``inconclusive``, ``mean_boots`` (per arm) and ``node_s`` (mean node
+seconds of both arms' boots); ``pricing.<model>.ratio.<cost>.<point>`` the shipped
+rule's node time over the present one's, and ``pricing_goals`` what the issue asks:
+A/A <= alpha + 0.01 and P(confirmed | 2E) >= 0.9 for the shipped rule in every
+model, and its node time at most half the present one's under ``large_node``.
+``--pricing-only`` runs that part alone.
+
 The last printed line is one JSON object with every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -78,8 +96,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from noise import MODELS, Host  # noqa: E402
+from noise import ALL_MODELS, MODELS, Host  # noqa: E402
 
+from bisect_harness.decide import allocation  # noqa: E402
+from bisect_harness.decide.analyses import robust  # noqa: E402
 from bisect_harness.decide.design import ANALYSES, Design  # noqa: E402
 from bisect_harness.decide.evaluate import evaluate  # noqa: E402
 from bisect_harness.decide.shift import detect_shift  # noqa: E402
@@ -96,6 +116,110 @@ POWER_GOAL = 0.9  # P(confirmed | 2E) in every model (issue: power where boots a
 POWER_SLACK = 0.005
 NIGHT_CV, NIGHTS, NIGHT_BOOTS, NIGHT_ALPHA = 0.02, 7, 3, 0.01
 CODE = {Outcome.CONFIRMED: 1, Outcome.REFUTED: -1, Outcome.INCONCLUSIVE: 0}
+
+
+COSTS = {"small_gpu": allocation.CostModel(10.0, 3.0), "large_node": allocation.CostModel(900.0, 20.0)}
+#: The rule shipped before the issue "fewer boots per answer": the robust analysis with its
+#: paired t-test at looks 3..5 and 40% of alpha (sign-flip looks from 6), 3 samples per boot.
+PRESENT = {"t_last_look": 5, "t_share": 0.4, "samples": 3}
+PRICE_POINTS = (0.0, 1.0, 2.0)
+
+
+@contextlib.contextmanager
+def robust_split_as(t_last_look: int, t_share: float):
+    """The robust analysis with another split between its t and sign-flip parts (the
+    present rule's), for the time of the block."""
+    before = robust.ROBUST_T_LAST_LOOK, robust.ROBUST_T_SHARE
+    robust.ROBUST_T_LAST_LOOK, robust.ROBUST_T_SHARE = t_last_look, t_share
+    try:
+        yield
+    finally:
+        robust.ROBUST_T_LAST_LOOK, robust.ROBUST_T_SHARE = before
+
+
+def priced_path(model: str, effect: float, seed, design: Design, expect: Expect, min_effect: float,
+                cost: allocation.CostModel | None, max_samples: int) -> tuple[int, int, list[int]]:
+    """One experiment generated round by round, looked at after each round from
+    ``min_boots``: (outcome code, boots per arm, samples of each boot of both arms).
+    With ``cost`` the samples of each later round are ``decide.allocation``'s choice
+    from the rounds so far (as the executor makes it); without, ``samples_per_boot``."""
+    rng = np.random.default_rng(seed)
+    host = Host(model, rng)
+    a: list[list[float]] = []
+    b: list[list[float]] = []
+    m = design.samples_per_boot if cost is None else allocation.samples_per_boot(
+        cost, None, min_samples=design.samples_per_boot, max_samples=max_samples)  # a stated cost: before any round
+    code = 0
+    for k in range(1, design.max_boots + 1):
+        for arm in (("a", "b") if rng.random() < 0.5 else ("b", "a")):
+            if arm == "a":
+                a.append(list(host.boot(100.0, arm="a", samples=m)))
+            else:
+                b.append(list(host.boot(100.0 * (1.0 + effect), arm="b", samples=m)))
+        if k < design.min_boots:
+            continue
+        v = evaluate(a, b, expect=expect, min_effect=min_effect, design=design, rounds=(range(k), range(k)),
+                     interval=False)
+        code = CODE[v.outcome]
+        if v.final:
+            break
+        if cost is not None:
+            m = allocation.samples_per_boot(cost, allocation.round_components(list(zip(a, b))),
+                                            min_samples=design.samples_per_boot, max_samples=max_samples)
+    return code, len(a), [len(x) for x in a + b]
+
+
+def price_model(model: str, n_sim: int, seed: int) -> dict:
+    """The pricing figures of one noise model (see the module's ``pricing``)."""
+    d = Defaults()
+    design = Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                    samples_per_boot=d.samples_per_boot, analysis=d.analysis)
+    present_design = Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
+                            samples_per_boot=PRESENT["samples"], analysis="robust")
+    base = 1000 * ALL_MODELS.index(model) + seed
+
+    def cell(effect, expect, min_effect, rule, cost_name, j):
+        runs = []
+        for i in range(n_sim):
+            path_seed = [base, j, i]
+            if rule == "present":
+                with robust_split_as(PRESENT["t_last_look"], PRESENT["t_share"]):
+                    runs.append(priced_path(model, effect, path_seed, present_design, expect, min_effect, None, 0))
+            else:
+                runs.append(priced_path(model, effect, path_seed, design, expect, min_effect, COSTS[cost_name],
+                                        d.max_samples_per_boot))
+        codes = np.array([r[0] for r in runs])
+        out = {"confirmed": float(np.mean(codes == 1)), "refuted": float(np.mean(codes == -1)),
+               "inconclusive": float(np.mean(codes == 0)), "mean_boots": float(np.mean([r[1] for r in runs]))}
+        for name, c in COSTS.items():
+            if rule == "present" or name == cost_name:
+                out.setdefault("node_s", {})[name] = float(np.mean([allocation.node_time(c, r[2]) for r in runs]))
+        out["mean_samples_per_boot"] = float(np.mean([np.mean(r[2]) for r in runs]))
+        return out
+
+    res: dict = {"present": {}, "shipped": {c: {} for c in COSTS}}
+    rules = [("present", None)] + [("shipped", c) for c in COSTS]
+    for rule, cost_name in rules:
+        into = res["present"] if rule == "present" else res["shipped"][cost_name]
+        dec = cell(0.0, Expect.DECREASE, 0.0, rule, cost_name, 0)["confirmed"]
+        inc = cell(0.0, Expect.INCREASE, 0.0, rule, cost_name, 0)["confirmed"]
+        into["aa_false_confirmed"] = (dec + inc) / 2
+        into["points"] = {f"{r:g}E": cell(-r * OC_E, Expect.DECREASE, OC_E, rule, cost_name, 1 + k)
+                          for k, r in enumerate(PRICE_POINTS)}
+    res["ratio"] = {c: {p: res["shipped"][c]["points"][p]["node_s"][c] / res["present"]["points"][p]["node_s"][c]
+                        for p in res["present"]["points"]} for c in COSTS}
+    return res
+
+
+def pricing_goals(pricing: dict, alpha: float) -> dict:
+    """The issue's goals over every priced model: A/A and power of the shipped rule
+    under each cost model, and its node time at most half the present rule's under
+    the large node, at every priced point."""
+    aa = all(r["shipped"][c]["aa_false_confirmed"] <= alpha + 0.01 for r in pricing.values() for c in COSTS)
+    power = all(r["shipped"][c]["points"]["2E"]["confirmed"] >= POWER_GOAL for r in pricing.values() for c in COSTS)
+    half = {m: {p: v <= 0.5 for p, v in r["ratio"]["large_node"].items()} for m, r in pricing.items()}
+    return {"aa_goal_met": aa, "power_goal_met": power, "half_node_time_large_node": half,
+            "half_node_time_met": all(all(x.values()) for x in half.values())}
 
 
 def designs() -> dict[str, Design]:
@@ -257,14 +381,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-sim", type=int, default=2000, help="simulated experiments per cell")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated noise models")
+    ap.add_argument("--models", default=None, help="comma-separated noise models (default: noise.MODELS, and "
+                    "with --pricing-only the fitted shapes too: noise.ALL_MODELS)")
     ap.add_argument("--analyses", default=",".join(ANALYSES), help="comma-separated analyses to compare")
     ap.add_argument("--workers", type=int, default=1, help="processes, one model each (same figures)")
+    ap.add_argument("--pricing-only", action="store_true", help="only the node-time pricing of the two rules")
     args = ap.parse_args()
-    models = [m for m in args.models.split(",") if m]
+    models = [m for m in (args.models or ",".join(ALL_MODELS if args.pricing_only else MODELS)).split(",") if m]
     for m in models:
-        if m not in MODELS:
-            ap.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
+        if m not in ALL_MODELS:
+            ap.error(f"--models: unknown noise model {m!r}; one of {', '.join(ALL_MODELS)}")
+    if args.pricing_only:
+        return pricing_main(models, args)
+    models = [m for m in models if m in MODELS]
     dz = designs()
     for a in args.analyses.split(","):
         if a not in dz:
@@ -313,6 +442,31 @@ def main() -> int:
           f"{nt['pooled_boots_false_alert_min_effect_0']:.4f}; power at -5% {nt['power']['0.05']:.3f}, "
           f"-10% {nt['power']['0.10']:.3f}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
+def pricing_main(models: list[str], args) -> int:
+    t0 = time.perf_counter()
+    jobs = [(m, args.n_sim, args.seed) for m in models]
+    if args.workers > 1:
+        with multiprocessing.Pool(args.workers) as pool:
+            results = pool.starmap(price_model, jobs)
+    else:
+        results = [price_model(*job) for job in jobs]
+    pricing = dict(zip(models, results))
+    for model, r in pricing.items():
+        for c in COSTS:
+            sh, pr = r["shipped"][c], r["present"]
+            pts = " ".join(f"{p}: {pr['points'][p]['mean_boots']:.1f}->{sh['points'][p]['mean_boots']:.1f} boots, "
+                           f"{r['ratio'][c][p]:.2f}x" for p in pr["points"])
+            print(f"[{model:16s} {c:10s}] A/A {pr['aa_false_confirmed']:.4f}->{sh['aa_false_confirmed']:.4f}; "
+                  f"P(conf|2E) {pr['points']['2E']['confirmed']:.3f}->{sh['points']['2E']['confirmed']:.3f}; "
+                  f"samples/boot {sh['points']['0E']['mean_samples_per_boot']:.1f} at 0; node time {pts}", flush=True)
+    alpha = Defaults().alpha
+    out = {"n_sim": args.n_sim, "seed": args.seed, "costs": {k: [c.boot_s, c.sample_s] for k, c in COSTS.items()},
+           "present_rule": PRESENT, "claim_E": OC_E, "pricing": pricing, "pricing_goals": pricing_goals(pricing, alpha),
+           "seconds": round(time.perf_counter() - t0, 1)}
     print(json.dumps(out, sort_keys=True))
     return 0
 

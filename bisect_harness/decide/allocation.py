@@ -98,12 +98,18 @@ def round_components(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -
     return Components(var_w, df_w, var_b, len(rounds))
 
 
-def samples_per_boot(cost: CostModel, comps: Components, *, min_samples: int, max_samples: int) -> int:
+def samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_samples: int, max_samples: int) -> int:
     """Samples per boot for the next round: the two-stage optimum
     ``sqrt((boot_s / sample_s) (var_within / var_between))`` rounded, held in
-    ``[min_samples, max_samples]``; ``min_samples`` until the components are known."""
-    if max_samples <= min_samples or comps.var_within is None or comps.var_between is None:
+    ``[min_samples, max_samples]``. Before the components are known (``comps`` None,
+    or fewer than two rounds) the two parts are taken as equal: ``sqrt(boot_s /
+    sample_s)``, the choice whose cost is least far from the best whichever part
+    turns out larger; that needs a cost known before any boot (a stated one)."""
+    if max_samples <= min_samples:
         return min_samples
+    if comps is None or comps.var_within is None or comps.var_between is None:
+        m = math.sqrt(cost.boot_s / cost.sample_s)
+        return int(min(max_samples, max(min_samples, round(m))))
     if comps.var_within <= 0.0:
         return min_samples  # the samples of a boot agree: more of them add nothing
     var_b = max(comps.var_between, comps.var_within * 1e-9)

@@ -267,7 +267,8 @@ class Executor:
         """Samples per boot for the next round of ``pending`` hypotheses: the two-stage
         optimum of ``decide.allocation`` from their rounds so far (pooled per metric,
         the most any metric asks for), within ``samples_per_boot`` ..
-        ``max_samples_per_boot``; the first count until a cost and two rounds are known."""
+        ``max_samples_per_boot``; before two rounds, the choice for equal parts when the
+        file states the costs, else the first count until a boot has measured them."""
         d = self.spec.defaults
         cost = self.cost_model()
         if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
@@ -277,9 +278,9 @@ class Executor:
             b, t = self.states[h.baseline.key], self.states[h.treatment.key]
             bv, tv = (self.ledger.boot_values(st.boots, h.metric.name) for st in (b, t))
             by_metric.setdefault(h.metric.name, []).extend(zip(bv.values, tv.values))
-        return max([allocation.samples_per_boot(cost, allocation.round_components(pairs), min_samples=d.samples_per_boot,
-                                                max_samples=d.max_samples_per_boot)
-                    for pairs in by_metric.values()], default=d.samples_per_boot)
+        comps = [allocation.round_components(pairs) for pairs in by_metric.values()] or [None]
+        return max(allocation.samples_per_boot(cost, c, min_samples=d.samples_per_boot,
+                                               max_samples=d.max_samples_per_boot) for c in comps)
 
     def verdict_cost(self, b: ConfigState, t: ConfigState) -> dict:
         """What a verdict cost so far: every boot of its two configs in this run (failed

@@ -85,7 +85,7 @@ class Defaults:
     samples_per_boot: int = 3          # the first rounds' samples per boot, and the fewest a boot takes
     # the most samples a later round's boots take: decide.allocation spends node time on samples
     # where boots are dear and agree with each other (equal to samples_per_boot: a fixed count)
-    max_samples_per_boot: int = 12
+    max_samples_per_boot: int = 16
     boot_cost_s: float | None = None    # what one boot and one sample cost on the node; measured
     sample_cost_s: float | None = None  # from the run's own boots when left out (decide.allocation)
     boots_per_arm: int = 3
