@@ -181,6 +181,24 @@ def _sampling_text(d: dict) -> str:
     return _md("; ".join(parts))
 
 
+def cost_line(cost) -> str | None:
+    """What a verdict cost, as its stats recorded it (the executor's ``verdict_cost``),
+    in one sentence; None for a verdict recorded before costs were kept."""
+    if not cost:
+        return None
+    boots = cost.get("boots") or {}
+    text = (f"{boots.get('baseline', 0)} + {boots.get('treatment', 0)} boots (baseline + treatment, failed and "
+            f"left-out ones included), {cost.get('samples', 0)} samples, {_fmt(cost.get('node_s'), 1)} s of node "
+            "time as measured")
+    model = cost.get("model")
+    if model:
+        how = "as the file states them" if model.get("source") == "stated" else "as measured in this run's boots"
+        text += (f"; a boot costs {_fmt(model.get('boot_s'), 1)} s beside its samples and a sample "
+                 f"{_fmt(model.get('sample_s'), 2)} s ({how}), the prices by which later rounds chose their "
+                 "samples per boot")
+    return text
+
+
 def _host_line(host: dict) -> str:
     if not host:
         return "unknown"
@@ -285,6 +303,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
             "resumed": [_md(x) for x in _resume.journal_lines(
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
+            "cost": cost_line((v.stats or {}).get("cost") if v else None),
             "plot": plot, "plot_missing": plot_missing, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
             "commands": [{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
                          for side, b in sorted(first_used.items())],
