@@ -2,9 +2,15 @@
 a paired t-test at the first looks and a sign-flip test of the clipped ratios later.
 
 The rounds of ``"paired"`` (:mod:`bisect_harness.decide.analyses.paired`), tested in two
-parts whose errors add (Bonferroni). Looks up to ``ROBUST_T_LAST_LOOK`` (5)
-rounds use the paired t-test with ``ROBUST_T_SHARE`` (40%) of alpha, so a
-clear change on a quiet host still stops at 3-4 boots per arm. Later looks use a
+parts whose errors add (Bonferroni). Looks up to ``ROBUST_T_LAST_LOOK`` (8)
+rounds use the paired t-test with ``ROBUST_T_SHARE`` (60%) of alpha, so a
+clear change on a quiet host still stops at 3-4 boots per arm, and no look is
+dead: with k rounds a sign-flip test's smallest p-value is 2^-k, which reaches
+its share of the spent alpha only from about 9 rounds, so the looks 6..8 that it
+held before could never decide (the t-test took 3..5 with 40%; on ``llama-server``
+an env var it never reads was then refuted at 10 to 13 boots a side, and at 3 to
+6 with the t looks to 8 and samples per boot chosen by ``decide.allocation``:
+``experiments/llamacpp-h200/fewer-boots``). Later looks use a
 sign-flip test (:mod:`bisect_harness.decide.signflip`) with the rest: the per-round log ratios,
 each clipped at the median magnitude of the rounds so far, summed; under no
 change every ratio is symmetric about 0 (each round's order is random), so
@@ -16,7 +22,7 @@ the rounds' Walsh averages, and its interval the shifts the test does not reject
 One boot that a neighbour's burst slowed by 25% moves a t-test's spread a lot
 and this test's statistic by one clipped round: on ``bench/noise.py``'s burst
 model the robust analysis confirms a 2E change 0.92 of the time at 20 boots per
-arm, the paired t-test 0.79.
+arm (0.90-0.92 with the t looks to 8), the paired t-test 0.79.
 
 The harness's default (``defaults.analysis: robust`` in hypotheses.yaml) was chosen
 by ``bench/bench_stats.py``.
