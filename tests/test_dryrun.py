@@ -75,7 +75,8 @@ def test_example_plan_as_json(example, tmp_path):
     # three step counts; nccl treatment; two attention modes; HEAD~200; plain at HEAD~200 and
     # the tuned EAGLE-3 config of plain-vs-eagle.
     assert len(plan["configs"]) == len(configs) == 11
-    assert plan["defaults"] == {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 3, "alpha": 0.05}
+    assert plan["defaults"] == {"boots_per_arm": 3, "max_boots_per_arm": 6, "samples_per_boot": 3, "alpha": 0.05,
+                                "max_samples_per_boot": 16, "boot_cost_s": None, "sample_cost_s": None}
 
     # a build is declared: each commit gets its own environment, so {python} is known only at boot
     assert plan["environment"] == {"mode": "venv", "base_python": sys.executable}
@@ -138,7 +139,7 @@ def test_example_plan_as_text(example, tmp_path):
     out = proc.stdout
     assert_nothing_written(work)
     assert "8 hypotheses, 11 configs" in out
-    assert "boots per config: 3 to 6 (sequential), 3 samples per boot" in out
+    assert "boots per config: 3 to 6 (sequential), 3 to 16 samples per boot" in out
     assert f"engine.repo {tmp_path / 'sglang'} does not exist here; revisions are shown as written" in out
     assert "commit: HEAD~200" in out
     assert f"python: each commit's own environment ({{python}} in argv), a venv over {sys.executable}" in out

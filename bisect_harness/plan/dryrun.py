@@ -38,7 +38,7 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     resolvable = repo is not None and Path(repo).exists()
     lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
              f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
-             f"{d.samples_per_boot} samples per boot, alpha {d.alpha}"]
+             f"{_samples_text(d)}, alpha {d.alpha}"]
     lines.append(f"engine: preset {get_preset(spec.engine.preset).describe()}")
     if repo is not None and not resolvable:
         lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")
@@ -113,7 +113,8 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
            "preset": get_preset(spec.engine.preset).describe(),
            "metric_sources": [m.describe() for m in spec.engine.metrics],
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
-                        "samples_per_boot": d.samples_per_boot, "alpha": d.alpha}}
+                        "samples_per_boot": d.samples_per_boot, "max_samples_per_boot": d.max_samples_per_boot,
+                        "boot_cost_s": d.boot_cost_s, "sample_cost_s": d.sample_cost_s, "alpha": d.alpha}}
     if flag_check is not None:
         obj["flag_check"] = [c.to_dict() for c in flag_check]
         obj["flags_refused"] = any(c.refused for c in flag_check)
@@ -154,3 +155,14 @@ def _check_flags(plan, lines: list[str], say) -> list:
                 note = "".join(f" ({n})" for n in notes_for(p.option, plan.preset))
                 lines.append(f"  {where}: config {number[key]}: {verdict}: {p}{note}")
     return report
+
+
+def _samples_text(d) -> str:
+    """How many samples a boot takes: fixed, or from the first count up to the most as
+    node time is best spent (decide.allocation), priced as the file states or as measured."""
+    if d.max_samples_per_boot <= d.samples_per_boot:
+        return f"{d.samples_per_boot} samples per boot"
+    priced = (f"a boot costing {d.boot_cost_s:g} s and a sample {d.sample_cost_s:g} s as stated"
+              if d.boot_cost_s is not None else "costs measured from the run's boots")
+    return (f"{d.samples_per_boot} to {d.max_samples_per_boot} samples per boot (later rounds as node time is "
+            f"best spent: {priced})")
