@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bisect_harness.cli.measuring import EXIT_NO_CULPRIT  # noqa: E402  (a search that named no culprit still ran)
+
 
 SPEC = ROOT / "hypotheses.yaml"
 
@@ -46,7 +48,7 @@ def _bisect(tmp: Path, env: dict, name: str, trial: int, args: list[str]) -> dic
                            "--journal-dir", str(tmp / f"exp-{name}-{trial}"), "--json", *args],
                           env=env, cwd=tmp, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.monotonic() - start
-    if proc.returncode != 0:
+    if proc.returncode not in (0, EXIT_NO_CULPRIT):
         return {"ok": False, "wall_s": wall, "exit_code": proc.returncode, "stderr": proc.stderr[-1500:]}
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"ok": True, "wall_s": wall, "boots": out.get("new_boots"), "culprit": out.get("culprit"),

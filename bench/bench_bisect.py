@@ -50,8 +50,16 @@ scenario. ``goals`` holds the issue's goals (``wrong_confident_at_most_0.01``
 per model over every scenario; ``stationary_top1_0.95_boots_0.4x``;
 ``<model>_top1_0.90_boots_0.5x`` for heavy_tail, bimodal, drift: on ``minus5``;
 ``host_step_top1_0.90``: on ``minus5`` with the host's mid-run step).
-Each search's cell also has ``seconds``. Top-level keys: ``commits``, ``trials``,
-``seed``, ``budget``, ``confidence``, ``verify_alpha``, ``anchor_every``, ``threshold_simulations``,
+Each search's cell also has ``seconds``, and ``mean_node_time_s``: per cost model
+of ``COST_MODELS`` (``small_gpu``: a boot 10 s, a sample 3 s; ``large_node``: a
+boot 900 s, a sample 20 s), the mean over the trials of the search's node time,
+the sum over its boots of ``boot_s + samples * sample_s`` (samples: that boot's own
+count), as :func:`bisect_harness.decide.allocation.node_time` prices it; and
+``mean_node_hours`` the same in hours. Each scenario's cell (beside the searches)
+has ``node_time_ratio_ours_to_pinpoint`` per cost model where both ran. Top-level
+keys: ``commits``, ``trials``, ``seed``, ``budget``, ``confidence``, ``verify_alpha``,
+``anchor_every``, ``cost_models`` (each model's ``boot_s`` and ``sample_s``),
+``threshold_simulations``,
 ``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
@@ -77,6 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import MODELS, Host  # noqa: E402
 
+from bisect_harness.decide.allocation import CostModel, node_time  # noqa: E402
 from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
 from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
@@ -93,6 +102,8 @@ THRESHOLD_SIMULATIONS = 10000
 _SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0: 35, 1.1: 25, 1.2: 25,
           1.3: 20, 1.4: 20}
 _ROWS = [round(0.3 + 0.1 * i, 1) for i in range(38)]
+#: what a boot and a sample cost: a small GPU engine, and a large node loading a very large model
+COST_MODELS = {"small_gpu": CostModel(boot_s=10.0, sample_s=3.0), "large_node": CostModel(boot_s=900.0, sample_s=20.0)}
 
 
 def _size(d: float) -> int:
@@ -134,12 +145,17 @@ def high_threshold(rows, magnitude: float, sample_size: int) -> float:
 
 
 class Range:
-    """One trial's commit range on one host; counts boots."""
+    """One trial's commit range on one host; counts boots and each boot's samples."""
 
     def __init__(self, model: str, culprit: int | None, change: float, seed):
         self.host = Host(model, np.random.default_rng(seed))
         self.culprit, self.change = culprit, change
         self.boots = 0
+        self.samples: list[int] = []  # per boot, the samples it took
+
+    def node_time(self, cost: CostModel) -> float:
+        """Node seconds of this trial's boots under ``cost``."""
+        return node_time(cost, self.samples)
 
     def bad(self, i: int) -> bool:
         return self.culprit is not None and i >= self.culprit
@@ -147,7 +163,12 @@ class Range:
     def boot_values(self, i: int, k: int) -> list[float]:
         mu = BASE * (1 + self.change) if self.bad(i) else BASE
         self.boots += k
-        return [float(self.host.boot(mu, noisy=self.bad(i)).mean()) for _ in range(k)]
+        out = []
+        for _ in range(k):
+            x = self.host.boot(mu, noisy=self.bad(i))
+            self.samples.append(int(x.size))
+            out.append(float(x.mean()))
+        return out
 
     def measure(self, sha: str, boots: int):
         return self.boot_values(int(sha), boots)
@@ -234,6 +255,7 @@ def run_cell(args) -> dict:
             continue
         t0 = time.perf_counter()
         right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
+        node_s: dict[str, list[float]] = {c: [] for c in COST_MODELS}
         for t, culprit in enumerate(culprits):
             rr = Range(model, culprit, change, int(seeds[t, s]))
             if name == "ours":
@@ -247,8 +269,12 @@ def run_cell(args) -> dict:
             right.append(found == culprit)
             wrong_conf.append(confident and found != culprit)
             boots.append(rr.boots)
+            for c, cost in COST_MODELS.items():
+                node_s[c].append(rr.node_time(cost))
         cell = {"top1_accuracy": float(np.mean(right)), "mean_boots": float(np.mean(boots)),
                 "wrong_confident_rate": float(np.mean(wrong_conf)),
+                "mean_node_time_s": {c: float(np.mean(v)) for c, v in node_s.items()},
+                "mean_node_hours": {c: float(np.mean(v)) / 3600.0 for c, v in node_s.items()},
                 "seconds": round(time.perf_counter() - t0, 1)}
         if name == "ours":
             cell["stopped"] = dict(sorted(stopped.items()))
@@ -256,7 +282,15 @@ def run_cell(args) -> dict:
         out[name] = cell
     out["boots_ratio_ours_to_pinpoint"] = (out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
                                            if "pinpoint" in out else None)
+    out["node_time_ratio_ours_to_pinpoint"] = (
+        {c: out["ours"]["mean_node_time_s"][c] / out["pinpoint"]["mean_node_time_s"][c] for c in COST_MODELS}
+        if "pinpoint" in out else None)
     return {"model": model, "scenario": scenario, "cell": out}
+
+
+def _hours(seconds: float) -> str:
+    """Node time as it reads best: seconds under an hour as minutes, else hours."""
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.2f} h"
 
 
 def main() -> None:
@@ -287,6 +321,7 @@ def main() -> None:
     rows = pinpoint_thresholds(THRESHOLD_SIMULATIONS, args.seed)
     out: dict = {"commits": N_COMMITS, "trials": args.trials, "seed": args.seed, "budget": BUDGET,
                  "confidence": CONFIDENCE, "verify_alpha": args.verify_alpha, "anchor_every": args.anchor_every,
+                 "cost_models": {c: {"boot_s": m.boot_s, "sample_s": m.sample_s} for c, m in COST_MODELS.items()},
                  "threshold_simulations": THRESHOLD_SIMULATIONS,
                  "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
                                               "chromium_iqr_1.0_n_10": 0.5708},
@@ -308,6 +343,10 @@ def main() -> None:
         print(f"{r['model']:17s} {r['scenario']:7s} ours top1 {o['top1_accuracy']:.3f} boots "
               f"{o['mean_boots']:6.1f} wrong+conf {o['wrong_confident_rate']:.3f} | {theirs}  {o['stopped']}",
               flush=True)
+        print(f"{'':25s} node time per search: " + "; ".join(
+            f"{c} ours {_hours(o['mean_node_time_s'][c])}" + (f", pinpoint {_hours(p['mean_node_time_s'][c])}"
+                                                               if p else "")
+            for c in COST_MODELS), flush=True)
     res = out["results"]
     goals = {}
     for m in models:

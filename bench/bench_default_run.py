@@ -47,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bisect_harness.cli.measuring import EXIT_NO_CULPRIT  # noqa: E402  (a search that named no culprit still ran)
+
 #: The story of the repository's hypotheses.yaml: each hypothesis' verdict.
 STORY = {"head-regression": "confirmed", "attention-mode-decode": "refuted", "comm-tuning": "refuted",
          "tuned-launch": "confirmed"}
@@ -100,7 +102,7 @@ def one_run(goal_s: float, first_goal_s: float, keep: Path | None = None) -> dic
                                "--ledger", f"sqlite:///{db}", "--journal-dir", str(tmp / "exp"), "--json"],
                               env=env, cwd=tmp, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         wall, cpu = time.monotonic() - t0, _cpu_s() - cpu0
-        if proc.returncode != 0:
+        if proc.returncode not in (0, EXIT_NO_CULPRIT):
             print(proc.stderr[-3000:])
             return {"ok": False, "exit_code": proc.returncode, "wall_s": round(wall, 1)}
         summary = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -87,12 +87,16 @@ def harness(args: list[str], cwd: Path, timeout: float = 400) -> tuple[subproces
     return proc, time.monotonic() - t0
 
 
-def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str, planted: Planted):
-    """``harness bisect`` in this process, its boots answered by ``planted``."""
+def bisect(tmp_path: Path, spec: Path, good: str, bad: str, *extra: str, planted: Planted, code: int = 0,
+           stderr: list | None = None):
+    """``harness bisect`` in this process, its boots answered by ``planted``: it exits
+    ``code`` (6 where it names no culprit); its stderr appended to ``stderr``."""
     proc = harness_here("bisect", spec, "--good", good, "--bad", bad, "--json",
                         "--ledger", f"sqlite:///{tmp_path / 'results.db'}", "--journal-dir", tmp_path / "journal",
                         "--metric", "decode_ms", *extra, handler=planted, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == code, proc.stderr[-4000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # piped: a plain line per boot and per search step on stderr, as they happen
     lines = proc.stderr.splitlines()
@@ -110,10 +114,19 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 9]
     assert hist.shas.index(good) < i_broken < hist.shas.index(bad)
     spec = write_spec(tmp_path / "spec.yaml", hist)
-    # A first search out of budget after the endpoint check's first rounds...
-    first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", planted=planted)
+    # A first search out of budget after the endpoint check's first rounds: it says so before
+    # its first boot, and names no culprit, so it exits 6...
+    said: list[str] = []
+    first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", planted=planted, code=6, stderr=said)
     assert first["stopped"] == "budget" and first["culprit"] is None
     assert first["boots"] == first["new_boots"] == 4
+    least = first["plan"]["least_boots"]
+    assert first["plan"]["budget"] == 4 and first["plan"]["candidates"] == 10 and least > 4
+    lines = said[0].splitlines()
+    cannot = next(i for i, x in enumerate(lines) if x.startswith("bisection: the bisection cannot finish in 4 boots: "
+                                                                  f"it needs at least {least}"))
+    assert f"raise --max-boots to at least {least}" in lines[cannot]
+    assert cannot < next(i for i, x in enumerate(lines) if x.startswith("bisect step 1: ")), "said before it starts"
 
     # ...and a second over the same range goes on from its boots.
     out = bisect(tmp_path, spec, good, bad, "--max-boots", "100", planted=planted)
@@ -172,7 +185,7 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     assert "| endpoint check |" in text and "| head-to-head 1 |" in text
 
     # --fresh: boots of earlier runs are left out, the search starts from nothing
-    third = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh", planted=planted)
+    third = bisect(tmp_path, spec, good, bad, "--max-boots", "2", "--fresh", planted=planted, code=6)
     assert third["reused_runs"] == [] and third["boots"] == third["new_boots"] == 2
 
 
@@ -270,3 +283,21 @@ def test_bad_ranges_exit_2_with_a_clear_message(hist, tmp_path, case):
     else:
         assert "no-such-tag" in err and "--good" in err
     assert not (tmp_path / "journal").exists(), "nothing was booted or written"
+
+
+def test_a_run_whose_bisection_names_no_culprit_exits_6(hist, tmp_path):
+    # The regression's own commit does not build: the bisection of the confirmed hypothesis can
+    # only name the set of it and the commit after it (ambiguous-skips), not a culprit.
+    i_reg = hist.index(hist.events["regression"])
+    planted = Planted(slow_from=hist.shas[i_reg:], broken=[hist.events["regression"]])
+    good, bad = hist.shas[i_reg - 1], hist.shas[i_reg + 1]
+    spec = write_spec(tmp_path / "spec.yaml", hist, good=good, bad=bad, bisect=True, max_boots=6, alpha=0.2)
+    proc = harness_here("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{tmp_path / 'r.db'}",
+                        "--journal-dir", tmp_path / "journal", handler=planted, cwd=tmp_path)
+    assert proc.returncode == 6, proc.stderr[-4000:]
+    (h,) = json.loads(proc.stdout.strip().splitlines()[-1])["hypotheses"]
+    assert h["verdict"] == "confirmed", h
+    assert h["bisection"]["culprit"] is None and h["bisection"]["stopped"] == "ambiguous-skips", h
+    assert h["bisection"]["candidate_set"] == [hist.events["regression"], bad]
+    assert "regression: its bisection named no culprit (ambiguous-skips" in proc.stderr
+    assert list((tmp_path / "journal").glob("*-run*.md")), "the journal is written before the exit"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,61 @@ def test_a_bisection_over_releases_names_the_release_then_descends_to_the_commit
     text = journal.read_text()
     assert "The revisions were releases" in text and f"culprit `{culprit_commit[:12]}`" in text
     assert "## Bisection 1: 0.1.0..0.8.0" in text and "## Bisection 2: " in text
+
+
+def _bisect_releases(tmp_path: Path, released, max_boots: int, **noise) -> tuple:
+    """``harness bisect`` over every release of the demo history, its boots answered by a
+    planted history (the regression 1.9x with 3% noise unless ``noise`` says otherwise):
+    the process, its JSON, the release that holds the regression."""
+    hist, points, wheels = released
+    culprit_commit, order = hist.events["regression"], list(points)
+    slow = [v for v in order if hist.index(points[v]) >= hist.index(culprit_commit)]
+    planted = Planted(slow_from=[*hist.shas[hist.index(culprit_commit):], *slow], **noise)
+    spec = _spec(tmp_path / "hypotheses.yaml", hist, wheels)
+    proc = harness_here("bisect", spec, "--good", order[0], "--bad", order[-1], "--metric", "decode_ms",
+                        "--max-boots", max_boots, "--json", "--ledger", f"sqlite:///{tmp_path / 'r.db'}",
+                        "--journal-dir", tmp_path / "journal", handler=planted, cwd=tmp_path)
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1]), slow[0]
+
+
+def _said(proc, start: str) -> int:
+    lines = proc.stderr.splitlines()
+    return next(i for i, x in enumerate(lines) if x.startswith(start))
+
+
+def test_the_release_stage_uses_its_share_only_and_no_culprit_exits_6(released, tmp_path):
+    # Noisy boots and a 25% step: the release stage would spend more than it may. It is
+    # given --max-boots less what the commit stage plans to need, says so first, and
+    # keeps to it; stopped on that budget it names no culprit: exit 6, never 0.
+    proc, out, _ = _bisect_releases(tmp_path, released, 100, noise=0.15, factor=1.25)
+    keeps = _said(proc, "bisection plan: the commit stage, up to ")
+    line = proc.stderr.splitlines()[keeps]
+    share = out["plan"]["budget"]
+    commit_planned = int(re.search(r"about (\d+) boots planned", line).group(1))
+    assert f"the release stage may use {share} of --max-boots 100, keeping {100 - share} for it" in line
+    assert share == 100 - commit_planned < 100
+    assert out["plan"]["planned_boots"] > share and out["plan"]["least_boots"] <= share
+    assert keeps < _said(proc, "bisection plan: release stage, 8 revisions (7 candidates)") < _said(
+        proc, "bisect step 1: ")
+    assert out["new_boots"] <= share, out
+    assert out["culprit"] is None and out["stopped"] == "budget" and out["descent"] is None
+    assert proc.returncode == 6, proc.stderr[-3000:]
+
+
+def test_a_commit_stage_that_cannot_finish_in_what_is_left_says_so_and_is_not_started(released, tmp_path):
+    # --max-boots 30 leaves the release stage its least (16): boots of 1% noise let it name the
+    # release in those (3% sometimes asks one probe more); the commit stage then has 14 left.
+    proc, out, expected = _bisect_releases(tmp_path, released, 30, noise=0.01)
+    assert out["culprit"] == expected and out["stopped"] == "confident", out
+    left = 30 - out["new_boots"]
+    both = _said(proc, "bisection: --max-boots 30 cannot finish both stages: they need at least ")
+    assert both < _said(proc, "bisect step 1: ")
+    line = proc.stderr.splitlines()[_said(proc, f"bisection: culprit release {expected}, but the commit stage "
+                                                f"cannot finish in {left} boots: it needs at least ")]
+    assert "raise --max-boots to at least " in line
+    assert out["descent"] is None and "cannot finish" in out["descent_note"]
+    assert "culprit commit:" not in proc.stderr
+    assert proc.returncode == 6, proc.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- releases as container images

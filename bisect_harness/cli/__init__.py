@@ -3,7 +3,8 @@
 Each command loads, calls the library, renders. Only ``main`` turns errors into
 exit codes: 0 done, 1 an unexpected error (a bug: traceback shown), 2 bad input
 (the message names the key, commit or flag), 3 the machine or a tool failed,
-130 interrupted. Machine-readable output (``--json``) is the last line of stdout;
+4 a nightly alert, 5 a bisection ``undetermined`` (a busy host), 6 a bisection that
+named no culprit (``measuring.EXIT_NO_CULPRIT``), 130 interrupted. Machine-readable output (``--json``) is the last line of stdout;
 progress and tables go to stderr when ``--json`` is given.
 
 Here: the typer app, its command groups and the one error boundary (``main``). The

@@ -24,7 +24,7 @@ from bisect_harness.model import NOT_MEASURED
 from bisect_harness.report.progress import observer_for
 from bisect_harness.secrets import redact_obj, redact_text
 
-__all__ = ["EXIT_UNDETERMINED", "bisect", "explain", "nightly", "run"]
+__all__ = ["EXIT_NO_CULPRIT", "EXIT_UNDETERMINED", "bisect", "explain", "nightly", "run"]
 
 
 def run(
@@ -97,6 +97,23 @@ def run(
         if json_out:
             print(json.dumps(run_summary(the_run)))
         _fail_if_not_measured(the_run, journal_dir / "logs")
+        _exit_if_no_culprit(the_run, console)
+
+
+def _exit_if_no_culprit(run, console: Console) -> None:
+    """A ``bisect: true`` search that named no culprit ends the run with exit 6 (5 where
+    it stopped ``undetermined``), once everything is recorded and printed."""
+    from bisect_harness.cli.summary import run_summary
+
+    missed = [(h["id"], h["bisection"]) for h in run_summary(run)["hypotheses"]
+              if h.get("bisection") and not h["bisection"].get("culprit")]
+    if not missed:
+        return
+    for hid, b in missed:
+        console.print(f"{hid}: its bisection named no culprit ({b.get('stopped')}, {b.get('boots')} boots)",
+                      markup=False)
+    raise typer.Exit(EXIT_UNDETERMINED if any(b.get("stopped") == "undetermined" for _, b in missed)
+                     else EXIT_NO_CULPRIT)
 
 
 def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> None:
@@ -260,14 +277,19 @@ def bisect(
             console.print(f"  warning: {w}", markup=False)
         if json_out:
             print(json.dumps(result.to_json()))
-    if result.undetermined:  # the host could not tell: no finding either way
-        u = result.undetermined
+    u = result.undetermined or (result.descent.undetermined if result.descent else None)
+    if u:  # the host could not tell: no finding either way
         console.print(f"undetermined, not {u['would_have_stopped']}: {u['why']}; {u['would_decide']}", markup=False)
         raise typer.Exit(EXIT_UNDETERMINED)
+    if not result.named():  # budget spent, unverified, no step: whatever it found, no culprit to act on
+        raise typer.Exit(EXIT_NO_CULPRIT)
 
 
 #: ``harness bisect``: the search stopped without an answer on a host that was mostly busy
 EXIT_UNDETERMINED = 5
+#: ``harness bisect`` (and ``harness run`` with ``bisect: true``): no culprit was named (its
+#: stop reason says why: budget, unverified, ambiguous-skips, not-reproduced, ...)
+EXIT_NO_CULPRIT = 6
 
 
 def nightly(

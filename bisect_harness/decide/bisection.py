@@ -81,7 +81,7 @@ from bisect_harness.decide.bisect_result import BisectResult, Candidate, Probe, 
 from bisect_harness.decide.paired_sequential import PairedTest, paired_sequential_test
 from bisect_harness.model import Expect
 
-__all__ = ["BisectionSearch", "run_search"]
+__all__ = ["BisectionSearch", "probe_boots", "run_search"]
 
 #: shares of ``verify_alpha`` for the first, second and third head-to-head test of a search
 GATE_SHARES = (0.8, 0.1, 0.1)
@@ -416,19 +416,12 @@ class BisectionSearch:
         return pick
 
     def _probe_boots(self, best_stats) -> int:
-        """Boots for one probe to call its side right ~90% of the time: a probe of b
-        boots, thresholded midway, errs with probability Phi(-d sqrt(b) / 2) where
-        d = |mu_b - mu_g| / s."""
         mg, mb, sd = best_stats
         if not all(math.isfinite(x) for x in best_stats):
             return 1
         if sd <= 0.0:
             return 1
-        d = abs(mb - mg) / sd
-        if d <= 0.0:
-            return self.options.max_probe_boots
-        b = math.ceil((2.0 * stats.norm.ppf(0.9) / d) ** 2)
-        return int(min(max(b, 1), self.options.max_probe_boots))
+        return probe_boots(abs(mb - mg) / sd, self.options.max_probe_boots)
 
     def next_round(self) -> tuple[Probe, ...] | None:
         """The probes of the next round, to be booted in this order; None when done."""
@@ -477,6 +470,16 @@ class BisectionSearch:
         out = [SearchTest(0, "endpoints", c[0], c[-1], et)] if et.pairs else []
         out += [SearchTest(g + 1, "verify", c[a], c[b], self._gate_test(g)) for g, (a, b) in enumerate(self._gates)]
         return tuple(out)
+
+
+def probe_boots(step_sd: float, max_probe_boots: int) -> int:
+    """Boots for one probe to call its side right ~90% of the time: a probe of b
+    boots, thresholded midway, errs with probability Phi(-d sqrt(b) / 2) where
+    d = |mu_b - mu_g| / s is the step over the boots' noise sd (``step_sd``)."""
+    if step_sd <= 0.0:
+        return max_probe_boots
+    b = math.ceil((2.0 * stats.norm.ppf(0.9) / step_sd) ** 2)
+    return int(min(max(b, 1), max_probe_boots))
 
 
 def run_search(search: BisectionSearch,

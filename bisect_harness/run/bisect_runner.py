@@ -10,6 +10,14 @@ posterior already has. They feed the posterior only: the endpoint check that ope
 test that closes it, are made on fresh boots of this search, booted in paired
 rounds (see ``bisection``), so the boots that selected a regression never also
 confirm it.
+
+Before each search starts the run says what it plans to need and what it has
+(``bisect_budget``: at least so many boots to name a culprit, about so many at the
+step expected) and, where it has fewer than the least, that it cannot finish and
+by how much to raise ``--max-boots``. A search over releases is given its share
+of the budget only (``bisect_budget.release_share``: what the commit stage plans
+to need is kept for it); the commit stage gets what the release stage left, and
+is not started where that is below its least (the descent note says so).
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from pathlib import Path
 from typing import Sequence
 
 from bisect_harness.observe import host_state
+from bisect_harness.decide.bisect_budget import StagePlan, plan_stage, release_share
 from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopReason
+from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.decide.bisection import BisectionSearch
 from bisect_harness.decide.paired_sequential import PairedTest
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
@@ -56,6 +66,18 @@ class BisectOutcome:
     releases: bool = False             # the revisions searched were releases (engine.releases), not commits
     descent: "BisectOutcome | None" = None  # then the commits between the culprit release and the one before
     descent_note: str | None = None    # why there was no descent into commits, where there was none
+    descent_owed: bool = False         # a descent was possible but the budget left could not finish it
+    plan: dict | None = None           # what the search planned to need, and the boots it was given
+    step_sd: float | None = None       # the step it measured over the boots' noise sd (plans the next stage)
+
+    def named(self) -> bool:
+        """Whether the run named its culprit: a commit, or a release and then (where a
+        descent into its commits was due) the commit."""
+        if self.culprit is None:
+            return False
+        if self.descent is not None:
+            return self.descent.named()
+        return not self.descent_owed
 
     def to_json(self) -> dict:
         return {"culprit": self.culprit, "probability": self.probability,
@@ -64,7 +86,7 @@ class BisectOutcome:
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
-                "undetermined": self.undetermined, "warnings": list(self.warnings),
+                "undetermined": self.undetermined, "warnings": list(self.warnings), "plan": self.plan,
                 **({"revisions": "releases", "descent": self.descent.to_json() if self.descent else None,
                     "descent_note": self.descent_note} if self.releases else {})}
 
@@ -98,11 +120,14 @@ def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
 
 def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
                    confidence: float, max_boots: int, hypothesis_id: int | None = None,
-                   fresh: bool = False, releases: bool = False) -> BisectOutcome:
+                   fresh: bool = False, releases: bool = False, stage: str | None = None,
+                   total_boots: int | None = None, step_sd: float | None = None) -> BisectOutcome:
     """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
     with ``releases`` they are versions of ``engine.releases``, each its installed build.
     Finished boots of the same configs on this host, from earlier runs, feed the
-    posterior (never the paired tests) unless ``fresh``."""
+    posterior (never the paired tests) unless ``fresh``. Before the first boot it says
+    its plan (``stage`` names it, ``max_boots`` of ``total_boots`` are its, ``step_sd``
+    the step expected)."""
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
@@ -132,6 +157,10 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             reused_total += len(got.boot_ids)
     search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
                              max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots))
+    stage_plan = plan_stage(len(commits), search.options, step_sd)
+    for line in plan_lines(stage or ("release stage" if releases else "bisection"), stage_plan, max_boots,
+                           total_boots or max_boots):
+        sched.obs.message(line)
     reused_runs: set[int] = set()
     for sha, (values, boots) in observed.items():
         search.observe(sha, values)
@@ -199,11 +228,36 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         warnings=tuple(_host_warnings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
-        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases)
+        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
+        plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res))
     bis.status = "done" if stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome
+
+
+def _step_sd(res: BisectResult) -> float | None:
+    """The step the search measured over its boots' noise sd, where it has one."""
+    if all(math.isfinite(x) for x in (res.good_mean, res.bad_mean, res.noise_sd)) and res.noise_sd > 0:
+        return abs(res.bad_mean - res.good_mean) / res.noise_sd
+    return None
+
+
+def plan_lines(stage: str, plan: StagePlan, budget: int, total: int) -> list[str]:
+    """What a search says before it starts: its plan and its boots, and where they
+    fall short of its least (it cannot finish) or of its plan (it may stop on its
+    budget), by how much to raise ``--max-boots``."""
+    lines = [f"bisection plan: {stage}, {plan.revisions} revisions ({plan.candidates} candidates): about "
+             f"{plan.planned} boots planned, at least {plan.least} to name a culprit; {budget} of --max-boots "
+             f"{total} for it"]
+    if budget < plan.least:
+        lines.append(f"bisection: the {stage} cannot finish in {budget} boots: it needs at least {plan.least} "
+                     f"(about {plan.planned} planned); raise --max-boots to at least "
+                     f"{total - budget + plan.least} (about {total - budget + plan.planned} for room)")
+    elif budget < plan.planned:
+        lines.append(f"bisection: the {stage} may stop on its budget: {budget} boots for about {plan.planned} "
+                     f"planned; raise --max-boots to about {total - budget + plan.planned} for room")
+    return lines
 
 
 #: the share of a search's measured boots marked ``host_busy`` from which
@@ -268,7 +322,8 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
     ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
     are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
     between the culprit release and the one before it, on what is left of the budget,
-    in the same run."""
+    in the same run. The release stage may use its share of ``max_boots`` only
+    (``bisect_budget.release_share``), so the commit stage keeps what it plans to need."""
     rel = spec.engine.releases
     released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
     m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=not released)
@@ -285,13 +340,19 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
     with sched.recording("bisect"):
         # One search, or two: a search over releases may add the descent into the commits
         # of its culprit release, searched in turn on what is left of the budget.
-        searches: list[tuple[Sequence[str], bool, int]] = [(revisions, released, max_boots)]
+        first = max_boots
+        if released:
+            first = _release_budget(sched, plan, rel, revisions, confidence=confidence, max_boots=max_boots,
+                                    first_parent=first_parent)
+        searches: list[tuple[Sequence[str], bool, int, float | None]] = [(revisions, released, first, None)]
         outcomes: list[BisectOutcome] = []
-        note = None
-        for revs, releases, budget in searches:
+        note, owed = None, False
+        for revs, releases, budget, step_sd in searches:
             outcomes.append(search_commits(sched, revs, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
                                            expect=m.worse, confidence=confidence, max_boots=budget, fresh=fresh,
-                                           releases=releases))
+                                           releases=releases, total_boots=max_boots, step_sd=step_sd,
+                                           stage=("release stage" if releases else
+                                                  "commit stage" if released else "bisection")))
             if not releases:
                 continue
             found = outcomes[-1]
@@ -314,21 +375,57 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
             if commits and len(commits) < 3:
                 note = (f"{tags[1]} is the only commit after {tags[0]}: it is the culprit commit "
                         f"({commits[-1][:12]})")
-            elif commits and left < 4:
-                note = f"the budget ({max_boots} boots) was spent on the releases: no boots left to descend"
             elif commits:
+                need = plan_stage(len(commits), SearchOptions(confidence=confidence, width=max(1, sched.backend.slots)),
+                                  found.step_sd)
+                if left < need.least:  # said before it starts, and not started: it could not name a culprit
+                    note = plan_lines("commit stage", need, left, max_boots)[-1].removeprefix("bisection: ")
+                    note = f"culprit release {found.culprit}, but {note}"
+                    sched.obs.message(f"bisection: {note}")
+                    owed = True
+                    continue
                 sched.obs.message(f"bisection: culprit release {found.culprit}; descending into the "
                                   f"{len(commits) - 1} commits of {tags[0]}..{tags[1]}")
-                searches.append((commits, False, left))
+                searches.append((commits, False, left, found.step_sd))
         outcome = outcomes[0]
         if released:  # the release search's row says what became of the descent
             outcome = dataclasses.replace(outcome, descent=outcomes[1] if len(outcomes) > 1 else None,
-                                          descent_note=note)
+                                          descent_note=note, descent_owed=owed)
             bis = ledger.session.get(Bisection, outcome.bisection_id)
             bis.result = outcome.to_json()
             ledger.commit()
     sched.finish_run("done")
     return outcome, sched
+
+
+def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str], *, confidence: float,
+                    max_boots: int, first_parent: bool) -> int:
+    """The release stage's share of ``max_boots``: the commit stage keeps what it plans
+    to need for the widest gap between two neighbouring releases it may descend into
+    (none where the releases are not mapped to commits). Says the split."""
+    options = SearchOptions(confidence=confidence, width=max(1, sched.backend.slots))
+    widest = 0
+    if rel.tag is not None and plan.ws is not None:
+        for before, after in zip(revisions, revisions[1:]):
+            try:
+                lo, hi = (plan.ws.resolve(rel.tag.format(version=v), where=f"engine.releases.tag of {v}")
+                          for v in (before, after))
+                widest = max(widest, len(plan.ws.commits_between(lo, hi, first_parent=first_parent)))
+            except UserError:
+                continue  # that gap cannot be descended into: said when the descent is tried
+    commits = plan_stage(widest, options) if widest >= 3 else None
+    releases = plan_stage(len(revisions), options)
+    share = release_share(max_boots, releases, commits)
+    if commits is not None:
+        sched.obs.message(f"bisection plan: the commit stage, up to {commits.revisions} revisions between two "
+                          f"releases: about {commits.planned} boots planned, at least {commits.least}; the release "
+                          f"stage may use {share} of --max-boots {max_boots}, keeping {max_boots - share} for it")
+        if max_boots < releases.least + commits.least:
+            sched.obs.message(f"bisection: --max-boots {max_boots} cannot finish both stages: they need at least "
+                              f"{releases.least + commits.least} boots ({releases.least} releases, {commits.least} "
+                              f"commits); raise --max-boots to at least {releases.least + commits.least} (about "
+                              f"{releases.planned + commits.planned} for room)")
+    return share
 
 
 def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
