@@ -116,6 +116,9 @@ def normalize(text: str, tmp: Path) -> str:
     text = re.sub(r"bisect-harness \S+", "bisect-harness <version>", text)
     text = re.sub(r"\(sha256 [0-9a-f]{12}\)", "(sha256 <spec hash>)", text)
     text = re.sub(r"\d{4}-\d\d-\d\d-", "<day>-", text)
+    # what boots took on this machine: a verdict's measured node time and a boot's price
+    text = re.sub(r"samples, [0-9.]+ s of node time", "samples, <s> s of node time", text)
+    text = re.sub(r"a boot costs [0-9.]+ s beside", "a boot costs <s> s beside", text)
     return text
 
 
