@@ -42,8 +42,7 @@ __all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "m
 @dataclass(frozen=True)
 class CostModel:
     """What one boot and one sample cost, in seconds of the node. ``source``:
-    ``stated`` (the hypotheses file), ``measured`` (this run's boots) or ``assumed``
-    (nothing known yet: equal costs, which keeps the first rounds' count)."""
+    ``stated`` (the hypotheses file) or ``measured`` (this run's boots)."""
 
     boot_s: float
     sample_s: float
