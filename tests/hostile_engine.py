@@ -118,6 +118,10 @@ class Handler(BaseHTTPRequestHandler):
             chunks[0] = {"choices": [1]}
         usage = {"ok": n, "low-usage": 1, "huge-usage": 10 ** 9}.get(MODE, n)
         chunks.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": usage}})
+        self._stream(chunks)
+
+    def _stream(self, chunks) -> None:
+        """Each of ``chunks`` as a server-sent event, then ``[DONE]`` and the chunked body's end."""
         for c in chunks:
             time.sleep(0.002)
             self._chunk(b"data: " + json.dumps(c).encode() + b"\n\n")

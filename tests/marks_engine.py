@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -52,12 +51,7 @@ class Handler(hostile_engine.Handler):
         chunks = [{"choices": [{"index": 0, "text": f" w{i}"}]} for i in range(n - 1)]
         chunks += [{"choices": [{"index": 0, "text": " w"}]}, {"choices": [{"index": 0, "text": "."}]}][:1 + extra]
         chunks.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}})
-        for c in chunks:
-            time.sleep(0.002)
-            self._chunk(b"data: " + json.dumps(c).encode() + b"\n\n")
-        self._chunk(b"data: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self._stream(chunks)
 
 
 def _rank(rank: int, port: int) -> None:

@@ -52,20 +52,23 @@ class ListeningSocket:
     peers: tuple[int, ...] = ()       # processes of the tree holding a connection to it
     libraries: tuple[str, ...] = ()   # collective-communication libraries its process has loaded
 
+    def _ip(self):
+        """The address as an IP (a scope ``%eth0`` left out), or None where it is none."""
+        try:
+            return ipaddress.ip_address(self.address.split("%", 1)[0])
+        except ValueError:
+            return None
+
     @property
     def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.address.split("%", 1)[0]).is_loopback
-        except ValueError:
-            return False
+        ip = self._ip()
+        return ip is not None and ip.is_loopback
 
     @property
     def wildcard(self) -> bool:
         """Bound to every address (``0.0.0.0``, ``::``)."""
-        try:
-            return ipaddress.ip_address(self.address.split("%", 1)[0]).is_unspecified
-        except ValueError:
-            return False
+        ip = self._ip()
+        return ip is not None and ip.is_unspecified
 
     def describe(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
