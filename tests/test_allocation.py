@@ -150,5 +150,19 @@ def test_a_run_spends_a_dear_nodes_time_on_samples_and_says_what_each_verdict_co
     n_boots = cost["boots"]["baseline"] + cost["boots"]["treatment"]
     assert n_boots == len(counts) and cost["samples"] == sum(counts)
     assert cost["model"] == {"boot_s": 900.0, "sample_s": 20.0, "source": "stated"}
+    assert cost["samples_chosen"] is True
     (stats,), = query(db, "SELECT stats FROM verdicts WHERE final = 1")
     assert '"cost"' in stats
+
+
+def test_the_journal_says_the_prices_chose_samples_only_where_they_did():
+    from bisect_harness.report.journal import cost_line
+
+    cost = {"boots": {"baseline": 3, "treatment": 3}, "samples": 18, "node_s": 41.0,
+            "model": {"boot_s": 5.0, "sample_s": 0.5, "source": "measured"}}
+    chosen = cost_line({**cost, "samples_chosen": True})
+    fixed = cost_line({**cost, "samples_chosen": False})
+    assert "3 + 3 boots" in chosen and "18 samples" in chosen and "41.0 s of node time" in chosen
+    assert "chose their samples per boot" in chosen and "fixed count" not in chosen
+    assert "chose" not in fixed and "the file's fixed count of samples" in fixed
+    assert cost_line(None) is None

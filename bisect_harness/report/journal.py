@@ -194,8 +194,11 @@ def cost_line(cost) -> str | None:
     if model:
         how = "as the file states them" if model.get("source") == "stated" else "as measured in this run's boots"
         text += (f"; a boot costs {_fmt(model.get('boot_s'), 1)} s beside its samples and a sample "
-                 f"{_fmt(model.get('sample_s'), 2)} s ({how}), the prices by which later rounds chose their "
-                 "samples per boot")
+                 f"{_fmt(model.get('sample_s'), 2)} s ({how})")
+        if cost.get("samples_chosen", True):
+            text += ", the prices by which later rounds chose their samples per boot"
+        else:
+            text += "; every boot took the file's fixed count of samples"
     return text
 
 

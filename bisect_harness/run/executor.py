@@ -294,6 +294,8 @@ class Executor:
         if model is not None:
             out["model"] = {"boot_s": round(model.boot_s, 2), "sample_s": round(model.sample_s, 3),
                             "source": model.source}
+        d = self.spec.defaults
+        out["samples_chosen"] = d.max_samples_per_boot > d.samples_per_boot  # by the prices, or fixed
         return out
 
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
