@@ -282,3 +282,14 @@ def test_wait_quiet_takes_an_optional_value():
     assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet"]) == ["run", "h.yaml", "--wait-quiet", default]
     assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet", "30"]) == ["run", "h.yaml", "--wait-quiet", "30"]
     assert _wait_quiet_value(["run", "h.yaml", "--wait-quiet=30"]) == ["run", "h.yaml", "--wait-quiet=30"]
+
+
+def test_a_watch_cut_short_ends_at_once_and_keeps_what_it_read():
+    import time
+
+    t0 = time.monotonic()
+    w = c.Watch(30.0, interval_s=0.05)
+    time.sleep(0.2)
+    window = w.window(cut_short=True)
+    assert time.monotonic() - t0 < 5.0
+    assert 0.1 <= window.seconds < 5.0 and window.sources["foreign_cpu"]["available"]

@@ -185,7 +185,7 @@ def test_preflight_names_the_busy_processes_before_any_boot_and_wait_quiet_waits
     err = " ".join((proc.stdout + proc.stderr).split())  # no --json: the console is stdout; rich wraps lines
     assert proc.returncode == 3, proc.stderr  # no config ever booted: not measured (exit 3), said so
     assert "never booted" in err
-    busy_at = err.find("host busy before the first boot")
+    busy_at = err.find("host busy at the start of the run (before the first boot: ")
     assert busy_at >= 0, err
     assert "-c import time end = time.time()" in err[busy_at:] and "(pid " in err[busy_at:]  # our burner
     assert "--wait-quiet" in err[busy_at:]
@@ -210,3 +210,29 @@ def test_doctor_prints_real_warnings_on_a_busy_host(tmp_path):
     fields = {w["field"] for w in report["warnings"]}
     assert "contention.foreign_cpu_share" in fields, report["warnings"]
     assert report["contention"]["details"]["top_foreign"][0]["name"].startswith("python")
+
+
+def test_a_preflight_without_wait_quiet_runs_beside_the_first_boot_and_names_the_busy_processes(tmp_path):
+    spec = tmp_path / "hypotheses.yaml"
+    spec.write_text(FAILING_ENGINE.replace("host_preflight_s: 1", "host_preflight_s: 1.5"))
+    db = tmp_path / "r.db"
+    burn = burner(len(os.sched_getaffinity(0)))
+    try:
+        proc = subprocess.run([*HARNESS, "run", str(spec), "--no-calibration", "--ledger", f"sqlite:///{db}",
+                               "--journal-dir", str(tmp_path / "exp")],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    finally:
+        stop(burn)
+    err = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 3, proc.stderr
+    busy_at = err.find("host busy at the start of the run (beside the first boot: ")
+    assert busy_at >= 0, err
+    assert "-c import time end = time.time()" in err[busy_at:] and "host busy, waiting:" not in err
+    (result, created), = query(db, "select result, created_at from calibrations where phase = 'preflight'")
+    pre = json.loads(result)
+    assert pre["watched"] == "beside the first boot" and pre["waited_s"] == 0
+    # the whole window was watched although the first boot failed at once, and the boot did not wait for it
+    assert pre["contention"]["seconds"] >= 1.0, pre["contention"]
+    assert "foreign_cpu_share" in {c["figure"] for c in pre["crossed"]}
+    first_boot = query(db, "select min(started_at) from boots")[0][0]
+    assert first_boot < created

@@ -49,6 +49,7 @@ from bisect_harness.process.supervised import LaunchError, Supervised
 __all__ = ["ServerProcess", "free_port", "install_signal_handlers", "live_servers", "stop_all"]
 
 _TAIL_BYTES = 256 * 1024
+FIRST_POLLS_S, FIRST_POLLS_FOR_S = 0.05, 5.0  # readiness asked every 50 ms for the first 5 s
 
 
 # --------------------------------------------------------------------------- registry
@@ -313,7 +314,11 @@ class ServerProcess:
                 except httpx.HTTPError as exc:
                     last = type(exc).__name__ + (f" (no whole answer within {timeout:.1f} s)"
                                                  if isinstance(exc, httpx.TimeoutException) else "")
-                time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
+                # every 50 ms in the first seconds (a small server ready in 1.3 s is not left idle for
+                # a quarter of a second), then every poll_interval_s (a large one loads for minutes)
+                pause = min(self.poll_interval_s, FIRST_POLLS_S) if time.monotonic() - started < FIRST_POLLS_FOR_S \
+                    else self.poll_interval_s
+                time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
 
     def _probe(self, http: httpx.Client, url: str, probe: ReadyProbe | None,
                timeout: float) -> tuple[httpx.Response | None, str]:

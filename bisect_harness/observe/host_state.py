@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 from bisect_harness.observe.calibration import percent_beyond, steady_spread
 from bisect_harness.observe.contention import Thresholds, Window, summary_line
 
+PREFLIGHT_BUSY = "host busy at the start"  # the preflight's words, said by the run and matched by the journal
+
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def calibration_warnings(runs: Sequence, thresholds: Thresholds | None = None) -
             if cal.phase == "preflight":
                 crossed = res.get("crossed") or []
                 if crossed:
-                    out.append(f"host busy before the first boot of run {run.id}: "
+                    out.append(f"{PREFLIGHT_BUSY} of run {run.id} ({res.get('watched', 'before the first boot')}): "
                                + "; ".join(c["message"] for c in crossed))
                 continue
             limit = (res.get("judged") or {}).get("spread_limit", thresholds.calibration_spread)

@@ -132,7 +132,7 @@ def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
     if drift:
         parts.append(f"host drift ({len(drift)})")
     for prefix, label in (("contention differed", "contention differs"), ("calibration (", "calibration noisy"),
-                          ("host busy before the first boot", "busy at preflight")):
+                          (host_state.PREFLIGHT_BUSY, "busy at preflight")):
         n = sum(1 for w in warnings or [] if w.startswith(prefix))
         if n:
             parts.append(label if n == 1 else f"{label} x{n}")
@@ -500,10 +500,11 @@ def _calibration_text(result: dict) -> str:
         return "not run"
     if "error" in result:
         return f"failed: {result['error']}"
-    if "contention" in result:  # the preflight: the host watched before the first boot
+    if "contention" in result:  # the preflight: the host watched before or beside the first boot
         from bisect_harness.observe.contention import Window, summary_line
 
-        text = f"host watched before the first boot: {summary_line(Window.from_dict(result['contention']))}"
+        watched = result.get("watched", "before the first boot")
+        text = f"host watched {watched}: {summary_line(Window.from_dict(result['contention']))}"
         if result.get("waited_s"):
             text += f" (after waiting {result['waited_s']:.0f} s)"
         crossed = result.get("crossed") or []

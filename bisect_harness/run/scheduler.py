@@ -193,6 +193,7 @@ class Scheduler:
         self._resume_record: dict = {}
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
+        self._preflight: contention.Watch | None = None  # the preflight window running beside the first boot
         # samples each boot takes from now on: the hypothesis loop sets it round by round
         # (decide.allocation); None: defaults.samples_per_boot
         self.samples_per_boot: int | None = None
@@ -286,6 +287,7 @@ class Scheduler:
             return
         ended = False
         try:
+            self.end_preflight(cut_short=status != "done")  # a run that ended before its first batch did
             self.run.status = status
             self.run.error = error
             self.run.finished_at = utcnow()
@@ -346,36 +348,49 @@ class Scheduler:
                 said = str(second)
                 raise InfrastructureError(said if said.startswith(first) else f"{first}; {said}") from None
 
-    def preflight(self) -> contention.Window | None:
-        """Watch the host before the first boot; say so when it is busy (naming the
-        busiest foreign processes), and with ``wait_quiet_s`` wait for a quiet window.
-        The window is recorded as the run's ``preflight`` calibration row."""
+    def preflight(self) -> None:
+        """Watch the host at the run's start and say so when it is busy (naming the
+        busiest foreign processes). With ``wait_quiet_s`` the first boot waits for a
+        quiet window; without, the window runs beside the first boot (the harness's own
+        processes, the server's among them, are not foreign) and is judged when that
+        boot's batch is over (:meth:`end_preflight`). Either window is recorded as the
+        run's ``preflight`` calibration row."""
         d = self.spec.defaults
         seconds = d.host_preflight_s
         if seconds <= 0 and not self.wait_quiet_s:
-            return None
+            return
         seconds = seconds or 2.0
+        if not self.wait_quiet_s:
+            self._preflight = contention.Watch(seconds)
+            return
         t0 = time.monotonic()
-        if self.wait_quiet_s:
-            quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
-                                                  say=self.obs.message)
-        else:
-            window = contention.sample_host(seconds)
+        quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
+                                              say=self.obs.message)
+        waited = time.monotonic() - t0
+        self._record_preflight(window, waited, when="before the first boot")
+        if quiet:
+            self.obs.message(f"host quiet after {waited:.0f} s")
+
+    def end_preflight(self, *, cut_short: bool = False) -> None:
+        """The window watched beside the first boot: its time waited out (or, when the
+        run ends early, ``cut_short`` where it is), judged and recorded. Once per run."""
+        watch, self._preflight = self._preflight, None
+        if watch is not None:
+            self._record_preflight(watch.window(cut_short=cut_short), 0.0, when="beside the first boot")
+
+    def _record_preflight(self, window: contention.Window, waited: float, *, when: str) -> None:
+        d = self.spec.defaults
         crossed = contention.judge(window, d.host_thresholds)
-        waited = time.monotonic() - t0 if self.wait_quiet_s else 0.0
         if crossed:
             why = "; ".join(c.message for c in crossed)
-            self.obs.message(f"host busy before the first boot ({why}); the boots' figures will say how busy "
-                             f"each one was. Use --wait-quiet to wait for a quiet host, or defaults.host_check "
+            self.obs.message(f"{host_state.PREFLIGHT_BUSY} of the run ({when}: {why}); the boots' figures will say how busy each one "
+                             f"was. Use --wait-quiet to wait for a quiet host, or defaults.host_check "
                              f"(now {d.host_check}) to act on busy boots.")
-        elif self.wait_quiet_s:
-            self.obs.message(f"host quiet after {waited:.0f} s")
         self.ledger.add(Calibration(run_id=self.run.id, phase="preflight", host_fingerprint=self.host_fp,
-                                    host=self.host, result={"contention": window.to_dict(),
+                                    host=self.host, result={"contention": window.to_dict(), "watched": when,
                                                             "crossed": [c.to_dict() for c in crossed],
                                                             "waited_s": round(waited, 2),
                                                             "thresholds": d.host_thresholds.to_dict()}))
-        return window
 
     def record_calibration(self, phase: str) -> dict | None:
         if not self.calibrate:
@@ -564,6 +579,7 @@ class Scheduler:
         finally:
             recorder.close_unreported()  # boots that never reported (never started) say so
             self.ledger.commit()
+        self.end_preflight()  # its window ran beside this batch, the run's first
         recorder.raise_fatal()
         return [recorder.boots[r.boot_id][0] for r in requests]
 

@@ -41,7 +41,9 @@ Example::
 
 from __future__ import annotations
 
-from bisect_harness.observe.contention.monitor import Monitor, allowed_cores, own_pids, sample_host, wait_quiet
+from bisect_harness.observe.contention.monitor import (
+    Monitor, Watch, allowed_cores, own_pids, sample_host, wait_quiet,
+)
 from bisect_harness.observe.contention.sources import (
     SOURCES, Context, ForeignCpuSource, GpuProcessSource, PressureSource, ProcCpu, ProcStat, RunQueueSource, Source,
     SourceUnavailable, StealSource, parse_pressure, parse_proc_stat, parse_task_state, register,
@@ -51,6 +53,6 @@ from bisect_harness.observe.contention.window import HOST_BUSY, Crossing, Thresh
 __all__ = [
     "Context", "Crossing", "ForeignCpuSource", "HOST_BUSY", "GpuProcessSource", "Monitor", "PressureSource", "ProcCpu",
     "ProcStat", "RunQueueSource", "SOURCES", "Source", "SourceUnavailable", "StealSource", "Thresholds",
-    "Window", "allowed_cores", "judge", "own_pids", "parse_pressure", "parse_proc_stat", "parse_task_state",
+    "Watch", "Window", "allowed_cores", "judge", "own_pids", "parse_pressure", "parse_proc_stat", "parse_task_state",
     "record", "register", "sample_host", "summary_line", "wait_quiet",
 ]

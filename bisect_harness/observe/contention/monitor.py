@@ -4,7 +4,7 @@ A :class:`Monitor` reads each source when it starts, about once per
 ``interval_s``, at each :meth:`Monitor.split` (a sample boundary) and when it
 stops; :meth:`Monitor.window` turns the readings between two boundaries into a
 :class:`~bisect_harness.observe.contention.window.Window`. :func:`sample_host`
-watches the host for a few seconds; :func:`wait_quiet` waits for a quiet window.
+watches the host for a few seconds, a :class:`Watch` beside other work; :func:`wait_quiet` waits for a quiet window.
 """
 
 from __future__ import annotations
@@ -152,6 +152,27 @@ def sample_host(seconds: float = 3.0, *, interval_s: float = 0.5, roots: Sequenc
     with Monitor(interval_s=interval_s, roots=roots) as mon:
         time.sleep(seconds)  # the window itself: the sources measure what happens during it
     return mon.window()
+
+
+class Watch:
+    """A window of ``seconds`` watched on a background thread while the caller goes on
+    (the run's preflight beside its first boot). :meth:`window` waits for the window's
+    end, or with ``cut_short`` ends it now, and gives its figures."""
+
+    def __init__(self, seconds: float, *, interval_s: float = 0.5, roots: Sequence[int] | None = None):
+        self.seconds = seconds
+        self._mon = Monitor(interval_s=interval_s, roots=roots)
+        self._mon.start()
+        self._timer = threading.Timer(seconds, self._mon.stop)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def window(self, *, cut_short: bool = False) -> Window:
+        if cut_short:
+            self._timer.cancel()
+        self._timer.join()  # fired (the monitor stopped at its time) or cancelled
+        self._mon.stop()    # nothing where the timer stopped it
+        return self._mon.window()
 
 
 def wait_quiet(thresholds: Thresholds, *, timeout_s: float, window_s: float = 3.0,
