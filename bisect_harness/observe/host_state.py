@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from bisect_harness.observe.calibration import percent_beyond, steady_spread
-from bisect_harness.observe.contention import Thresholds, Window, summary_line
+from bisect_harness.observe.contention import Thresholds, Window, judge, summary_line
 
 PREFLIGHT_BUSY = "host busy at the start"  # the preflight's words, said by the run and matched by the journal
 
@@ -39,6 +39,21 @@ class BootContention:
         if not rec or "window" not in rec:
             return None
         return cls(Window.from_dict(rec["window"]), tuple(rec.get("crossed", ())), tuple(rec.get("samples", ())))
+
+
+def quiet_samples(boot) -> tuple[bool, ...] | None:
+    """Per sample of ``boot`` (in order), whether its own contention window crossed no
+    threshold (the boot's own thresholds, as recorded); None where the boot has no
+    window per sample that lines up with its samples (not measured, an older ledger).
+    The first sample's window holds the warm-up before it too."""
+    rec = (boot.provenance or {}).get("contention") or {}
+    windows = rec.get("samples")
+    if not windows or len(windows) != len(boot.samples) or "window" not in rec:
+        return None
+    known = set(Thresholds.names())
+    thresholds = Thresholds(**{k: v for k, v in (rec.get("thresholds") or {}).items() if k in known})
+    cores = Window.from_dict(rec["window"]).cores
+    return tuple(not judge(Window(0.0, cores, dict(figures), {}), thresholds) for figures in windows)
 
 
 def busy_sentence(label: str, rec: BootContention) -> str:

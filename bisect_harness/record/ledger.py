@@ -25,6 +25,7 @@ from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRe
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
+from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
 
 SCHEMA_VERSION = 3
@@ -402,14 +403,17 @@ class Ledger:
             raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
         return run
 
-    def boot_values(self, boots: Iterable[Boot], metric: str) -> BootValues:
-        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out."""
+    def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False) -> BootValues:
+        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out.
+        ``quiet``: only the samples whose own contention window crossed no threshold
+        (``host_state.quiet_samples``; every sample of a boot without such windows)."""
         ids, values = [], []
         for boot in boots:
             if boot.status != "ok":
                 continue
-            vals = tuple(float(s.metrics[metric]) for s in boot.samples
-                         if metric in s.metrics and s.metrics[metric] is not None)
+            mask = host_state.quiet_samples(boot) if quiet else None
+            vals = tuple(float(s.metrics[metric]) for k, s in enumerate(boot.samples)
+                         if metric in s.metrics and s.metrics[metric] is not None and (mask is None or mask[k]))
             if vals:
                 ids.append(boot.id)
                 values.append(vals)

@@ -150,7 +150,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         if fresh:
             break
         found = ledger.reusable_boots(pc.key, sched.host_fp)
-        got = ledger.boot_values(found, metric)
+        got = ledger.boot_values(found, metric, quiet=spec.defaults.search_samples == "quiet")
         if got.boot_ids:
             by_id = {b.id: b for b in found}
             observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
@@ -198,6 +198,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                 note = f"{note} | unmeasurable: {m.unmeasurable}"
             elif m.usable < m.asked:
                 note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
+            if m.busy_samples:
+                note = f"{note} | {m.busy_samples} busy sample{'s' if m.busy_samples > 1 else ''} left out"
             results.append(None if m.unmeasurable and not m.values else list(m.values))
             booted = sorted(m.boot_ids + m.failed_ids + m.left_out_ids)
             searched.update(booted)
@@ -269,17 +271,21 @@ def _busy_verdict(sched: Scheduler, configs, searched: set[int], would_be: StopR
     """A search that stopped without an answer on a host that was mostly busy: what
     it saw (k of n measured boots busy) and what would decide it; None where the
     host was quiet enough for the stop to stand."""
+    quiet = sched.spec.defaults.search_samples == "quiet"
     measured = busy = 0
     for pc in configs:
         st = sched.states.get(pc.key)
         for boot in st.boots if st else ():
             if boot.id in searched and boot.status == "ok":
                 measured += 1
-                busy += "host_busy" in (boot.marks or [])
+                # under search_samples: quiet a busy boot's quiet samples were a usable comparison
+                mask = host_state.quiet_samples(boot) if quiet else None
+                busy += "host_busy" in (boot.marks or []) and not (mask and any(mask))
     if not measured or busy < BUSY_SHARE_UNDETERMINED * measured:
         return None
+    what = "busy in every sample (no sample's window was quiet)" if quiet else "marked host_busy"
     return {"would_have_stopped": would_be.value, "busy_boots": busy, "measured_boots": measured,
-            "why": f"{busy} of {measured} measured boots were marked host_busy (other work on the host "
+            "why": f"{busy} of {measured} measured boots were {what} (other work on the host "
                    "during the sample windows)",
             "would_decide": "run again on a quiet host: wait for one (--wait-quiet SECONDS), keep other jobs "
                             "off this host's cores, or give more boots (--max-boots)"}

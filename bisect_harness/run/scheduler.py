@@ -143,7 +143,8 @@ class Measurement:
     left out; ``unmeasurable`` says why the config cannot be measured (after its
     retries), else None; ``short`` is set when the call stopped below the
     asked-for boots for another reason (its budget, or its spare boots spent).
-    ``samples`` holds each usable boot's samples behind its value."""
+    ``samples`` holds each usable boot's samples behind its value (a search's: its quiet
+    ones, ``defaults.search_samples``; ``busy_samples`` counts those left out)."""
 
     key: str
     asked: int
@@ -154,6 +155,7 @@ class Measurement:
     left_out_ids: list[int] = field(default_factory=list)
     unmeasurable: str | None = None
     short: str | None = None
+    busy_samples: int = 0  # samples of this call's ok boots left out as busy (search_samples: quiet)
 
     @property
     def booted(self) -> int:
@@ -503,13 +505,17 @@ class Scheduler:
             if metric is None:
                 m.boot_ids.append(boot.id)
                 return
-            bv = self.ledger.boot_values([boot], metric)
+            # a search's boot: its quiet samples (search_samples), so a burst that covered a sample
+            # costs that sample, and only a boot busy throughout is booted again
+            bv = self.ledger.boot_values([boot], metric, quiet=self.spec.defaults.search_samples == "quiet")
+            every = self.ledger.boot_values([boot], metric).values
+            m.busy_samples += (len(every[0]) if every else 0) - (len(bv.values[0]) if bv.values else 0)
             if bv.values:
                 m.boot_ids.append(boot.id)
                 m.values.append(bv.means()[0])
                 m.samples.append(bv.values[0])
                 return
-            m.left_out_ids.append(boot.id)  # ok, yet no sample of the metric: not usable
+            m.left_out_ids.append(boot.id)  # ok, yet no (quiet) sample of the metric: not usable
         elif boot.status == "failed":
             m.failed_ids.append(boot.id)
         else:

@@ -127,6 +127,8 @@ def hypotheses_schema() -> dict[str, Any]:
         "env_check": {"type": "string", "enum": list(_types.ENV_CHECK_MODES), "default": _types.Defaults.env_check},
         "flag_check": {"type": "string", "enum": list(_types.ENV_CHECK_MODES), "default": _types.Defaults.flag_check},
         "host_check": {"type": "string", "enum": list(_types.HOST_CHECK_MODES), "default": _types.Defaults.host_check},
+        "search_samples": {"type": "string", "enum": list(_types.SEARCH_SAMPLES),
+                           "default": _types.Defaults.search_samples},
         "analysis": {"type": "string", "enum": list(_sections.ANALYSES), "default": _types.Defaults.analysis},
         "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.5, "default": 0.05},
         "host_thresholds": {"type": "object", "additionalProperties": False,

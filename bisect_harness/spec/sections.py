@@ -27,8 +27,8 @@ from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, Limits, 
 from bisect_harness.spec.reader import (MAX_BOOTS, MAX_COUNT, MAX_HYPOTHESES, MAX_MATRIX_POINTS,
                                         MAX_SAMPLES_PER_BOOT, MAX_SECONDS, MAX_SEED, _ENV_NAME_RE, _check_flag_name,
                                         _env_str, _no_nul_inside, _Reader, _typename, parse_effect)
-from bisect_harness.spec.types import (ENV_CHECK_MODES, HOST_CHECK_MODES, ArmSpec, BackendSpec, Defaults,
-                                       EngineSpec, HypothesisSpec, MechanismSpec, ReleasesSpec)
+from bisect_harness.spec.types import (ENV_CHECK_MODES, HOST_CHECK_MODES, SEARCH_SAMPLES, ArmSpec, BackendSpec,
+                                       Defaults, EngineSpec, HypothesisSpec, MechanismSpec, ReleasesSpec)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -368,6 +368,11 @@ def _defaults(r: _Reader, value) -> Defaults:
             raise r.doc.error("defaults.host_check",
                               f"must be one of {', '.join(HOST_CHECK_MODES)}, got {d['host_check']!r}")
         kwargs["host_check"] = d["host_check"]
+    if "search_samples" in d:
+        if d["search_samples"] not in SEARCH_SAMPLES:
+            raise r.doc.error("defaults.search_samples",
+                              f"must be one of {', '.join(SEARCH_SAMPLES)}, got {d['search_samples']!r}")
+        kwargs["search_samples"] = d["search_samples"]
     for name in ("host_preflight_s", "host_wait_s"):
         if name in d:
             kwargs[name] = r.number(d[name], f"defaults.{name}", "a number of seconds")

@@ -15,10 +15,11 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
 
 __all__ = ["ArmSpec", "BackendSpec", "Defaults", "EngineSpec", "HypothesisSpec", "MechanismSpec", "ReleasesSpec",
-           "Spec", "ENV_CHECK_MODES", "HOST_CHECK_MODES"]
+           "Spec", "ENV_CHECK_MODES", "HOST_CHECK_MODES", "SEARCH_SAMPLES"]
 
 ENV_CHECK_MODES = ("mark", "exclude", "fatal")
 HOST_CHECK_MODES = ("mark", "exclude", "retry", "fatal")
+SEARCH_SAMPLES = ("quiet", "all")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ class Defaults:
     host_thresholds: Thresholds = field(default_factory=Thresholds)
     host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
     host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
+    # the samples a search (bisect, explain) counts per boot: quiet (those whose own window crossed no
+    # host threshold; a boot with none is booted again) or all
+    search_samples: str = "quiet"
     analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
     secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
 
