@@ -83,9 +83,11 @@ from scipy import stats
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from noise import MODELS, Host  # noqa: E402
+from noise import ALL_MODELS, MODELS, SAMPLES_PER_BOOT, Host  # noqa: E402
 
-from bisect_harness.decide.allocation import CostModel, node_time  # noqa: E402
+from bisect_harness.decide.allocation import (  # noqa: E402
+    CostModel, config_components, node_time, search_samples_per_boot,
+)
 from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
 from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
@@ -104,6 +106,8 @@ _SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0:
 _ROWS = [round(0.3 + 0.1 * i, 1) for i in range(38)]
 #: what a boot and a sample cost: a small GPU engine, and a large node loading a very large model
 COST_MODELS = {"small_gpu": CostModel(boot_s=10.0, sample_s=3.0), "large_node": CostModel(boot_s=900.0, sample_s=20.0)}
+#: defaults.max_samples_per_boot: the most a priced search's boots take
+MAX_SAMPLES_PER_BOOT = 16
 
 
 def _size(d: float) -> int:
@@ -147,11 +151,22 @@ def high_threshold(rows, magnitude: float, sample_size: int) -> float:
 class Range:
     """One trial's commit range on one host; counts boots and each boot's samples."""
 
-    def __init__(self, model: str, culprit: int | None, change: float, seed):
+    def __init__(self, model: str, culprit: int | None, change: float, seed, priced: CostModel | None = None):
         self.host = Host(model, np.random.default_rng(seed))
         self.culprit, self.change = culprit, change
         self.boots = 0
         self.samples: list[int] = []  # per boot, the samples it took
+        # priced: samples per boot as ``harness bisect`` chooses them under this cost model
+        # (decide.allocation from the boots so far, grouped by commit); else the host's fixed count
+        self.priced = priced
+        self.by_commit: dict[int, list[np.ndarray]] = {}
+
+    def samples_next(self) -> int | None:
+        if self.priced is None:
+            return None
+        comps = config_components([list(v) for v in self.by_commit.values()])
+        return search_samples_per_boot(self.priced, comps, min_samples=SAMPLES_PER_BOOT,
+                                       max_samples=MAX_SAMPLES_PER_BOOT)
 
     def node_time(self, cost: CostModel) -> float:
         """Node seconds of this trial's boots under ``cost``."""
@@ -164,9 +179,11 @@ class Range:
         mu = BASE * (1 + self.change) if self.bad(i) else BASE
         self.boots += k
         out = []
+        m = self.samples_next()  # once per call: a round's boots take one count, as in harness bisect
         for _ in range(k):
-            x = self.host.boot(mu, noisy=self.bad(i))
+            x = self.host.boot(mu, noisy=self.bad(i), samples=m)
             self.samples.append(int(x.size))
+            self.by_commit.setdefault(i, []).append(x)
             out.append(float(x.mean()))
         return out
 
@@ -246,19 +263,22 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 def run_cell(args) -> dict:
     model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches = args
     change = SCENARIOS[scenario]
-    master = np.random.default_rng([seed, MODELS.index(model), list(SCENARIOS).index(scenario)])
+    master = np.random.default_rng([seed, ALL_MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
     seeds = master.integers(0, 2**63 - 1, size=(trials, 2))
     out = {}
-    for s, name in enumerate(("ours", "pinpoint")):
-        if name not in searches:
+    names = [("ours", None), ("pinpoint", None)] + [(f"ours_priced_{c}", c) for c in COST_MODELS]
+    for s, (name, priced) in enumerate(names):
+        if name.split("_priced")[0] not in searches or (priced and "priced" not in searches):
             continue
         t0 = time.perf_counter()
         right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
         node_s: dict[str, list[float]] = {c: [] for c in COST_MODELS}
         for t, culprit in enumerate(culprits):
-            rr = Range(model, culprit, change, int(seeds[t, s]))
-            if name == "ours":
+            # a priced search starts from ours' seed: the same culprit, the same host's first draws
+            rr = Range(model, culprit, change, int(seeds[t, 0 if priced else s]),
+                       COST_MODELS[priced] if priced else None)
+            if name.startswith("ours"):
                 found, prob, why = ours(rr, verify_alpha, anchor_every)
                 stopped[why] = stopped.get(why, 0) + 1
                 probs.append(prob)
@@ -276,12 +296,16 @@ def run_cell(args) -> dict:
                 "mean_node_time_s": {c: float(np.mean(v)) for c, v in node_s.items()},
                 "mean_node_hours": {c: float(np.mean(v)) / 3600.0 for c, v in node_s.items()},
                 "seconds": round(time.perf_counter() - t0, 1)}
-        if name == "ours":
+        if name.startswith("ours"):
             cell["stopped"] = dict(sorted(stopped.items()))
             cell["mean_reported_probability"] = float(np.mean(probs))
         out[name] = cell
     out["boots_ratio_ours_to_pinpoint"] = (out["ours"]["mean_boots"] / out["pinpoint"]["mean_boots"]
                                            if "pinpoint" in out else None)
+    for c in COST_MODELS:
+        if f"ours_priced_{c}" in out:  # priced against fixed, each under the cost model it was priced for
+            out.setdefault("node_time_ratio_priced_to_ours", {})[c] = (
+                out[f"ours_priced_{c}"]["mean_node_time_s"][c] / out["ours"]["mean_node_time_s"][c])
     out["node_time_ratio_ours_to_pinpoint"] = (
         {c: out["ours"]["mean_node_time_s"][c] / out["pinpoint"]["mean_node_time_s"][c] for c in COST_MODELS}
         if "pinpoint" in out else None)
@@ -300,6 +324,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--priced", action="store_true",
+                        help="also run ours with samples per boot priced per cost model (decide.allocation)")
     parser.add_argument("--no-pinpoint", action="store_true",
                         help="run our search alone (no ratios, no boots goals): for comparing our settings")
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
@@ -311,8 +337,8 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     scenarios = [s for s in args.scenarios.split(",") if s]
     for m in models:
-        if m not in MODELS:
-            parser.error(f"--models: unknown noise model {m!r}; one of {', '.join(MODELS)}")
+        if m not in ALL_MODELS:
+            parser.error(f"--models: unknown noise model {m!r}; one of {', '.join(ALL_MODELS)}")
     for s in scenarios:
         if s not in SCENARIOS:
             parser.error(f"--scenarios: unknown scenario {s!r}; one of {', '.join(SCENARIOS)}")
@@ -327,6 +353,8 @@ def main() -> None:
                                               "chromium_iqr_1.0_n_10": 0.5708},
                  "results": {m: {} for m in models}}
     searches = ("ours",) if args.no_pinpoint else ("ours", "pinpoint")
+    if args.priced:
+        searches += ("priced",)
     jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches)
             for m in models for s in scenarios]
     if args.workers > 1:
@@ -347,8 +375,23 @@ def main() -> None:
             f"{c} ours {_hours(o['mean_node_time_s'][c])}" + (f", pinpoint {_hours(p['mean_node_time_s'][c])}"
                                                                if p else "")
             for c in COST_MODELS), flush=True)
+        for c in COST_MODELS:
+            q = r["cell"].get(f"ours_priced_{c}")
+            if q:
+                print(f"{'':25s} priced for {c}: top1 {q['top1_accuracy']:.3f} boots {q['mean_boots']:6.1f} "
+                      f"wrong+conf {q['wrong_confident_rate']:.3f}, node time {_hours(q['mean_node_time_s'][c])} "
+                      f"= {r['cell']['node_time_ratio_priced_to_ours'][c]:.2f}x ours", flush=True)
     res = out["results"]
     goals = {}
+    if args.priced:  # issue 41: node time at most 0.7x under the large node, no worse top-1 or wrong+confident
+        for m in models:
+            cells = res[m].values()
+            goals[f"{m}_priced_large_node_0.7x"] = all(
+                c["node_time_ratio_priced_to_ours"]["large_node"] <= 0.7 for c in cells)
+            goals[f"{m}_priced_top1_and_wrong_no_worse"] = all(
+                c["ours_priced_large_node"]["top1_accuracy"] >= c["ours"]["top1_accuracy"] - 0.02
+                and c["ours_priced_large_node"]["wrong_confident_rate"] <= max(0.01, c["ours"]["wrong_confident_rate"])
+                for c in cells)
     for m in models:
         goals[f"{m}_wrong_confident_at_most_0.01"] = all(
             c["ours"]["wrong_confident_rate"] <= 0.01 for c in res[m].values())

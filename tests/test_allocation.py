@@ -166,3 +166,41 @@ def test_the_journal_says_the_prices_chose_samples_only_where_they_did():
     assert "chose their samples per boot" in chosen and "fixed count" not in chosen
     assert "chose" not in fixed and "the file's fixed count of samples" in fixed
     assert cost_line(None) is None
+
+
+def test_config_components_read_the_boots_of_each_commit_apart():
+    from bisect_harness.decide.allocation import config_components
+
+    rng = np.random.default_rng(7)
+    # 40 commits of different levels, 3 boots each of 5 samples: within 3%, between 1%
+    configs = [[list(100 * (1 + 0.2 * k) * np.exp(rng.normal(0, 0.01) + rng.normal(0, 0.03, 5)))
+                for _ in range(3)] for k in range(40)]
+    c = config_components(configs)
+    assert c.df_within == 40 * 3 * 4 and c.df_between == 40 * 2
+    assert c.var_within == pytest.approx(0.03 ** 2, rel=0.15)
+    assert c.var_between == pytest.approx(0.01 ** 2, rel=0.6)
+    assert config_components([[[100.0, 101.0]], [[90.0, 91.0]]]).var_between is None  # no commit booted twice
+
+
+def test_a_search_takes_more_samples_only_where_a_boot_is_dear():
+    from bisect_harness.decide.allocation import CostModel, Components, search_samples_per_boot
+
+    comps = Components(var_within=0.023 ** 2, df_within=200, var_between=0.0065 ** 2, df_between=40)
+    small, large = CostModel(10.0, 3.0), CostModel(900.0, 20.0)
+    assert search_samples_per_boot(small, comps, min_samples=3, max_samples=16) == 3
+    assert 8 <= search_samples_per_boot(large, comps, min_samples=3, max_samples=16) <= 16
+    # boots that disagree more than their samples do: few samples whatever a boot costs
+    noisy = Components(var_within=0.02 ** 2, df_within=200, var_between=0.05 ** 2, df_between=40)
+    assert search_samples_per_boot(large, noisy, min_samples=3, max_samples=16) == 3
+    # not yet known, or a fixed count: the file's
+    assert search_samples_per_boot(large, Components(0.0004, 10, None, 1), min_samples=3, max_samples=16) == 3
+    assert search_samples_per_boot(large, comps, min_samples=3, max_samples=3) == 3
+    # boots that agree to the last digit: the most where boots are dear, boot_s / sample_s = 45 > 16
+    same = Components(var_within=0.02 ** 2, df_within=12, var_between=0.0, df_between=2)
+    assert search_samples_per_boot(large, same, min_samples=3, max_samples=16) == 16
+    assert search_samples_per_boot(small, same, min_samples=3, max_samples=16) == 3
+    # an estimate of zero from a few boots whose means spread as the samples alone make them: bounded above
+    # by its two degrees of freedom, so not the most at once
+    early = Components(var_within=0.02 ** 2, df_within=12, var_between=0.0, df_between=2,
+                       var_means=0.02 ** 2 / 3, within_in_means=0.02 ** 2 / 3)
+    assert 3 <= search_samples_per_boot(large, early, min_samples=3, max_samples=16) < 16

@@ -146,3 +146,47 @@ def test_quiet_samples_need_a_window_per_sample():
     assert host_state.quiet_samples(B) is None
     B.provenance = {}
     assert host_state.quiet_samples(B) is None
+
+
+class WithinNoisy(Planted):
+    """Planted boots whose samples spread three times as much as their boots do: where a
+    boot is dear, a search does better with more samples per boot."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.backend = MockBackend(self, name="within-noisy")
+
+    def __call__(self, r):
+        samples = super().__call__(r)
+        rng = random.Random(hashlib.sha256(f"within:{len(self.booted)}".encode()).digest())
+        out = []
+        for s in samples:
+            ms = s.metrics["decode_ms"] * rng.lognormvariate(0.0, 3 * self.noise)
+            out.append(type(s)(seq=s.seq, metrics={"decode_ms": ms, "tok_s": 1000.0 / ms}, requests=s.requests,
+                               output_tokens=s.output_tokens, duration_s=s.duration_s))
+        return out
+
+
+@pytest.mark.parametrize("most", [16, 3])
+def test_a_bisection_takes_more_samples_per_boot_where_boots_are_dear_and_agree(hist, tmp_path, most):
+    i_reg = hist.index(hist.events["regression"])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(repo=hist.path, rule="quiet").replace(
+        "search_samples: quiet,", f"search_samples: quiet, boot_cost_s: 900, sample_cost_s: 20, "
+                                  f"max_samples_per_boot: {most},"))
+    noisy = WithinNoisy(slow_from=hist.shas[i_reg:], factor=1.15, noise=0.02)
+    proc = harness_here("bisect", spec, "--good", hist.shas[i_reg - 6], "--bad", hist.shas[i_reg + 6], "--json",
+                        "--metric", "decode_ms", "--ledger", f"sqlite:///{tmp_path / 'r.db'}",
+                        "--journal-dir", tmp_path / "journal", handler=noisy, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["culprit"] == hist.events["regression"], out
+    counts = [r.samples for r in noisy.backend.requests]
+    said = [x for x in proc.stderr.splitlines() if x.startswith("bisection: ") and "samples per boot from step" in x]
+    if most == 3:  # a fixed count: every boot takes the file's
+        assert set(counts) == {3} and not said
+        return
+    # the first boots take the file's 3; once commits' boots show that they agree with each other more
+    # than their samples do, more, up to the most
+    assert counts[0] == 3 and 3 < max(counts) <= 16, counts
+    assert said and "a boot costs 900.0 s, a sample 20.00 s, stated; decide.allocation" in said[0], said

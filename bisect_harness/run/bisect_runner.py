@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bisect_harness.observe import host_state
+from bisect_harness.decide import allocation
 from bisect_harness.decide.bisect_budget import StagePlan, plan_stage, release_share
 from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopReason
 from bisect_harness.decide.bisect_options import SearchOptions
@@ -174,8 +175,41 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                           " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
     test_boots: dict[int, list[int]] = {}
     searched: set[int] = set()  # every boot this search booked
-    new_boots = 0
-    step = 0
+    try:
+        stop, new_boots, step = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
+                                             searched)
+    finally:
+        sched.samples_per_boot = None  # what comes after the search takes the file's count
+    res: BisectResult = search.result()
+    stopped = stop or res.stopped
+    undetermined = None
+    if stopped is StopReason.NOT_REPRODUCED:  # "no step" is a finding only where the host could tell
+        undetermined = _busy_verdict(sched, configs.values(), searched, stopped)
+        if undetermined is not None:
+            stopped = StopReason.UNDETERMINED
+    outcome = BisectOutcome(
+        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
+        candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
+        skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
+        warnings=tuple(_host_warnings(sched, configs.values())),
+        no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
+        verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
+        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
+        plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res))
+    bis.status = "done" if stopped != StopReason.RUNNING else "running"
+    bis.result = outcome.to_json()
+    ledger.commit()
+    return outcome
+
+
+def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, metric: str,
+                 max_boots: int, test_boots: dict[int, list[int]], searched: set[int]
+                 ) -> tuple[StopReason | None, int, int]:
+    """The search's rounds until it stops: each round's probes booted, recorded as
+    probe rows and observed. Returns (the stop the loop made itself, or None where the
+    search stopped on its own; boots booked; steps)."""
+    ledger, spec = sched.ledger, sched.spec
+    new_boots = step = 0
     stop: StopReason | None = None
     while (rnd := search.next_round()) is not None:
         if new_boots >= max_boots:
@@ -187,6 +221,13 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         # (on 8 single-GPU slots, 8 commits are probed together). The measuring call
         # owns retries and the failure policy; the budget counts every boot.
         states = [sched.state_for(configs[probe.commit]) for probe in rnd]
+        samples = _search_samples(sched, configs.values(), metric)
+        if samples != (sched.samples_per_boot or spec.defaults.samples_per_boot):
+            cost = sched.cost_model()
+            sched.obs.message(f"bisection: {samples} samples per boot from step {step + 1} (a boot costs "
+                              f"{cost.boot_s:.1f} s, a sample {cost.sample_s:.2f} s, {cost.source}; "
+                              "decide.allocation)")
+        sched.samples_per_boot = samples
         got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots)
         booked = sum(m.booted for m in got)
         new_boots += booked
@@ -216,26 +257,27 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         if booked == 0 and not any(r is None for r in results):
             stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
             break
-    res: BisectResult = search.result()
-    stopped = stop or res.stopped
-    undetermined = None
-    if stopped is StopReason.NOT_REPRODUCED:  # "no step" is a finding only where the host could tell
-        undetermined = _busy_verdict(sched, configs.values(), searched, stopped)
-        if undetermined is not None:
-            stopped = StopReason.UNDETERMINED
-    outcome = BisectOutcome(
-        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
-        candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
-        skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
-        warnings=tuple(_host_warnings(sched, configs.values())),
-        no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
-        verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
-        reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
-        plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res))
-    bis.status = "done" if stopped != StopReason.RUNNING else "running"
-    bis.result = outcome.to_json()
-    ledger.commit()
-    return outcome
+    return stop, new_boots, step
+
+
+def _search_samples(sched: Scheduler, configs, metric: str) -> int:
+    """Samples per boot for a search's next boots: ``decide.allocation``'s count for a
+    search from its boots so far, grouped by commit (their quiet samples under
+    ``search_samples: quiet``), within ``samples_per_boot`` .. ``max_samples_per_boot``;
+    the file's count until a cost is known (stated, or measured once a boot finished)
+    and two commits' boots show how much the boots differ."""
+    d = sched.spec.defaults
+    cost = sched.cost_model()
+    if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
+        return d.samples_per_boot
+    quiet = d.search_samples == "quiet"
+    groups = []
+    for pc in configs:
+        st = sched.states.get(pc.key)
+        if st is not None:
+            groups.append(list(sched.ledger.boot_values(st.good_boots, metric, quiet=quiet).values))
+    return allocation.search_samples_per_boot(cost, allocation.config_components(groups),
+                                              min_samples=d.samples_per_boot, max_samples=d.max_samples_per_boot)
 
 
 def _step_sd(res: BisectResult) -> float | None:

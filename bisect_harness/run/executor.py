@@ -32,7 +32,7 @@ from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, verd
 from bisect_harness.run import resume as resume_mod
 from bisect_harness.run.bisect_runner import bisect_hypothesis
 from bisect_harness.run.explain_runner import explain_hypothesis, explanation_lines
-from bisect_harness.run.scheduler import ConfigState, Observer, Scheduler
+from bisect_harness.run.scheduler import ConfigState, Observer, Scheduler, boot_seconds
 
 __all__ = ["Executor", "Observer", "ConfigState"]
 
@@ -256,12 +256,7 @@ class Executor:
     # ------------------------------------------------------------------ node time: boots or samples
 
     def cost_model(self) -> allocation.CostModel | None:
-        """What a boot and a sample cost: as the file states them, else measured from
-        this run's finished boots (None before one finished with a sample)."""
-        d = self.spec.defaults
-        if d.boot_cost_s is not None and d.sample_cost_s is not None:
-            return allocation.CostModel(d.boot_cost_s, d.sample_cost_s, "stated")
-        return allocation.measured_cost([_boot_seconds(b) for st in self.states.values() for b in st.boots])
+        return self.sched.cost_model()
 
     def samples_next(self, pending) -> int:
         """Samples per boot for the next round of ``pending`` hypotheses: the two-stage
@@ -287,7 +282,7 @@ class Executor:
         and left-out ones too), their samples, and their node time as measured, with
         the cost model (stated or measured) that prices a boot of this node."""
         sides = {"baseline": b.boots, "treatment": t.boots}
-        seconds = [_boot_seconds(x) for boots in sides.values() for x in boots]
+        seconds = [boot_seconds(x) for boots in sides.values() for x in boots]
         out = {"boots": {k: len(v) for k, v in sides.items()},
                "samples": sum(n for _, _, n in seconds), "node_s": round(sum(s for s, _, _ in seconds), 1)}
         model = self.cost_model()
@@ -308,16 +303,6 @@ class Executor:
                         config_warnings=attach.verdict_warnings([b.planned, t.planned]))
         v["stats"] = {**(v.get("stats") or {}), "cost": self.verdict_cost(b, t)}
         return VerdictRow(**v)
-
-
-def _boot_seconds(boot) -> tuple[float, float, int]:
-    """One boot as the cost model reads it: (node seconds from its row to its end,
-    seconds of its samples together, samples taken); (0, 0, 0) while it runs."""
-    if boot.finished_at is None or boot.started_at is None:
-        return 0.0, 0.0, 0
-    samples = list(boot.samples or ())
-    return (max(0.0, (boot.finished_at - boot.started_at).total_seconds()),
-            float(sum(s.duration_s or 0.0 for s in samples)), len(samples))
 
 
 def _arm_dict(arm) -> dict:

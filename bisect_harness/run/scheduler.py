@@ -54,6 +54,7 @@ from typing import Iterator, Mapping, Sequence
 
 from bisect_harness import __version__
 from bisect_harness.engines import attach
+from bisect_harness.decide import allocation
 from bisect_harness.observe import calibration, contention
 from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
@@ -412,6 +413,14 @@ class Scheduler:
 
     # ------------------------------------------------------------------ configs
 
+    def cost_model(self) -> allocation.CostModel | None:
+        """What a boot and a sample cost: as the file states them, else measured from
+        this run's finished boots (None before one finished with a sample)."""
+        d = self.spec.defaults
+        if d.boot_cost_s is not None and d.sample_cost_s is not None:
+            return allocation.CostModel(d.boot_cost_s, d.sample_cost_s, "stated")
+        return allocation.measured_cost([boot_seconds(b) for st in self.states.values() for b in st.boots])
+
     def state_for(self, pc: PlannedConfig) -> ConfigState:
         st = self.states.get(pc.key)
         if st is not None:
@@ -609,6 +618,16 @@ class Scheduler:
         if not quiet:
             self.obs.message(f"host still busy after {d.host_wait_s:.0f} s; booting anyway "
                              f"({contention.summary_line(window)})")
+
+
+def boot_seconds(boot) -> tuple[float, float, int]:
+    """One boot as the cost model reads it: (node seconds from its row to its end,
+    seconds of its samples together, samples taken); (0, 0, 0) while it runs."""
+    if boot.finished_at is None or boot.started_at is None:
+        return 0.0, 0.0, 0
+    samples = list(boot.samples or ())
+    return (max(0.0, (boot.finished_at - boot.started_at).total_seconds()),
+            float(sum(s.duration_s or 0.0 for s in samples)), len(samples))
 
 
 class _Recorder:
