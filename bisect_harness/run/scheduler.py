@@ -197,6 +197,7 @@ class Scheduler:
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
         self._preflight: contention.Watch | None = None  # the preflight window running beside the first boot
+        self._preflight_due: float | None = None  # its seconds, until the first batch starts it
         # samples each boot takes from now on: the hypothesis loop sets it round by round
         # (decide.allocation); None: defaults.samples_per_boot
         self.samples_per_boot: int | None = None
@@ -354,9 +355,9 @@ class Scheduler:
     def preflight(self) -> None:
         """Watch the host at the run's start and say so when it is busy (naming the
         busiest foreign processes). With ``wait_quiet_s`` the first boot waits for a
-        quiet window; without, the window runs beside the first boot (the harness's own
-        processes, the server's among them, are not foreign) and is judged when that
-        boot's batch is over (:meth:`end_preflight`). Either window is recorded as the
+        quiet window; without, the window runs beside the first batch of boots, from its
+        start (the harness's own processes, the server's among them, are not foreign),
+        and is judged when that batch is over (:meth:`end_preflight`). Either window is recorded as the
         run's ``preflight`` calibration row."""
         d = self.spec.defaults
         seconds = d.host_preflight_s
@@ -364,7 +365,7 @@ class Scheduler:
             return
         seconds = seconds or 2.0
         if not self.wait_quiet_s:
-            self._preflight = contention.Watch(seconds)
+            self._preflight_due = seconds  # watched from the first batch's start (after any calibration probe)
             return
         t0 = time.monotonic()
         quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
@@ -374,9 +375,17 @@ class Scheduler:
         if quiet:
             self.obs.message(f"host quiet after {waited:.0f} s")
 
+    def _start_preflight(self) -> None:
+        if self._preflight_due is not None:
+            self._preflight, self._preflight_due = contention.Watch(self._preflight_due), None
+
     def end_preflight(self, *, cut_short: bool = False) -> None:
         """The window watched beside the first boot: its time waited out (or, when the
-        run ends early, ``cut_short`` where it is), judged and recorded. Once per run."""
+        run ends early, ``cut_short`` where it is), judged and recorded. Once per run;
+        a run that ends before any boot watches its window now, unless cut short."""
+        if not cut_short:
+            self._start_preflight()
+        self._preflight_due = None
         watch, self._preflight = self._preflight, None
         if watch is not None:
             self._record_preflight(watch.window(cut_short=cut_short), 0.0, when="beside the first boot")
@@ -557,6 +566,7 @@ class Scheduler:
         return out
 
     def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
+        self._start_preflight()
         recorder = _Recorder(self)
         requests = []
         for st in batch:
