@@ -85,9 +85,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from noise import ALL_MODELS, MODELS, SAMPLES_PER_BOOT, Host  # noqa: E402
 
-from bisect_harness.decide.allocation import (  # noqa: E402
-    CostModel, config_components, node_time, search_samples_per_boot,
-)
+from bisect_harness.decide.allocation import CostModel, node_time  # noqa: E402
 from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
 from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
@@ -106,7 +104,7 @@ _SIZES = {0.3: 360, 0.4: 240, 0.5: 120, 0.6: 90, 0.7: 70, 0.8: 50, 0.9: 40, 1.0:
 _ROWS = [round(0.3 + 0.1 * i, 1) for i in range(38)]
 #: what a boot and a sample cost: a small GPU engine, and a large node loading a very large model
 COST_MODELS = {"small_gpu": CostModel(boot_s=10.0, sample_s=3.0), "large_node": CostModel(boot_s=900.0, sample_s=20.0)}
-#: defaults.max_samples_per_boot: the most a priced search's boots take
+#: the most a priced search's boots take (defaults.max_samples_per_boot)
 MAX_SAMPLES_PER_BOOT = 16
 
 
@@ -148,6 +146,43 @@ def high_threshold(rows, magnitude: float, sample_size: int) -> float:
     return float(row[min(sample_size, len(row)) - 1])
 
 
+#: the candidate rule's upper quantile of the between-boot variance
+PRICED_BETWEEN_QUANTILE = 0.8
+
+
+def priced_samples(cost: CostModel, by_commit: list[list[np.ndarray]]) -> int:
+    """The candidate rule measured by ``--priced`` (not adopted: see the module): samples
+    per boot for a search's next boots from its boots so far, grouped by commit. The
+    within-boot variance of log samples and the between-boot variance of a commit's
+    boot means (less what the samples put in them) are pooled over the commits; the
+    between part is taken at its upper ``PRICED_BETWEEN_QUANTILE`` bound (chi-square),
+    and the count is the ``m`` that makes ``sqrt(var_between + var_within / m) (boot_s
+    + m sample_s)`` least (a search's boots fell about as the square root of a boot
+    mean's variance, not in proportion), between ``SAMPLES_PER_BOOT`` and
+    ``MAX_SAMPLES_PER_BOOT``; ``SAMPLES_PER_BOOT`` until two degrees of freedom between
+    boots are known."""
+    ss_w = ss_b = 0.0
+    df_w = df_b = 0
+    inv_m: list[float] = []
+    for boots in by_commit:
+        logs = [np.log(x) for x in boots]
+        for x in logs:
+            ss_w += float(((x - x.mean()) ** 2).sum())
+            df_w += x.size - 1
+        if len(logs) > 1:
+            means = np.array([x.mean() for x in logs])
+            ss_b += float(((means - means.mean()) ** 2).sum())
+            df_b += len(logs) - 1
+            inv_m += [1.0 / x.size for x in logs]
+    if not df_w or df_b < 2 or ss_w <= 0.0:
+        return SAMPLES_PER_BOOT
+    vw = ss_w / df_w
+    vb = max(0.0, ss_b / stats.chi2.ppf(1.0 - PRICED_BETWEEN_QUANTILE, df_b) - vw * float(np.mean(inv_m)))
+    b, s_ = cost.boot_s, cost.sample_s
+    m = b / s_ if vb <= 0.0 else (-s_ * vw + math.sqrt((s_ * vw) ** 2 + 8.0 * s_ * vb * vw * b)) / (4.0 * s_ * vb)
+    return int(min(MAX_SAMPLES_PER_BOOT, max(SAMPLES_PER_BOOT, round(m))))
+
+
 class Range:
     """One trial's commit range on one host; counts boots and each boot's samples."""
 
@@ -156,17 +191,15 @@ class Range:
         self.culprit, self.change = culprit, change
         self.boots = 0
         self.samples: list[int] = []  # per boot, the samples it took
-        # priced: samples per boot as ``harness bisect`` chooses them under this cost model
-        # (decide.allocation from the boots so far, grouped by commit); else the host's fixed count
+        # priced: samples per boot by the candidate rule (priced_samples) under this cost model;
+        # else the host's fixed count, as harness bisect takes samples_per_boot
         self.priced = priced
         self.by_commit: dict[int, list[np.ndarray]] = {}
 
     def samples_next(self) -> int | None:
         if self.priced is None:
             return None
-        comps = config_components([list(v) for v in self.by_commit.values()])
-        return search_samples_per_boot(self.priced, comps, min_samples=SAMPLES_PER_BOOT,
-                                       max_samples=MAX_SAMPLES_PER_BOOT)
+        return priced_samples(self.priced, list(self.by_commit.values()))
 
     def node_time(self, cost: CostModel) -> float:
         """Node seconds of this trial's boots under ``cost``."""
@@ -325,7 +358,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--priced", action="store_true",
-                        help="also run ours with samples per boot priced per cost model (decide.allocation)")
+                        help="also run ours with samples per boot priced per cost model (priced_samples)")
     parser.add_argument("--no-pinpoint", action="store_true",
                         help="run our search alone (no ratios, no boots goals): for comparing our settings")
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,

@@ -27,9 +27,8 @@ whatever its count, so an estimate that is off costs node time, never error.
 (``defaults.boot_cost_s``, ``defaults.sample_cost_s``: a node the harness has not
 seen) or measured from the boots so far (:func:`measured_cost`).
 
-A bisection reads its components from boots grouped by commit
-(:func:`config_components`): its posterior and its paired tests read each boot as
-one mean, so, as for the rounds, the count steers cost, never error.
+A bisection keeps ``samples_per_boot``: pricing its samples from its own boots was
+measured (``bench/bench_bisect.py --priced``) and not adopted; see that bench.
 """
 
 from __future__ import annotations
@@ -39,9 +38,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
-__all__ = ["CostModel", "Components", "round_components", "config_components", "samples_per_boot", "search_samples_per_boot", "measured_cost", "node_time"]
+__all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "measured_cost", "node_time"]
 
 
 @dataclass(frozen=True)
@@ -74,9 +72,6 @@ class Components:
     df_within: int
     var_between: Optional[float]
     df_between: int
-    # config_components: the boot means' own spread, and the part of it the samples make (var_within / m)
-    var_means: Optional[float] = None
-    within_in_means: Optional[float] = None
 
 
 def round_components(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Components:
@@ -105,35 +100,6 @@ def round_components(pairs: Sequence[tuple[Sequence[float], Sequence[float]]]) -
     return Components(var_w, df_w, var_b, len(rounds))
 
 
-def config_components(configs: Sequence[Sequence[Sequence[float]]]) -> Components:
-    """The two variance components of log values from boots grouped by config, each
-    config a list of its boots' samples (a search's commits: each commit's level taken
-    out, pooled over the commits). The within-boot part is the pooled spread of each
-    boot's log samples; the between-boot part the pooled spread of each config's
-    boot means less what the within part puts in them (``var_within / m``), floored
-    at zero; None until two degrees of freedom between boots are known."""
-    ss_w, df_w = 0.0, 0
-    ss_b, df_b, inv_m = 0.0, 0, []
-    for boots in configs:
-        logs = [np.log(np.asarray(b, dtype=float)) for b in boots if len(b)]
-        logs = [x for x in logs if np.all(np.isfinite(x))]
-        for x in logs:
-            if x.size > 1:
-                ss_w += float(((x - x.mean()) ** 2).sum())
-                df_w += x.size - 1
-        if len(logs) > 1:
-            means = np.array([x.mean() for x in logs])
-            ss_b += float(((means - means.mean()) ** 2).sum())
-            df_b += len(logs) - 1
-            inv_m += [1.0 / x.size for x in logs]
-    var_w = ss_w / df_w if df_w else None
-    if var_w is None or df_b < 2:
-        return Components(var_w, df_w, None, df_b)
-    within_in_means = var_w * float(np.mean(inv_m))
-    var_b = max(0.0, ss_b / df_b - within_in_means)
-    return Components(var_w, df_w, var_b, df_b, ss_b / df_b, within_in_means)
-
-
 def samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_samples: int, max_samples: int) -> int:
     """Samples per boot for the next round: the two-stage optimum
     ``sqrt((boot_s / sample_s) (var_within / var_between))`` rounded, held in
@@ -150,43 +116,6 @@ def samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_sample
         return min_samples  # the samples of a boot agree: more of them add nothing
     var_b = max(comps.var_between, comps.var_within * 1e-9)
     m = math.sqrt((cost.boot_s / cost.sample_s) * (comps.var_within / var_b))
-    return int(min(max_samples, max(min_samples, round(m))))
-
-
-#: the upper quantile of the between-boot variance a search prices its samples with
-SEARCH_BETWEEN_QUANTILE = 0.8
-
-
-def search_samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_samples: int,
-                            max_samples: int) -> int:
-    """Samples per boot for a search's next boots (a bisection). A search's boots do
-    not fall in proportion to the variance of a boot's mean, as a comparison's rounds
-    do: its least probes and pairs stay whatever the noise (``bench/bench_bisect.py``:
-    the boots fell as about the 0.3th to 0.7th power of it). So its count is the ``m``
-    in ``[min_samples, max_samples]`` that makes ``sqrt(var_between + var_within / m)
-    (boot_s + m sample_s)`` least, the root of ``2 sample_s var_between m^2 + sample_s
-    var_within m - var_within boot_s = 0`` (at most ``boot_s / sample_s`` when the
-    boots agree), with the between-boot variance at its upper
-    ``SEARCH_BETWEEN_QUANTILE`` bound (chi-square, ``df_between``): a search's few boots
-    per commit often estimate it near zero. ``min_samples`` until two degrees of
-    freedom between boots are known."""
-    if max_samples <= min_samples or comps is None or comps.var_within is None or comps.var_between is None:
-        return min_samples
-    vw = comps.var_within
-    if vw <= 0.0:
-        return min_samples
-    # the bound is on the boot means' spread, the samples' part then taken out: an estimate of zero from
-    # a few boots still bounds the between part above zero
-    stretch = comps.df_between / float(_st.chi2.ppf(1.0 - SEARCH_BETWEEN_QUANTILE, comps.df_between))
-    if comps.var_means is not None and comps.within_in_means is not None:
-        vb = max(comps.var_between, comps.var_means * stretch - comps.within_in_means)
-    else:
-        vb = comps.var_between * stretch
-    b, s_ = cost.boot_s, cost.sample_s
-    if vb <= 0.0:
-        m = b / s_
-    else:
-        m = (-s_ * vw + math.sqrt((s_ * vw) ** 2 + 8.0 * s_ * vb * vw * b)) / (4.0 * s_ * vb)
     return int(min(max_samples, max(min_samples, round(m))))
 
 

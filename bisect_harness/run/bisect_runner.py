@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Sequence
 
 from bisect_harness.observe import host_state
-from bisect_harness.decide import allocation
 from bisect_harness.decide.bisect_budget import StagePlan, plan_stage, release_share
 from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopReason
 from bisect_harness.decide.bisect_options import SearchOptions
@@ -175,11 +174,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                           " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
     test_boots: dict[int, list[int]] = {}
     searched: set[int] = set()  # every boot this search booked
-    try:
-        stop, new_boots, step = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
-                                             searched)
-    finally:
-        sched.samples_per_boot = None  # what comes after the search takes the file's count
+    stop, new_boots, step = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
+                                         searched)
     res: BisectResult = search.result()
     stopped = stop or res.stopped
     undetermined = None
@@ -208,7 +204,7 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
     """The search's rounds until it stops: each round's probes booted, recorded as
     probe rows and observed. Returns (the stop the loop made itself, or None where the
     search stopped on its own; boots booked; steps)."""
-    ledger, spec = sched.ledger, sched.spec
+    ledger = sched.ledger
     new_boots = step = 0
     stop: StopReason | None = None
     while (rnd := search.next_round()) is not None:
@@ -221,13 +217,6 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
         # (on 8 single-GPU slots, 8 commits are probed together). The measuring call
         # owns retries and the failure policy; the budget counts every boot.
         states = [sched.state_for(configs[probe.commit]) for probe in rnd]
-        samples = _search_samples(sched, configs.values(), metric)
-        if samples != (sched.samples_per_boot or spec.defaults.samples_per_boot):
-            cost = sched.cost_model()
-            sched.obs.message(f"bisection: {samples} samples per boot from step {step + 1} (a boot costs "
-                              f"{cost.boot_s:.1f} s, a sample {cost.sample_s:.2f} s, {cost.source}; "
-                              "decide.allocation)")
-        sched.samples_per_boot = samples
         got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots)
         booked = sum(m.booted for m in got)
         new_boots += booked
@@ -258,26 +247,6 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
             stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
             break
     return stop, new_boots, step
-
-
-def _search_samples(sched: Scheduler, configs, metric: str) -> int:
-    """Samples per boot for a search's next boots: ``decide.allocation``'s count for a
-    search from its boots so far, grouped by commit (their quiet samples under
-    ``search_samples: quiet``), within ``samples_per_boot`` .. ``max_samples_per_boot``;
-    the file's count until a cost is known (stated, or measured once a boot finished)
-    and two commits' boots show how much the boots differ."""
-    d = sched.spec.defaults
-    cost = sched.cost_model()
-    if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
-        return d.samples_per_boot
-    quiet = d.search_samples == "quiet"
-    groups = []
-    for pc in configs:
-        st = sched.states.get(pc.key)
-        if st is not None:
-            groups.append(list(sched.ledger.boot_values(st.good_boots, metric, quiet=quiet).values))
-    return allocation.search_samples_per_boot(cost, allocation.config_components(groups),
-                                              min_samples=d.samples_per_boot, max_samples=d.max_samples_per_boot)
 
 
 def _step_sd(res: BisectResult) -> float | None:

@@ -47,7 +47,6 @@ import contextlib
 import hashlib
 import random
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -59,6 +58,7 @@ from bisect_harness.observe import calibration, contention
 from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
 from bisect_harness.run import resume
+from bisect_harness.run.preflight import Preflight
 from bisect_harness.backends import Backend
 from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Started
 from bisect_harness.backends.local import LocalBackend
@@ -196,8 +196,7 @@ class Scheduler:
         self._resume_record: dict = {}
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
-        self._preflight: contention.Watch | None = None  # the preflight window running beside the first boot
-        self._preflight_due: float | None = None  # its seconds, until the first batch starts it
+        self.preflight: Preflight | None = None  # the host watched at the run's start (run.preflight)
         # samples each boot takes from now on: the hypothesis loop sets it round by round
         # (decide.allocation); None: defaults.samples_per_boot
         self.samples_per_boot: int | None = None
@@ -269,7 +268,12 @@ class Scheduler:
                              f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
                              f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
                              f"{len(rec['cut_short_boot_ids'])} were cut short")
-        self.preflight()
+        self.preflight = Preflight(self.spec.defaults, self.wait_quiet_s, self.obs.message, self._add_preflight)
+        self.preflight.begin()
+
+    def _add_preflight(self, result: dict) -> None:
+        self.ledger.add(Calibration(run_id=self.run.id, phase="preflight", host_fingerprint=self.host_fp,
+                                    host=self.host, result=result))
 
     def backend_record(self) -> dict:
         """Which backend booted this run's boots, and how many at once (``runs.host``)."""
@@ -291,7 +295,8 @@ class Scheduler:
             return
         ended = False
         try:
-            self.end_preflight(cut_short=status != "done")  # a run that ended before its first batch did
+            if self.preflight is not None:  # a run that ended before its first batch did
+                self.preflight.end(cut_short=status != "done")
             self.run.status = status
             self.run.error = error
             self.run.finished_at = utcnow()
@@ -351,58 +356,6 @@ class Scheduler:
                 first = str(exc)
                 said = str(second)
                 raise InfrastructureError(said if said.startswith(first) else f"{first}; {said}") from None
-
-    def preflight(self) -> None:
-        """Watch the host at the run's start and say so when it is busy (naming the
-        busiest foreign processes). With ``wait_quiet_s`` the first boot waits for a
-        quiet window; without, the window runs beside the first batch of boots, from its
-        start (the harness's own processes, the server's among them, are not foreign),
-        and is judged when that batch is over (:meth:`end_preflight`). Either window is recorded as the
-        run's ``preflight`` calibration row."""
-        d = self.spec.defaults
-        seconds = d.host_preflight_s
-        if seconds <= 0 and not self.wait_quiet_s:
-            return
-        seconds = seconds or 2.0
-        if not self.wait_quiet_s:
-            self._preflight_due = seconds  # watched from the first batch's start (after any calibration probe)
-            return
-        t0 = time.monotonic()
-        quiet, window = contention.wait_quiet(d.host_thresholds, timeout_s=self.wait_quiet_s, window_s=seconds,
-                                              say=self.obs.message)
-        waited = time.monotonic() - t0
-        self._record_preflight(window, waited, when="before the first boot")
-        if quiet:
-            self.obs.message(f"host quiet after {waited:.0f} s")
-
-    def _start_preflight(self) -> None:
-        if self._preflight_due is not None:
-            self._preflight, self._preflight_due = contention.Watch(self._preflight_due), None
-
-    def end_preflight(self, *, cut_short: bool = False) -> None:
-        """The window watched beside the first boot: its time waited out (or, when the
-        run ends early, ``cut_short`` where it is), judged and recorded. Once per run;
-        a run that ends before any boot watches its window now, unless cut short."""
-        if not cut_short:
-            self._start_preflight()
-        self._preflight_due = None
-        watch, self._preflight = self._preflight, None
-        if watch is not None:
-            self._record_preflight(watch.window(cut_short=cut_short), 0.0, when="beside the first boot")
-
-    def _record_preflight(self, window: contention.Window, waited: float, *, when: str) -> None:
-        d = self.spec.defaults
-        crossed = contention.judge(window, d.host_thresholds)
-        if crossed:
-            why = "; ".join(c.message for c in crossed)
-            self.obs.message(f"{host_state.PREFLIGHT_BUSY} of the run ({when}: {why}); the boots' figures will say how busy each one "
-                             f"was. Use --wait-quiet to wait for a quiet host, or defaults.host_check "
-                             f"(now {d.host_check}) to act on busy boots.")
-        self.ledger.add(Calibration(run_id=self.run.id, phase="preflight", host_fingerprint=self.host_fp,
-                                    host=self.host, result={"contention": window.to_dict(), "watched": when,
-                                                            "crossed": [c.to_dict() for c in crossed],
-                                                            "waited_s": round(waited, 2),
-                                                            "thresholds": d.host_thresholds.to_dict()}))
 
     def record_calibration(self, phase: str) -> dict | None:
         if not self.calibrate:
@@ -566,7 +519,8 @@ class Scheduler:
         return out
 
     def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
-        self._start_preflight()
+        if self.preflight is not None:
+            self.preflight.start()
         recorder = _Recorder(self)
         requests = []
         for st in batch:
@@ -604,7 +558,8 @@ class Scheduler:
         finally:
             recorder.close_unreported()  # boots that never reported (never started) say so
             self.ledger.commit()
-        self.end_preflight()  # its window ran beside this batch, the run's first
+        if self.preflight is not None:
+            self.preflight.end()  # its window ran beside this batch, the run's first
         recorder.raise_fatal()
         return [recorder.boots[r.boot_id][0] for r in requests]
 
