@@ -63,8 +63,23 @@ keys: ``commits``, ``trials``, ``seed``, ``budget``, ``confidence``, ``verify_al
 ``pinpoint_threshold_check`` (``iqr_1.0_n_10`` regenerated beside
 ``chromium_iqr_1.0_n_10`` from Chromium's table), ``results``, ``goals``, ``seconds``.
 
+``--priced`` also runs ``ours`` with its samples per boot priced per cost model by a
+candidate rule (``priced_samples``: the search's own within- and between-boot variance,
+grouped by commit), each on the same seeds, as ``ours_priced_<cost model>`` with
+``node_time_ratio_priced_to_ours``. Measured (``--trials 30 --scenarios
+minus5,minus30,none --no-pinpoint --priced``, every model of ``noise.ALL_MODELS``): under
+the small GPU it took 3 samples everywhere (1.00x); under the large node it saved
+node time where a -5% culprit was found (0.74x autocorrelated, 0.85x host_step, 0.89x
+h200_quiet, 0.92x drift, 0.96x stationary and bursts, 1.00-1.04x elsewhere) and cost
+more where there was none (1.47x h200_quiet, 1.32x drift, 1.25x autocorrelated, 1.23x
+host_step, 1.11x h200_graphs_off): boots of 3 and of 16 samples in one search are not
+equally noisy, and the step model reads them as if they were. Never a wrong confident
+answer; top-1 at -5% fell in three models (bimodal 0.97 to 0.90, cpu_quiet 0.63 to 0.53,
+h200_graphs_off 0.20 to 0.17; 30 trials each). Not adopted: ``harness bisect`` keeps
+``samples_per_boot``.
+
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
-[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint]``. The last line
+[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint] [--priced]``. The last line
 printed is one JSON object with every figure.
 """
 
