@@ -98,7 +98,7 @@ class Defaults:
     boot_retries: int = 2
     host_check: str = "mark"            # a boot whose window saw contention: mark | exclude | retry | fatal
     host_thresholds: Thresholds = field(default_factory=Thresholds)
-    host_preflight_s: float = 2.0       # seconds the host is watched before the first boot (0: off)
+    host_preflight_s: float = 2.0       # the host watched beside the first boot (before it with --wait-quiet; 0: off)
     host_wait_s: float = 60.0           # retry: longest wait for a quiet host before the re-boot
     # the samples a search (bisect, explain) counts per boot: quiet (those whose own window crossed no
     # host threshold; a boot with none is booted again) or all
