@@ -147,3 +147,14 @@ def test_quiet_samples_need_a_window_per_sample():
     B.provenance = {}
     assert host_state.quiet_samples(B) is None
 
+
+
+def test_a_search_samples_value_the_harness_does_not_know_names_the_key(tmp_path):
+    from bisect_harness.errors import SpecError
+    from bisect_harness.spec import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(repo=tmp_path, rule="quietest"))
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    assert "defaults.search_samples" in str(err.value) and "quiet, all" in str(err.value)
