@@ -32,10 +32,15 @@ half an hour.
 Measured (2-core x86 VM, ``--seeds 3``, defaults: 32 commits, the culprit slowing
 tok/s from about 192 to 176, 2 burners in 1-6 s bursts with 1-6 s gaps), side by side:
 
-* ``quiet``: the culprit named 3 of 3 (P 0.999995 to 0.9999999998, stop ``confident``),
-  never wrong, in 50, 36 and 36 boots (19, 18, 14 of them marked busy);
-* ``all``: named 2 of 3 in 83 and 55 boots; the third stopped ``not-reproduced`` after
-  48 boots (23 busy): "no step" read from boots a burst had slowed on both sides.
+* ``quiet``: the culprit named 3 of 3 (P 0.999998 to 1.0, stop ``confident``), never
+  wrong, in 53, 141 and 55 boots (22, 59, 22 of them marked busy);
+* ``all``: named 2 of 3, in 49 and 81 boots; the third stopped ``unverified`` after 82
+  boots (34 busy): its head-to-head test of the leading commit against its parent, on
+  boots a burst had slowed, did not confirm it.
+
+An earlier run of both (the same seeds, with a bisection's samples per boot priced, a
+rule since taken out): ``quiet`` 3 of 3 in 50, 36, 36 boots; ``all`` 2 of 3 in 83 and 55,
+the third stopped ``not-reproduced`` after 48 boots.
 """
 
 from __future__ import annotations
