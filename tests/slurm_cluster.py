@@ -235,14 +235,17 @@ class SlurmCluster:
         whose slurmd is gone)."""
         conf = str(self.conf)
         me = os.getpid()
+        killed = []
         for proc in psutil.process_iter(["pid"]):
             if proc.pid == me:
                 continue
             try:
                 if proc.environ().get("SLURM_CONF") == conf or conf in " ".join(proc.cmdline()):
                     proc.kill()
+                    killed.append(proc)
             except (psutil.Error, OSError):
                 continue
+        psutil.wait_procs(killed, timeout=5)  # gone before anyone counts what outlived the cluster
 
     def leftovers(self) -> list[int]:
         """Pids of processes still running for this cluster (the daemons' and any with its config)."""
