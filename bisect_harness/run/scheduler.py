@@ -196,7 +196,8 @@ class Scheduler:
         self._resume_record: dict = {}
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
-        self.preflight: Preflight | None = None  # the host watched at the run's start (run.preflight)
+        # the host watched at the run's start (run.preflight): begun when the run opens
+        self.preflight = Preflight(self.spec.defaults, wait_quiet_s, self.obs.message, self._add_preflight)
         # samples each boot takes from now on: the hypothesis loop sets it round by round
         # (decide.allocation); None: defaults.samples_per_boot
         self.samples_per_boot: int | None = None
@@ -268,7 +269,6 @@ class Scheduler:
                              f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
                              f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
                              f"{len(rec['cut_short_boot_ids'])} were cut short")
-        self.preflight = Preflight(self.spec.defaults, self.wait_quiet_s, self.obs.message, self._add_preflight)
         self.preflight.begin()
 
     def _add_preflight(self, result: dict) -> None:
@@ -295,8 +295,7 @@ class Scheduler:
             return
         ended = False
         try:
-            if self.preflight is not None:  # a run that ended before its first batch did
-                self.preflight.end(cut_short=status != "done")
+            self.preflight.end(cut_short=status != "done")  # a run that ended before its first batch did
             self.run.status = status
             self.run.error = error
             self.run.finished_at = utcnow()
@@ -479,8 +478,9 @@ class Scheduler:
             # a search's boot: its quiet samples (search_samples), so a burst that covered a sample
             # costs that sample, and only a boot busy throughout is booted again
             bv = self.ledger.boot_values([boot], metric, quiet=self.spec.defaults.search_samples == "quiet")
-            every = self.ledger.boot_values([boot], metric).values
-            m.busy_samples += (len(every[0]) if every else 0) - (len(bv.values[0]) if bv.values else 0)
+            mask = host_state.quiet_samples(boot) if self.spec.defaults.search_samples == "quiet" else None
+            m.busy_samples += sum(1 for k, s in enumerate(boot.samples)
+                                  if mask is not None and not mask[k] and s.metrics.get(metric) is not None)
             if bv.values:
                 m.boot_ids.append(boot.id)
                 m.values.append(bv.means()[0])
@@ -519,8 +519,7 @@ class Scheduler:
         return out
 
     def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
-        if self.preflight is not None:
-            self.preflight.start()
+        self.preflight.start()
         recorder = _Recorder(self)
         requests = []
         for st in batch:
@@ -558,8 +557,7 @@ class Scheduler:
         finally:
             recorder.close_unreported()  # boots that never reported (never started) say so
             self.ledger.commit()
-        if self.preflight is not None:
-            self.preflight.end()  # its window ran beside this batch, the run's first
+        self.preflight.end()  # its window ran beside this batch, the run's first
         recorder.raise_fatal()
         return [recorder.boots[r.boot_id][0] for r in requests]
 
