@@ -301,3 +301,40 @@ def test_a_run_whose_bisection_names_no_culprit_exits_6(hist, tmp_path):
     assert h["bisection"]["candidate_set"] == [hist.events["regression"], bad]
     assert "regression: its bisection named no culprit (ambiguous-skips" in proc.stderr
     assert list((tmp_path / "journal").glob("*-run*.md")), "the journal is written before the exit"
+
+
+def test_endpoints_that_differ_by_less_than_min_effect_end_the_search_early(hist, tmp_path):
+    # Nothing between these two commits is slow: with --min-effect 20% the endpoint check shows the
+    # change smaller than that within its first looks and the search ends not-reproduced; with
+    # --min-effect any the same check runs on until the futility rule or its last look.
+    i_reg = hist.index(hist.events["regression"])
+    good, bad = hist.shas[i_reg + 1], hist.shas[i_reg + 9]
+    planted = Planted(slow_from=[])
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    said: list[str] = []
+    out = bisect(tmp_path, spec, good, bad, "--min-effect", "20%", planted=planted, code=6, stderr=said)
+    assert out["stopped"] == "not-reproduced" and out["culprit"] is None
+    et = out["endpoint_test"]
+    assert et["decision"] == "below" and et["upper"] < et["below"], et
+    assert et["below"] == pytest.approx(0.2 * 10.0, rel=0.1), "20% of the good endpoint's level, in ms"
+    assert out["new_boots"] == 2 * et["pairs"] <= 10
+    assert "the endpoints differ by less than --min-effect 20%" in said[0]
+    (journal,) = (tmp_path / "journal").glob("*-run*.md")
+    text = " ".join(journal.read_text().split())
+    assert "endpoint check: the change between the endpoints is smaller than the least that counts" in text
+    assert "`--min-effect` sets the least change" in text
+    (tmp_path / "any").mkdir()
+    anyway = bisect(tmp_path / "any", spec, good, bad, "--min-effect", "any", "--fresh", planted=planted, code=6)
+    assert anyway["stopped"] == "not-reproduced" and anyway["endpoint_test"]["decision"] == "failed"
+    assert anyway["endpoint_test"]["below"] is None and anyway["new_boots"] > out["new_boots"]
+
+
+def test_a_min_effect_that_is_no_relative_change_exits_2_naming_the_option(hist, tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    proc, _ = harness(["bisect", str(spec), "--good", "HEAD~1", "--bad", "HEAD", "--min-effect", "150%",
+                       "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                       "--journal-dir", str(tmp_path / "journal")], tmp_path, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    err = " ".join(proc.stderr.split())
+    assert "--min-effect '150%'" in err and "between 0 and 1" in err and "Traceback" not in err
+    assert not (tmp_path / "journal").exists(), "nothing was booted or written"

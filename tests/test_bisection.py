@@ -569,3 +569,59 @@ def test_a_head_to_head_test_whose_commit_fails_is_abandoned_and_the_search_ends
     assert res.stopped in (StopReason.AMBIGUOUS_SKIPS, StopReason.UNVERIFIED), res
     if res.stopped is StopReason.AMBIGUOUS_SKIPS:  # verified with the parent stepped over
         assert eng.commits[culprit] in res.candidate_set and eng.commits[culprit - 1] in res.candidate_set
+
+
+# -- the least change that counts (min_effect) ------------------------------------------
+
+
+def test_a_paired_test_ends_below_once_the_changes_upper_bound_is_under_the_least_change():
+    diffs = [0.3, -0.2, 0.1, 0.0, -0.1, 0.2, -0.3, 0.1]
+    t = paired_sequential_test(diffs, alpha=0.05, min_pairs=3, max_pairs=24, below=5.0)
+    assert t.decision == "below" and t.upper < 5.0 and t.below == 5.0
+    assert t.pairs in look_schedule(3, 24) and t.pairs < len(diffs) + 1
+    # the same rounds without a least change: not decided, as before
+    open_ = paired_sequential_test(diffs[:5], alpha=0.05, min_pairs=3, max_pairs=24)
+    assert open_.decision == "open" and open_.below is None
+    # a least change the bound does not clear: still open
+    assert paired_sequential_test(diffs[:5], alpha=0.05, min_pairs=3, max_pairs=24, below=0.05).decision == "open"
+    with pytest.raises(ValueError, match="below must be a positive finite change"):
+        paired_sequential_test(diffs, alpha=0.05, min_pairs=3, max_pairs=24, below=0.0)
+
+
+def test_a_change_as_large_as_the_least_one_ends_below_at_most_alpha_of_the_time():
+    # Gaussian paired differences whose true mean is the least change: "below" is a wrong answer
+    # there, and the looks together may give it at most alpha.
+    rng = np.random.default_rng(3)
+    alpha, least, sd, runs = 0.05, 5.0, 2.2, 3000
+    below = sum(paired_sequential_test(least + sd * rng.standard_normal(24), alpha=alpha, min_pairs=3,
+                                       max_pairs=24, below=least).decision == "below" for _ in range(runs))
+    assert below / runs <= alpha, below / runs
+    # and where nothing changed it says so well before the last look
+    ends = [paired_sequential_test(sd * rng.standard_normal(24), alpha=alpha, min_pairs=3, max_pairs=24,
+                                   below=least) for _ in range(500)]
+    assert sum(t.decision == "below" for t in ends) / 500 >= 0.9
+    assert np.mean([t.pairs for t in ends if t.decision == "below"]) <= 8
+
+
+def test_no_change_is_not_reproduced_in_fewer_rounds_with_a_least_change():
+    engine = FakeEngine(64, 20, change=0.0, seed=7)
+    plain = run_search(search_for(engine, seed=1), engine)
+    engine = FakeEngine(64, 20, change=0.0, seed=7)
+    least = run_search(search_for(engine, seed=1, min_effect=0.05), engine)
+    assert least.stopped is StopReason.NOT_REPRODUCED and least.endpoint_test.decision == "below"
+    assert least.endpoint_test.upper < least.endpoint_test.below == pytest.approx(5.0, rel=0.05)
+    assert plain.endpoint_test.decision != "below"
+    assert least.boots_used < plain.boots_used, (least.boots_used, plain.boots_used)
+
+
+def test_a_change_above_the_least_one_is_still_found():
+    engine = FakeEngine(64, 37, change=-0.10, seed=2)
+    result = run_search(search_for(engine, min_effect=0.05), engine)
+    assert result.stopped is StopReason.CONFIDENT and result.culprit == engine.commits[37]
+    assert result.endpoint_test.decision == "passed"
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 5, True, "5%"])
+def test_min_effect_outside_0_1_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="min_effect must be a relative change strictly between 0 and 1"):
+        BisectionSearch(shas(8), expect=Expect.DECREASE, min_effect=bad)

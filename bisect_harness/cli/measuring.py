@@ -233,6 +233,9 @@ def bisect(
     first_parent: bool = typer.Option(False, "--first-parent", help="Follow only the first parent of merges."),
     fresh: bool = typer.Option(False, "--fresh", help="New boots only: boots of earlier runs in the ledger do not "
                                "feed the search (by default they feed its posterior, never its paired tests)."),
+    min_effect: str = typer.Option("5%", "--min-effect", help="Smallest relative change that counts (0.05 or 5%): "
+                                   "endpoints shown to differ by less end the search as not reproduced; 'any' "
+                                   "counts every change."),
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
@@ -245,6 +248,7 @@ def bisect(
     from bisect_harness.spec import load_spec
 
     console = _console(json_out)
+    least = None if min_effect.strip().lower() == "any" else _effect(min_effect)
     spec = load_spec(file)
     from bisect_harness.run.bisect_runner import bisect_range
     from bisect_harness.record.ledger import Ledger
@@ -253,7 +257,7 @@ def bisect(
         result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
                                         max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
                                         log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
-                                        backend=boots, fresh=fresh)
+                                        backend=boots, fresh=fresh, min_effect=least)
         _write_journal(led, executor.run, journal_dir, console, ledger)
         if result.culprit and result.releases:
             console.print(f"culprit release: {result.culprit} (probability {result.probability:.3f}, "
@@ -270,6 +274,11 @@ def bisect(
             console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
                           markup=False)
         else:
+            et = result.endpoint_test or {}
+            if et.get("decision") == "below":
+                console.print(f"the endpoints differ by less than --min-effect {min_effect} (upper bound "
+                              f"{et['upper']:.4g} against {et['below']:.4g} {metric}, {et['pairs']} paired rounds)",
+                              markup=False)
             console.print(f"no single culprit ({result.stopped}); candidates: "
                           + ", ".join(f"{c.commit[:12]} {c.probability:.2f}" for c in result.candidates[:5]),
                           markup=False)

@@ -35,7 +35,10 @@ class SearchOptions:
     :data:`~bisect_harness.defaults.DEFAULT_VERIFY_ALPHA`, shared by every
     head-to-head test of the search, up to ``max_verify_pairs`` rounds).
     ``anchor_every``: an anchor every so many probe rounds (0: none). ``width``:
-    probes per round (parallel slots).
+    probes per round (parallel slots). ``min_effect``: the least relative change
+    that counts (0.05 for 5%; None: any change): a paired test whose change is
+    shown smaller ends ``below`` (the endpoint check: not reproduced; a
+    head-to-head test: not passed).
 
     Checked when made; ``drift`` and ``verify_alpha`` hold their resolved values.
     """
@@ -56,6 +59,7 @@ class SearchOptions:
     anchor_every: int = 2
     unequal_variances: bool = True
     width: int = 1
+    min_effect: float | None = None
 
     def __post_init__(self):
         confidence, max_boots, initial_boots = self.confidence, self.max_boots, self.initial_boots
@@ -84,11 +88,17 @@ class SearchOptions:
         verify_alpha = DEFAULT_VERIFY_ALPHA if verify_alpha is None else verify_alpha
         if not (0.0 < verify_alpha < 1.0):
             raise ValueError(f"verify_alpha must lie strictly between 0 and 1, got {verify_alpha!r}")
+        min_effect = self.min_effect
+        if min_effect is not None and not (isinstance(min_effect, (int, float)) and not isinstance(min_effect, bool)
+                                           and 0.0 < min_effect < 1.0):
+            raise ValueError(f"min_effect must be a relative change strictly between 0 and 1 (0.05 for 5%), "
+                             f"or None, got {min_effect!r}")
         if not (isinstance(width, int) and width >= 1):
             raise ValueError(f"width must be a whole number of probes per round, at least 1, got {width!r}")
         resolved = dict(confidence=float(confidence), verify_alpha=float(verify_alpha),
                         drift=(likelihood != "gaussian") if self.drift is None else bool(self.drift),
                         no_step_prior=float(no_step_prior), step_scale=float(step_scale), verify=bool(self.verify),
-                        unequal_variances=bool(self.unequal_variances))
+                        unequal_variances=bool(self.unequal_variances),
+                        min_effect=None if min_effect is None else float(min_effect))
         for name, value in resolved.items():
             object.__setattr__(self, name, value)

@@ -57,7 +57,8 @@ _STOP_MEANING = {
                                 "commit after them cannot be told apart); the set's change against the parent "
                                 "of its first member was shown head to head",
     StopReason.BUDGET: "the boot budget was spent before an answer",
-    StopReason.NOT_REPRODUCED: "the endpoints, in fresh paired rounds, did not show the expected change",
+    StopReason.NOT_REPRODUCED: "the endpoints, in fresh paired rounds, did not show the expected change, or "
+                               "showed it smaller than the least change that counts",
     StopReason.ENDPOINT_UNMEASURABLE: "an endpoint could not be measured after its retries",
     StopReason.UNVERIFIED: "the most probable commit (or set) was not shown to differ from its parent head to "
                            "head: not reported as the culprit",

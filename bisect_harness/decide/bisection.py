@@ -21,6 +21,10 @@ The search runs in *rounds*: the caller boots a round's probes in the order give
    repeated looks keep its error rate. Boots observed outside these rounds (reused from a ledger, or
    the hypothesis that selected the regression) feed the posterior but never this
    check: the evidence that opens a bisection is not the evidence that chose it.
+   With a ``min_effect`` the check also ends, as *not reproduced*, once the
+   change's upper bound at a look's level is below that share of the good
+   endpoint's level: a false alarm, or a change smaller than the one asked about,
+   is said in a few rounds instead of at the check's last look.
 2. **Probabilistic bisection.** The next probe is the commit where the posterior
    probability of being on the bad side is closest to one half (Horstein 1963;
    Waeber, Frazier & Henderson, SIAM J. Control Optim. 2013), for as many boots as
@@ -40,6 +44,8 @@ The search runs in *rounds*: the caller boots a round's probes in the order give
    ``verify_alpha``, the others at 10% each; a test, once started, runs to its
    decision. A commit that fails its test is never reported; when the posterior
    settles on it again, or no test is left, the search ends as ``unverified``.
+   With a ``min_effect``, a test that shows the change between the two smaller
+   than it ends ``below``, not passed, at once.
 
 A commit that was skipped (failed to build or boot) and never measured cannot be
 told apart from the next commit: such a run of skipped commits and the commit after
@@ -69,6 +75,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Sequence
 
@@ -251,13 +258,22 @@ class BisectionSearch:
 
     def _paired(self, good: int, bad: int, alpha: float, min_pairs: int, max_pairs: int) -> PairedTest:
         return paired_sequential_test(self._pairs.get((good, bad), []), alpha=alpha,
-                                      min_pairs=min_pairs, max_pairs=max_pairs)
+                                      min_pairs=min_pairs, max_pairs=max_pairs, below=self._least_change(good))
+
+    def _least_change(self, good: int) -> float | None:
+        """``min_effect`` in the metric's units: that share of the good side's level
+        (the mean of its boots so far); None without a ``min_effect``."""
+        share, level = self.options.min_effect, self._values[good]
+        if share is None or not level:
+            return None
+        scale = abs(float(np.mean(level)))
+        return share * scale if scale > 0.0 else None
 
     def _gate_test(self, g: int) -> PairedTest:
         parent, k = self._gates[g]
         t = self._paired(parent, k, self.options.verify_alpha * GATE_SHARES[g], 3, self.options.max_verify_pairs)
         if t.decision == "open" and (parent in self._skipped or k in self._skipped):
-            return PairedTest(t.pairs, t.mean, t.p_value, t.alpha_per_look, "abandoned")
+            return dataclasses.replace(t, decision="abandoned")
         return t
 
     def _gate_target(self, block: list[int]) -> tuple[int, int] | None:
@@ -326,7 +342,7 @@ class BisectionSearch:
         if any(e in self._skipped for e in ends) and et.decision != "passed":
             return done(StopReason.ENDPOINT_UNMEASURABLE)
         # 1. Is there anything to bisect? Fresh paired rounds of the two endpoints.
-        if et.decision == "failed":
+        if et.decision in ("failed", "below"):
             return done(StopReason.NOT_REPRODUCED)
         if et.decision == "open":
             if left < 2:
@@ -365,7 +381,7 @@ class BisectionSearch:
             state["verify_test"] = vt
             if vt.decision == "passed":
                 return done(answer)
-            if vt.decision in ("failed", "abandoned"):
+            if vt.decision in ("failed", "below", "abandoned"):
                 return done(StopReason.UNVERIFIED)
             if left < 2:
                 return done(StopReason.BUDGET)

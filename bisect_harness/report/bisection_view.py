@@ -97,6 +97,12 @@ def _facts(bis, result: dict, busy: tuple[int, int]) -> list[str]:
     stopped = result.get("stopped", bis.status)
     if bis.status != "running":
         out.append(f"stopped: `{stopped}` ({_why(stopped)})")
+    et = result.get("endpoint_test")
+    if et and et.get("decision") == "below" and et.get("upper") is not None:
+        upper, least = apart(et.get("upper"), et.get("below"))
+        out.append(f"endpoint check: the change between the endpoints is smaller than the least that counts "
+                   f"(its upper bound {upper} against {least} {bis.metric}, after {et.get('pairs')} paired rounds "
+                   f"at level {fmt(et.get('alpha_per_look'), 4)} per look; `--min-effect` sets the least change)")
     vt = result.get("verify_test")
     if vt:
         p, level = apart(vt.get("p_value"), vt.get("alpha_per_look"))

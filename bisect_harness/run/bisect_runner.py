@@ -95,7 +95,8 @@ def _test_json(test: PairedTest | None) -> dict | None:
     if test is None:
         return None
     return {"pairs": test.pairs, "mean": test.mean if math.isfinite(test.mean) else None,
-            "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision}
+            "p_value": test.p_value, "alpha_per_look": test.alpha_per_look, "decision": test.decision,
+            "upper": test.upper if math.isfinite(test.upper) else None, "below": test.below}
 
 
 def _tests_json(tests: Sequence[SearchTest], boots: dict[int, list[int]]) -> tuple[dict, ...]:
@@ -121,13 +122,16 @@ def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
 def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
                    confidence: float, max_boots: int, hypothesis_id: int | None = None,
                    fresh: bool = False, releases: bool = False, stage: str | None = None,
-                   total_boots: int | None = None, step_sd: float | None = None) -> BisectOutcome:
+                   total_boots: int | None = None, step_sd: float | None = None,
+                   min_effect: float | None = None) -> BisectOutcome:
     """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
     with ``releases`` they are versions of ``engine.releases``, each its installed build.
     Finished boots of the same configs on this host, from earlier runs, feed the
     posterior (never the paired tests) unless ``fresh``. Before the first boot it says
     its plan (``stage`` names it, ``max_boots`` of ``total_boots`` are its, ``step_sd``
-    the step expected)."""
+    the step expected). ``min_effect``: the least relative change that counts (the
+    endpoint check ends *not reproduced* once the change is shown smaller; None: any
+    change)."""
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
@@ -156,7 +160,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
             reused_total += len(got.boot_ids)
     search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
-                             max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots))
+                             max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots),
+                             min_effect=min_effect)
     stage_plan = plan_stage(len(commits), search.options, step_sd)
     for line in plan_lines(stage or ("release stage" if releases else "bisection"), stage_plan, max_boots,
                            total_boots or max_boots):
@@ -334,13 +339,14 @@ def _host_warnings(sched: Scheduler, configs) -> list[str]:
 def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
                  max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
                  observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None,
-                 fresh: bool = False) -> tuple[BisectOutcome, Scheduler]:
+                 fresh: bool = False, min_effect: float | None = None) -> tuple[BisectOutcome, Scheduler]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags. Where
     ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
     are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
     between the culprit release and the one before it, on what is left of the budget,
     in the same run. The release stage may use its share of ``max_boots`` only
-    (``bisect_budget.release_share``), so the commit stage keeps what it plans to need."""
+    (``bisect_budget.release_share``), so the commit stage keeps what it plans to need.
+    ``min_effect``: the least relative change that counts, for both stages."""
     rel = spec.engine.releases
     released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
     m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=not released)
@@ -368,6 +374,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
             outcomes.append(search_commits(sched, revs, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
                                            expect=m.worse, confidence=confidence, max_boots=budget, fresh=fresh,
                                            releases=releases, total_boots=max_boots, step_sd=step_sd,
+                                           min_effect=min_effect,
                                            stage=("release stage" if releases else
                                                   "commit stage" if released else "bisection")))
             if not releases:
@@ -447,10 +454,11 @@ def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str],
 
 def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
                       *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
-    """Bisect a confirmed hypothesis between its baseline and treatment commits."""
+    """Bisect a confirmed hypothesis between its baseline and treatment commits; its
+    ``min_effect`` is the least change the search counts."""
     b, t = h.baseline.arm, h.treatment.arm
     check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
     return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
                           expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
-                          hypothesis_id=row.id)
+                          hypothesis_id=row.id, min_effect=h.spec.min_effect)

@@ -150,7 +150,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
             expect = Expect.INCREASE if metric.worse is Expect.DECREASE else Expect.DECREASE
         bis = search_commits(sched, commits, env=slow.env, flags=slow.flags, metric=metric.name,
                              expect=expect, confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS,
-                             hypothesis_id=hypothesis_id)
+                             hypothesis_id=hypothesis_id, min_effect=min_effect)
         record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
     summary = {k: v for k, v in (run.summary or {}).items() if k != "explaining"}
     summary["explain"] = list(summary.get("explain", [])) + [record]

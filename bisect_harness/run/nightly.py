@@ -132,7 +132,7 @@ def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, w
     if bisect and reference and reference != sha:
         commits = ex.ws.commits_between(reference, sha)
         outcome = search_commits(ex, commits, env=arm.env, flags=arm.flags, metric=metric, expect=worse,
-                                 confidence=confidence, max_boots=max_boots)
+                                 confidence=confidence, max_boots=max_boots, min_effect=min_effect)
         reason += (f"; culprit {outcome.culprit[:12]} (p={outcome.probability:.2f})" if outcome.culprit
                    else f"; bisection ended {outcome.stopped}")
     elif reference == sha:
