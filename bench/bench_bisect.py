@@ -243,11 +243,15 @@ class Range:
 ANCHOR_EVERY = SearchOptions().anchor_every
 
 
-def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA,
-         anchor_every: int = ANCHOR_EVERY) -> tuple[int | None, float, str]:
+#: ``harness bisect --min-effect``'s default: the least relative change that counts
+MIN_EFFECT = 0.05
+
+
+def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA, anchor_every: int = ANCHOR_EVERY,
+         min_effect: float | None = MIN_EFFECT) -> tuple[int | None, float, str]:
     search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE,
                              confidence=CONFIDENCE, max_boots=BUDGET, verify_alpha=verify_alpha,
-                             anchor_every=anchor_every)
+                             anchor_every=anchor_every, min_effect=min_effect)
     result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
     return culprit, result.probability, result.stopped.value
@@ -309,25 +313,26 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 
 
 def run_cell(args) -> dict:
-    model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches = args
+    model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches, min_effect = args
     change = SCENARIOS[scenario]
     master = np.random.default_rng([seed, ALL_MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
     seeds = master.integers(0, 2**63 - 1, size=(trials, 2))
     out = {}
-    names = [("ours", None), ("pinpoint", None)] + [(f"ours_priced_{c}", c) for c in COST_MODELS]
+    names = [("ours", None), ("pinpoint", None), ("ours_any", None)] + [(f"ours_priced_{c}", c) for c in COST_MODELS]
     for s, (name, priced) in enumerate(names):
         if name.split("_priced")[0] not in searches or (priced and "priced" not in searches):
             continue
         t0 = time.perf_counter()
+        # ours_any: ours without a least change (min_effect None), on ours' seeds
         right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
         node_s: dict[str, list[float]] = {c: [] for c in COST_MODELS}
         for t, culprit in enumerate(culprits):
             # a priced search starts from ours' seed: the same culprit, the same host's first draws
-            rr = Range(model, culprit, change, int(seeds[t, 0 if priced else s]),
+            rr = Range(model, culprit, change, int(seeds[t, 0 if (priced or name == "ours_any") else s]),
                        COST_MODELS[priced] if priced else None)
             if name.startswith("ours"):
-                found, prob, why = ours(rr, verify_alpha, anchor_every)
+                found, prob, why = ours(rr, verify_alpha, anchor_every, None if name == "ours_any" else min_effect)
                 stopped[why] = stopped.get(why, 0) + 1
                 probs.append(prob)
                 confident = found is not None and prob >= CONFIDENCE
@@ -354,6 +359,9 @@ def run_cell(args) -> dict:
         if f"ours_priced_{c}" in out:  # priced against fixed, each under the cost model it was priced for
             out.setdefault("node_time_ratio_priced_to_ours", {})[c] = (
                 out[f"ours_priced_{c}"]["mean_node_time_s"][c] / out["ours"]["mean_node_time_s"][c])
+    if "ours_any" in out:  # ours (its least change) against the same search counting any change
+        out["node_time_ratio_ours_to_any"] = {c: out["ours"]["mean_node_time_s"][c] / out["ours_any"]["mean_node_time_s"][c]
+                                              for c in COST_MODELS}
     out["node_time_ratio_ours_to_pinpoint"] = (
         {c: out["ours"]["mean_node_time_s"][c] / out["pinpoint"]["mean_node_time_s"][c] for c in COST_MODELS}
         if "pinpoint" in out else None)
@@ -374,6 +382,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--priced", action="store_true",
                         help="also run ours with samples per boot priced per cost model (priced_samples)")
+    parser.add_argument("--min-effect", default=f"{MIN_EFFECT:g}",
+                        help="ours' least relative change that counts (harness bisect --min-effect; 'any': none)")
+    parser.add_argument("--any", action="store_true",
+                        help="also run ours counting any change (min_effect None) on ours' seeds, side by side")
     parser.add_argument("--no-pinpoint", action="store_true",
                         help="run our search alone (no ratios, no boots goals): for comparing our settings")
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
@@ -400,10 +412,14 @@ def main() -> None:
                  "pinpoint_threshold_check": {"iqr_1.0_n_10": float(rows[_ROWS.index(1.0)][9]),
                                               "chromium_iqr_1.0_n_10": 0.5708},
                  "results": {m: {} for m in models}}
+    min_effect = None if args.min_effect == "any" else float(args.min_effect)
+    out["min_effect"] = min_effect
     searches = ("ours",) if args.no_pinpoint else ("ours", "pinpoint")
     if args.priced:
         searches += ("priced",)
-    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches)
+    if args.any:
+        searches += ("ours_any",)
+    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches, min_effect)
             for m in models for s in scenarios]
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
@@ -423,6 +439,11 @@ def main() -> None:
             f"{c} ours {_hours(o['mean_node_time_s'][c])}" + (f", pinpoint {_hours(p['mean_node_time_s'][c])}"
                                                                if p else "")
             for c in COST_MODELS), flush=True)
+        q = r["cell"].get("ours_any")
+        if q:
+            print(f"{'':25s} counting any change: top1 {q['top1_accuracy']:.3f} boots {q['mean_boots']:6.1f} "
+                  f"wrong+conf {q['wrong_confident_rate']:.3f} {q['stopped']}; ours' node time " + ", ".join(
+                      f"{c} {r['cell']['node_time_ratio_ours_to_any'][c]:.2f}x" for c in COST_MODELS), flush=True)
         for c in COST_MODELS:
             q = r["cell"].get(f"ours_priced_{c}")
             if q:
@@ -439,6 +460,15 @@ def main() -> None:
             goals[f"{m}_priced_top1_and_wrong_no_worse"] = all(
                 c["ours_priced_large_node"]["top1_accuracy"] >= c["ours"]["top1_accuracy"] - 0.02
                 and c["ours_priced_large_node"]["wrong_confident_rate"] <= max(0.01, c["ours"]["wrong_confident_rate"])
+                for c in cells)
+    if args.any:  # issue 41: node time under the large node at most 0.7x the search counting any change
+        for m in models:
+            cells = res[m].values()
+            goals[f"{m}_large_node_0.7x_of_any_change"] = all(
+                c["node_time_ratio_ours_to_any"]["large_node"] <= 0.7 for c in cells)
+            goals[f"{m}_top1_and_wrong_no_worse_than_any_change"] = all(
+                c["ours"]["top1_accuracy"] >= c["ours_any"]["top1_accuracy"] - 0.02
+                and c["ours"]["wrong_confident_rate"] <= max(0.01, c["ours_any"]["wrong_confident_rate"])
                 for c in cells)
     for m in models:
         goals[f"{m}_wrong_confident_at_most_0.01"] = all(
