@@ -48,16 +48,18 @@ class Bursty(Planted):
     """Planted boots, a neighbour's bursts on top: in 40% of the boots one or two samples
     are 1.6 times slower and their window busy; in 10% every sample is."""
 
-    def __init__(self, **kw):
+    def __init__(self, *, busy_throughout: float = 0.1, **kw):
         super().__init__(**kw)
         self.backend = MockBackend(self, name="bursty")
+        self.busy_throughout = busy_throughout  # the share of boots busy in every sample
 
     def __call__(self, r):
         samples = super().__call__(r)
         rng = random.Random(hashlib.sha256(f"burst:{len(self.booted)}".encode()).digest())
         u = rng.random()
-        hit = set(range(len(samples))) if u < 0.1 else set(rng.sample(range(len(samples)), rng.choice((1, 2)))) \
-            if u < 0.5 else set()
+        t = self.busy_throughout
+        hit = set(range(len(samples))) if u < t else set(rng.sample(range(len(samples)), rng.choice((1, 2)))) \
+            if u < t + 0.4 else set()
         out, windows = [], []
         for i, s in enumerate(samples):
             if i in hit:
@@ -79,12 +81,12 @@ def hist(tmp_path_factory):
     return create_demo_repo(tmp_path_factory.mktemp("busy-search") / "engine")
 
 
-def _bisect(tmp_path, hist, rule: str):
+def _bisect(tmp_path, hist, rule: str, busy_throughout: float = 0.1):
     i_reg = hist.index(hist.events["regression"])
     good, bad = hist.shas[i_reg - 6], hist.shas[i_reg + 6]
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(repo=hist.path, rule=rule))
-    bursty = Bursty(slow_from=hist.shas[i_reg:], factor=1.15)
+    bursty = Bursty(slow_from=hist.shas[i_reg:], factor=1.15, busy_throughout=busy_throughout)
     proc = harness_here("bisect", spec, "--good", good, "--bad", bad, "--json", "--metric", "decode_ms",
                         "--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir", tmp_path / "journal",
                         handler=bursty, cwd=tmp_path)
@@ -133,6 +135,45 @@ def test_all_counts_every_sample_of_a_busy_boot(hist, tmp_path):
         means = [sum(samples[b]) / len(samples[b]) for b in json.loads(boot_ids)]
         assert json.loads(values) == pytest.approx(means)
         assert "busy sample" not in note
+
+
+def test_on_a_host_busy_all_the_time_a_boot_busy_throughout_counts_whole(hist, tmp_path):
+    # Every boot busy in every sample: the bursts never pass. The first boots are booted again
+    # (bursts usually pass); once 4 of the last boots were busy throughout, such a boot counts
+    # with all its samples, and the search names the culprit from them.
+    proc, out, probes, boots, samples = _bisect(tmp_path, hist, "quiet", busy_throughout=1.0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out["culprit"] == hist.events["regression"] and out["stopped"] == "confident", out
+    said = [x for x in proc.stderr.splitlines() if "host busy all the time" in x]
+    assert len(said) == 1 and "4 of the last 4 boots were busy in every sample" in said[0], said
+    first = min(boots)
+    assert f"from boot {first + 3} on" in said[0], "the fourth boot busy throughout makes the switch"
+    seen_whole = False
+    for boot_ids, values, note in probes:
+        ids = json.loads(boot_ids)
+        whole = [b for b in ids if b >= first + 3]  # the boots before it were left out and booted again
+        assert json.loads(values) == pytest.approx([sum(samples[b]) / len(samples[b]) for b in whole]), note
+        if whole:
+            seen_whole = True
+            assert (f"{', '.join(map(str, whole))} busy throughout, counted whole (host busy all the time)"
+                    in note), note
+    assert seen_whole
+
+
+def test_bursts_that_pass_never_make_a_host_busy_all_the_time():
+    from bisect_harness.run.busy_host import BusyHost
+
+    host = BusyHost()
+    for i in range(60):  # one boot in three busy throughout: a neighbour that comes and goes
+        assert host.observe(i, i % 3 == 0) is None
+    assert not host.all_the_time
+    for i in range(60, 66):
+        host.observe(i, False)
+    said = [host.observe(100 + i, True) for i in range(4)]
+    assert said[:3] == [None] * 3 and said[3] and host.since == 103 and host.all_the_time
+    assert host.observe(200, True) is None, "said once"
+    with pytest.raises(ValueError, match="threshold must lie in 1..window"):
+        BusyHost(window=3, threshold=4)
 
 
 def test_quiet_samples_need_a_window_per_sample():

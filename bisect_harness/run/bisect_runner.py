@@ -235,6 +235,10 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
                 note = f"{note} | {m.usable} of {m.asked} usable: {m.short}"
             if m.busy_samples:
                 note = f"{note} | {m.busy_samples} busy sample{'s' if m.busy_samples > 1 else ''} left out"
+            if m.whole_busy_ids:
+                note = (f"{note} | boot{'s' if len(m.whole_busy_ids) > 1 else ''} "
+                        f"{', '.join(map(str, m.whole_busy_ids))} busy throughout, counted whole (host busy all "
+                        "the time)")
             results.append(None if m.unmeasurable and not m.values else list(m.values))
             booted = sorted(m.boot_ids + m.failed_ids + m.left_out_ids)
             searched.update(booted)

@@ -58,6 +58,7 @@ from bisect_harness.observe import calibration, contention
 from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
 from bisect_harness.run import resume
+from bisect_harness.run.busy_host import BusyHost
 from bisect_harness.run.preflight import Preflight
 from bisect_harness.backends import Backend
 from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Started
@@ -145,7 +146,9 @@ class Measurement:
     retries), else None; ``short`` is set when the call stopped below the
     asked-for boots for another reason (its budget, or its spare boots spent).
     ``samples`` holds each usable boot's samples behind its value (a search's: its quiet
-    ones, ``defaults.search_samples``; ``busy_samples`` counts those left out)."""
+    ones, ``defaults.search_samples``; ``busy_samples`` counts those left out, and
+    ``whole_busy_ids`` names the boots busy throughout that counted whole because the
+    host is busy all the time, :mod:`~bisect_harness.run.busy_host`)."""
 
     key: str
     asked: int
@@ -157,6 +160,7 @@ class Measurement:
     unmeasurable: str | None = None
     short: str | None = None
     busy_samples: int = 0  # samples of this call's ok boots left out as busy (search_samples: quiet)
+    whole_busy_ids: list[int] = field(default_factory=list)  # boots busy throughout counted whole (busy_host)
 
     @property
     def booted(self) -> int:
@@ -196,6 +200,7 @@ class Scheduler:
         self._resume_record: dict = {}
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
+        self.busy_host = BusyHost()       # a host busy all the time: a search stops booting again (busy_host)
         # the host watched at the run's start (run.preflight): begun when the run opens
         self.preflight = Preflight(self.spec.defaults, wait_quiet_s, self.obs.message, self._add_preflight)
         # samples each boot takes from now on: the hypothesis loop sets it round by round
@@ -476,11 +481,20 @@ class Scheduler:
                 m.boot_ids.append(boot.id)
                 return
             # a search's boot: its quiet samples (search_samples), so a burst that covered a sample
-            # costs that sample, and only a boot busy throughout is booted again
-            bv = self.ledger.boot_values([boot], metric, quiet=self.spec.defaults.search_samples == "quiet")
-            mask = host_state.quiet_samples(boot) if self.spec.defaults.search_samples == "quiet" else None
-            m.busy_samples += sum(1 for k, s in enumerate(boot.samples)
-                                  if mask is not None and not mask[k] and s.metrics.get(metric) is not None)
+            # costs that sample, and only a boot busy throughout is booted again, unless the host
+            # is busy all the time (busy_host): then such a boot counts whole
+            quiet = self.spec.defaults.search_samples == "quiet"
+            bv = self.ledger.boot_values([boot], metric, quiet=quiet)
+            mask = host_state.quiet_samples(boot) if quiet else None
+            busy = sum(1 for k, s in enumerate(boot.samples)
+                       if mask is not None and not mask[k] and s.metrics.get(metric) is not None)
+            if quiet and (busy or bv.values):
+                if said := self.busy_host.observe(boot.id, not bv.values):
+                    self.obs.message(said)
+                if not bv.values and self.busy_host.all_the_time:
+                    bv, busy = self.ledger.boot_values([boot], metric, quiet=False), 0
+                    m.whole_busy_ids.append(boot.id)
+            m.busy_samples += busy
             if bv.values:
                 m.boot_ids.append(boot.id)
                 m.values.append(bv.means()[0])
