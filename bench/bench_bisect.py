@@ -238,6 +238,19 @@ class Range:
     def measure(self, sha: str, boots: int):
         return self.boot_values(int(sha), boots)
 
+    def verdict(self, rounds: int, rng: np.random.Generator) -> list[tuple[float, float]]:
+        """``rounds`` paired rounds of the two endpoints, each in a random order, booted
+        before the search as a hypothesis' verdict boots them: (good, bad) values per
+        round. The verdict paid for them: they are not counted as the search's."""
+        out = []
+        for _ in range(rounds):
+            first_good = bool(rng.random() < 0.5)
+            a, b = (0, N_COMMITS - 1) if first_good else (N_COMMITS - 1, 0)
+            x, y = self.boot_values(a, 1)[0], self.boot_values(b, 1)[0]
+            out.append((x, y) if first_good else (y, x))
+        self.boots, self.samples, self.by_commit = 0, [], {}
+        return out
+
 
 #: the search's own default for how often a round boots an anchor
 ANCHOR_EVERY = SearchOptions().anchor_every
@@ -248,10 +261,20 @@ MIN_EFFECT = 0.05
 
 
 def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA, anchor_every: int = ANCHOR_EVERY,
-         min_effect: float | None = MIN_EFFECT) -> tuple[int | None, float, str]:
+         min_effect: float | None = MIN_EFFECT, verdict: list[tuple[float, float]] = (),
+         opening: bool = True) -> tuple[int | None, float, str]:
+    """``harness bisect``'s search over ``rr``. ``verdict``: a verdict's paired rounds of the
+    endpoints (``bisect: true``), which open the endpoint check (``opening``) or, as before,
+    only feed the posterior."""
     search = BisectionSearch([str(i) for i in range(N_COMMITS)], expect=Expect.DECREASE,
-                             confidence=CONFIDENCE, max_boots=BUDGET, verify_alpha=verify_alpha,
+                             confidence=CONFIDENCE, max_boots=BUDGET + 2 * len(verdict), verify_alpha=verify_alpha,
                              anchor_every=anchor_every, min_effect=min_effect)
+    for good, bad in verdict:
+        if opening:
+            search.observe_endpoint_round(good, bad)
+        else:
+            search.observe("0", [good])
+            search.observe(str(N_COMMITS - 1), [bad])
     result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
     return culprit, result.probability, result.stopped.value
@@ -313,26 +336,30 @@ def _culprit(scenario: str, rng: np.random.Generator) -> int | None:
 
 
 def run_cell(args) -> dict:
-    model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches, min_effect = args
+    model, scenario, trials, seed, rows, verify_alpha, anchor_every, searches, min_effect, verdict_rounds = args
     change = SCENARIOS[scenario]
     master = np.random.default_rng([seed, ALL_MODELS.index(model), list(SCENARIOS).index(scenario)])
     culprits = [_culprit(scenario, master) for _ in range(trials)]
     seeds = master.integers(0, 2**63 - 1, size=(trials, 2))
     out = {}
-    names = [("ours", None), ("pinpoint", None), ("ours_any", None)] + [(f"ours_priced_{c}", c) for c in COST_MODELS]
+    names = ([("ours", None), ("pinpoint", None), ("ours_any", None), ("ours_observed", None)]
+             + [(f"ours_priced_{c}", c) for c in COST_MODELS])
     for s, (name, priced) in enumerate(names):
         if name.split("_priced")[0] not in searches or (priced and "priced" not in searches):
             continue
         t0 = time.perf_counter()
-        # ours_any: ours without a least change (min_effect None), on ours' seeds
+        # ours_any: ours without a least change (min_effect None), on ours' seeds; ours_observed:
+        # ours with the verdict's rounds feeding only the posterior (the rule before), on ours' seeds
         right, wrong_conf, boots, stopped, probs = [], [], [], {}, []
         node_s: dict[str, list[float]] = {c: [] for c in COST_MODELS}
         for t, culprit in enumerate(culprits):
             # a priced search starts from ours' seed: the same culprit, the same host's first draws
-            rr = Range(model, culprit, change, int(seeds[t, 0 if (priced or name == "ours_any") else s]),
+            rr = Range(model, culprit, change, int(seeds[t, 0 if (priced or name.startswith("ours_")) else s]),
                        COST_MODELS[priced] if priced else None)
             if name.startswith("ours"):
-                found, prob, why = ours(rr, verify_alpha, anchor_every, None if name == "ours_any" else min_effect)
+                verdict = rr.verdict(verdict_rounds, np.random.default_rng([seed, t, 5])) if verdict_rounds else []
+                found, prob, why = ours(rr, verify_alpha, anchor_every, None if name == "ours_any" else min_effect,
+                                        verdict, opening=name != "ours_observed")
                 stopped[why] = stopped.get(why, 0) + 1
                 probs.append(prob)
                 confident = found is not None and prob >= CONFIDENCE
@@ -359,6 +386,9 @@ def run_cell(args) -> dict:
         if f"ours_priced_{c}" in out:  # priced against fixed, each under the cost model it was priced for
             out.setdefault("node_time_ratio_priced_to_ours", {})[c] = (
                 out[f"ours_priced_{c}"]["mean_node_time_s"][c] / out["ours"]["mean_node_time_s"][c])
+    if "ours_observed" in out:  # the verdict's rounds opening the endpoint check, or feeding the posterior only
+        out["node_time_ratio_ours_to_observed"] = {
+            c: out["ours"]["mean_node_time_s"][c] / out["ours_observed"]["mean_node_time_s"][c] for c in COST_MODELS}
     if "ours_any" in out:  # ours (its least change) against the same search counting any change
         out["node_time_ratio_ours_to_any"] = {c: out["ours"]["mean_node_time_s"][c] / out["ours_any"]["mean_node_time_s"][c]
                                               for c in COST_MODELS}
@@ -386,6 +416,9 @@ def main() -> None:
                         help="ours' least relative change that counts (harness bisect --min-effect; 'any': none)")
     parser.add_argument("--any", action="store_true",
                         help="also run ours counting any change (min_effect None) on ours' seeds, side by side")
+    parser.add_argument("--verdict-rounds", type=int, default=0,
+                        help="bisect: true after a verdict of this many paired rounds of the endpoints (not charged "
+                             "to the search); also runs ours with them feeding the posterior only, side by side")
     parser.add_argument("--no-pinpoint", action="store_true",
                         help="run our search alone (no ratios, no boots goals): for comparing our settings")
     parser.add_argument("--verify-alpha", type=float, default=DEFAULT_VERIFY_ALPHA,
@@ -419,8 +452,11 @@ def main() -> None:
         searches += ("priced",)
     if args.any:
         searches += ("ours_any",)
-    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches, min_effect)
-            for m in models for s in scenarios]
+    if args.verdict_rounds:
+        searches += ("ours_observed",)
+    out["verdict_rounds"] = args.verdict_rounds
+    jobs = [(m, s, args.trials, args.seed, rows, args.verify_alpha, args.anchor_every, searches, min_effect,
+             args.verdict_rounds) for m in models for s in scenarios]
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
             done = list(pool.map(run_cell, jobs))
@@ -439,6 +475,12 @@ def main() -> None:
             f"{c} ours {_hours(o['mean_node_time_s'][c])}" + (f", pinpoint {_hours(p['mean_node_time_s'][c])}"
                                                                if p else "")
             for c in COST_MODELS), flush=True)
+        q = r["cell"].get("ours_observed")
+        if q:
+            print(f"{'':25s} verdict's rounds feeding the posterior only: top1 {q['top1_accuracy']:.3f} boots "
+                  f"{q['mean_boots']:6.1f} wrong+conf {q['wrong_confident_rate']:.3f} {q['stopped']}; ours' node time "
+                  + ", ".join(f"{c} {r['cell']['node_time_ratio_ours_to_observed'][c]:.2f}x" for c in COST_MODELS),
+                  flush=True)
         q = r["cell"].get("ours_any")
         if q:
             print(f"{'':25s} counting any change: top1 {q['top1_accuracy']:.3f} boots {q['mean_boots']:6.1f} "

@@ -212,6 +212,8 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
         assert bis.hypothesis_id == run.hypotheses[0].id
         assert bis.result["culprit"] == hist.events["regression"]
         assert any(p.reused for p in bis.probes), "the hypothesis' own boots feed the search"
+        opening = [p for p in bis.probes if p.purpose == "endpoints" and p.reused]
+        assert [p.boot_ids[0] for p in opening] == [i for r in h["bisection"]["verdict_rounds"] for i in r]
         # the search is part of the run: it ends, done, after the search's last boot
         boots = led.session.query(Boot).filter_by(run_id=run.id).all()
         searched = {b for p in bis.probes if not p.reused for b in (p.boot_ids or [])}
@@ -220,10 +222,11 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     journal = next((tmp_path / "journal").glob("*-run*.md")).read_text()
     assert f"## Bisection 1: {good[:12]}..{bad[:12]} on decode_ms" in journal
     assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
-    # the reused boots are this run's own rounds, not "earlier runs"; the search's boots
-    # count against its own budget, not past the rounds' planned boots
-    assert f"boots of this run's rounds (run {run.id}) fed the posterior" in journal
-    assert f"boots of this run's rounds (run {run.id}) feed the posterior" in proc.stderr
+    # the verdict's paired rounds open the endpoint check (not "earlier runs"); the search's
+    # boots count against its own budget, not past the rounds' planned boots
+    opened = h["bisection"]["verdict_rounds"]
+    assert opened and f"endpoint check: opened by the {len(opened)} paired rounds of the hypothesis' verdict" in journal
+    assert f"the verdict's {len(opened)} paired rounds of the two endpoints open its endpoint check" in proc.stderr
     search_lines = [x for x in proc.stderr.splitlines() if x.startswith("boot ") and "boots of the bisection" in x]
     assert search_lines and search_lines[0].endswith("; 1/150 boots of the bisection"), proc.stderr[-3000:]
 
@@ -338,3 +341,38 @@ def test_a_min_effect_that_is_no_relative_change_exits_2_naming_the_option(hist,
     err = " ".join(proc.stderr.split())
     assert "--min-effect '150%'" in err and "between 0 and 1" in err and "Traceback" not in err
     assert not (tmp_path / "journal").exists(), "nothing was booted or written"
+
+
+def test_a_confirmed_verdicts_rounds_open_the_bisections_endpoint_check(hist, tmp_path):
+    # bisect: true after a confirmed verdict: its paired rounds of the two endpoints (baseline
+    # commit, treatment commit; one boot of each per round, in a random order) are the endpoint
+    # check's first rounds, so the check boots only what they leave undecided.
+    i_reg = hist.index(hist.events["regression"])
+    planted = Planted(slow_from=hist.shas[i_reg:])
+    good, bad = hist.shas[i_reg - 3], hist.shas[i_reg + 3]
+    spec = write_spec(tmp_path / "spec.yaml", hist, good=good, bad=bad, bisect=True, max_boots=6)
+    proc = harness_here("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{tmp_path / 'r.db'}",
+                        "--journal-dir", tmp_path / "journal", handler=planted, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (h,) = json.loads(proc.stdout.strip().splitlines()[-1])["hypotheses"]
+    assert h["verdict"] == "confirmed" and h["bisection"]["culprit"] == hist.events["regression"], h
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        run = led.latest_run()
+        verdict = next(v for v in run.hypotheses[0].verdicts if v.final)
+        rounds = [list(r) for r in zip(verdict.baseline_boot_ids, verdict.treatment_boot_ids)]
+        (bis,) = led.session.query(Bisection).filter_by(run_id=run.id).all()
+        result = bis.result
+        assert result["verdict_rounds"] == rounds, (result["verdict_rounds"], rounds)
+        check = result["tests"][0]
+        assert check["kind"] == "endpoints" and check["decision"] == "passed"
+        # the verdict's boots first, then the rounds the check booted itself; none of them fed
+        # the posterior a second time as reused boots of this run
+        assert check["boot_ids"][:2 * len(rounds)] == sorted(i for r in rounds for i in r)
+        booted = len(check["boot_ids"]) // 2 - len(rounds)
+        print(f"verdict rounds {len(rounds)}, endpoint rounds booted {booted}, check {check}")
+        assert check["pairs"] <= len(rounds) + booted and booted == max(0, 3 - len(rounds)), (check, rounds)
+        assert not result["reused_runs"], "every boot of the verdict is in its rounds"
+        notes = [p.note for p in bis.probes if p.purpose == "endpoints" and p.reused]
+        assert len(notes) == 2 * len(rounds) and notes[0].endswith("| the verdict's round 1")
+    journal = " ".join(next((tmp_path / "journal").glob("*-run*.md")).read_text().split())
+    assert f"endpoint check: opened by the {len(rounds)} paired rounds of the hypothesis' verdict" in journal

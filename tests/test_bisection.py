@@ -625,3 +625,24 @@ def test_a_change_above_the_least_one_is_still_found():
 def test_min_effect_outside_0_1_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="min_effect must be a relative change strictly between 0 and 1"):
         BisectionSearch(shas(8), expect=Expect.DECREASE, min_effect=bad)
+
+
+def test_a_verdicts_rounds_open_the_endpoint_check():
+    engine = FakeEngine(32, 11, change=-0.10, seed=4)
+    search = search_for(engine)
+    for k in range(5):  # five paired rounds of the two endpoints, booted before the search
+        search.observe_endpoint_round(engine.boot(engine.commits[0], 100 + k), engine.boot(engine.commits[-1], 100 + k))
+    first = search.next_round()
+    assert all(p.purpose != "endpoints" for p in first), "they decided the check: the search probes at once"
+    assert search.result().endpoint_test.decision == "passed" and search.boots_used == 10
+    result = run_search(search, engine)
+    assert result.culprit == engine.commits[11] and result.tests[0].test.pairs in (3, 5)
+
+    # rounds that do not decide it: the check boots on from them (its first look at 3 pairs)
+    engine = FakeEngine(32, 11, change=0.0, seed=4)
+    search = search_for(engine)
+    search.observe_endpoint_round(engine.boot(engine.commits[0], 100), engine.boot(engine.commits[-1], 100))
+    rnd = search.next_round()
+    assert [p.purpose for p in rnd] == ["endpoints", "endpoints"]
+    with pytest.raises(ValueError, match="must be finite"):
+        search.observe_endpoint_round(float("nan"), 1.0)

@@ -12,15 +12,19 @@ are :mod:`bisect_harness.decide.paired_sequential`'s.
 The search runs in *rounds*: the caller boots a round's probes in the order given
 (interleaved), then hands the values back with ``observe_round``:
 
-1. **The endpoint check, on fresh boots.** Rounds of one boot of the good and one of
+1. **The endpoint check, on paired rounds.** Rounds of one boot of the good and one of
    the bad endpoint, in a random order per round, until a one-sided sequential
    paired test on the per-round differences (``paired_sequential_test``) shows the
    expected change. The order is random, so under "no change" each difference is
    symmetric about zero whatever the host does (drift, bursts, two-mode boots);
    each of the test's looks gets ``(1 - confidence) / looks`` (Bonferroni), so the
-   repeated looks keep its error rate. Boots observed outside these rounds (reused from a ledger, or
-   the hypothesis that selected the regression) feed the posterior but never this
-   check: the evidence that opens a bisection is not the evidence that chose it.
+   repeated looks keep its error rate. The rounds of a confirmed hypothesis' verdict
+   whose sides are the endpoints open it (``observe_endpoint_round``): the search
+   exists only because that verdict confirmed, so it starts for a change that is not
+   there at most the verdict's alpha of the time either way, and the check boots on
+   only where those rounds do not decide it. Other boots (reused from a ledger) feed
+   the posterior but never this check: they were not booted in paired rounds of a
+   random order.
    With a ``min_effect`` the check also ends, as *not reproduced*, once the
    change's upper bound at a look's level is below that share of the good
    endpoint's level: a false alarm, or a change smaller than the one asked about,
@@ -184,6 +188,21 @@ class BisectionSearch:
             self._obs_x.append(v)
         self._values[i].extend(values)
         self._cache = None
+
+    def observe_endpoint_round(self, good_value: float, bad_value: float) -> None:
+        """A paired round of the two endpoints made before the search: a confirmed
+        hypothesis' verdict round (its sides are the endpoints, booted within the round
+        in a random order). It opens the endpoint check as the search's own rounds do,
+        and feeds the posterior: a search starts only where the verdict confirmed, so a
+        search for a change that is not there starts at most the verdict's alpha of the
+        time, and the check boots on only where these rounds do not decide it."""
+        good, bad = 0, len(self._commits) - 1
+        (_, (x,)), (_, (y,)) = (self._checked(self._commits[good], [good_value]),
+                                self._checked(self._commits[bad], [bad_value]))
+        self._add(good, [x])
+        self._add(bad, [y])
+        self._pairs.setdefault((good, bad), []).append(self._expect.sign * (y - x))
+        self._pair_rounds += 1
 
     def skip(self, commit: str, reason: str = "") -> None:
         """Mark ``commit`` as unmeasurable (failed to build or boot): never probe it again.

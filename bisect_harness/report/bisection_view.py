@@ -97,6 +97,12 @@ def _facts(bis, result: dict, busy: tuple[int, int]) -> list[str]:
     stopped = result.get("stopped", bis.status)
     if bis.status != "running":
         out.append(f"stopped: `{stopped}` ({_why(stopped)})")
+    opened = result.get("verdict_rounds") or []
+    if opened:
+        out.append(f"endpoint check: opened by the {len(opened)} paired rounds of the hypothesis' verdict (boots "
+                   f"{', '.join(f'{g} and {b}' for g, b in opened)}); "
+                   f"{max(0, len(((result.get('tests') or [{}])[0]).get('boot_ids') or []) // 2 - len(opened))} "
+                   "more paired rounds booted for it")
     et = result.get("endpoint_test")
     if et and et.get("decision") == "below" and et.get("upper") is not None:
         upper, least = apart(et.get("upper"), et.get("below"))

@@ -69,6 +69,7 @@ class BisectOutcome:
     descent_owed: bool = False         # a descent was possible but the budget left could not finish it
     plan: dict | None = None           # what the search planned to need, and the boots it was given
     step_sd: float | None = None       # the step it measured over the boots' noise sd (plans the next stage)
+    verdict_rounds: tuple[tuple[int, int], ...] = ()  # a verdict's paired rounds (good, bad boot) that opened the endpoint check
 
     def named(self) -> bool:
         """Whether the run named its culprit: a commit, or a release and then (where a
@@ -87,6 +88,7 @@ class BisectOutcome:
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
                 "undetermined": self.undetermined, "warnings": list(self.warnings), "plan": self.plan,
+                "verdict_rounds": [list(r) for r in self.verdict_rounds],
                 **({"revisions": "releases", "descent": self.descent.to_json() if self.descent else None,
                     "descent_note": self.descent_note} if self.releases else {})}
 
@@ -123,7 +125,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
                    confidence: float, max_boots: int, hypothesis_id: int | None = None,
                    fresh: bool = False, releases: bool = False, stage: str | None = None,
                    total_boots: int | None = None, step_sd: float | None = None,
-                   min_effect: float | None = None) -> BisectOutcome:
+                   min_effect: float | None = None,
+                   endpoint_rounds: Sequence[tuple[int, int]] = ()) -> BisectOutcome:
     """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
     with ``releases`` they are versions of ``engine.releases``, each its installed build.
     Finished boots of the same configs on this host, from earlier runs, feed the
@@ -131,7 +134,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
     its plan (``stage`` names it, ``max_boots`` of ``total_boots`` are its, ``step_sd``
     the step expected). ``min_effect``: the least relative change that counts (the
     endpoint check ends *not reproduced* once the change is shown smaller; None: any
-    change)."""
+    change). ``endpoint_rounds``: (good boot id, bad boot id) of paired rounds of the
+    two endpoints made before (a confirmed verdict's): they open the endpoint check."""
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
@@ -148,20 +152,23 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
 
     sched.obs.search_started("bisection", max_boots, reference=arm(commits[0]))  # its configs: their commits
     configs = {sha: make_config(spec, arm(sha)) for sha in commits}
+    quiet = spec.defaults.search_samples == "quiet"
+    opening = _opening_rounds(ledger, endpoint_rounds, metric, quiet)
+    in_rounds = {i for ids, _ in opening for i in ids}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}
     for sha, pc in configs.items():
         if fresh:
             break
-        found = ledger.reusable_boots(pc.key, sched.host_fp)
-        got = ledger.boot_values(found, metric, quiet=spec.defaults.search_samples == "quiet")
+        found = [b for b in ledger.reusable_boots(pc.key, sched.host_fp) if b.id not in in_rounds]
+        got = ledger.boot_values(found, metric, quiet=quiet)
         if got.boot_ids:
             by_id = {b.id: b for b in found}
             observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
             reused_total += len(got.boot_ids)
     search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
-                             max_boots=max(2, max_boots + reused_total), width=max(1, sched.backend.slots),
-                             min_effect=min_effect)
+                             max_boots=max(2, max_boots + reused_total + 2 * len(opening)),
+                             width=max(1, sched.backend.slots), min_effect=min_effect)
     stage_plan = plan_stage(len(commits), search.options, step_sd)
     for line in plan_lines(stage or ("release stage" if releases else "bisection"), stage_plan, max_boots,
                            total_boots or max_boots):
@@ -178,6 +185,15 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         sched.obs.message(f"bisection: {reused_total} boots {reused_from(sorted(reused_runs), sched.run.id)}"
                           " feed the posterior, not its paired tests (`harness bisect --fresh` bisects with new boots only)")
     test_boots: dict[int, list[int]] = {}
+    for k, ((good_id, bad_id), (good_v, bad_v)) in enumerate(opening):
+        search.observe_endpoint_round(good_v, bad_v)
+        test_boots.setdefault(0, []).extend((good_id, bad_id))
+        for sha, i, v in ((commits[0], good_id, good_v), (commits[-1], bad_id, bad_v)):
+            ledger.add(Probe(bisection_id=bis.id, commit=sha, boots_requested=0, values=[v], reused=1,
+                             note=f"{subject(sha)} | the verdict's round {k + 1}", purpose="endpoints", boot_ids=[i]))
+    if opening:
+        sched.obs.message(f"bisection: the verdict's {len(opening)} paired rounds of the two endpoints open its "
+                          "endpoint check (it boots more rounds only where they do not decide it)")
     searched: set[int] = set()  # every boot this search booked
     stop, new_boots, step = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
                                          searched)
@@ -196,11 +212,30 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
         reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
-        plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res))
+        plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res),
+        verdict_rounds=tuple(ids for ids, _ in opening))
     bis.status = "done" if stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_json()
     ledger.commit()
     return outcome
+
+
+def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: str, quiet: bool
+                    ) -> list[tuple[tuple[int, int], tuple[float, float]]]:
+    """The rounds that open an endpoint check: ((good id, bad id), (good value, bad
+    value)) per round whose two boots both have a value of ``metric`` as the search
+    counts it (their quiet samples where ``quiet``); a round with a side without one is
+    left out."""
+    out = []
+    for good_id, bad_id in rounds:
+        boots = [ledger.session.get(Boot, good_id), ledger.session.get(Boot, bad_id)]
+        if any(b is None for b in boots):
+            continue
+        got = ledger.boot_values(boots, metric, quiet=quiet)
+        if got.boot_ids == (good_id, bad_id):
+            means = got.means()
+            out.append(((good_id, bad_id), (float(means[0]), float(means[1]))))
+    return out
 
 
 def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, metric: str,
@@ -456,13 +491,28 @@ def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str],
     return share
 
 
-def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow,
+def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow, verdict=None,
                       *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
     """Bisect a confirmed hypothesis between its baseline and treatment commits; its
-    ``min_effect`` is the least change the search counts."""
+    ``min_effect`` is the least change the search counts. The paired rounds behind
+    ``verdict`` (its sides are the two endpoints) open the endpoint check."""
     b, t = h.baseline.arm, h.treatment.arm
     check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
     return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
                           expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
-                          hypothesis_id=row.id, min_effect=h.spec.min_effect)
+                          hypothesis_id=row.id, min_effect=h.spec.min_effect,
+                          endpoint_rounds=[(p["baseline"], p["treatment"]) for p in verdict_rounds(verdict)])
+
+
+def verdict_rounds(verdict) -> list[dict[str, int]]:
+    """The paired rounds behind a verdict, as {"baseline": boot id, "treatment": boot id}:
+    the boots it used, matched by their round (``stats["rounds"]``: a boot's place among
+    its config's good boots), so a boot left out on one side leaves its round out."""
+    if verdict is None:
+        return []
+    ids = (list(verdict.baseline_boot_ids or []), list(verdict.treatment_boot_ids or []))
+    rounds = (verdict.stats or {}).get("rounds") or [list(range(len(x))) for x in ids]
+    by_round = [dict(zip(r, x)) for r, x in zip(rounds, ids)]
+    return [{"baseline": by_round[0][r], "treatment": by_round[1][r]} for r in sorted(set(by_round[0]) & set(by_round[1]))]
+

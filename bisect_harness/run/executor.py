@@ -239,7 +239,7 @@ class Executor:
             if h.spec.bisect and row.id not in bisected:
                 self.obs.message(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and "
                                  f"{h.treatment.arm.commit[:12]}")
-                result = bisect_hypothesis(self.sched, h, row)
+                result = bisect_hypothesis(self.sched, h, row, verdict)
                 self.obs.message(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
                                  f"{result.boots} boots, {result.stopped})")
             if h.spec.explain and row.id not in explained:

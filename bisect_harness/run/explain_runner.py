@@ -32,7 +32,7 @@ from bisect_harness.model import Arm, Expect, Metric
 from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, make_plan
 from bisect_harness.spec import Spec
 from bisect_harness.record.ledger import Boot, Ledger
-from bisect_harness.run.bisect_runner import search_commits
+from bisect_harness.run.bisect_runner import search_commits, verdict_rounds
 from bisect_harness.run.scheduler import Observer, Scheduler
 
 __all__ = ["parse_arm", "differences", "arm_with", "explain_arms", "explain_file", "explain_hypothesis",
@@ -216,15 +216,3 @@ def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None
     return explain_arms(sched, _side(h, fast), _side(h, slow), metric=h.metric, min_effect=h.spec.min_effect,
                         fast_name=f"{h.id}.{fast}", slow_name=f"{h.id}.{slow}", hypothesis_id=row.id,
                         rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)])
-
-
-def verdict_rounds(verdict) -> list[dict[str, int]]:
-    """The paired rounds behind a verdict, as {"baseline": boot id, "treatment": boot id}:
-    the boots it used, matched by their round (``stats["rounds"]``: a boot's place among
-    its config's good boots), so a boot left out on one side leaves its round out."""
-    if verdict is None:
-        return []
-    ids = (list(verdict.baseline_boot_ids or []), list(verdict.treatment_boot_ids or []))
-    rounds = (verdict.stats or {}).get("rounds") or [list(range(len(x))) for x in ids]
-    by_round = [dict(zip(r, x)) for r, x in zip(rounds, ids)]
-    return [{"baseline": by_round[0][r], "treatment": by_round[1][r]} for r in sorted(set(by_round[0]) & set(by_round[1]))]
