@@ -213,7 +213,8 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
         assert bis.result["culprit"] == hist.events["regression"]
         assert any(p.reused for p in bis.probes), "the hypothesis' own boots feed the search"
         opening = [p for p in bis.probes if p.purpose == "endpoints" and p.reused]
-        assert [p.boot_ids[0] for p in opening] == [i for r in h["bisection"]["verdict_rounds"] for i in r]
+        opened = bis.result["verdict_rounds"]
+        assert opened and [p.boot_ids[0] for p in opening] == [i for r in opened for i in r]
         # the search is part of the run: it ends, done, after the search's last boot
         boots = led.session.query(Boot).filter_by(run_id=run.id).all()
         searched = {b for p in bis.probes if not p.reused for b in (p.boot_ids or [])}
@@ -224,9 +225,9 @@ def test_bisect_true_bisects_a_confirmed_regression(hist, tmp_path):
     assert f"Culprit: `{hist.events['regression'][:12]}`" in journal
     # the verdict's paired rounds open the endpoint check (not "earlier runs"); the search's
     # boots count against its own budget, not past the rounds' planned boots
-    opened = h["bisection"]["verdict_rounds"]
-    assert opened and f"endpoint check: opened by the {len(opened)} paired rounds of the hypothesis' verdict" in journal
-    assert f"the verdict's {len(opened)} paired rounds of the two endpoints open its endpoint check" in proc.stderr
+    assert f"endpoint check: opened by the {len(opened)} paired rounds of the hypothesis' verdict" in journal
+    assert (f"the verdict's {len(opened)} paired rounds of the two endpoints open its endpoint check"
+            in " ".join(proc.stderr.split()))
     search_lines = [x for x in proc.stderr.splitlines() if x.startswith("boot ") and "boots of the bisection" in x]
     assert search_lines and search_lines[0].endswith("; 1/150 boots of the bisection"), proc.stderr[-3000:]
 
