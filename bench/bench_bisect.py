@@ -78,8 +78,25 @@ answer; top-1 at -5% fell in three models (bimodal 0.97 to 0.90, cpu_quiet 0.63 
 h200_graphs_off 0.20 to 0.17; 30 trials each). Not adopted: ``harness bisect`` keeps
 ``samples_per_boot``.
 
+``--min-effect`` (``harness bisect``'s, 5% by default; ``any``) is ours' least change that
+counts; ``--any`` also runs ours counting any change on ours' seeds (``ours_any``,
+``node_time_ratio_ours_to_any``). Measured (``--trials 30`` on stationary and
+unequal_variance, 20 on the other nine models, ``--scenarios minus5,none --no-pinpoint
+--any``): no change 0.28-0.49x of the node time in eight of eleven models (0.74x bimodal,
+0.84x h200_graphs_off, 0.87x cpu_quiet), a -5% culprit 0.95-1.00x, top-1 and wrong answers
+unchanged or better; a -2% culprit (``minus2``, below 5%) ends not-reproduced instead of
+being named (stationary: named 1 of 30 against 13 of 30, in 54 boots against 134).
+``--verdict-rounds K`` runs ``bisect: true`` after a verdict of K paired rounds of the
+endpoints (booted before the search and not charged to it), which open the endpoint check,
+beside ours with them feeding the posterior only (``ours_observed``,
+``node_time_ratio_ours_to_observed``). Measured (``--verdict-rounds 4 --trials 30
+--scenarios minus5,minus30 --no-pinpoint``, every model): -30% 0.74-0.78x (0.87x bursts);
+-5% 0.78-0.93x where searches mostly end confident, 1.01x h200_graphs_off and 1.11x
+cpu_quiet (most end at their budget either way); no wrong confident answer.
+
 Run: ``python bench/bench_bisect.py [--trials 200] [--seed 0] [--models a,b]
-[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint] [--priced]``. The last line
+[--scenarios a,b] [--workers N] [--verify-alpha A] [--no-pinpoint] [--priced] [--min-effect E|any]
+[--any] [--verdict-rounds K]``. The last line
 printed is one JSON object with every figure.
 """
 
