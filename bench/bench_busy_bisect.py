@@ -38,6 +38,12 @@ tok/s from about 192 to 176, 2 burners in 1-6 s bursts with 1-6 s gaps), side by
   boots (34 busy): its head-to-head test of the leading commit against its parent, on
   boots a burst had slowed, did not confirm it.
 
+With a host busy all the time noticed (``run/busy_host``, 9 of the last 10 boots busy in
+every sample; each run's ``busy_all_the_time`` says whether it fired), ``--rules quiet``: it
+never fired; the culprit named 2 of 3 (54 and 58 boots), the third (culprit at commit 29 of
+32, 64 boots busy) stopped at its 150-boot budget with P 0.22, never wrong. A first threshold
+of 4 of the last 6 fired in all three runs and named 2 of 3, the third ``not-reproduced``.
+
 An earlier run of both (the same seeds, with a bisection's samples per boot priced, a
 rule since taken out): ``quiet`` 3 of 3 in 50, 36, 36 boots; ``all`` 2 of 3 in 83 and 55,
 the third stopped ``not-reproduced`` after 48 boots.

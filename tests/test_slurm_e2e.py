@@ -47,9 +47,9 @@ def test_a_run_with_a_bisection_through_slurm_finds_the_planted_culprit(slurm_cl
     spec = write_spec(where / "spec.yaml", hist, good=good, bad=bad, bisect=True, max_boots=6, alpha=0.2)
     # The test cluster's two nodes are one machine: each job's server is the other's neighbour, so
     # nearly every sample reads busy. Under the default (quiet samples) the search boots the first
-    # boots busy throughout again until the host reads busy all the time (run/busy_host), and took
-    # 76-88 s here (168-290 s before that rule); every sample counts here, as on a node shared with
-    # other jobs, which takes about 40 s.
+    # boots busy throughout again until the host reads busy all the time (run/busy_host: it did at
+    # its 17th and 23rd boot), and took 59-67 s here (168-290 s before that rule); every sample
+    # counts here, as on a node shared with other jobs, which takes about 40 s.
     spec.write_text(spec.read_text().replace("  alpha:", "  search_samples: all\n  alpha:", 1))
     summary, seconds = _run(where, spec, "--backend", "slurm", "--slots", "2")
     print(f"slurm: {seconds:.0f} s")
