@@ -26,8 +26,9 @@ class StopReason(str, enum.Enum):
     AMBIGUOUS_SKIPS = "ambiguous-skips"
     #: ``max_boots`` boots were spent before either of the above
     BUDGET = "budget"
-    #: the endpoints, in fresh paired rounds, do not show the expected change, or
-    #: the posterior holds ``confidence`` on "no step": nothing to bisect
+    #: the endpoints, in paired rounds, do not show the expected change (or show it
+    #: smaller than ``min_effect``), or the posterior holds ``confidence`` on "no step":
+    #: nothing to bisect
     NOT_REPRODUCED = "not-reproduced"
     #: an endpoint could not be measured at all (skipped with no boots)
     ENDPOINT_UNMEASURABLE = "endpoint-unmeasurable"
@@ -57,7 +58,7 @@ _STOP_MEANING = {
                                 "commit after them cannot be told apart); the set's change against the parent "
                                 "of its first member was shown head to head",
     StopReason.BUDGET: "the boot budget was spent before an answer",
-    StopReason.NOT_REPRODUCED: "the endpoints, in fresh paired rounds, did not show the expected change, or "
+    StopReason.NOT_REPRODUCED: "the endpoints, in paired rounds, did not show the expected change, or "
                                "showed it smaller than the least change that counts",
     StopReason.ENDPOINT_UNMEASURABLE: "an endpoint could not be measured after its retries",
     StopReason.UNVERIFIED: "the most probable commit (or set) was not shown to differ from its parent head to "

@@ -6,10 +6,12 @@ every one of them committed to the ledger as it is measured. Boots already in th
 ledger for the same config on the same host (an earlier run, the hypothesis that
 found the regression, or a bisection that was killed) are fed to the search
 first, so a bisection resumes where it stopped and never boots again what the
-posterior already has. They feed the posterior only: the endpoint check that opens the search, and the head-to-head
-test that closes it, are made on fresh boots of this search, booted in paired
-rounds (see ``bisection``), so the boots that selected a regression never also
-confirm it.
+posterior already has. They feed the posterior only: the endpoint check that opens the
+search, and the head-to-head test that closes it, are made of paired rounds (see
+``bisection``). The one exception is ``bisect: true``: its verdict's paired rounds of
+the two endpoints open the endpoint check (``endpoint_rounds``), since the search
+exists only because that verdict confirmed; the head-to-head test is always booted
+fresh, so the boots that selected a regression never confirm its culprit.
 
 Before each search starts the run says what it plans to need and what it has
 (``bisect_budget``: at least so many boots to name a culprit, about so many at the
