@@ -340,7 +340,7 @@ def test_a_min_effect_that_is_no_relative_change_exits_2_naming_the_option(hist,
                        "--journal-dir", str(tmp_path / "journal")], tmp_path, timeout=60)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     err = " ".join(proc.stderr.split())
-    assert "--min-effect '150%'" in err and "between 0 and 1" in err and "Traceback" not in err
+    assert "--min-effect '150%'" in err and "between 0 and 1" in err and "'any'" in err and "Traceback" not in err
     assert not (tmp_path / "journal").exists(), "nothing was booted or written"
 
 

@@ -248,7 +248,10 @@ def bisect(
     from bisect_harness.spec import load_spec
 
     console = _console(json_out)
-    least = None if min_effect.strip().lower() == "any" else _effect(min_effect)
+    try:
+        least = None if min_effect.strip().lower() == "any" else _effect(min_effect)
+    except UserError as exc:
+        raise UserError(f"{exc}; or 'any' to count every change") from None
     spec = load_spec(file)
     from bisect_harness.run.bisect_runner import bisect_range
     from bisect_harness.record.ledger import Ledger

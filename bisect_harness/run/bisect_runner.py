@@ -517,4 +517,3 @@ def verdict_rounds(verdict) -> list[dict[str, int]]:
     rounds = (verdict.stats or {}).get("rounds") or [list(range(len(x))) for x in ids]
     by_round = [dict(zip(r, x)) for r, x in zip(rounds, ids)]
     return [{"baseline": by_round[0][r], "treatment": by_round[1][r]} for r in sorted(set(by_round[0]) & set(by_round[1]))]
-
