@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -102,6 +103,7 @@ from bisect_harness.decide import allocation  # noqa: E402
 from bisect_harness.decide.analyses import robust  # noqa: E402
 from bisect_harness.decide.design import ANALYSES, Design  # noqa: E402
 from bisect_harness.decide.evaluate import evaluate  # noqa: E402
+from bisect_harness.decide.prior import prior_from_runs  # noqa: E402
 from bisect_harness.decide.shift import detect_shift  # noqa: E402
 from bisect_harness.decide.ttest import welch_t  # noqa: E402
 from bisect_harness.model import Expect, Outcome  # noqa: E402
@@ -137,18 +139,39 @@ def robust_split_as(t_last_look: int, t_share: float):
         robust.ROBUST_T_LAST_LOOK, robust.ROBUST_T_SHARE = before
 
 
+def earlier_run(model: str, effect: float, seed, rounds: int, samples: int) -> list[float]:
+    """The per-round log ratios of an earlier run of the same two configs (a host of
+    ``model``, its own random stream and clock): what the ledger holds for a prior."""
+    rng = np.random.default_rng(list(seed) + [0x9A1])
+    host = Host(model, rng)
+    diffs = []
+    for _ in range(rounds):
+        got = {}
+        for arm in (("a", "b") if rng.random() < 0.5 else ("b", "a")):
+            got[arm] = host.boot(100.0 * (1.0 + (effect if arm == "b" else 0.0)), arm=arm, samples=samples).mean()
+        diffs.append(math.log(got["b"]) - math.log(got["a"]))
+    return diffs
+
+
 def priced_path(model: str, effect: float, seed, design: Design, expect: Expect, min_effect: float,
-                cost: allocation.CostModel | None, max_samples: int) -> tuple[int, int, list[int]]:
+                cost: allocation.CostModel | None, max_samples: int,
+                prior_run: tuple[str, int] | None = None) -> tuple[int, int, list[int]]:
     """One experiment generated round by round, looked at after each round from
     ``min_boots``: (outcome code, boots per arm, samples of each boot of both arms).
     With ``cost`` the samples of each later round are ``decide.allocation``'s choice
-    from the rounds so far (as the executor makes it); without, ``samples_per_boot``."""
+    from the rounds so far (as the executor makes it); without, ``samples_per_boot``.
+    With ``prior_run`` (noise model, rounds) an earlier run of the same two configs
+    gives a noise prior (``decide.prior``) and the first look comes at 2 rounds."""
     rng = np.random.default_rng(seed)
     host = Host(model, rng)
     a: list[list[float]] = []
     b: list[list[float]] = []
     m = design.samples_per_boot if cost is None else allocation.samples_per_boot(
         cost, None, min_samples=design.samples_per_boot, max_samples=max_samples)  # a stated cost: before any round
+    prior = None
+    if prior_run is not None:
+        prior = prior_from_runs([earlier_run(prior_run[0], effect, seed, prior_run[1], m)])
+        design = dataclasses.replace(design, min_boots=2, prior_dof=prior.dof)
     code = 0
     for k in range(1, design.max_boots + 1):
         for arm in (("a", "b") if rng.random() < 0.5 else ("b", "a")):
@@ -159,7 +182,7 @@ def priced_path(model: str, effect: float, seed, design: Design, expect: Expect,
         if k < design.min_boots:
             continue
         v = evaluate(a, b, expect=expect, min_effect=min_effect, design=design, rounds=(range(k), range(k)),
-                     interval=False)
+                     interval=False, prior=prior)
         code = CODE[v.outcome]
         if v.final:
             break
@@ -169,8 +192,10 @@ def priced_path(model: str, effect: float, seed, design: Design, expect: Expect,
     return code, len(a), [len(x) for x in a + b]
 
 
-def price_model(model: str, n_sim: int, seed: int) -> dict:
-    """The pricing figures of one noise model (see the module's ``pricing``)."""
+def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_from: str | None = None) -> dict:
+    """The pricing figures of one noise model (see the module's ``pricing``); with
+    ``prior_rounds``, the shipped rule also with a noise prior from an earlier run of
+    that many rounds on a host of ``prior_from`` (default: the same model)."""
     d = Defaults()
     design = Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
                     samples_per_boot=d.samples_per_boot, analysis=d.analysis)
@@ -186,8 +211,9 @@ def price_model(model: str, n_sim: int, seed: int) -> dict:
                 with robust_split_as(PRESENT["t_last_look"], PRESENT["t_share"]):
                     runs.append(priced_path(model, effect, path_seed, present_design, expect, min_effect, None, 0))
             else:
+                prior_run = (prior_from or model, prior_rounds) if rule == "prior" else None
                 runs.append(priced_path(model, effect, path_seed, design, expect, min_effect, COSTS[cost_name],
-                                        d.max_samples_per_boot))
+                                        d.max_samples_per_boot, prior_run))
         codes = np.array([r[0] for r in runs])
         out = {"confirmed": float(np.mean(codes == 1)), "refuted": float(np.mean(codes == -1)),
                "inconclusive": float(np.mean(codes == 0)), "mean_boots": float(np.mean([r[1] for r in runs]))}
@@ -199,25 +225,32 @@ def price_model(model: str, n_sim: int, seed: int) -> dict:
 
     res: dict = {"present": {}, "shipped": {c: {} for c in COSTS}}
     rules = [("present", None)] + [("shipped", c) for c in COSTS]
+    if prior_rounds:
+        res["prior"] = {c: {} for c in COSTS}
+        rules += [("prior", c) for c in COSTS]
     for rule, cost_name in rules:
-        into = res["present"] if rule == "present" else res["shipped"][cost_name]
+        into = res["present"] if rule == "present" else res[rule][cost_name]
         dec = cell(0.0, Expect.DECREASE, 0.0, rule, cost_name, 0)["confirmed"]
         inc = cell(0.0, Expect.INCREASE, 0.0, rule, cost_name, 0)["confirmed"]
         into["aa_false_confirmed"] = (dec + inc) / 2
         into["points"] = {f"{r:g}E": cell(-r * OC_E, Expect.DECREASE, OC_E, rule, cost_name, 1 + k)
                           for k, r in enumerate(PRICE_POINTS)}
-    res["ratio"] = {c: {p: res["shipped"][c]["points"][p]["node_s"][c] / res["present"]["points"][p]["node_s"][c]
-                        for p in res["present"]["points"]} for c in COSTS}
+    for rule, key in (("shipped", "ratio"), ("prior", "ratio_prior")):
+        if rule in res:
+            res[key] = {c: {p: res[rule][c]["points"][p]["node_s"][c] / res["present"]["points"][p]["node_s"][c]
+                            for p in res["present"]["points"]} for c in COSTS}
     return res
 
 
-def pricing_goals(pricing: dict, alpha: float) -> dict:
-    """The issue's goals over every priced model: A/A and power of the shipped rule
+def pricing_goals(pricing: dict, alpha: float, rule: str = "shipped") -> dict:
+    """The issue's goals over every priced model: A/A and power of ``rule`` (the
+    shipped rule, or ``"prior"``: the same with a noise prior of an earlier run)
     under each cost model, and its node time at most half the present rule's under
     the large node, at every priced point."""
-    aa = all(r["shipped"][c]["aa_false_confirmed"] <= alpha + 0.01 for r in pricing.values() for c in COSTS)
-    power = all(r["shipped"][c]["points"]["2E"]["confirmed"] >= POWER_GOAL for r in pricing.values() for c in COSTS)
-    half = {m: {p: v <= 0.5 for p, v in r["ratio"]["large_node"].items()} for m, r in pricing.items()}
+    key = "ratio" if rule == "shipped" else "ratio_prior"
+    aa = all(r[rule][c]["aa_false_confirmed"] <= alpha + 0.01 for r in pricing.values() for c in COSTS)
+    power = all(r[rule][c]["points"]["2E"]["confirmed"] >= POWER_GOAL for r in pricing.values() for c in COSTS)
+    half = {m: {p: v <= 0.5 for p, v in r[key]["large_node"].items()} for m, r in pricing.items()}
     return {"aa_goal_met": aa, "power_goal_met": power, "half_node_time_large_node": half,
             "half_node_time_met": all(all(x.values()) for x in half.values())}
 
@@ -386,6 +419,11 @@ def main() -> int:
     ap.add_argument("--analyses", default=",".join(ANALYSES), help="comma-separated analyses to compare")
     ap.add_argument("--workers", type=int, default=1, help="processes, one model each (same figures)")
     ap.add_argument("--pricing-only", action="store_true", help="only the node-time pricing of the two rules")
+    ap.add_argument("--prior-rounds", type=int, default=0,
+                    help="pricing: also the shipped rule with a noise prior from an earlier run of this many rounds")
+    ap.add_argument("--prior-from", default=None, choices=ALL_MODELS,
+                    help="pricing: the noise model of that earlier run (default: the run's own; another one is a "
+                    "host whose noise changed since)")
     args = ap.parse_args()
     models = [m for m in (args.models or ",".join(ALL_MODELS if args.pricing_only else MODELS)).split(",") if m]
     for m in models:
@@ -448,25 +486,31 @@ def main() -> int:
 
 def pricing_main(models: list[str], args) -> int:
     t0 = time.perf_counter()
-    jobs = [(m, args.n_sim, args.seed) for m in models]
+    jobs = [(m, args.n_sim, args.seed, args.prior_rounds, args.prior_from) for m in models]
     if args.workers > 1:
         with multiprocessing.Pool(args.workers) as pool:
             results = pool.starmap(price_model, jobs)
     else:
         results = [price_model(*job) for job in jobs]
     pricing = dict(zip(models, results))
+    rules = [("shipped", "ratio")] + ([("prior", "ratio_prior")] if args.prior_rounds else [])
     for model, r in pricing.items():
         for c in COSTS:
-            sh, pr = r["shipped"][c], r["present"]
-            pts = " ".join(f"{p}: {pr['points'][p]['mean_boots']:.1f}->{sh['points'][p]['mean_boots']:.1f} boots, "
-                           f"{r['ratio'][c][p]:.2f}x" for p in pr["points"])
-            print(f"[{model:16s} {c:10s}] A/A {pr['aa_false_confirmed']:.4f}->{sh['aa_false_confirmed']:.4f}; "
-                  f"P(conf|2E) {pr['points']['2E']['confirmed']:.3f}->{sh['points']['2E']['confirmed']:.3f}; "
-                  f"samples/boot {sh['points']['0E']['mean_samples_per_boot']:.1f} at 0; node time {pts}", flush=True)
+            for rule, key in rules:
+                sh, pr = r[rule][c], r["present"]
+                pts = " ".join(f"{p}: {pr['points'][p]['mean_boots']:.1f}->{sh['points'][p]['mean_boots']:.1f} boots, "
+                               f"{r[key][c][p]:.2f}x" for p in pr["points"])
+                print(f"[{model:16s} {c:10s} {rule:7s}] A/A {pr['aa_false_confirmed']:.4f}->"
+                      f"{sh['aa_false_confirmed']:.4f}; P(conf|2E) {pr['points']['2E']['confirmed']:.3f}->"
+                      f"{sh['points']['2E']['confirmed']:.3f}; samples/boot "
+                      f"{sh['points']['0E']['mean_samples_per_boot']:.1f} at 0; node time {pts}", flush=True)
     alpha = Defaults().alpha
     out = {"n_sim": args.n_sim, "seed": args.seed, "costs": {k: [c.boot_s, c.sample_s] for k, c in COSTS.items()},
            "present_rule": PRESENT, "claim_E": OC_E, "pricing": pricing, "pricing_goals": pricing_goals(pricing, alpha),
            "seconds": round(time.perf_counter() - t0, 1)}
+    if args.prior_rounds:
+        out["prior"] = {"rounds": args.prior_rounds, "from": args.prior_from or "the same model"}
+        out["pricing_goals_prior"] = pricing_goals(pricing, alpha, "prior")
     print(json.dumps(out, sort_keys=True))
     return 0
 

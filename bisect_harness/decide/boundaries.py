@@ -68,14 +68,15 @@ def spent_alpha(design: Design, alpha: Optional[float] = None) -> np.ndarray:
 
 
 def _null_p_paths(rng, n_paths: int, looks: tuple[int, ...], p_cut: float, analysis: str,
-                  ratio: float = 1.0) -> np.ndarray:
+                  ratio: float = 1.0, prior_dof: int = 0) -> np.ndarray:
     """One-sided p-values at each look for null paths of normal log boot means.
 
     The t statistic of each path is drawn by the analysis named ``analysis``
     (its ``null_t``): ``"unpaired"``: Welch on two arms of N(0,1) and N(0,
     ``ratio``) boot means. ``"paired"``: the one-sample t-test of N(0,1)
     per-round differences (its null law is exact and free of both arms'
-    variances). p-values above ``p_cut`` are
+    variances; with ``prior_dof``, pooled with a noise prior of that many degrees of
+    freedom where the rounds do not contradict it). p-values above ``p_cut`` are
     left at 1 (a t quantile is never below the normal one, so ``t < z_{1-p_cut}``
     implies ``p > p_cut``). This spares most of the costly t tail calls; the
     caller checks that no level reaches ``p_cut``.
@@ -88,7 +89,8 @@ def _null_p_paths(rng, n_paths: int, looks: tuple[int, ...], p_cut: float, analy
     null_t = ANALYSES[analysis].null_t
     for start in range(0, n_paths, _CAL_CHUNK):
         c = min(_CAL_CHUNK, n_paths - start)
-        t, df = null_t(rng, c, kmax, idx, k, ratio)
+        t, df = null_t(rng, c, kmax, idx, k, ratio, prior_dof=prior_dof) if prior_dof else \
+            null_t(rng, c, kmax, idx, k, ratio)
         p = np.ones_like(t)
         near = t >= z_min
         p[near] = special.stdtr(df[near], -t[near])
@@ -109,9 +111,9 @@ def _level_for(ps_alive: np.ndarray, need: float) -> float:
 
 @functools.lru_cache(maxsize=128)
 def _levels_cached(alpha: float, min_boots: int, max_boots: int, spending: str,
-                   analysis: str = "unpaired") -> tuple[float, ...]:
+                   analysis: str = "unpaired", prior_dof: int = 0) -> tuple[float, ...]:
     design = Design(alpha=alpha, min_boots=min_boots, max_boots=max_boots, spending=spending,
-                    analysis=analysis)
+                    analysis=analysis, prior_dof=prior_dof)
     looks = design.looks
     if len(looks) == 1:
         return (alpha,)
@@ -121,8 +123,9 @@ def _levels_cached(alpha: float, min_boots: int, max_boots: int, spending: str,
     # p-value would allow by much, and 4*alpha leaves ample room (checked below).
     p_cut = min(0.45, 4.0 * alpha)
     ratios = ANALYSES[analysis].null_ratios
-    paths = [_null_p_paths(np.random.default_rng([_CAL_SEED, min_boots, max_boots, i]), n_paths, looks,
-                           p_cut, analysis, r) for i, r in enumerate(ratios)]
+    seed = [_CAL_SEED, min_boots, max_boots] + ([prior_dof] if prior_dof else [])
+    paths = [_null_p_paths(np.random.default_rng(seed + [i]), n_paths, looks, p_cut, analysis, r, prior_dof)
+             for i, r in enumerate(ratios)]
     # Aim two Monte Carlo standard errors below the spending function, so that the
     # calibration's own noise does not push the error rate above alpha.
     expected = spent_alpha(design) * n_paths
@@ -155,10 +158,12 @@ def nominal_levels(design: Design, alpha: Optional[float] = None) -> tuple[float
     0.05 the spent alpha is about 0.049 +- 0.0005). The paired test's null law is
     exact for any pair of arm variances. The unpaired (Welch) test's is not: its
     levels are the smallest over a grid of variance ratios (its ``null_ratios``,
-    1 to 10^6), so they hold at the least favourable ratio. A single-look design
-    returns ``(alpha,)``.
+    1 to 10^6), so they hold at the least favourable ratio. With ``design.prior_dof``
+    the paired law pools a noise prior of the same noise (and drops it where the
+    rounds contradict it, as the test does). A single-look design returns ``(alpha,)``.
     """
     a = design.alpha if alpha is None else float(alpha)
     if not (0.0 < a < 0.5):
         raise ValueError(f"alpha must be in (0, 0.5), got {a!r}")
-    return _levels_cached(a, design.min_boots, design.max_boots, design.spending, design.analysis)
+    return _levels_cached(a, design.min_boots, design.max_boots, design.spending, design.analysis,
+                          design.prior_dof)

@@ -66,6 +66,7 @@ class Design:
     spending: str = "pocock"
     samples_per_boot: int = 3
     analysis: str = "unpaired"
+    prior_dof: int = 0
 
     def __post_init__(self):
         if not (0.0 < self.alpha < 0.5):
@@ -86,6 +87,12 @@ class Design:
                 f"Design.samples_per_boot must be an integer >= 1, got {self.samples_per_boot!r}")
         if self.analysis not in ANALYSES:
             raise ValueError(f"Design.analysis must be one of {ANALYSES.names()}, got {self.analysis!r}")
+        if int(self.prior_dof) != self.prior_dof or self.prior_dof < 0:
+            raise ValueError(f"Design.prior_dof must be an integer >= 0, got {self.prior_dof!r}")
+        if self.prior_dof and not ANALYSES[self.analysis].takes_prior:
+            raise ValueError(f"Design.prior_dof: the {self.analysis!r} analysis takes no noise prior; "
+                             f"only those that read rounds do "
+                             f"({', '.join(n for n in ANALYSES.names() if ANALYSES[n].takes_prior)})")
 
     @property
     def looks(self) -> tuple[int, ...]:

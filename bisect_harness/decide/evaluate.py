@@ -50,6 +50,7 @@ from bisect_harness.decide.analyses.base import Arms
 from bisect_harness.decide.components import variance_components
 from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.kernel import _pct, log_effect
+from bisect_harness.decide.prior import NoisePrior, pooled_variance
 from bisect_harness.decide.ttest import _check_boots
 from bisect_harness.model import Expect, Outcome, shown_apart
 
@@ -92,7 +93,10 @@ class StatVerdict:
     Hodges-Lehmann estimate, ``p_value`` the share of sign patterns at least as
     extreme as the observed at this look, ``p_threshold`` the share at the look's
     threshold, and ``ci`` is None until the test can bound the change on both
-    sides.
+    sides. ``prior_pooled``: with a noise prior, whether this look's t-test pooled it
+    (False: the rounds contradicted it, or a sign-flip look); None without one.
+    ``round_log_ratios``: the per-round log ratios the paired analyses read, in round
+    order (what a later run's noise prior is made of); None for the unpaired one.
     """
 
     outcome: Outcome
@@ -114,6 +118,8 @@ class StatVerdict:
     reason: str
     analysis: str = "unpaired"
     n_pairs: Optional[int] = None
+    prior_pooled: Optional[bool] = None
+    round_log_ratios: Optional[tuple[float, ...]] = None
 
 
 def _arm_summary(arrs: list[np.ndarray]):
@@ -133,7 +139,7 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
              expect: Expect, min_effect: float, design: Design = Design(),
              alpha: Optional[float] = None,
              rounds: Optional[tuple[Sequence[int], Sequence[int]]] = None,
-             interval: bool = True) -> StatVerdict:
+             interval: bool = True, prior: Optional[NoisePrior] = None) -> StatVerdict:
     """Decide a hypothesis from all boots measured so far; call after every round.
 
     ``baseline`` and ``treatment`` are sequences of boots, each a sequence of
@@ -158,6 +164,11 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     ``ci`` None: the verdict does not depend on it; the benches use it). Rounds past
     the budget are not looked at by the sign-flip test (its boundary ends there).
 
+    ``prior``: a noise prior of earlier runs of the same two configs on the same host
+    (:mod:`bisect_harness.decide.prior`), which the paired t-test pools with the
+    rounds' own variance where they do not contradict it; ``design.prior_dof`` must
+    be its degrees of freedom (the boundaries are calibrated for it).
+
     >>> v = evaluate([[100, 101, 99], [102, 100, 101], [99, 100, 100]],
     ...              [[120, 121, 119], [122, 120, 121], [119, 121, 120]],
     ...              expect=Expect.INCREASE, min_effect=0.10)
@@ -169,6 +180,10 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     a = design.alpha if alpha is None else float(alpha)
     if not (0.0 < a < 0.5):
         raise ValueError(f"alpha must be in (0, 0.5), got {alpha!r}")
+    if (prior.dof if prior is not None else 0) != design.prior_dof:
+        raise ValueError(f"evaluate: the design is calibrated for a noise prior of {design.prior_dof} degrees of "
+                         f"freedom, the prior given has {prior.dof if prior is not None else 0}; build the "
+                         f"design with prior_dof=prior.dof")
     log_e = log_effect(expect, min_effect)
     arrs_b = _check_boots(baseline, "baseline", positive=True)
     arrs_t = _check_boots(treatment, "treatment", positive=True)
@@ -176,15 +191,18 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     mt, vt, kt, nt, bcv_t, wcv_t = _arm_summary(arrs_t)
     span = f"over looks at {design.min_boots}..{design.max_boots} boots/arm"
     analysis = ANALYSES[design.analysis]
-    arms = Arms(arrs_b, arrs_t, (mb, mt), (vb, vt), (kb, kt), rounds)
+    arms = Arms(arrs_b, arrs_t, (mb, mt), (vb, vt), (kb, kt), rounds, prior)
     est = analysis.estimate(arms)
     k = est.k
     name = analysis.test_name(design, a, k, span)
+    if prior is not None:
+        name += f"; its t-test pools {prior.describe()} where the rounds do not contradict it"
     ratio = math.exp(est.d)
     common = dict(ratio=ratio, ci_level=1 - 2 * a, test=name, n_boots=(kb, kt), n_samples=(nb, nt),
                   between_cv=(bcv_b, bcv_t), within_cv=(wcv_b, wcv_t), alpha=a,
                   min_effect=float(min_effect), expect=expect, analysis=design.analysis,
-                  n_pairs=est.n_pairs)
+                  n_pairs=est.n_pairs,
+                  round_log_ratios=None if est.diffs is None else tuple(float(x) for x in est.diffs))
     if k < 2:
         return StatVerdict(outcome=Outcome.INCONCLUSIVE, final=False, ci=None, p_value=None,
                            p_threshold=None, look=None,
@@ -197,6 +215,8 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
             "the metric shows no variation at all, check that it is really measured")
     at_budget = k >= design.max_boots
     lk = analysis.look(est, se, df, expect, log_e, design, a, interval)
+    if prior is not None:
+        common["prior_pooled"] = bool(not lk.sign_flip and pooled_variance(prior, est.diffs)[2])
     code, p0, thr, look, d, ci, ci_txt = lk.code, lk.p_value, lk.threshold, lk.look, lk.d, lk.ci, lk.ci_text
     ratio = math.exp(d)
     common["ratio"] = ratio

@@ -30,7 +30,8 @@ from bisect_harness.observe import engine_identity
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.observe.mechanisms import ANSWERED
 from bisect_harness.observe import host_state
-from bisect_harness.decide.design import Design
+from bisect_harness.decide.design import ANALYSES, Design
+from bisect_harness.decide.prior import NoisePrior
 from bisect_harness.decide.evaluate import evaluate
 from bisect_harness.decide.multiplicity import adjust_alpha
 from bisect_harness.decide.shift import Shift, detect_shift
@@ -90,12 +91,37 @@ class Rules:
         return adjust_alpha(self.design.alpha, self.family_size)
 
 
+def prior_design(design: Design, prior: NoisePrior | None) -> Design:
+    """The design a look takes with ``prior``: calibrated for its degrees of freedom,
+    its first look at 2 rounds; ``design`` itself without a prior, or where its
+    analysis does not read rounds (the prior is then not used)."""
+    if prior is None or not ANALYSES[design.analysis].takes_prior:
+        return design
+    return dataclasses.replace(design, min_boots=min(2, design.min_boots), prior_dof=prior.dof)
+
+
+def _prior_for(prior: NoisePrior | None, *sides: Sequence[BootRecord]) -> tuple[NoisePrior | None, dict | None]:
+    """The prior a look may pool, and why one offered was not: a look with a boot the
+    host check found busy does not pool it (that host is not the one the prior
+    measured: a neighbour spreads boots more than its rounds can show at 2 or 3)."""
+    if prior is None:
+        return None, None
+    busy = [b.id for side in sides for b in side if (c := host_state.BootContention.of(b)) is not None and c.busy]
+    if not busy:
+        return prior, None
+    return None, {"boots": busy, "prior": dataclasses.asdict(prior),
+                  "reason": "boots the host check found busy: the host is not the one the prior measured"}
+
+
 def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
           hypothesis_id: int, force_final: bool, order_seed: int | None = None,
-          config_warnings: Sequence[str] = ()) -> dict:
+          config_warnings: Sequence[str] = (), prior: NoisePrior | None = None) -> dict:
     """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``.
     ``config_warnings``: what the caller knows of the configs compared that their
     boots do not say (``engines.attach.verdict_warnings``: an attached server's).
+    ``prior``: the noise prior of earlier runs of the same two configs on this host
+    (:mod:`bisect_harness.decide.prior`), pooled where the design's analysis reads
+    rounds; its first look is then at 2 rounds (see :func:`prior_design`).
 
     What this module works out itself comes first (the boots' checks, device sets,
     the design), then what it asks of others (the sides' warnings, the values, the test)."""
@@ -103,7 +129,9 @@ def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect:
     never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
     checks_all, checks_good = checks_done([*baseline.boots, *treatment.boots]), checks_done([*bgood, *tgood])
     blocks = device_blocks(bgood, tgood)
-    the_design = rules.design
+    prior, prior_dropped = _prior_for(prior, bgood, tgood)
+    the_design = prior_design(rules.design, prior)
+    prior = prior if the_design.prior_dof else None
     warnings = side_warnings(rules, baseline, treatment, config_warnings)
     bv = BootValues.of(bgood, metric)
     tv = BootValues.of(tgood, metric)
@@ -125,7 +153,7 @@ def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect:
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
         res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
-                       min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds)
+                       min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
                 "varying values (a rate, a latency, a count per sample)", **ids}
@@ -136,20 +164,23 @@ def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect:
         stats=jsonable({**dataclasses.asdict(res), "family_size": rules.family_size,
                         "checks": checks_good,
                         "family_alpha": rules.design.alpha, "rounds": rounds, "order_seed": order_seed,
+                        **({"noise_prior": dataclasses.asdict(prior)} if prior is not None else {}),
+                        **({"noise_prior_dropped": prior_dropped} if prior_dropped else {}),
                         **({"device_blocks": blocks} if blocks else {})}), **ids)
 
 
 def look(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
          mechanism: Sequence = (), hypothesis_id: int, force_final: bool, order_seed: int | None = None,
-         config_warnings: Sequence[str] = ()) -> dict:
+         config_warnings: Sequence[str] = (), prior: NoisePrior | None = None) -> dict:
     """One look at a hypothesis: :func:`judge` on its metric and, when it names
     mechanism metrics (each with ``metric``, ``expect`` and ``min_effect``), on each
     of them too, split into three layers (flag accepted / mechanism engaged / outcome
-    moved, ``mechanism.layers``) under ``stats["layers"]``."""
+    moved, ``mechanism.layers``) under ``stats["layers"]``. ``prior``: the noise
+    prior of the hypothesis' metric (the mechanism metrics are judged without one)."""
     asked = [(metric, expect, min_effect), *((m.metric, m.expect, m.min_effect) for m in mechanism)]
     verdicts = [judge(rules, baseline, treatment, metric=name, expect=exp, min_effect=effect,
                       hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed,
-                      config_warnings=config_warnings)
+                      config_warnings=config_warnings, prior=None if i else prior)
                 for i, (name, exp, effect) in enumerate(asked)]
     v = verdicts[0]
     if mechanism:

@@ -19,7 +19,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, Str
 from sqlalchemy.engine import make_url
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, relationship
 
 from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRecord, SampleOutcome
 from bisect_harness.errors import InfrastructureError, UserError
@@ -425,6 +425,32 @@ class Ledger:
         if host_fingerprint is not None:
             q = q.where(Boot.host_fingerprint == host_fingerprint)
         return self.session.scalars(q.order_by(Boot.id)).all()
+
+    def earlier_round_ratios(self, baseline_key: str, treatment_key: str, metric: str,
+                             host_fingerprint: str | None, *, before_run: int) -> list[tuple[list[float], list[int]]]:
+        """What earlier runs (before ``before_run``) saw of the same two configs compared
+        on ``metric`` on this host: per hypothesis, newest first, its final verdict's
+        per-round log ratios and the ids of the boots they came from. Only verdicts
+        whose every boot ran on a host of ``host_fingerprint`` count (none without one)."""
+        if host_fingerprint is None:
+            return []
+        b_cfg, t_cfg = aliased(Config), aliased(Config)
+        q = (select(HypothesisRow).join(b_cfg, b_cfg.id == HypothesisRow.baseline_config_id)
+             .join(t_cfg, t_cfg.id == HypothesisRow.treatment_config_id)
+             .where(b_cfg.key == baseline_key, t_cfg.key == treatment_key, HypothesisRow.metric == metric,
+                    HypothesisRow.run_id < before_run)
+             .order_by(HypothesisRow.id.desc()))
+        out = []
+        for h in self.session.scalars(q).all():
+            v = h.verdict
+            ratios = (v.stats or {}).get("round_log_ratios") if v is not None and v.final else None
+            if not ratios:
+                continue
+            ids = [int(i) for i in (*v.baseline_boot_ids, *v.treatment_boot_ids)]
+            hosts = set(self.session.scalars(select(Boot.host_fingerprint).where(Boot.id.in_(ids))).all())
+            if hosts == {host_fingerprint}:
+                out.append(([float(x) for x in ratios], ids))
+        return out
 
     def nightly_history(self, series: str, *, before_run: int) -> list[tuple[Run, str, list[Boot]]]:
         """Earlier nightly runs of one series, oldest first: (run, commit, ok boots)."""

@@ -202,6 +202,33 @@ def cost_line(cost) -> str | None:
     return text
 
 
+def prior_line(stats) -> str | None:
+    """The noise prior a verdict pooled, as its stats recorded it, in one sentence:
+    where it came from, and whether the verdict's own look pooled it or its rounds
+    contradicted it; None for a verdict without one."""
+    prior = (stats or {}).get("noise_prior")
+    dropped = (stats or {}).get("noise_prior_dropped")
+    if not prior and dropped:
+        offered = dropped.get("prior") or {}
+        return (f"an earlier run's ({offered.get('rounds')} rounds, {offered.get('dof')} degrees of freedom) was "
+                f"not pooled: boots {', '.join(str(i) for i in dropped.get('boots') or [])} of this verdict ran on "
+                "a host the host check found busy, not the host the prior measured; the rounds were tested alone")
+    if not prior:
+        return None
+    boots = prior.get("boots") or []
+    var = prior.get("var")
+    text = (f"{prior.get('rounds')} rounds of {prior.get('runs')} earlier run(s) of the same two configs on this host "
+            f"(boots {', '.join(str(i) for i in boots)}) gave a round's log ratio a spread of "
+            f"{_fmt(100 * var ** 0.5 if var else None, 2)}% with {prior.get('dof')} degrees of freedom")
+    pooled = stats.get("prior_pooled")
+    if pooled is True:
+        return text + "; this look's t-test pooled it with its own rounds"
+    if pooled is False:
+        return text + ("; this look did not pool it (its rounds' own spread contradicted it, or the look was the "
+                       "sign-flip test's), so the rounds were tested alone")
+    return text + "; whether this look pooled it is not recorded"
+
+
 def _host_line(host: dict) -> str:
     if not host:
         return "unknown"
@@ -307,6 +334,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                 run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
                 [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
             "cost": cost_line((v.stats or {}).get("cost") if v else None),
+            "prior": prior_line(v.stats if v else None),
             "plot": plot, "plot_missing": plot_missing, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
             "commands": [{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
                          for side, b in sorted(first_used.items())],

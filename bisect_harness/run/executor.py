@@ -22,7 +22,8 @@ from typing import Mapping
 
 from bisect_harness.decide import allocation
 from bisect_harness.decide import verdict as decide
-from bisect_harness.decide.design import Design
+from bisect_harness.decide.design import ANALYSES, Design
+from bisect_harness.decide.prior import NoisePrior, prior_from_runs
 from bisect_harness.decide.power import noise_floor
 from bisect_harness.backends import Backend
 from bisect_harness.engines import attach
@@ -62,6 +63,7 @@ class Executor:
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
         self.verdicts: dict[str, VerdictRow] = {}  # each hypothesis' final verdict, as the rounds end it
+        self.priors: dict[str, NoisePrior] = {}  # hypothesis id -> its noise prior of earlier runs (decide.prior)
 
     @property
     def run(self) -> Run | None:
@@ -181,15 +183,40 @@ class Executor:
                 self.obs.verdict(h, v)
             else:
                 pending.append(h)
-        # --resume: continue at the first look not yet recorded; a hypothesis that had
-        # its look at that round before the interruption skips it (not looked at twice).
+        self.priors = self._noise_priors()
+        # A noise prior brings the first look to 2 rounds (decide.verdict.prior_design):
+        # the rounds start there for every hypothesis, the others' first looks say
+        # "before the first look". --resume: continue at the first look not yet
+        # recorded; a hypothesis that had its look at that round before the
+        # interruption skips it (not looked at twice).
+        first = min([d.boots_per_arm, *(decide.prior_design(self.rules.design, p).min_boots
+                                        for p in self.priors.values())])
         done = {h.id: earlier.get(h.id, (None, 0))[1] for h in pending}
-        target = d.boots_per_arm + min(done.values(), default=0)
-        skip = {hid: n - (target - d.boots_per_arm) for hid, n in done.items()}
+        target = first + min(done.values(), default=0)
+        skip = {hid: n - (target - first) for hid, n in done.items()}
         try:
             self._rounds(pending, rows, target, skip)
         finally:
             self.sched.samples_per_boot = None  # the searches after the rounds take the file's count
+
+    def _noise_priors(self) -> dict[str, NoisePrior]:
+        """Each hypothesis' noise prior (``decide.prior``): the per-round log ratios of
+        the final verdicts of earlier runs that compared the same two configs on the
+        same metric, every boot on this host; none with ``defaults.noise_prior: false``,
+        an analysis that does not read rounds, or no such run. Said once per hypothesis."""
+        d = self.spec.defaults
+        if not d.noise_prior or not ANALYSES[self.rules.design.analysis].takes_prior:
+            return {}
+        out = {}
+        for h in self.plan.hypotheses:
+            runs = self.ledger.earlier_round_ratios(h.baseline.key, h.treatment.key, h.metric.name,
+                                                    self.sched.host_fp, before_run=self.run.id)
+            prior = prior_from_runs([r for r, _ in runs], [i for _, ids in runs for i in ids])
+            if prior is not None:
+                out[h.id] = prior
+                self.obs.message(f"{h.id}: {prior.describe()}; its first look comes at 2 rounds, and a look whose "
+                                 f"rounds contradict the prior tests them alone")
+        return out
 
     def _rounds(self, pending, rows, target: int, skip: dict) -> None:
         d = self.spec.defaults
@@ -300,7 +327,8 @@ class Executor:
         v = decide.look(self.rules, *sides, metric=h.metric.name, expect=h.spec.expect,
                         min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
                         force_final=force_final, order_seed=self.order_seed,
-                        config_warnings=attach.verdict_warnings([b.planned, t.planned]))
+                        config_warnings=attach.verdict_warnings([b.planned, t.planned]),
+                        prior=self.priors.get(h.id))
         v["stats"] = {**(v.get("stats") or {}), "cost": self.verdict_cost(b, t)}
         return VerdictRow(**v)
 

@@ -363,6 +363,8 @@ def _defaults(r: _Reader, value) -> Defaults:
             kwargs[name] = d[name]
     if "aa_check" in d:
         kwargs["aa_check"] = r.typed(d["aa_check"], "defaults.aa_check", (bool,), "true or false")
+    if "noise_prior" in d:
+        kwargs["noise_prior"] = r.typed(d["noise_prior"], "defaults.noise_prior", (bool,), "true or false")
     if "host_check" in d:
         if d["host_check"] not in HOST_CHECK_MODES:
             raise r.doc.error("defaults.host_check",

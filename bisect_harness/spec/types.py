@@ -104,6 +104,9 @@ class Defaults:
     # host threshold; a boot with none is booted again) or all
     search_samples: str = "quiet"
     analysis: str = "robust"    # robust | paired (rounds as blocks) | unpaired (Welch); chosen by bench/bench_stats.py
+    # pool the spread that earlier runs of the same two configs on this host showed into each verdict's
+    # t-test (decide.prior; checked against the run's own rounds at every look); false: each run alone
+    noise_prior: bool = True
     secret_names: tuple[str, ...] = ()  # env/flag names masked wherever stored or shown (secrets.py)
 
     @property

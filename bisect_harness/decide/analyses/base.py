@@ -26,6 +26,7 @@ from scipy import stats as _st
 from bisect_harness.decide.boundaries import nominal_levels
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.kernel import _decide
+from bisect_harness.decide.prior import NoisePrior
 from bisect_harness.model import Expect
 
 __all__ = ["Analysis", "Arms", "Estimate", "Look"]
@@ -37,7 +38,8 @@ class Arms:
     and (baseline, treatment) pairs of the mean and the variance of the arm's log
     boot means and of its number of boots; ``rounds`` the round labels given to
     :func:`~bisect_harness.decide.evaluate.evaluate` (None: boot i of each arm is
-    round i)."""
+    round i); ``prior`` a noise prior of earlier runs
+    (:class:`~bisect_harness.decide.prior.NoisePrior`) for the analyses that take one."""
 
     baseline: list[np.ndarray]
     treatment: list[np.ndarray]
@@ -45,6 +47,7 @@ class Arms:
     var: tuple[float, float]
     boots: tuple[int, int]
     rounds: Optional[tuple[Sequence[int], Sequence[int]]] = None
+    prior: Optional[NoisePrior] = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class Analysis(ABC):
     #: ratios of the arms' variances of log boot means at which the levels must
     #: hold; each look takes the smallest level any of them needs
     null_ratios: ClassVar[tuple[float, ...]]
+    #: whether its t-test pools a noise prior of earlier runs (``Design.prior_dof``);
+    #: its :meth:`null_t` then takes ``prior_dof``
+    takes_prior: ClassVar[bool] = False
 
     @staticmethod
     @abstractmethod

@@ -21,9 +21,11 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
+from scipy import stats as _st
 
 from bisect_harness.decide.analyses.base import Analysis, Arms, Estimate
 from bisect_harness.decide.design import ANALYSES, Design
+from bisect_harness.decide.prior import CONTRADICTED_AT, pooled_variance
 
 __all__ = ["Paired"]
 
@@ -64,14 +66,23 @@ class Paired(Analysis):
     unit = "rounds"
     few = "round(s) with both arms"
     null_ratios = (1.0,)
+    takes_prior = True
 
     @staticmethod
-    def null_t(rng, n, kmax, idx, k, ratio=1.0):
+    def null_t(rng, n, kmax, idx, k, ratio=1.0, prior_dof=0):
+        """With ``prior_dof``, the prior's variance is drawn as chi-square over its
+        dof (a prior of the same noise) and each look pools it or drops it exactly
+        as :func:`~bisect_harness.decide.prior.pooled_variance` does."""
         x = rng.standard_normal((n, kmax))
         m = np.cumsum(x, axis=1)[:, idx] / k
         v = (np.cumsum(x * x, axis=1)[:, idx] - k * m * m) / (k - 1)
+        df = np.broadcast_to(k - 1, v.shape).astype(float)
+        if prior_dof:
+            v0 = rng.chisquare(prior_dof, (n, 1)) / prior_dof
+            keep = _st.f.sf(v / v0, k - 1, prior_dof) >= CONTRADICTED_AT
+            v = np.where(keep, (prior_dof * v0 + (k - 1) * v) / (prior_dof + k - 1), v)
+            df = np.where(keep, prior_dof + k - 1, df)
         t = m / np.sqrt(v / k)
-        df = np.broadcast_to(k - 1, t.shape)
         return t, df
 
     def estimate(self, arms: Arms) -> Estimate:
@@ -81,7 +92,8 @@ class Paired(Analysis):
         return Estimate(d, k, k, diffs)
 
     def standard_error(self, arms: Arms, est: Estimate) -> tuple[float, float]:
-        return float(est.diffs.std(ddof=1) / math.sqrt(est.k)), float(est.k - 1)
+        var, df, _ = pooled_variance(arms.prior, est.diffs)
+        return math.sqrt(var / est.k), df
 
     def spread(self, arms: Arms, est: Estimate) -> float:
         return math.sqrt(float(est.diffs.var(ddof=1)))

@@ -141,7 +141,7 @@ class Robust(Paired):
         """The t part: its own looks and share of alpha."""
         t_looks, a_t, _, _ = robust_split(design, alpha)
         t_design = Design(alpha=a_t, min_boots=t_looks[0], max_boots=t_looks[-1], spending=design.spending,
-                          analysis="paired")
+                          analysis="paired", prior_dof=design.prior_dof)
         return nominal_levels(t_design, a_t), t_looks[-1]
 
     def t_equivalent(self, design: Design, alpha: float) -> tuple[Design, float]:

@@ -1,0 +1,111 @@
+"""A noise prior: what earlier runs of the same two configs on the same host say
+about the spread of a round's log ratio, pooled with the rounds' own.
+
+The paired t-test estimates the variance of a round's log ratio from the rounds it
+has, ``k - 1`` degrees of freedom: at 3 rounds its 1% point is 6.96, where a known
+variance would give 2.33, and that, not the noise, is why a clear change costs at
+least 3-4 boots a side (``docs/design.md``: "the floor of 3 boots a side"). Boots of
+the same two configs on the same host, in earlier runs, measured the same variance
+already. :class:`NoisePrior` carries it: their rounds' log ratios, centred on each
+run's own mean (so an earlier run's change, or a host level that has moved since,
+says nothing here), as a variance with ``dof`` degrees of freedom. The test pools
+it with the rounds' own,
+
+    ``s^2 = (dof * s0^2 + (k - 1) * s_k^2) / (dof + k - 1)``,
+
+a t with ``dof + k - 1`` degrees of freedom under the assumption that the host's
+noise is what it was; the boundaries are calibrated for that law
+(:mod:`bisect_harness.decide.boundaries`, ``Design.prior_dof``), and the first look
+comes at 2 rounds.
+
+The assumption is checked at every look, never taken: where the rounds' own
+variance exceeds the prior's beyond what chance allows (a one-sided F-test at
+``CONTRADICTED_AT``: a neighbour moved in, a driver changed the spread),
+:func:`pooled_variance` drops the prior and the look is the plain paired t-test of
+the rounds alone; the verdict says which it was. A prior counts for at most
+``MAX_PRIOR_DOF`` degrees of freedom, so the rounds of today always weigh.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+__all__ = ["NoisePrior", "MAX_PRIOR_DOF", "CONTRADICTED_AT", "prior_from_runs", "pooled_variance"]
+
+#: The most degrees of freedom a prior counts for (earlier rounds beyond it are not
+#: pooled: today's rounds keep at least a few percent of the weight from the third
+#: on, and a stale prior is contradicted sooner).
+MAX_PRIOR_DOF = 24
+#: One-sided level of the check that the rounds' own variance is not larger than the
+#: prior's; where it fails, the look drops the prior.
+CONTRADICTED_AT = 0.05
+
+
+@dataclass(frozen=True)
+class NoisePrior:
+    """The variance of one round's log ratio (treatment over baseline) that earlier
+    runs of the same two configs on the same host showed: ``var`` with ``dof``
+    degrees of freedom, from ``rounds`` rounds of ``runs`` runs; ``boots``: the
+    ledger ids of their boots (the provenance of every figure), in order."""
+
+    var: float
+    dof: int
+    rounds: int
+    runs: int
+    boots: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not (math.isfinite(self.var) and self.var > 0):
+            raise ValueError(f"NoisePrior.var must be a positive number, got {self.var!r}")
+        if int(self.dof) != self.dof or not (1 <= self.dof <= MAX_PRIOR_DOF):
+            raise ValueError(f"NoisePrior.dof must be an integer in 1..{MAX_PRIOR_DOF}, got {self.dof!r}")
+
+    def describe(self) -> str:
+        return (f"a noise prior of {self.dof} degrees of freedom ({self.rounds} rounds of {self.runs} earlier "
+                f"run{'s' if self.runs != 1 else ''} of the same two configs on this host: a round's log ratio "
+                f"spread {math.sqrt(self.var) * 100:.2f}%)")
+
+
+def prior_from_runs(runs: Sequence[Sequence[float]], boots: Sequence[int] = ()) -> NoisePrior | None:
+    """A prior from earlier runs' per-round log ratios (one sequence per run, newest
+    first): each run centred on its own mean, pooled, the newest rounds first until
+    ``MAX_PRIOR_DOF`` degrees of freedom. None where no run has two rounds, or the
+    ratios do not vary at all."""
+    ss, dof, rounds, used = 0.0, 0, 0, 0
+    for diffs in runs:
+        x = np.asarray(diffs, dtype=float)
+        x = x[np.isfinite(x)]
+        if x.size < 2:
+            continue
+        take = min(x.size, MAX_PRIOR_DOF - dof + 1)
+        if take < 2:
+            break
+        x = x[:take]
+        ss += float(((x - x.mean()) ** 2).sum())
+        dof += take - 1
+        rounds += take
+        used += 1
+        if dof >= MAX_PRIOR_DOF:
+            break
+    if dof < 1 or not ss > 0:
+        return None
+    return NoisePrior(var=ss / dof, dof=dof, rounds=rounds, runs=used, boots=tuple(boots))
+
+
+def pooled_variance(prior: NoisePrior | None, diffs: np.ndarray) -> tuple[float, float, bool]:
+    """(variance of one round's log ratio, its degrees of freedom, whether the prior
+    was pooled) at a look of ``diffs`` (the rounds' log ratios). Without a prior, or
+    where the rounds' own variance contradicts it (one-sided F-test at
+    ``CONTRADICTED_AT``), the rounds' own variance with ``k - 1``."""
+    k = int(diffs.size)
+    own = float(diffs.var(ddof=1)) if k > 1 else float("nan")
+    if prior is None or k < 2:
+        return own, float(k - 1), False
+    if _st.f.sf(own / prior.var, k - 1, prior.dof) < CONTRADICTED_AT:
+        return own, float(k - 1), False
+    return (prior.dof * prior.var + (k - 1) * own) / (prior.dof + k - 1), float(prior.dof + k - 1), True
