@@ -160,6 +160,9 @@ def test_a_second_run_of_the_same_configs_pools_the_first_and_decides_sooner(tmp
     assert set(prior["boots"]) == run1_boots and prior["dof"] == first.boots // 2 - 1
     assert s2["prior_pooled"] is True and s2["look"] == 2
     assert "noise prior" in proc.stderr
+    (h2,) = out2["hypotheses"]
+    assert h2["noise_prior"]["pooled"] is True and h2["noise_prior"]["dof"] == prior["dof"]
+    assert out1["hypotheses"][0]["noise_prior"] is None
     (journal,) = (tmp_path / "j").glob("*-run2.md")
     text = journal.read_text()
     assert "- noise prior: " in text and "this look's t-test pooled it" in text
@@ -175,3 +178,39 @@ def test_a_second_run_of_the_same_configs_pools_the_first_and_decides_sooner(tmp
 def test_noise_prior_must_be_true_or_false(tmp_path):
     with pytest.raises(SpecError, match="defaults.noise_prior"):
         load_spec(_spec(tmp_path, noise_prior="yes"))
+
+
+def _boots(first_id, levels, busy=()):
+    from bisect_harness.boot import BootRecord
+    from bisect_harness.observe.contention import Thresholds
+
+    out = []
+    for i, level in enumerate(levels):
+        crossed = [{"figure": "foreign_cpu_share", "value": 0.9, "limit": 0.25, "message": "CPU of others 90%"}] \
+            if first_id + i in busy else []
+        contention = {"window": {"seconds": 3.0, "cores": 2, "figures": {}, "sources": {}}, "crossed": crossed,
+                      "samples": [], "thresholds": Thresholds().to_dict()}
+        out.append(BootRecord(id=first_id + i, run_id=2, status="ok", provenance={"contention": contention},
+                              samples=tuple(SampleOutcome(metrics={"tok_s": level * f}, requests=1, output_tokens=8,
+                                                          duration_s=0.1, seq=j + 1)
+                                            for j, f in enumerate((0.99, 1.0, 1.01)))))
+    return out
+
+
+def test_a_look_with_a_busy_boot_does_not_pool_the_prior_and_says_so():
+    from bisect_harness.decide.verdict import Rules, Side, judge
+
+    rules = Rules(design=Design(alpha=0.05, min_boots=3, max_boots=20, analysis="robust"), family_size=1)
+    prior = NoisePrior(var=0.01 ** 2, dof=8, rounds=9, runs=1, boots=(1, 2))
+    kw = dict(metric="tok_s", expect=Expect.DECREASE, min_effect=0.04, hypothesis_id=1, force_final=False,
+              prior=prior)
+    base = _boots(10, [100.0, 101.0])
+    quiet = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0])), **kw)
+    busy = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0], busy={21})), **kw)
+    assert quiet["outcome"] == "confirmed" and quiet["stats"]["look"] == 2 and quiet["stats"]["prior_pooled"]
+    assert quiet["stats"]["noise_prior"]["boots"] == [1, 2]
+    assert busy["outcome"] == "inconclusive" and busy["stats"]["look"] is None  # 2 rounds: before the first look
+    assert "noise_prior" not in busy["stats"] and busy["stats"]["noise_prior_dropped"]["boots"] == [21]
+    from bisect_harness.report.journal import prior_line
+
+    assert "boots 21 of this verdict ran on a host the host check found busy" in prior_line(busy["stats"])

@@ -67,6 +67,21 @@ def _follow_ups_json(run) -> dict[int, dict]:
     return out
 
 
+def _prior_json(v) -> dict | None:
+    """The noise prior a verdict was offered (``decide.prior``): where it came from and
+    whether the verdict's look pooled it; None where none was."""
+    st = (v.stats or {}) if v else {}
+    prior = st.get("noise_prior") or (st.get("noise_prior_dropped") or {}).get("prior")
+    if not prior:
+        return None
+    out = {k: prior.get(k) for k in ("dof", "rounds", "runs", "boots")}
+    out["spread"] = prior["var"] ** 0.5 if prior.get("var") else None
+    out["pooled"] = bool(st.get("prior_pooled")) if "noise_prior" in st else False
+    if "noise_prior_dropped" in st:
+        out["not_pooled_because"] = st["noise_prior_dropped"].get("reason")
+    return out
+
+
 def _mechanisms_json(v) -> dict:
     """Per arm, how often each mechanism read each state over the verdict's boots
     (``boots.provenance["mechanisms"]``), e.g. ``{"treatment": {"CUDA graphs":
@@ -140,6 +155,7 @@ def run_summary(run) -> dict:
             "mechanisms": _mechanisms_json(v),
             "failed_requests": _failed_requests_json(v),
             "cost": ((v.stats or {}).get("cost") if v else None),
+            "noise_prior": _prior_json(v),
             "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
     return {"run_id": run.id, "status": run.status, "hypotheses": out}
