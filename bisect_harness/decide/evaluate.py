@@ -47,6 +47,7 @@ import numpy as np
 from scipy import stats as _st
 
 from bisect_harness.decide.analyses.base import Arms
+from bisect_harness.decide.analyses.paired import round_samples
 from bisect_harness.decide.components import variance_components
 from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.kernel import _pct, log_effect
@@ -96,7 +97,8 @@ class StatVerdict:
     sides. ``prior_pooled``: with a noise prior, whether this look's t-test pooled it
     (False: the rounds contradicted it, or a sign-flip look); None without one.
     ``round_log_ratios``: the per-round log ratios the paired analyses read, in round
-    order (what a later run's noise prior is made of); None for the unpaired one.
+    order (what a later run's noise prior is made of), and ``round_samples`` the most
+    samples either boot of each round holds; None for the unpaired analysis.
     """
 
     outcome: Outcome
@@ -120,6 +122,7 @@ class StatVerdict:
     n_pairs: Optional[int] = None
     prior_pooled: Optional[bool] = None
     round_log_ratios: Optional[tuple[float, ...]] = None
+    round_samples: Optional[tuple[int, ...]] = None
 
 
 def _arm_summary(arrs: list[np.ndarray]):
@@ -202,7 +205,9 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
                   between_cv=(bcv_b, bcv_t), within_cv=(wcv_b, wcv_t), alpha=a,
                   min_effect=float(min_effect), expect=expect, analysis=design.analysis,
                   n_pairs=est.n_pairs,
-                  round_log_ratios=None if est.diffs is None else tuple(float(x) for x in est.diffs))
+                  round_log_ratios=None if est.diffs is None else tuple(float(x) for x in est.diffs),
+                  round_samples=None if est.diffs is None else tuple(
+                      int(x) for x in round_samples(arrs_b, arrs_t, rounds)))
     if k < 2:
         return StatVerdict(outcome=Outcome.INCONCLUSIVE, final=False, ci=None, p_value=None,
                            p_threshold=None, look=None,

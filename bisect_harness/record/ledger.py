@@ -427,11 +427,13 @@ class Ledger:
         return self.session.scalars(q.order_by(Boot.id)).all()
 
     def earlier_round_ratios(self, baseline_key: str, treatment_key: str, metric: str,
-                             host_fingerprint: str | None, *, before_run: int) -> list[tuple[list[float], list[int]]]:
+                             host_fingerprint: str | None, *,
+                             before_run: int) -> list[list[tuple[float, int, tuple[int, int]]]]:
         """What earlier runs (before ``before_run``) saw of the same two configs compared
         on ``metric`` on this host: per hypothesis, newest first, its final verdict's
-        per-round log ratios and the ids of the boots they came from. Only verdicts
-        whose every boot ran on a host of ``host_fingerprint`` count (none without one)."""
+        rounds in order, each as (log ratio, the most samples either of its boots held,
+        (baseline boot id, treatment boot id)). Only verdicts whose every boot ran on a
+        host of ``host_fingerprint`` count (none without one)."""
         if host_fingerprint is None:
             return []
         b_cfg, t_cfg = aliased(Config), aliased(Config)
@@ -443,13 +445,19 @@ class Ledger:
         out = []
         for h in self.session.scalars(q).all():
             v = h.verdict
-            ratios = (v.stats or {}).get("round_log_ratios") if v is not None and v.final else None
-            if not ratios:
+            st = (v.stats or {}) if v is not None and v.final else {}
+            ratios, samples, labels = st.get("round_log_ratios"), st.get("round_samples"), st.get("rounds")
+            if not ratios or not samples or not labels or len(samples) != len(ratios):
                 continue
-            ids = [int(i) for i in (*v.baseline_boot_ids, *v.treatment_boot_ids)]
+            by_round = [dict(zip(side, ids)) for side, ids in zip(labels, (v.baseline_boot_ids, v.treatment_boot_ids))]
+            common = sorted(set(by_round[0]) & set(by_round[1]))
+            if len(common) != len(ratios):
+                continue
+            pairs = [(int(by_round[0][r]), int(by_round[1][r])) for r in common]
+            ids = [i for pair in pairs for i in pair]
             hosts = set(self.session.scalars(select(Boot.host_fingerprint).where(Boot.id.in_(ids))).all())
             if hosts == {host_fingerprint}:
-                out.append(([float(x) for x in ratios], ids))
+                out.append([(float(x), int(m), pair) for x, m, pair in zip(ratios, samples, pairs)])
         return out
 
     def nightly_history(self, series: str, *, before_run: int) -> list[tuple[Run, str, list[Boot]]]:

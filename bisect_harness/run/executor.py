@@ -202,8 +202,11 @@ class Executor:
     def _noise_priors(self) -> dict[str, NoisePrior]:
         """Each hypothesis' noise prior (``decide.prior``): the per-round log ratios of
         the final verdicts of earlier runs that compared the same two configs on the
-        same metric, every boot on this host; none with ``defaults.noise_prior: false``,
-        an analysis that does not read rounds, or no such run. Said once per hypothesis."""
+        same metric, every boot on this host, those of rounds whose boots took at most
+        ``samples_per_boot`` samples (the fewest a boot of this run takes: a prior never
+        counts rounds less noisy than this run's); none with ``defaults.noise_prior:
+        false``, an analysis that does not read rounds, or no such run. Said once per
+        hypothesis."""
         d = self.spec.defaults
         if not d.noise_prior or not ANALYSES[self.rules.design.analysis].takes_prior:
             return {}
@@ -211,7 +214,9 @@ class Executor:
         for h in self.plan.hypotheses:
             runs = self.ledger.earlier_round_ratios(h.baseline.key, h.treatment.key, h.metric.name,
                                                     self.sched.host_fp, before_run=self.run.id)
-            prior = prior_from_runs([r for r, _ in runs], [i for _, ids in runs for i in ids])
+            kept = [[r for r in rounds if r[1] <= d.samples_per_boot] for rounds in runs]
+            prior = prior_from_runs([[x for x, _, _ in rounds] for rounds in kept],
+                                    [i for rounds in kept for _, _, pair in rounds for i in pair])
             if prior is not None:
                 out[h.id] = prior
                 self.obs.message(f"{h.id}: {prior.describe()}; its first look comes at 2 rounds, and a look whose "

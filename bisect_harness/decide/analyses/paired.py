@@ -37,6 +37,19 @@ def _paired_differences(arrs_b: list[np.ndarray], arrs_t: list[np.ndarray],
     ``rounds`` labels each boot of each arm with its round; without it the i-th boot
     of each arm is round i. Rounds that hold a boot of only one arm are left out.
     """
+    return _matched(arrs_b, arrs_t, rounds, lambda b, t: math.log(t.mean()) - math.log(b.mean()))
+
+
+def round_samples(arrs_b: list[np.ndarray], arrs_t: list[np.ndarray],
+                  rounds: Optional[tuple[Sequence[int], Sequence[int]]]) -> np.ndarray:
+    """Per round (as :func:`_paired_differences` orders them), the most samples either
+    of its two boots holds (a noise prior pools only rounds that took no more samples
+    than the rounds it is pooled with: fewer samples, a noisier ratio)."""
+    return _matched(arrs_b, arrs_t, rounds, lambda b, t: max(b.size, t.size)).astype(int)
+
+
+def _matched(arrs_b, arrs_t, rounds, of) -> np.ndarray:
+    """``of(baseline boot, treatment boot)`` for each round holding one of each, in round order."""
     if rounds is None:
         rb, rt = list(range(len(arrs_b))), list(range(len(arrs_t)))
     else:
@@ -52,9 +65,8 @@ def _paired_differences(arrs_b: list[np.ndarray], arrs_t: list[np.ndarray],
             if len(set(labels)) != len(labels):
                 raise ValueError(f"rounds: a {what} round holds two boots; the paired analysis "
                                  f"needs at most one boot of each arm per round")
-    lb = {r: math.log(x.mean()) for r, x in zip(rb, arrs_b)}
-    lt = {r: math.log(x.mean()) for r, x in zip(rt, arrs_t)}
-    return np.array([lt[r] - lb[r] for r in sorted(set(lb) & set(lt))])
+    bb, tt = dict(zip(rb, arrs_b)), dict(zip(rt, arrs_t))
+    return np.array([of(bb[r], tt[r]) for r in sorted(set(bb) & set(tt))])
 
 
 class Paired(Analysis):
