@@ -170,7 +170,8 @@ def priced_path(model: str, effect: float, seed, design: Design, expect: Expect,
         cost, None, min_samples=design.samples_per_boot, max_samples=max_samples)  # a stated cost: before any round
     prior = None
     if prior_run is not None:
-        prior = prior_from_runs([earlier_run(prior_run[0], effect, seed, prior_run[1], m)])
+        earlier = earlier_run(prior_run[0], effect, seed, prior_run[1], m)
+        prior = prior_from_runs([earlier], samples=[[m] * len(earlier)])
         design = dataclasses.replace(design, min_boots=2, prior_dof=prior.dof)
     code = 0
     for k in range(1, design.max_boots + 1):
@@ -189,6 +190,8 @@ def priced_path(model: str, effect: float, seed, design: Design, expect: Expect,
         if cost is not None:
             m = allocation.samples_per_boot(cost, allocation.round_components(list(zip(a, b))),
                                             min_samples=design.samples_per_boot, max_samples=max_samples)
+            if prior is not None:  # as the executor: no round less noisy than the prior's rounds
+                m = max(m, prior.samples)
     return code, len(a), [len(x) for x in a + b]
 
 

@@ -33,12 +33,13 @@ from mock_boots import harness_here
 def test_a_prior_centres_each_run_on_its_own_mean_and_counts_at_most_its_cap():
     a = [0.10, 0.12, 0.08]        # an earlier run that saw a change: its mean says nothing here
     b = [-0.01, 0.01]
-    p = prior_from_runs([a, b], [1, 2, 3])
-    assert p.dof == 3 and p.rounds == 5 and p.runs == 2 and p.boots == (1, 2, 3)
+    p = prior_from_runs([a, b], [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]], [[3, 3, 7], [5, 3]])
+    assert p.dof == 3 and p.rounds == 5 and p.runs == 2 and p.boots == tuple(range(1, 11)) and p.samples == 7
     assert p.var == pytest.approx((0.0004 + 0.0 + 0.0004 + 0.0002) / 3)
     many = [list(np.random.default_rng(i).normal(0, 0.02, 10)) for i in range(5)]
-    capped = prior_from_runs(many)
+    capped = prior_from_runs(many, [list(range(20 * i, 20 * i + 20)) for i in range(5)])
     assert capped.dof == MAX_PRIOR_DOF and capped.runs == 3  # 9 + 9 + 6: the newest first
+    assert capped.boots == tuple(range(40)) + tuple(range(40, 54))  # the rounds pooled, two boots each
     assert prior_from_runs([[0.1]]) is None and prior_from_runs([[0.02, 0.02, 0.02]]) is None
     with pytest.raises(ValueError, match="dof"):
         NoisePrior(var=1e-4, dof=MAX_PRIOR_DOF + 1, rounds=30, runs=1)
@@ -215,3 +216,21 @@ def test_a_look_with_a_busy_boot_does_not_pool_the_prior_and_says_so():
     from bisect_harness.report.journal import prior_line
 
     assert "boots 21 of this verdict ran on a host the host check found busy" in prior_line(busy["stats"])
+
+
+def test_rounds_of_more_samples_than_this_runs_boots_take_give_no_prior(tmp_path):
+    """An earlier run whose boots took 7 samples (a stated cost) gave rounds less noisy
+    than a run of 3-sample boots: they are not pooled, and the run is on its own."""
+    db = tmp_path / "r.db"
+    dear = _spec(tmp_path, max_samples_per_boot=12, boot_cost_s=900, sample_cost_s=20)
+    first = _SteadyBoots(1)
+    harness_here("run", dear, "--ledger", f"sqlite:///{db}", "--journal-dir", tmp_path / "j", handler=first,
+                 cwd=tmp_path)
+    (s1,), = query(db, "SELECT v.stats FROM verdicts v JOIN hypotheses h ON h.id = v.hypothesis_id "
+                       "WHERE v.final = 1 AND h.run_id = 1")
+    assert min(json.loads(s1)["round_samples"]) == 7
+    second = _SteadyBoots(2)
+    proc = harness_here("run", _spec(tmp_path), "--ledger", f"sqlite:///{db}", "--journal-dir", tmp_path / "j",
+                        "--json", handler=second, cwd=tmp_path)
+    (h,) = last_json(proc.stdout)["hypotheses"]
+    assert h["verdict"] == "confirmed" and h["noise_prior"] is None and second.boots >= 6

@@ -51,13 +51,17 @@ class NoisePrior:
     """The variance of one round's log ratio (treatment over baseline) that earlier
     runs of the same two configs on the same host showed: ``var`` with ``dof``
     degrees of freedom, from ``rounds`` rounds of ``runs`` runs; ``boots``: the
-    ledger ids of their boots (the provenance of every figure), in order."""
+    ledger ids of their boots (the provenance of every figure), in order;
+    ``samples``: the most samples a boot of those rounds held (0: not known). A
+    round's log ratio is the noisier the fewer samples its boots hold, so the rounds
+    a prior is pooled with should hold at least as many."""
 
     var: float
     dof: int
     rounds: int
     runs: int
     boots: tuple[int, ...] = ()
+    samples: int = 0
 
     def __post_init__(self):
         if not (math.isfinite(self.var) and self.var > 0):
@@ -71,16 +75,18 @@ class NoisePrior:
                 f"spread {math.sqrt(self.var) * 100:.2f}%)")
 
 
-def prior_from_runs(runs: Sequence[Sequence[float]], boots: Sequence[int] = ()) -> NoisePrior | None:
+def prior_from_runs(runs: Sequence[Sequence[float]], boots: Sequence[Sequence[int]] = (),
+                    samples: Sequence[Sequence[int]] = ()) -> NoisePrior | None:
     """A prior from earlier runs' per-round log ratios (one sequence per run, newest
     first): each run centred on its own mean, pooled, the newest rounds first until
-    ``MAX_PRIOR_DOF`` degrees of freedom. None where no run has two rounds, or the
-    ratios do not vary at all."""
-    ss, dof, rounds, used = 0.0, 0, 0, 0
-    for diffs in runs:
+    ``MAX_PRIOR_DOF`` degrees of freedom. ``boots`` and ``samples``, where given, hold
+    per run the boot ids of each round (two a round) and the most samples a boot of
+    each round held; the prior keeps those of the rounds it pooled. None where no run
+    has two rounds, or the ratios do not vary at all."""
+    ss, dof, rounds, used, ids, most = 0.0, 0, 0, 0, [], 0
+    for j, diffs in enumerate(runs):
         x = np.asarray(diffs, dtype=float)
-        x = x[np.isfinite(x)]
-        if x.size < 2:
+        if x.size < 2 or not np.isfinite(x).all():
             continue
         take = min(x.size, MAX_PRIOR_DOF - dof + 1)
         if take < 2:
@@ -90,11 +96,15 @@ def prior_from_runs(runs: Sequence[Sequence[float]], boots: Sequence[int] = ()) 
         dof += take - 1
         rounds += take
         used += 1
+        if j < len(boots):
+            ids.extend(boots[j][:2 * take])
+        if j < len(samples):
+            most = max(most, *samples[j][:take])
         if dof >= MAX_PRIOR_DOF:
             break
     if dof < 1 or not ss > 0:
         return None
-    return NoisePrior(var=ss / dof, dof=dof, rounds=rounds, runs=used, boots=tuple(boots))
+    return NoisePrior(var=ss / dof, dof=dof, rounds=rounds, runs=used, boots=tuple(ids), samples=most)
 
 
 def pooled_variance(prior: NoisePrior | None, diffs: np.ndarray) -> tuple[float, float, bool]:

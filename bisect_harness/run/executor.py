@@ -203,20 +203,23 @@ class Executor:
         """Each hypothesis' noise prior (``decide.prior``): the per-round log ratios of
         the final verdicts of earlier runs that compared the same two configs on the
         same metric, every boot on this host, those of rounds whose boots took at most
-        ``samples_per_boot`` samples (the fewest a boot of this run takes: a prior never
-        counts rounds less noisy than this run's); none with ``defaults.noise_prior:
-        false``, an analysis that does not read rounds, or no such run. Said once per
-        hypothesis."""
+        the samples this run's first rounds take (and no later round of a hypothesis
+        with a prior takes fewer than the most its prior's rounds took: ``_rounds``),
+        so a prior never counts rounds less noisy than this run's; none with
+        ``defaults.noise_prior: false``, an analysis that does not read rounds, or no
+        such run. Said once per hypothesis."""
         d = self.spec.defaults
         if not d.noise_prior or not ANALYSES[self.rules.design.analysis].takes_prior:
             return {}
+        first = self.samples_next([])
         out = {}
         for h in self.plan.hypotheses:
             runs = self.ledger.earlier_round_ratios(h.baseline.key, h.treatment.key, h.metric.name,
                                                     self.sched.host_fp, before_run=self.run.id)
-            kept = [[r for r in rounds if r[1] <= d.samples_per_boot] for rounds in runs]
+            kept = [[r for r in rounds if r[1] <= first] for rounds in runs]
             prior = prior_from_runs([[x for x, _, _ in rounds] for rounds in kept],
-                                    [i for rounds in kept for _, _, pair in rounds for i in pair])
+                                    [[i for _, _, pair in rounds for i in pair] for rounds in kept],
+                                    [[m for _, m, _ in rounds] for rounds in kept])
             if prior is not None:
                 out[h.id] = prior
                 self.obs.message(f"{h.id}: {prior.describe()}; its first look comes at 2 rounds, and a look whose "
@@ -232,11 +235,16 @@ class Executor:
                     st = self.states[pc.key]
                     if st not in needed and st.failed is None:
                         needed.append(st)
-            samples = self.samples_next(pending)
+            chosen = self.samples_next(pending)
+            floor = max((self.priors[h.id].samples for h in pending if h.id in self.priors), default=0)
+            samples = max(chosen, floor)
             if samples != (self.sched.samples_per_boot or d.samples_per_boot):
                 cost = self.cost_model()
-                self.obs.message(f"round {target}: {samples} samples per boot (a boot costs {cost.boot_s:.1f} s, "
-                                 f"a sample {cost.sample_s:.2f} s, {cost.source}; decide.allocation)")
+                self.obs.message(
+                    f"round {target}: {samples} samples per boot (the most a boot of a noise prior's rounds took: "
+                    f"no round is less noisy than the prior says)" if samples > chosen else
+                    f"round {target}: {samples} samples per boot (a boot costs {cost.boot_s:.1f} s, "
+                    f"a sample {cost.sample_s:.2f} s, {cost.source}; decide.allocation)")
             self.sched.samples_per_boot = samples
             self.sched.boot_round(needed, target)
             still = []
