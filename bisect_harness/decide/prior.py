@@ -18,11 +18,12 @@ noise is what it was; the boundaries are calibrated for that law
 (:mod:`bisect_harness.decide.boundaries`, ``Design.prior_dof``), and the first look
 comes at 2 rounds.
 
-The assumption is checked at every look, never taken: where the rounds' own
-variance exceeds the prior's beyond what chance allows (a one-sided F-test at
-``CONTRADICTED_AT``: a neighbour moved in, a driver changed the spread),
-:func:`pooled_variance` drops the prior and the look is the plain paired t-test of
-the rounds alone; the verdict says which it was. A prior counts for at most
+The assumption is checked at every look: where the rounds' own variance differs
+from the prior's beyond what chance allows (an F-test, ``CONTRADICTED_AT`` on each
+side: a neighbour moved in, a driver changed the spread, or the prior's rounds held
+a stalled boot that the run's do not), :func:`pooled_variance` drops the prior and
+the look is the plain paired t-test of the rounds alone; the verdict says which it
+was. The boundaries are calibrated for exactly that rule. A prior counts for at most
 ``MAX_PRIOR_DOF`` degrees of freedom, so the rounds of today always weigh.
 """
 
@@ -35,13 +36,13 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as _st
 
-__all__ = ["NoisePrior", "MAX_PRIOR_DOF", "CONTRADICTED_AT", "prior_from_runs", "pooled_variance"]
+__all__ = ["NoisePrior", "MAX_PRIOR_DOF", "CONTRADICTED_AT", "contradicts", "prior_from_runs", "pooled_variance"]
 
 #: The most degrees of freedom a prior counts for (earlier rounds beyond it are not
 #: pooled: today's rounds keep at least a few percent of the weight from the third
 #: on, and a stale prior is contradicted sooner).
 MAX_PRIOR_DOF = 24
-#: One-sided level of the check that the rounds' own variance is not larger than the
+#: Level of each side of the check that the rounds' own variance agrees with the
 #: prior's; where it fails, the look drops the prior.
 CONTRADICTED_AT = 0.05
 
@@ -107,15 +108,24 @@ def prior_from_runs(runs: Sequence[Sequence[float]], boots: Sequence[Sequence[in
     return NoisePrior(var=ss / dof, dof=dof, rounds=rounds, runs=used, boots=tuple(ids), samples=most)
 
 
+def contradicts(ratio, own_dof, prior_dof):
+    """Whether rounds whose variance is ``ratio`` times the prior's contradict it: the
+    F-test's one-sided p-value below ``CONTRADICTED_AT`` on either side (the host
+    spreads more than the prior says, or the prior's rounds held a stall or a burst
+    the run's rounds do not). Works on arrays."""
+    return np.minimum(_st.f.sf(ratio, own_dof, prior_dof), _st.f.cdf(ratio, own_dof, prior_dof)) < CONTRADICTED_AT
+
+
 def pooled_variance(prior: NoisePrior | None, diffs: np.ndarray) -> tuple[float, float, bool]:
     """(variance of one round's log ratio, its degrees of freedom, whether the prior
     was pooled) at a look of ``diffs`` (the rounds' log ratios). Without a prior, or
     where the rounds' own variance contradicts it (one-sided F-test at
-    ``CONTRADICTED_AT``), the rounds' own variance with ``k - 1``."""
+    ``CONTRADICTED_AT`` on either side: :func:`contradicts`), the rounds' own
+    variance with ``k - 1``."""
     k = int(diffs.size)
     own = float(diffs.var(ddof=1)) if k > 1 else float("nan")
     if prior is None or k < 2:
         return own, float(k - 1), False
-    if _st.f.sf(own / prior.var, k - 1, prior.dof) < CONTRADICTED_AT:
+    if contradicts(own / prior.var, k - 1, prior.dof):
         return own, float(k - 1), False
     return (prior.dof * prior.var + (k - 1) * own) / (prior.dof + k - 1), float(prior.dof + k - 1), True

@@ -21,11 +21,10 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 from bisect_harness.decide.analyses.base import Analysis, Arms, Estimate
 from bisect_harness.decide.design import ANALYSES, Design
-from bisect_harness.decide.prior import CONTRADICTED_AT, pooled_variance
+from bisect_harness.decide.prior import contradicts, pooled_variance
 
 __all__ = ["Paired"]
 
@@ -91,7 +90,7 @@ class Paired(Analysis):
         df = np.broadcast_to(k - 1, v.shape).astype(float)
         if prior_dof:
             v0 = rng.chisquare(prior_dof, (n, 1)) / prior_dof
-            keep = _st.f.sf(v / v0, k - 1, prior_dof) >= CONTRADICTED_AT
+            keep = ~contradicts(v / v0, k - 1, prior_dof)
             v = np.where(keep, (prior_dof * v0 + (k - 1) * v) / (prior_dof + k - 1), v)
             df = np.where(keep, prior_dof + k - 1, df)
         t = m / np.sqrt(v / k)
