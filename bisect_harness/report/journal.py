@@ -217,8 +217,9 @@ def prior_line(stats) -> str | None:
         return None
     boots = prior.get("boots") or []
     var = prior.get("var")
-    text = (f"{prior.get('rounds')} rounds of {prior.get('runs')} earlier run(s) of the same two configs on this host "
-            f"(boots {', '.join(str(i) for i in boots)}) gave a round's log ratio a spread of "
+    runs = prior.get("runs")
+    text = (f"{prior.get('rounds')} rounds of {runs} earlier run{'' if runs == 1 else 's'} of the same two configs "
+            f"on this host (boots {', '.join(str(i) for i in boots)}) gave a round's log ratio a spread of "
             f"{_fmt(100 * var ** 0.5 if var else None, 2)}% with {prior.get('dof')} degrees of freedom")
     pooled = stats.get("prior_pooled")
     if pooled is True:
