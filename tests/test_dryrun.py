@@ -140,6 +140,7 @@ def test_example_plan_as_text(example, tmp_path):
     assert_nothing_written(work)
     assert "8 hypotheses, 11 configs" in out
     assert "boots per config: 3 to 6 (sequential), 3 to 16 samples per boot" in out
+    assert "noise prior: a hypothesis whose two configs an earlier run in the ledger compared" in out
     assert f"engine.repo {tmp_path / 'sglang'} does not exist here; revisions are shown as written" in out
     assert "commit: HEAD~200" in out
     assert f"python: each commit's own environment ({{python}} in argv), a venv over {sys.executable}" in out

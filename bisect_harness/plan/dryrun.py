@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from bisect_harness.decide.design import ANALYSES
 from bisect_harness.engines.checkout import CHECKOUT_MODES
 from bisect_harness.engines.presets import get_preset, notes_for
 from bisect_harness.plan.flag_check import check_plan_flags
@@ -39,6 +40,9 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
              f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
              f"{_samples_text(d)}, alpha {d.alpha}"]
+    if d.noise_prior and ANALYSES[d.analysis].takes_prior and d.boots_per_arm > 2:
+        lines.append("noise prior: a hypothesis whose two configs an earlier run in the ledger compared on this host "
+                     "pools the spread it saw, and its first look comes at 2 rounds (defaults.noise_prior)")
     lines.append(f"engine: preset {get_preset(spec.engine.preset).describe()}")
     if repo is not None and not resolvable:
         lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")
