@@ -81,13 +81,14 @@ def _run(diffs, design, prior, expect=Expect.DECREASE, min_effect=0.0):
     return v.outcome, k
 
 
-@pytest.mark.parametrize("prior_scale, bound", [(1.0, 0.05 + 0.012), (0.5, 0.085)])
+@pytest.mark.parametrize("prior_scale, bound", [(1.0, 0.05 + 0.012), (0.5, 0.07), (0.25, 0.085)])
 def test_no_change_is_confirmed_at_most_alpha_of_the_time_with_a_true_prior(prior_scale, bound):
-    """A prior of the run's own noise keeps the error at alpha (measured 0.043 at alpha
+    """A prior of the run's own noise keeps the error at alpha (measured 0.046 at alpha
     0.05). It is an assumption: one measured where the boots spread half as much in
-    variance as now confirms no change 0.066 of the time (0.089 pooled blindly: two or
-    three rounds can hardly show that their spread is twice the prior's). A neighbour
-    that moved in is the host check's to see (a busy boot's look does not pool it)."""
+    variance as now confirms no change 0.058 of the time, a quarter as much 0.073 (0.11
+    with the check at 5% on both sides, 0.14 pooled blindly: two or three rounds can
+    hardly show that their spread is four times the prior's). A neighbour that moved in
+    is the host check's to see (a busy boot's look does not pool it)."""
     rng = np.random.default_rng(11)
     sd, n = 0.02, 1500
     wrong = 0
@@ -112,7 +113,10 @@ def test_a_clear_change_is_confirmed_at_two_rounds_with_a_prior_and_not_before_t
         with_prior.append(_run(diffs, d_prior, prior, min_effect=0.03))
         alone.append(_run(diffs, d_alone, None, min_effect=0.03))
     assert np.mean([o is Outcome.CONFIRMED for o, _ in with_prior]) >= 0.95
-    assert np.mean([k == 2 for _, k in with_prior]) >= 0.8
+    # about a quarter of the looks at 2 rounds find their rounds spreading more than the
+    # prior's at the check's 25% and test them alone (1 degree of freedom: no decision)
+    assert np.mean([k == 2 for _, k in with_prior]) >= 0.7
+    assert np.mean([k for _, k in with_prior]) <= np.mean([k for _, k in alone]) - 0.5
     assert min(k for _, k in alone) >= 3
 
 
