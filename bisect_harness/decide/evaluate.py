@@ -94,8 +94,10 @@ class StatVerdict:
     Hodges-Lehmann estimate, ``p_value`` the share of sign patterns at least as
     extreme as the observed at this look, ``p_threshold`` the share at the look's
     threshold, and ``ci`` is None until the test can bound the change on both
-    sides. ``prior_pooled``: with a noise prior, whether this look's t-test pooled it
-    (False: the rounds contradicted it, or a sign-flip look); None without one.
+    sides. ``prior_pooled``: with a noise prior, whether this look's t-test pooled it;
+    ``prior_contradicted``: whether the rounds' own spread contradicted it (the
+    prior's check, made at every look; a sign-flip look pools no prior either way);
+    both None without one.
     ``round_log_ratios``: the per-round log ratios the paired analyses read, in round
     order (what a later run's noise prior is made of), and ``round_samples`` the most
     samples either boot of each round holds; None for the unpaired analysis.
@@ -121,6 +123,7 @@ class StatVerdict:
     analysis: str = "unpaired"
     n_pairs: Optional[int] = None
     prior_pooled: Optional[bool] = None
+    prior_contradicted: Optional[bool] = None
     round_log_ratios: Optional[tuple[float, ...]] = None
     round_samples: Optional[tuple[int, ...]] = None
 
@@ -221,7 +224,8 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     at_budget = k >= design.max_boots
     lk = analysis.look(est, se, df, expect, log_e, design, a, interval)
     if prior is not None:
-        common["prior_pooled"] = bool(not lk.sign_flip and pooled_variance(prior, est.diffs)[2])
+        agrees = pooled_variance(prior, est.diffs)[2]
+        common["prior_contradicted"], common["prior_pooled"] = not agrees, bool(agrees and not lk.sign_flip)
     code, p0, thr, look, d, ci, ci_txt = lk.code, lk.p_value, lk.threshold, lk.look, lk.d, lk.ci, lk.ci_text
     ratio = math.exp(d)
     common["ratio"] = ratio

@@ -48,10 +48,11 @@ MAX_PRIOR_DOF = 24
 #: side where the rounds spread more (the host got noisier: the side that costs error,
 #: so a strict one) and on the side where they spread less (the prior's rounds held a
 #: stall the run's do not: the side that costs only boots). Where either fails, the
-#: look drops the prior. A prior from boots a quarter as variable as now confirms no
-#: change 0.073 of the time at alpha 0.05 with these, 0.11 with 5% on both sides; a
-#: clear change (3 sds of a round) takes 3.4 rounds with them, 3.0 with 5% on both
-#: sides, and 4.0 without a prior (``tests/test_noise_prior.py``'s simulation).
+#: look drops the prior. With the simulation of ``tests/test_noise_prior.py`` (paired,
+#: alpha 0.05), a prior from boots a quarter as variable as now confirms no change
+#: 0.073 of the time with these, 0.11 with 5% on both sides; a change of twice a
+#: round's standard deviation took 3.4 rounds with them, 3.0 with 5% on both sides and
+#: 4.0 without a prior (its helpers, 300 runs, measured when these were chosen).
 SPREADS_MORE_AT = 0.25
 SPREADS_LESS_AT = 0.05
 

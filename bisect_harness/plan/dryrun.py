@@ -40,9 +40,10 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     lines = [f"plan for {spec.path.name}: {len(plan.hypotheses)} hypotheses, {len(plan.configs)} configs",
              f"boots per config: {d.boots_per_arm} to {d.max_boots_per_arm} (sequential), "
              f"{_samples_text(d)}, alpha {d.alpha}"]
-    if d.noise_prior and ANALYSES[d.analysis].takes_prior and d.boots_per_arm > 2:
+    if d.noise_prior and ANALYSES[d.analysis].takes_prior:
         lines.append("noise prior: a hypothesis whose two configs an earlier run in the ledger compared on this host "
-                     "pools the spread it saw, and its first look comes at 2 rounds (defaults.noise_prior)")
+                     "pools the spread it saw" + (", and its first look comes at 2 rounds" if d.boots_per_arm > 2
+                                                  else "") + " (defaults.noise_prior)")
     lines.append(f"engine: preset {get_preset(spec.engine.preset).describe()}")
     if repo is not None and not resolvable:
         lines.append(f"note: engine.repo {repo} does not exist here; revisions are shown as written")

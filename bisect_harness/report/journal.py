@@ -8,6 +8,7 @@ traces to rows: verdict -> boots -> samples, with each boot's provenance.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Sequence
 
@@ -203,31 +204,37 @@ def cost_line(cost) -> str | None:
 
 
 def prior_line(stats) -> str | None:
-    """The noise prior a verdict pooled, as its stats recorded it, in one sentence:
-    where it came from, and whether the verdict's own look pooled it or its rounds
-    contradicted it; None for a verdict without one."""
-    prior = (stats or {}).get("noise_prior")
-    dropped = (stats or {}).get("noise_prior_dropped")
+    """The noise prior a verdict was offered, as its stats recorded it, in one
+    sentence: where it came from, and whether the verdict's own look pooled it, its
+    rounds contradicted it (their own spread, from the rounds' log ratios), the look
+    was the sign-flip test's, or a busy boot kept it out; None for a verdict without one."""
+    stats = stats or {}
+    prior, dropped = stats.get("noise_prior"), stats.get("noise_prior_dropped")
     if not prior and dropped:
         offered = dropped.get("prior") or {}
-        return (f"an earlier run's ({offered.get('rounds')} rounds, {offered.get('dof')} degrees of freedom) was "
-                f"not pooled: boots {', '.join(str(i) for i in dropped.get('boots') or [])} of this verdict ran on "
-                "a host the host check found busy, not the host the prior measured; the rounds were tested alone")
+        return (f"{_prior_source(offered)} was offered but not pooled: boots "
+                f"{', '.join(str(i) for i in dropped.get('boots') or [])} of this verdict ran on a host the host "
+                "check found busy, not the host the prior measured; the rounds were tested alone")
     if not prior:
         return None
-    boots = prior.get("boots") or []
-    var = prior.get("var")
-    runs = prior.get("runs")
-    text = (f"{prior.get('rounds')} rounds of {runs} earlier run{'' if runs == 1 else 's'} of the same two configs "
+    text = _prior_source(prior)
+    if stats.get("prior_pooled") is True:
+        return text + "; this look's t-test pooled it with its own rounds"
+    if stats.get("prior_contradicted") is True:
+        ratios = stats.get("round_log_ratios") or []
+        own = (f"{_fmt(100 * statistics.stdev(ratios), 2)}%" if len(ratios) > 1 else "undetermined")
+        return text + (f"; this look's {len(ratios)} rounds spread {own}, which contradicts it, so they were "
+                       "tested alone")
+    if stats.get("prior_contradicted") is False:
+        return text + "; this look was the sign-flip test's, which pools no prior"
+    return text + "; whether this look pooled it is not recorded"
+
+
+def _prior_source(prior: dict) -> str:
+    boots, var, runs = prior.get("boots") or [], prior.get("var"), prior.get("runs")
+    return (f"{prior.get('rounds')} rounds of {runs} earlier run{'' if runs == 1 else 's'} of the same two configs "
             f"on this host (boots {', '.join(str(i) for i in boots)}) gave a round's log ratio a spread of "
             f"{_fmt(100 * var ** 0.5 if var else None, 2)}% with {prior.get('dof')} degrees of freedom")
-    pooled = stats.get("prior_pooled")
-    if pooled is True:
-        return text + "; this look's t-test pooled it with its own rounds"
-    if pooled is False:
-        return text + ("; this look did not pool it (its rounds' own spread contradicted it, or the look was the "
-                       "sign-flip test's), so the rounds were tested alone")
-    return text + "; whether this look pooled it is not recorded"
 
 
 def _host_line(host: dict) -> str:
