@@ -86,6 +86,22 @@ rounds, and later rounds taking at least the prior's samples per boot as the exe
 does: ``pricing.<model>.prior``, ``pricing.<model>.ratio_prior`` and
 ``pricing_goals_prior``.
 
+``--oracle`` prices, beside them, the floor of every rule that must estimate the
+spread: an oracle that knows the variance of a round's log ratio exactly (measured
+from 400 runs of 10 rounds of the model, each centred on its own mean), takes the
+samples per boot that buy the most information per second of node time at the true
+variances, looks after every round from the first with the one-sided Pocock constant
+of a known-variance z-test over the budget's looks, and keeps the kernel's promises
+(confirmed: the change shown and its estimate reaching the claim; refuted: the bound
+on the claim's side short of it): ``pricing.<model>.oracle`` (with ``knows``: its
+samples, round spread and constant), ``pricing.<model>.ratio_oracle`` and
+``pricing_goals_oracle``. At E, where the claim is exactly true, no rule with those
+promises can be quick: it confirms only once its estimate reaches E, and the rounds
+until a running mean of symmetric rounds first reaches its centre are, by Sparre
+Andersen's theorem, ``sum(C(2n, n) / 4^n for n < 20)`` = 5.0 on average within a
+budget of 20, before any test is made; the oracle's figure at E is that floor plus
+what significance costs.
+
 The last printed line is one JSON object with every figure.
 """
 
@@ -112,6 +128,7 @@ from bisect_harness.decide import allocation  # noqa: E402
 from bisect_harness.decide.analyses import robust  # noqa: E402
 from bisect_harness.decide.design import ANALYSES, Design  # noqa: E402
 from bisect_harness.decide.evaluate import evaluate  # noqa: E402
+from bisect_harness.decide.kernel import log_effect  # noqa: E402
 from bisect_harness.decide.prior import prior_from_runs  # noqa: E402
 from bisect_harness.decide.shift import detect_shift  # noqa: E402
 from bisect_harness.decide.ttest import welch_t  # noqa: E402
@@ -204,22 +221,93 @@ def priced_path(model: str, effect: float, seed, design: Design, expect: Expect,
     return code, len(a), [len(x) for x in a + b]
 
 
-def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_from: str | None = None) -> dict:
+def round_variance(model: str, samples: int, seed, runs: int = 400, rounds: int = 10) -> float:
+    """The variance of one round's log ratio on a host of ``model`` with ``samples`` per
+    boot and no change, as the oracle knows it: ``runs`` runs of ``rounds`` rounds, each
+    centred on its own mean (as a noise prior is), pooled."""
+    ss, dof = 0.0, 0
+    for i in range(runs):
+        x = np.array(earlier_run(model, 0.0, list(seed) + [samples, i], rounds, samples))
+        ss += float(((x - x.mean()) ** 2).sum())
+        dof += rounds - 1
+    return ss / dof
+
+
+def pocock_z(alpha: float, looks: int, n: int = 200_000, seed: int = 20261205) -> float:
+    """The one-sided Pocock constant of a z-test with known variance looked at after
+    every round ``1..looks``: ``P(max_k S_k / sqrt(k) >= z) = alpha`` under no change."""
+    s = np.cumsum(np.random.default_rng(seed).standard_normal((n, looks)), axis=1)
+    return float(np.quantile((s / np.sqrt(np.arange(1, looks + 1))).max(axis=1), 1.0 - alpha))
+
+
+def oracle_samples(model: str, cost: allocation.CostModel, lo: int, hi: int, seed) -> tuple[int, float]:
+    """(samples per boot, variance of a round's log ratio at that count) that buy the
+    most information per second of node time, ``cost(m) * var(m)`` least over
+    ``lo..hi``, from the true variances (the two-stage optimum with nothing estimated)."""
+    best = None
+    for m in sorted({lo, hi, *range(lo, hi + 1, max(1, (hi - lo) // 6))}):
+        v = round_variance(model, m, seed)
+        price = cost.boot(m) * v
+        if best is None or price < best[0]:
+            best = (price, m, v)
+    return best[1], best[2]
+
+
+def oracle_path(model: str, effect: float, seed, var: float, samples: int, z: float, max_rounds: int,
+                expect: Expect, min_effect: float) -> tuple[int, int, list[int]]:
+    """One experiment under the oracle: the rounds' variance known exactly (no estimate,
+    no degrees of freedom spent), a look after every round from the first, the Pocock
+    constant ``z`` for both tests, the kernel's promises (confirmed: the change shown
+    and its estimate reaching ``min_effect``; refuted: the bound on the hypothesised
+    side short of it): (outcome code, boots per arm, samples of each boot)."""
+    rng = np.random.default_rng(seed)
+    host = Host(model, rng)
+    sign = expect.sign
+    log_e = log_effect(expect, min_effect)
+    total, code, k = 0.0, 0, 0
+    for k in range(1, max_rounds + 1):
+        got = {}
+        for arm in (("a", "b") if rng.random() < 0.5 else ("b", "a")):
+            got[arm] = host.boot(100.0 * (1.0 + (effect if arm == "b" else 0.0)), arm=arm, samples=samples).mean()
+        total += sign * (math.log(got["b"]) - math.log(got["a"]))
+        d, se = total / k, math.sqrt(var / k)
+        if d / se >= z and d >= log_e:
+            code = 1
+            break
+        if d + z * se < log_e:
+            code = -1
+            break
+    return code, k, [samples] * (2 * k)
+
+
+def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_from: str | None = None,
+                oracle: bool = False) -> dict:
     """The pricing figures of one noise model (see the module's ``pricing``); with
     ``prior_rounds``, the shipped rule also with a noise prior from an earlier run of
-    that many rounds on a host of ``prior_from`` (default: the same model)."""
+    that many rounds on a host of ``prior_from`` (default: the same model); with
+    ``oracle``, the oracle that knows the rounds' variance (:func:`oracle_path`)."""
     d = Defaults()
     design = Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
                     samples_per_boot=d.samples_per_boot, analysis=d.analysis)
     present_design = Design(alpha=d.alpha, min_boots=d.boots_per_arm, max_boots=d.max_boots_per_arm,
                             samples_per_boot=PRESENT["samples"], analysis="robust")
     base = 1000 * ALL_MODELS.index(model) + seed
+    known = {}
+    if oracle:
+        z = pocock_z(d.alpha, d.max_boots_per_arm)
+        for name, c in COSTS.items():
+            m, var = oracle_samples(model, c, d.samples_per_boot, d.max_samples_per_boot, [base, 0x0AC1E])
+            known[name] = {"samples": m, "round_sd": math.sqrt(var), "pocock_z": z}
 
     def cell(effect, expect, min_effect, rule, cost_name, j):
         runs = []
         for i in range(n_sim):
             path_seed = [base, j, i]
-            if rule == "present":
+            if rule == "oracle":
+                k = known[cost_name]
+                runs.append(oracle_path(model, effect, path_seed, k["round_sd"] ** 2, k["samples"], k["pocock_z"],
+                                        d.max_boots_per_arm, expect, min_effect))
+            elif rule == "present":
                 with robust_split_as(PRESENT["t_last_look"], PRESENT["t_share"]):
                     runs.append(priced_path(model, effect, path_seed, present_design, expect, min_effect, None, 0))
             else:
@@ -240,6 +328,9 @@ def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_
     if prior_rounds:
         res["prior"] = {c: {} for c in COSTS}
         rules += [("prior", c) for c in COSTS]
+    if oracle:
+        res["oracle"] = {c: {"knows": known[c]} for c in COSTS}
+        rules += [("oracle", c) for c in COSTS]
     for rule, cost_name in rules:
         into = res["present"] if rule == "present" else res[rule][cost_name]
         dec = cell(0.0, Expect.DECREASE, 0.0, rule, cost_name, 0)["confirmed"]
@@ -247,7 +338,7 @@ def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_
         into["aa_false_confirmed"] = (dec + inc) / 2
         into["points"] = {f"{r:g}E": cell(-r * OC_E, Expect.DECREASE, OC_E, rule, cost_name, 1 + k)
                           for k, r in enumerate(PRICE_POINTS)}
-    for rule, key in (("shipped", "ratio"), ("prior", "ratio_prior")):
+    for rule, key in (("shipped", "ratio"), ("prior", "ratio_prior"), ("oracle", "ratio_oracle")):
         if rule in res:
             res[key] = {c: {p: res[rule][c]["points"][p]["node_s"][c] / res["present"]["points"][p]["node_s"][c]
                             for p in res["present"]["points"]} for c in COSTS}
@@ -259,7 +350,7 @@ def pricing_goals(pricing: dict, alpha: float, rule: str = "shipped") -> dict:
     shipped rule, or ``"prior"``: the same with a noise prior of an earlier run)
     under each cost model, and its node time at most half the present rule's under
     the large node, at every priced point."""
-    key = "ratio" if rule == "shipped" else "ratio_prior"
+    key = {"shipped": "ratio", "prior": "ratio_prior", "oracle": "ratio_oracle"}[rule]
     aa = all(r[rule][c]["aa_false_confirmed"] <= alpha + 0.01 for r in pricing.values() for c in COSTS)
     power = all(r[rule][c]["points"]["2E"]["confirmed"] >= POWER_GOAL for r in pricing.values() for c in COSTS)
     half = {m: {p: v <= 0.5 for p, v in r[key]["large_node"].items()} for m, r in pricing.items()}
@@ -433,6 +524,9 @@ def main() -> int:
     ap.add_argument("--pricing-only", action="store_true", help="only the node-time pricing of the two rules")
     ap.add_argument("--prior-rounds", type=int, default=0,
                     help="pricing: also the shipped rule with a noise prior from an earlier run of this many rounds")
+    ap.add_argument("--oracle", action="store_true",
+                    help="pricing: also an oracle that knows the variance of a round's log ratio (the floor of "
+                    "any rule that must estimate it)")
     ap.add_argument("--prior-from", default=None, choices=ALL_MODELS,
                     help="pricing: the noise model of that earlier run (default: the run's own; another one is a "
                     "host whose noise changed since)")
@@ -498,14 +592,15 @@ def main() -> int:
 
 def pricing_main(models: list[str], args) -> int:
     t0 = time.perf_counter()
-    jobs = [(m, args.n_sim, args.seed, args.prior_rounds, args.prior_from) for m in models]
+    jobs = [(m, args.n_sim, args.seed, args.prior_rounds, args.prior_from, args.oracle) for m in models]
     if args.workers > 1:
         with multiprocessing.Pool(args.workers) as pool:
             results = pool.starmap(price_model, jobs)
     else:
         results = [price_model(*job) for job in jobs]
     pricing = dict(zip(models, results))
-    rules = [("shipped", "ratio")] + ([("prior", "ratio_prior")] if args.prior_rounds else [])
+    rules = ([("shipped", "ratio")] + ([("prior", "ratio_prior")] if args.prior_rounds else [])
+             + ([("oracle", "ratio_oracle")] if args.oracle else []))
     for model, r in pricing.items():
         for c in COSTS:
             for rule, key in rules:
@@ -523,6 +618,8 @@ def pricing_main(models: list[str], args) -> int:
     if args.prior_rounds:
         out["prior"] = {"rounds": args.prior_rounds, "from": args.prior_from or "the same model"}
         out["pricing_goals_prior"] = pricing_goals(pricing, alpha, "prior")
+    if args.oracle:
+        out["pricing_goals_oracle"] = pricing_goals(pricing, alpha, "oracle")
     print(json.dumps(out, sort_keys=True))
     return 0
 
