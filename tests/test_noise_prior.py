@@ -122,18 +122,30 @@ def test_a_clear_change_is_confirmed_at_two_rounds_with_a_prior_and_not_before_t
 class _SteadyBoots:
     """Boots of two configs whose levels spread 0.5% and whose samples 1%; the treatment
     (an env var set) runs 8% slower: clear at 2 rounds with a prior of 2 degrees of
-    freedom (a t of 3), whatever order the rounds take."""
+    freedom (a t of 3). The n-th boot of a config draws the same values whatever order
+    a round boots its two configs in (each run draws that order afresh), so a run's
+    rounds, and so its looks, are the same every time."""
+
+    level_cv, sample_cv = 0.005, 0.01
 
     def __init__(self, seed):
         self.backend = MockBackend(self, name="steady-boots")
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.boots = 0
+        self.samples: list[int] = []  # each request's samples per boot
+        self.per_config: dict[bool, int] = {}
+
+    def slowdown(self, slow: bool) -> float:
+        return 0.92 if slow else 1.0
 
     def __call__(self, r):
         self.boots += 1
-        slow = 0.92 if "SLOW" in dict(r.env) else 1.0
-        level = 100.0 * slow * math.exp(0.005 * self.rng.gauss(0, 1))
-        return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(0.01 * self.rng.gauss(0, 1))},
+        self.samples.append(r.samples)
+        slow = "SLOW" in dict(r.env)
+        self.per_config[slow] = n = self.per_config.get(slow, 0) + 1
+        rng = random.Random(f"{self.seed}-{slow}-{n}")
+        level = 100.0 * self.slowdown(slow) * math.exp(self.level_cv * rng.gauss(0, 1))
+        return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(self.sample_cv * rng.gauss(0, 1))},
                               requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]
 
 
@@ -257,19 +269,12 @@ def test_rounds_of_more_samples_than_this_runs_boots_take_give_no_prior(tmp_path
 
 class _DisagreeingBoots(_SteadyBoots):
     """Boots whose levels spread 3% and whose samples 0.1%: on a dear node later rounds
-    take the fewest samples; no change between the configs. Records each request's
-    samples per boot."""
+    take the fewest samples; no change between the configs."""
 
-    def __init__(self, seed):
-        super().__init__(seed)
-        self.samples: list[int] = []
+    level_cv, sample_cv = 0.03, 0.001
 
-    def __call__(self, r):
-        self.boots += 1
-        self.samples.append(r.samples)
-        level = 100.0 * math.exp(0.03 * self.rng.gauss(0, 1))
-        return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(0.001 * self.rng.gauss(0, 1))},
-                              requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]
+    def slowdown(self, slow: bool) -> float:
+        return 1.0
 
 
 def test_a_later_round_with_a_prior_takes_at_least_its_rounds_samples(tmp_path):
