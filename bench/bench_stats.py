@@ -86,8 +86,9 @@ rounds, and later rounds taking at least the prior's samples per boot as the exe
 does: ``pricing.<model>.prior``, ``pricing.<model>.ratio_prior`` and
 ``pricing_goals_prior``.
 
-``--oracle`` prices, beside them, the floor of every rule that must estimate the
-spread: an oracle that knows the variance of a round's log ratio exactly (measured
+``--oracle`` prices, beside them, what a rule would spend if it knew the spread (a
+floor for the rules above, which estimate it): an oracle that knows the variance of a
+round's log ratio exactly (measured
 from 400 runs of 10 rounds of the model, each centred on its own mean), takes the
 samples per boot that buy the most information per second of node time at the true
 variances, looks after every round from the first with the one-sided Pocock constant
@@ -146,6 +147,8 @@ NIGHT_CV, NIGHTS, NIGHT_BOOTS, NIGHT_ALPHA = 0.02, 7, 3, 0.01
 CODE = {Outcome.CONFIRMED: 1, Outcome.REFUTED: -1, Outcome.INCONCLUSIVE: 0}
 
 
+#: each priced rule and the key of its node-time ratio to the present rule
+RATIO_KEYS = {"shipped": "ratio", "prior": "ratio_prior", "oracle": "ratio_oracle"}
 COSTS = {"small_gpu": allocation.CostModel(10.0, 3.0), "large_node": allocation.CostModel(900.0, 20.0)}
 #: The rule shipped before the issue "fewer boots per answer": the robust analysis with its
 #: paired t-test at looks 3..5 and 40% of alpha (sign-flip looks from 6), 3 samples per boot.
@@ -304,9 +307,9 @@ def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_
         for i in range(n_sim):
             path_seed = [base, j, i]
             if rule == "oracle":
-                k = known[cost_name]
-                runs.append(oracle_path(model, effect, path_seed, k["round_sd"] ** 2, k["samples"], k["pocock_z"],
-                                        d.max_boots_per_arm, expect, min_effect))
+                kn = known[cost_name]
+                runs.append(oracle_path(model, effect, path_seed, kn["round_sd"] ** 2, kn["samples"],
+                                        kn["pocock_z"], d.max_boots_per_arm, expect, min_effect))
             elif rule == "present":
                 with robust_split_as(PRESENT["t_last_look"], PRESENT["t_share"]):
                     runs.append(priced_path(model, effect, path_seed, present_design, expect, min_effect, None, 0))
@@ -338,7 +341,7 @@ def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_
         into["aa_false_confirmed"] = (dec + inc) / 2
         into["points"] = {f"{r:g}E": cell(-r * OC_E, Expect.DECREASE, OC_E, rule, cost_name, 1 + k)
                           for k, r in enumerate(PRICE_POINTS)}
-    for rule, key in (("shipped", "ratio"), ("prior", "ratio_prior"), ("oracle", "ratio_oracle")):
+    for rule, key in RATIO_KEYS.items():
         if rule in res:
             res[key] = {c: {p: res[rule][c]["points"][p]["node_s"][c] / res["present"]["points"][p]["node_s"][c]
                             for p in res["present"]["points"]} for c in COSTS}
@@ -347,10 +350,11 @@ def price_model(model: str, n_sim: int, seed: int, prior_rounds: int = 0, prior_
 
 def pricing_goals(pricing: dict, alpha: float, rule: str = "shipped") -> dict:
     """The issue's goals over every priced model: A/A and power of ``rule`` (the
-    shipped rule, or ``"prior"``: the same with a noise prior of an earlier run)
+    shipped rule, ``"prior"``: the same with a noise prior of an earlier run, or
+    ``"oracle"``: the rule that knows the spread)
     under each cost model, and its node time at most half the present rule's under
     the large node, at every priced point."""
-    key = {"shipped": "ratio", "prior": "ratio_prior", "oracle": "ratio_oracle"}[rule]
+    key = RATIO_KEYS[rule]
     aa = all(r[rule][c]["aa_false_confirmed"] <= alpha + 0.01 for r in pricing.values() for c in COSTS)
     power = all(r[rule][c]["points"]["2E"]["confirmed"] >= POWER_GOAL for r in pricing.values() for c in COSTS)
     half = {m: {p: v <= 0.5 for p, v in r[key]["large_node"].items()} for m, r in pricing.items()}
@@ -525,8 +529,8 @@ def main() -> int:
     ap.add_argument("--prior-rounds", type=int, default=0,
                     help="pricing: also the shipped rule with a noise prior from an earlier run of this many rounds")
     ap.add_argument("--oracle", action="store_true",
-                    help="pricing: also an oracle that knows the variance of a round's log ratio (the floor of "
-                    "any rule that must estimate it)")
+                    help="pricing: also an oracle that knows the variance of a round's log ratio (what the rules "
+                    "above would spend with the spread known)")
     ap.add_argument("--prior-from", default=None, choices=ALL_MODELS,
                     help="pricing: the noise model of that earlier run (default: the run's own; another one is a "
                     "host whose noise changed since)")
@@ -599,8 +603,8 @@ def pricing_main(models: list[str], args) -> int:
     else:
         results = [price_model(*job) for job in jobs]
     pricing = dict(zip(models, results))
-    rules = ([("shipped", "ratio")] + ([("prior", "ratio_prior")] if args.prior_rounds else [])
-             + ([("oracle", "ratio_oracle")] if args.oracle else []))
+    rules = [(r, k) for r, k in RATIO_KEYS.items()
+             if r == "shipped" or (r == "prior" and args.prior_rounds) or (r == "oracle" and args.oracle)]
     for model, r in pricing.items():
         for c in COSTS:
             for rule, key in rules:
