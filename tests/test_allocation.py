@@ -117,12 +117,15 @@ class _QuietBoots:
     def __init__(self):
         self.samples: list[tuple[str, int]] = []
         self.backend = MockBackend(self, name="quiet-boots")
-        self.rng = random.Random(7)
 
     def __call__(self, r):
         self.samples.append((r.config_key, r.samples))
-        level = 100.0 * math.exp(0.002 * self.rng.gauss(0, 1))
-        return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(0.03 * self.rng.gauss(0, 1))},
+        # the n-th boot of a config draws the same values whatever order its round took
+        # (each run draws that order afresh), so the run's rounds are the same every time
+        n = sum(1 for key, _ in self.samples if key == r.config_key)
+        rng = random.Random(f"7:{r.config_key}:{n}")
+        level = 100.0 * math.exp(0.002 * rng.gauss(0, 1))
+        return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(0.03 * rng.gauss(0, 1))},
                               requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]
 
 

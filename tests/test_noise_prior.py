@@ -133,7 +133,7 @@ class _SteadyBoots:
         self.seed = seed
         self.boots = 0
         self.samples: list[int] = []  # each request's samples per boot
-        self.per_config: dict[bool, int] = {}
+        self.per_config: dict[str, int] = {}
 
     def slowdown(self, slow: bool) -> float:
         return 0.92 if slow else 1.0
@@ -142,8 +142,8 @@ class _SteadyBoots:
         self.boots += 1
         self.samples.append(r.samples)
         slow = "SLOW" in dict(r.env)
-        self.per_config[slow] = n = self.per_config.get(slow, 0) + 1
-        rng = random.Random(f"{self.seed}-{slow}-{n}")
+        self.per_config[r.config_key] = n = self.per_config.get(r.config_key, 0) + 1
+        rng = random.Random(f"{self.seed}:{r.config_key}:{n}")
         level = 100.0 * self.slowdown(slow) * math.exp(self.level_cv * rng.gauss(0, 1))
         return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(self.sample_cv * rng.gauss(0, 1))},
                               requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]
