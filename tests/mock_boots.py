@@ -29,6 +29,21 @@ from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import SampleOutcome
 
 
+class BootDraws:
+    """A random generator per boot that depends only on a salt, the request's config and
+    the boot's place among that config's boots: the n-th boot of a config draws the same
+    values whatever order a round booted its configs in (each run draws that order
+    afresh), so a run's rounds, and so its looks, are the same every time."""
+
+    def __init__(self):
+        self.made: dict[str, int] = {}
+
+    def rng(self, r, salt: object = "") -> random.Random:
+        k = self.made.get(r.config_key, 0)
+        self.made[r.config_key] = k + 1
+        return random.Random(hashlib.sha256(f"{salt}:{r.config_key}:{k}".encode()).digest())
+
+
 class Planted:
     """Answers boots as the demo history would, without its noise's surprises.
 
@@ -41,7 +56,7 @@ class Planted:
                  noise: float = 0.03, level_ms: float = 10.0, name: str = "planted"):
         self.slow, self.broken = set(slow_from), set(broken)
         self.factor, self.noise, self.level_ms = factor, noise, level_ms
-        self.made: dict[str, int] = {}
+        self.draws = BootDraws()
         self.booted: list[str | None] = []
         self.backend = MockBackend(self, name=name)
 
@@ -51,9 +66,7 @@ class Planted:
         self.booted.append(what)
         if what in self.broken:
             return failed(f"build failed at {what[:12]} (exit 1): KeyError in build.py", config_status="build_failed")
-        k = self.made.get(r.config_key, 0)
-        self.made[r.config_key] = k + 1
-        rng = random.Random(hashlib.sha256(f"{what}:{r.config_key}:{k}".encode()).digest())
+        rng = self.draws.rng(r, what)
         level = self.level_ms * (self.factor if what in self.slow else 1.0) * rng.lognormvariate(0.0, self.noise)
         out = []
         for i in range(max(1, r.samples)):

@@ -9,7 +9,6 @@ process, its boots answered by the mock backend with samples whose spread is kno
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ _ENGINE = {"preset": "demo"}
 _HYP = [{"id": "h", "statement": "s", "baseline": {}, "treatment": {"env": {"X": "1"}}, "metric": "tok_s",
          "expect": "decrease", "min_effect": "5%"}]
 from helpers import last_json, query, write_spec
-from mock_boots import harness_here
+from mock_boots import BootDraws, harness_here
 
 
 def _rounds(rng, n, m, within, between, effect=0.0):
@@ -117,13 +116,11 @@ class _QuietBoots:
     def __init__(self):
         self.samples: list[tuple[str, int]] = []
         self.backend = MockBackend(self, name="quiet-boots")
+        self.draws = BootDraws()  # a run's rounds the same every time, whatever its boot order
 
     def __call__(self, r):
         self.samples.append((r.config_key, r.samples))
-        # the n-th boot of a config draws the same values whatever order its round took
-        # (each run draws that order afresh), so the run's rounds are the same every time
-        n = sum(1 for key, _ in self.samples if key == r.config_key)
-        rng = random.Random(f"7:{r.config_key}:{n}")
+        rng = self.draws.rng(r, 7)
         level = 100.0 * math.exp(0.002 * rng.gauss(0, 1))
         return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(0.03 * rng.gauss(0, 1))},
                               requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import Expect, Outcome
 from bisect_harness.spec import load_spec
 from helpers import last_json, query, write_spec
-from mock_boots import harness_here
+from mock_boots import BootDraws, harness_here
 
 
 def test_a_prior_centres_each_run_on_its_own_mean_and_counts_at_most_its_cap():
@@ -122,29 +121,28 @@ def test_a_clear_change_is_confirmed_at_two_rounds_with_a_prior_and_not_before_t
 class _SteadyBoots:
     """Boots of two configs whose levels spread 0.5% and whose samples 1%; the treatment
     (an env var set) runs 8% slower: clear at 2 rounds with a prior of 2 degrees of
-    freedom (a t of 3). The n-th boot of a config draws the same values whatever order
-    a round boots its two configs in (each run draws that order afresh), so a run's
-    rounds, and so its looks, are the same every time."""
+    freedom (a t of 3). Each boot draws from :class:`mock_boots.BootDraws`, so a run's
+    looks are the same every time."""
 
     level_cv, sample_cv = 0.005, 0.01
 
     def __init__(self, seed):
         self.backend = MockBackend(self, name="steady-boots")
         self.seed = seed
-        self.boots = 0
+        self.draws = BootDraws()
         self.samples: list[int] = []  # each request's samples per boot
-        self.per_config: dict[str, int] = {}
+
+    @property
+    def boots(self) -> int:
+        return len(self.samples)
 
     def slowdown(self, slow: bool) -> float:
         return 0.92 if slow else 1.0
 
     def __call__(self, r):
-        self.boots += 1
         self.samples.append(r.samples)
-        slow = "SLOW" in dict(r.env)
-        self.per_config[r.config_key] = n = self.per_config.get(r.config_key, 0) + 1
-        rng = random.Random(f"{self.seed}:{r.config_key}:{n}")
-        level = 100.0 * self.slowdown(slow) * math.exp(self.level_cv * rng.gauss(0, 1))
+        rng = self.draws.rng(r, self.seed)
+        level = 100.0 * self.slowdown("SLOW" in dict(r.env)) * math.exp(self.level_cv * rng.gauss(0, 1))
         return [SampleOutcome(seq=i + 1, metrics={"tok_s": level * math.exp(self.sample_cv * rng.gauss(0, 1))},
                               requests=1, output_tokens=32, duration_s=0.3) for i in range(r.samples)]
 
@@ -159,15 +157,19 @@ def _spec(tmp_path, **defaults):
 
 
 def test_a_second_run_of_the_same_configs_pools_the_first_and_decides_sooner(tmp_path):
-    spec, db = _spec(tmp_path), tmp_path / "r.db"
-    args = ("run", spec, "--ledger", f"sqlite:///{db}", "--journal-dir", tmp_path / "j", "--json")
+    """The first run looks first at 6 rounds, so the second pools a prior of 5 degrees of
+    freedom: one of 2 (3 rounds) reads a quarter of the boots' variance or less 22% of
+    the time (6% with 5), and then the check rightly drops it."""
+    db = tmp_path / "r.db"
+    ledger = ("--ledger", f"sqlite:///{db}", "--journal-dir", tmp_path / "j", "--json")
     first = _SteadyBoots(1)
-    out1 = last_json(harness_here(*args, handler=first, cwd=tmp_path).stdout)
+    out1 = last_json(harness_here("run", _spec(tmp_path, boots_per_arm=6), *ledger, handler=first,
+                                  cwd=tmp_path).stdout)
     second = _SteadyBoots(2)
-    proc = harness_here(*args, handler=second, cwd=tmp_path)
+    proc = harness_here("run", _spec(tmp_path), *ledger, handler=second, cwd=tmp_path)
     out2 = last_json(proc.stdout)
     assert [h["verdict"] for h in out1["hypotheses"] + out2["hypotheses"]] == ["confirmed", "confirmed"]
-    assert first.boots >= 6 and second.boots == 4, (first.boots, second.boots)  # 3 rounds at least, then 2
+    assert first.boots == 12 and second.boots == 4, (first.boots, second.boots)  # 6 rounds, then 2
     (s1,), (s2,) = (query(db, "SELECT v.stats FROM verdicts v JOIN hypotheses h ON h.id = v.hypothesis_id "
                               f"WHERE v.final = 1 AND h.run_id = {r}") for r in (1, 2))
     s1, s2 = json.loads(s1[0]), json.loads(s2[0])
