@@ -48,7 +48,7 @@ from helpers import SMALL_BENCH, git, query, write_spec
 PACKAGE = Path(bisect_harness.__file__).parent
 
 #: the layers, lowest first (design.md's picture, read upwards)
-LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init__", "boot"}, {"demo"}, {"process"},
+LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init__", "boot", "evidence"}, {"demo"}, {"process"},
           {"measure"}, {"observe"}, {"engines"}, {"decide"}, {"backends"}, {"spec"}, {"plan"}, {"record"},
           {"report"}, {"run"}, {"cli"}]
 
