@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Sequence, Union
 
+from bisect_harness.evidence import BootEvidence, BootStatus
 from bisect_harness.model import BenchmarkSpec
 
 __all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Started", "Sampled", "Finished",
@@ -305,29 +306,54 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class BootRecord:
-    """One recorded boot, as the verdict and host drift read it. ``status``: running |
-    ok | failed | excluded (only ``ok`` boots are measured); ``argv`` and ``failure``
-    say how it launched and why it failed; ``env_report``, ``flag_report`` and
-    ``provenance`` hold its checks and what was observed of its host, devices and
-    engine; ``marks`` the checks it failed; ``samples`` its measurements in order;
-    ``run`` the run it belongs to (None when that is not known)."""
+    """One recorded boot, as the verdict, host drift, the searches and the report read it.
+    ``status``: a :class:`~bisect_harness.evidence.BootStatus` (only ``ok`` boots are
+    measured); ``argv`` and ``failure`` say how it launched and why it failed;
+    ``env_report`` and ``flag_report`` hold its checks; ``evidence`` what was observed of
+    its host, devices and engine (``record.ledger.boot_records`` reads it from the
+    stored provenance); ``marks`` the checks it failed; ``samples`` its measurements in
+    order; ``quiet`` per sample whether its own contention window crossed no threshold
+    (None where the boot has no window per sample); ``run`` the run it belongs to (None
+    when that is not known)."""
 
     id: int
     run_id: int
     status: str
     failure: str | None = None
     argv: tuple[str, ...] = ()
-    provenance: Mapping[str, Any] = field(default_factory=dict)
+    evidence: BootEvidence = field(default_factory=BootEvidence)
     env_report: Mapping[str, Any] | None = None
     flag_report: Mapping[str, Any] | None = None
     marks: tuple[str, ...] = ()
     samples: tuple[SampleOutcome, ...] = ()
+    quiet: tuple[bool, ...] | None = None
     run: RunRecord | None = None
 
-    def values(self, metric: str) -> tuple[float, ...]:
-        """The values of ``metric`` in this boot's samples that have one, in order."""
-        return tuple(float(s.metrics[metric]) for s in self.samples
-                     if metric in s.metrics and s.metrics[metric] is not None)
+    def values(self, metric: str, *, quiet: bool = False) -> tuple[float, ...]:
+        """The values of ``metric`` in this boot's samples that have a finite one, in
+        order: the one reduction of a boot's samples to its values, read by the verdict,
+        the searches, the scheduler and the report. ``quiet``: only the samples whose own
+        contention window crossed no threshold (every sample where the boot has no
+        window per sample)."""
+        mask = self.quiet if quiet and self.quiet is not None and len(self.quiet) == len(self.samples) else None
+        out = []
+        for k, s in enumerate(self.samples):
+            v = s.metrics.get(metric) if isinstance(s.metrics, Mapping) else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                continue
+            if mask is None or mask[k]:
+                out.append(float(v))
+        return tuple(out)
+
+    @property
+    def measured(self) -> bool:
+        """Whether this boot's samples count (its status is ``ok``)."""
+        return self.status == BootStatus.OK
+
+    @property
+    def provenance(self) -> Mapping[str, Any]:
+        """The evidence as stored (transitional: readers move to :attr:`evidence`)."""
+        return self.evidence.to_json()
 
 
 @dataclass(frozen=True)
@@ -338,9 +364,10 @@ class BootValues:
     values: tuple[tuple[float, ...], ...]  # per boot, the sample values
 
     @classmethod
-    def of(cls, boots: Sequence[BootRecord], metric: str) -> "BootValues":
-        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out."""
-        kept = [(b.id, vals) for b in boots if b.status == "ok" for vals in (b.values(metric),) if vals]
+    def of(cls, boots: Sequence[BootRecord], metric: str, *, quiet: bool = False) -> "BootValues":
+        """The sample values of ``metric`` per usable (``ok``) boot (:meth:`BootRecord.values`);
+        boots without any are left out."""
+        kept = [(b.id, vals) for b in boots if b.measured for vals in (b.values(metric, quiet=quiet),) if vals]
         return cls(tuple(i for i, _ in kept), tuple(v for _, v in kept))
 
     def means(self) -> list[float]:

@@ -58,3 +58,23 @@ def test_verdict_stats_round_trip_old_rows_read_none():
     assert st.to_json() == {**old, VERSION_KEY: EVIDENCE_VERSION}
     assert VerdictStats.from_json(st.to_json()) == st
     assert "extra" not in STAT_FIELDS
+
+
+def test_an_older_ledgers_sentences_read_as_the_findings_they_stood_for():
+    from bisect_harness.record.legacy import findings_of_sentences
+
+    said = ["baseline boot 12: host_busy, usage_mismatch", "host busy during treatment boot 7: foreign CPU 93%",
+            "host busy during boot 9 (abc1234, probe): steal 20%", "host drift: driver 550 vs 555",
+            "engine version: treatment boots report different code (...)", "calibration (before, run 1): x",
+            "host busy at the start of run 2 (before the first boot): y", "contention differed between the sides: z",
+            "attached server: the boots are ...", "device sets confounded with the sides: ...",
+            "treatment boot x: not a mark line", "something else entirely"]
+    got = findings_of_sentences(said)
+    assert [f.text for f in got] == said  # each said as it was
+    assert [f.kind for f in got] == [
+        FindingKind.MARKED_BOOT, FindingKind.BUSY_BOOT, FindingKind.BUSY_BOOT, FindingKind.HOST_DRIFT,
+        FindingKind.ENGINE_VERSIONS, FindingKind.CALIBRATION_NOISY, FindingKind.PREFLIGHT_BUSY,
+        FindingKind.CONTENTION_DIFFERED, FindingKind.ATTACHED, FindingKind.DEVICES_CONFOUNDED, FindingKind.NOTE,
+        FindingKind.NOTE]
+    assert (got[0].side, got[0].boots, got[0].figures) == ("baseline", (12,), {"marks": ["host_busy", "usage_mismatch"]})
+    assert (got[1].side, got[1].boots) == ("treatment", (7,)) and (got[2].side, got[2].boots) == ("abc1234", (9,))

@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.boot import SampleOutcome
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.decide.design import Design
@@ -209,7 +210,7 @@ def _boots(first_id, levels, busy=()):
             if first_id + i in busy else []
         contention = {"window": {"seconds": 3.0, "cores": 2, "figures": {}, "sources": {}}, "crossed": crossed,
                       "samples": [], "thresholds": Thresholds().to_dict()}
-        out.append(BootRecord(id=first_id + i, run_id=2, status="ok", provenance={"contention": contention},
+        out.append(BootRecord(id=first_id + i, run_id=2, status="ok", evidence=BootEvidence(contention=contention),
                               samples=tuple(SampleOutcome(metrics={"tok_s": level * f}, requests=1, output_tokens=8,
                                                           duration_s=0.1, seq=j + 1)
                                             for j, f in enumerate((0.99, 1.0, 1.01)))))

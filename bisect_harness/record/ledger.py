@@ -22,13 +22,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, relationship
 
 from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRecord, SampleOutcome
+from bisect_harness.evidence import BootEvidence, Finding, VerdictStats, findings_from_json
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
 from bisect_harness.observe import host_state
-from bisect_harness.record import liveness, runlock
+from bisect_harness.record import legacy, liveness, runlock
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Seconds a SQLite connection waits for another process's write before giving up.
 BUSY_TIMEOUT_S = 60.0
 
@@ -39,6 +40,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE runs ADD COLUMN summary JSON"),           # kind-specific result (nightly)
     3: ("ALTER TABLE bisect_probes ADD COLUMN purpose VARCHAR(16)",  # probe, anchor, endpoints, verify, reused
         "ALTER TABLE bisect_probes ADD COLUMN boot_ids JSON"),      # every boot the step booted, failed ones too
+    4: ("ALTER TABLE verdicts ADD COLUMN findings JSON",),  # typed findings (evidence.Finding); NULL: read the warnings
 }
 
 
@@ -127,6 +129,11 @@ class Boot(Base):
     run: Mapped[Run] = relationship()
     samples: Mapped[list["SampleRow"]] = relationship(back_populates="boot", order_by="SampleRow.seq")
 
+    @property
+    def evidence(self) -> BootEvidence:
+        """What the boot recorded of its host, devices and engine, typed (``provenance``)."""
+        return BootEvidence.from_json(self.provenance)
+
 
 class SampleRow(Base):
     __tablename__ = "samples"
@@ -183,9 +190,23 @@ class VerdictRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     baseline_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
     treatment_boot_ids: Mapped[list] = mapped_column(JSON, default=list)
-    warnings: Mapped[list] = mapped_column(JSON, default=list)
+    warnings: Mapped[list] = mapped_column(JSON, default=list)  # the findings' sentences, for older readers
+    findings: Mapped[list | None] = mapped_column(JSON, nullable=True)  # evidence.Finding.to_json each; NULL before schema 4
     stats: Mapped[dict] = mapped_column(JSON, default=dict)
     hypothesis: Mapped[HypothesisRow] = relationship(back_populates="verdicts")
+
+    @property
+    def found(self) -> tuple[Finding, ...]:
+        """What the verdict found about its boots, typed; a row written before findings
+        were stored is read from its sentences (``record.legacy``)."""
+        if self.findings is not None:
+            return findings_from_json(self.findings)
+        return legacy.findings_of_sentences(self.warnings)
+
+    @property
+    def figures(self) -> VerdictStats:
+        """The verdict's statistics, typed (``stats``)."""
+        return VerdictStats.from_json(self.stats)
 
 
 class Calibration(Base):
@@ -244,8 +265,9 @@ def boot_records(boots: Iterable[Boot]) -> list[BootRecord]:
             runs[run.id] = RunRecord(run.id, tuple(CalibrationRecord(c.phase, c.result) for c in run.calibrations))
         out.append(BootRecord(
             id=b.id, run_id=b.run_id, status=b.status, failure=b.failure, argv=tuple(b.argv or ()),
-            provenance=b.provenance or {}, env_report=b.env_report, flag_report=b.flag_report,
+            evidence=b.evidence, env_report=b.env_report, flag_report=b.flag_report,
             marks=tuple(b.marks or ()), run=runs.get(run.id) if run is not None else None,
+            quiet=host_state.quiet_samples(b),
             samples=tuple(SampleOutcome(metrics=s.metrics, requests=s.requests, output_tokens=s.output_tokens,
                                         duration_s=s.duration_s, errors=s.errors, seq=s.seq) for s in b.samples)))
     return out
@@ -406,18 +428,8 @@ class Ledger:
     def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False) -> BootValues:
         """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out.
         ``quiet``: only the samples whose own contention window crossed no threshold
-        (``host_state.quiet_samples``; every sample of a boot without such windows)."""
-        ids, values = [], []
-        for boot in boots:
-            if boot.status != "ok":
-                continue
-            mask = host_state.quiet_samples(boot) if quiet else None
-            vals = tuple(float(s.metrics[metric]) for k, s in enumerate(boot.samples)
-                         if metric in s.metrics and s.metrics[metric] is not None and (mask is None or mask[k]))
-            if vals:
-                ids.append(boot.id)
-                values.append(vals)
-        return BootValues(tuple(ids), tuple(values))
+        (``BootRecord.values``, the one reduction of a boot's samples)."""
+        return BootValues.of(boot_records(boots), metric, quiet=quiet)
 
     def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:
         """Finished boots of the same config on the same host (any earlier run)."""
