@@ -332,6 +332,9 @@ class BisectionSearch:
         return out
 
     def _decide_uncached(self):
+        """The next round, or why the search stops, from the posterior and the tests, in
+        the order the search asks: is there anything to bisect (the endpoints), is one
+        commit or block settled (checked against its parent), else where to probe."""
         n = len(self._commits)
         p, p_none, j_of_k, split_stats = self._posterior()
         blocks = self._blocks()
@@ -342,78 +345,92 @@ class BisectionSearch:
             best_stats = tuple(float(x) for x in split_stats[j_of_k[blocks[best][-1]]])
         state = {"p": p, "p_none": p_none, "blocks": blocks, "best": best, "mass": mass,
                  "stats": best_stats, "endpoint_test": None, "verify_test": None}
-
-        def done(reason):
-            return None, reason, state
-
-        def go(rnd):
-            return tuple(rnd), StopReason.RUNNING, state
-
         left = self.options.max_boots - self.boots_used
+        tests = [self._gate_test(g) for g in range(len(self._gates))]  # the head-to-head tests so far
+        answer = self._endpoints_step(state, left, tests)
+        if answer is None:
+            answer = self._settled_step(state, left, tests)
+        if answer is None:
+            answer = self._probe_step(state, left)
+        rnd, reason = answer
+        return rnd, reason, state
+
+    def _endpoints_step(self, state: dict, left: int, tests: list[PairedTest]):
+        """1. Is there anything to bisect? Fresh paired rounds of the two endpoints.
+        (round, reason) when this step decides, else None; fills the state's tests."""
+        n = len(self._commits)
         ends = (0, n - 1)
         for e in ends:
             if e in self._skipped and not self._values[e]:
-                return done(StopReason.ENDPOINT_UNMEASURABLE)
-        tests = [self._gate_test(g) for g in range(len(self._gates))]
+                return None, StopReason.ENDPOINT_UNMEASURABLE
         state["verify_test"] = tests[-1] if tests else None
         et = self._endpoint_test()
         state["endpoint_test"] = et
         if any(e in self._skipped for e in ends) and et.decision != "passed":
-            return done(StopReason.ENDPOINT_UNMEASURABLE)
-        # 1. Is there anything to bisect? Fresh paired rounds of the two endpoints.
+            return None, StopReason.ENDPOINT_UNMEASURABLE
         if et.decision in ("failed", "below"):
-            return done(StopReason.NOT_REPRODUCED)
+            return None, StopReason.NOT_REPRODUCED
         if et.decision == "open":
             if left < 2:
-                return done(StopReason.BUDGET)
-            return go(self._pair_round(0, n - 1, "endpoints"))
-        if p_none >= self.options.confidence:
-            return done(StopReason.NOT_REPRODUCED)
-        # 2. Confident in one commit (checked against its parent), or in a block?
-        #    A head-to-head test, once started, runs to its decision (its boots feed
-        #    the posterior too). At most len(GATE_SHARES) of them per search, the g-th
-        #    at level verify_alpha * GATE_SHARES[g]: a wrong commit is reported at
-        #    most verify_alpha of the time in all.
+                return None, StopReason.BUDGET
+            return tuple(self._pair_round(0, n - 1, "endpoints")), StopReason.RUNNING
+        if state["p_none"] >= self.options.confidence:
+            return None, StopReason.NOT_REPRODUCED
+        return None
+
+    def _settled_step(self, state: dict, left: int, tests: list[PairedTest]):
+        """2. Confident in one commit (checked against its parent), or in a block? A
+        head-to-head test, once started, runs to its decision (its boots feed the
+        posterior too). At most len(GATE_SHARES) of them per search, the g-th at level
+        verify_alpha * GATE_SHARES[g]: a wrong commit is reported at most verify_alpha of
+        the time in all. (round, reason) when this step decides, else None."""
         if tests and tests[-1].decision == "open":
             parent, k = self._gates[-1]
             if left < 2:
-                return done(StopReason.BUDGET)
-            return go(self._pair_round(parent, k, "verify"))
-        if mass[best] >= self.options.confidence:
-            block = blocks[best]
-            if not self.options.verify:
-                return done(StopReason.CONFIDENT if len(block) == 1 else StopReason.AMBIGUOUS_SKIPS)
-            target = self._gate_target(block)
-            if target is None:
-                return done(StopReason.UNVERIFIED)
-            state["set"] = list(range(target[0] + 1, target[1] + 1))
-            state["set_mass"] = float(p[state["set"]].sum())
-            answer = StopReason.CONFIDENT if len(state["set"]) == 1 else StopReason.AMBIGUOUS_SKIPS
-            if target in self._gates:
-                g = self._gates.index(target)
-                state["verify_test"] = tests[g]
-                return done(answer if tests[g].decision == "passed" else StopReason.UNVERIFIED)
-            if len(self._gates) >= len(GATE_SHARES):
-                return done(StopReason.UNVERIFIED)
-            self._gates.append(target)
-            vt = self._gate_test(len(self._gates) - 1)
-            state["verify_test"] = vt
-            if vt.decision == "passed":
-                return done(answer)
-            if vt.decision in ("failed", "below", "abandoned"):
-                return done(StopReason.UNVERIFIED)
-            if left < 2:
-                return done(StopReason.BUDGET)
-            return go(self._pair_round(*target, "verify"))
+                return None, StopReason.BUDGET
+            return tuple(self._pair_round(parent, k, "verify")), StopReason.RUNNING
+        blocks, best, mass, p = state["blocks"], state["best"], state["mass"], state["p"]
+        if mass[best] < self.options.confidence:
+            return None
+        block = blocks[best]
+        if not self.options.verify:
+            return None, (StopReason.CONFIDENT if len(block) == 1 else StopReason.AMBIGUOUS_SKIPS)
+        target = self._gate_target(block)
+        if target is None:
+            return None, StopReason.UNVERIFIED
+        state["set"] = list(range(target[0] + 1, target[1] + 1))
+        state["set_mass"] = float(p[state["set"]].sum())
+        answer = StopReason.CONFIDENT if len(state["set"]) == 1 else StopReason.AMBIGUOUS_SKIPS
+        if target in self._gates:
+            g = self._gates.index(target)
+            state["verify_test"] = tests[g]
+            return None, (answer if tests[g].decision == "passed" else StopReason.UNVERIFIED)
+        if len(self._gates) >= len(GATE_SHARES):
+            return None, StopReason.UNVERIFIED
+        self._gates.append(target)
+        vt = self._gate_test(len(self._gates) - 1)
+        state["verify_test"] = vt
+        if vt.decision == "passed":
+            return None, answer
+        if vt.decision in ("failed", "below", "abandoned"):
+            return None, StopReason.UNVERIFIED
+        if left < 2:
+            return None, StopReason.BUDGET
+        return tuple(self._pair_round(*target, "verify")), StopReason.RUNNING
+
+    def _probe_step(self, state: dict, left: int):
+        """3. Probabilistic bisection: the probe-able commit nearest the posterior median
+        (with ``width`` slots, ``width`` commits at the posterior's quantiles), and every
+        so often an anchor. (round, reason)."""
         if left <= 0:
-            return done(StopReason.BUDGET)
-        # 3. Probabilistic bisection: the probe-able commit nearest the posterior median.
+            return None, StopReason.BUDGET
+        n, p = len(self._commits), state["p"]
         step_mass = p.sum()
         cum = np.cumsum(p) / (step_mass if step_mass > 0 else 1.0)
         probe_able = np.array([i for i in range(1, n - 1) if i not in self._skipped], dtype=int)
         if probe_able.size == 0:
-            return done(StopReason.AMBIGUOUS_SKIPS)
-        boots = min(self._probe_boots(best_stats), left)
+            return None, StopReason.AMBIGUOUS_SKIPS
+        boots = min(self._probe_boots(state["stats"]), left)
         # width w (parallel slots): w commits at the posterior's quantiles j/(w+1), a
         # (w+1)-ary search; with w = 1 the commit nearest the median.
         width = max(1, min(self.options.width, left // max(boots, 1), probe_able.size))
@@ -432,7 +449,7 @@ class BisectionSearch:
             rnd.append(Probe(self._commits[anchor], 1, "anchor"))
             if np.random.default_rng([self.options.seed, 7, self._probe_rounds]).random() < 0.5:
                 rnd.reverse()
-        return go(rnd)
+        return tuple(rnd), StopReason.RUNNING
 
     def _anchor(self, cum: np.ndarray, probe: int) -> int | None:
         """Every ``anchor_every``-th probe round: the measured commit nearest the probe
