@@ -223,7 +223,11 @@ class StepModel:
         """A boot is, with probability eps, in a *slow mode* shifted by o in the
         regression's direction (a stalled boot, a second mode, a neighbour's burst),
         else normal around its side's level; plus the drift. EM per split, all splits
-        at once, then a Laplace approximation of each marginal."""
+        at once, then a Laplace approximation of each marginal.
+
+        Long because the EM's steps share a dozen arrays per split (responsibilities,
+        weights, levels, variances): as one loop over them it reads as the method it
+        is, where functions would only pass them back and forth."""
         N, m, center, scale, y, tt, G = self._splits(obs)
         S = G.shape[0]
         Bm = ~G

@@ -396,7 +396,11 @@ class _Search:
         nothing. One whose ``only_clearing`` is false (a singleton of the leave-out
         search) and that is shown to hold no cause stops, open, once it would settle
         nothing more by the budget even with its estimate moved a standard error either
-        way (:meth:`_settles_nothing`)."""
+        way (:meth:`_settles_nothing`).
+
+        Long because it is a generator the driver steps boot by boot: the block's rounds,
+        its boots per config and its open configs live in its frame between yields, and
+        each look reads all three."""
         seq: list[tuple] = []
         calls: dict = {k: [] for k in range(-1, len(items))}
         open_ = set(range(len(items)))
