@@ -18,7 +18,8 @@ import threading
 import time
 
 from bisect_harness.observe import contention
-from bisect_harness.observe.calibration import Calibration, Measurement, percent_beyond, steady_spread
+from bisect_harness.observe.calibration import (Calibration, Measurement, RepReading, judged_spread, percent_beyond,
+                                              steady_spread)
 from bisect_harness.observe.doctor import Doctor, doctor_report, judge, render_doctor_text
 from bisect_harness.observe.host_state import calibration_spreads
 from bisect_harness.observe.provenance import GpuSummary, SamplerSummary, Stat
@@ -125,3 +126,56 @@ def test_clocks_held_by_the_probes_own_power_cap_are_a_fact_not_a_warning():
     thermal = dataclasses.replace(probe, gpus=(dataclasses.replace(probe.gpus[0], throttle_reasons_seen=()),))
     (w,) = judge(h, None, thermal, None)
     assert w.severity.value == "warning" and "clocks held low" in w.message
+
+
+def _probe_with_reps(values, clocks, powers, reasons, limit=700.0) -> Measurement:
+    reps = tuple(RepReading(c, p, tuple(r), 40) for c, p, r in zip(clocks, powers, reasons))
+    return Measurement.of("matmul", "cuda:0", "GFLOP/s", values, "n=8192 bfloat16").with_reps(reps, limit)
+
+
+#: the issue's idle H100: 703 W against 700 W, the repetitions falling as the cap bit, the
+#: SM clock falling with them (within about 1% of what a constant work per cycle implies)
+H100_CAPPED = dict(values=(724e3, 707e3, 701e3, 625e3), clocks=(1980.0, 1925.0, 1910.0, 1720.0),
+                   powers=(703.0, 701.0, 699.0, 702.0), reasons=((), ("sw_power_cap",), ("sw_power_cap",),
+                                                                 ("sw_power_cap",)))
+
+
+def test_a_probe_that_power_caps_itself_is_judged_per_clock_and_says_so():
+    m = _probe_with_reps(**H100_CAPPED)
+    judged = judged_spread(m)
+    assert judged.per_clock and judged.value < 0.02 and judged.throughput > 0.10, judged
+    assert "sw_power_cap, 702 W of 700 W" in judged.why
+    out = judge(host(gpus=(gpu(0),)), Calibration("cuda", (m,), 3.0, 3.5, "2", 1), None, None)
+    assert [w.severity.value for w in out] == ["info"], out
+    assert out[0].message.startswith("calibration matmul@cuda:0 judged on its throughput per SM clock: the probe "
+                                     "held the GPU at its power limit"), out[0].message
+    assert re.search(r"the throughput varied 11\.7% between its repetitions after the first, per clock 1\.\d% "
+                     r"\(limit 10%\)", out[0].message), out[0].message
+    # the record keeps the readings, and a run's calibration is judged the same way
+    again = Measurement.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again == m
+    assert calibration_spreads({"measurements": [m.to_dict()]}, 0.10) == []
+
+
+def test_a_gpu_shared_with_a_second_process_still_warns_per_clock():
+    # the clock holds (the board is not at its limit for the probe alone) but the probe
+    # gets fewer cycles: the work per clock falls in the repetitions the neighbour shared
+    shared = dict(H100_CAPPED, values=(724e3, 707e3, 520e3, 610e3))
+    judged = judged_spread(_probe_with_reps(**shared))
+    assert judged.per_clock and judged.value > 0.10
+    m = _probe_with_reps(**shared)
+    (w,) = [w for w in judge(host(gpus=(gpu(0),)), Calibration("cuda", (m,), 3.0, 3.5, "2", 1), None, None)
+            if w.severity.value == "warning"]
+    assert "in throughput per SM clock between its repetitions after the first" in w.message
+    assert w.message.endswith("the host is not quiet")
+
+
+def test_a_cap_the_probe_did_not_cause_is_judged_on_throughput():
+    for change, why in ((dict(powers=(420.0, 430.0, 425.0, 428.0)), "something else capped it"),
+                        (dict(reasons=((), ("sw_power_cap", "hw_slowdown"), ("sw_power_cap",), ("sw_power_cap",))),
+                         "clock-event reasons beyond the probe's own: hw_slowdown"),
+                        (dict(reasons=((), (), (), ())), "did not reach its power limit")):
+        judged = judged_spread(_probe_with_reps(**{**H100_CAPPED, **change}))
+        assert not judged.per_clock and judged.value == judged.throughput > 0.10 and why in judged.why, judged
+    plain = Measurement.of("matmul", "cuda:0", "GFLOP/s", H100_CAPPED["values"])  # no readings (an older record)
+    assert judged_spread(plain).basis == "throughput" and judged_spread(plain).why == ""

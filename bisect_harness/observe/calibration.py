@@ -14,6 +14,13 @@
   calibrations; see its docstring for why the first repetition is left out);
   :func:`percent_beyond` prints a figure and its limit with the digits that show
   which side of the limit it is.
+* :func:`judged_spread` is the spread that is judged: on a GPU the probe's repetitions
+  carry the SM clock, power and clock-event reasons NVML read while each ran
+  (:class:`RepReading`); where the probe itself held the board at its power limit
+  (``sw_power_cap`` at :data:`POWER_CAP_FRACTION` of the limit, and no other reason),
+  the driver's lowering of the clock is the probe's own doing, so the spread judged is
+  that of the throughput per SM clock; anything else (another process on the GPU, a
+  clock held low from outside, a thermal slowdown) is judged on the throughput.
 
 Example::
 
@@ -30,6 +37,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +48,9 @@ from bisect_harness.model import jsonable
 from bisect_harness.secrets import redact_env
 from bisect_harness.process.ports import free_port
 from bisect_harness.observe.provenance import (
-    SCHEMA_VERSION, HostInfo, SamplerSummary, _check_schema,
+    SCHEMA_VERSION, HostInfo, SamplerSummary, _check_schema, decode_throttle_reasons, sample_gpu,
 )
+from bisect_harness.observe.provenance.host import _default_nvml
 
 #: Fixed workload sizes: changing them makes old calibrations incomparable, so a
 #: calibration records them in each measurement's ``detail``.
@@ -52,14 +61,49 @@ GPU_COPY_BYTES = 1024 * 2**20
 ALLREDUCE_BYTES = 256 * 2**20
 CPU_ALLREDUCE_BYTES = 16 * 2**20
 
+#: Clock-event reasons a full-load probe causes by itself (NVML names, as decoded by
+#: ``provenance.decode_throttle_reasons``): the driver holding the board at its power limit.
+PROBE_REASONS = frozenset({"sw_power_cap"})
+
+#: The probe's own power capping: its sampled power reached this share of the enforced
+#: limit. NVML's power reading is averaged over about a second, so a capped board reads
+#: a little below its limit (691 W of 700 W, 98.7%); well below it, something else capped it.
+POWER_CAP_FRACTION = 0.9
+
+#: Seconds between the NVML readings taken while a GPU probe runs (:class:`_RepTrace`).
+REP_TRACE_INTERVAL_S = 0.005
+
 
 # ------------------------------------------------------------------ measurements
 
 
 @dataclass(frozen=True)
+class RepReading:
+    """What NVML read of the GPU while one repetition of a probe ran: the mean SM clock
+    and the highest power over the readings inside it, the clock-event reasons any of
+    them showed, and how many readings there were (0: none fell inside it)."""
+
+    sm_clock_mhz: float | None
+    power_w: float | None
+    reasons: tuple[str, ...]
+    readings: int
+
+    def to_dict(self) -> dict:
+        return {"sm_clock_mhz": self.sm_clock_mhz, "power_w": self.power_w, "reasons": list(self.reasons),
+                "readings": self.readings}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RepReading":
+        return cls(d["sm_clock_mhz"], d["power_w"], tuple(d["reasons"]), int(d["readings"]))
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One calibrated quantity: the per-repetition rates, their median and their
-    relative spread ``(max - min) / median``."""
+    relative spread ``(max - min) / median``. On a GPU, ``reps`` holds what NVML read
+    while each repetition ran (one :class:`RepReading` per value) and ``power_limit_w``
+    the board's enforced power limit; both are empty where they were not read (a CPU,
+    no NVML, an older record)."""
 
     name: str            # matmul | memcpy | allreduce
     device: str          # cpu | cuda:0 | cuda:0-7 (an all-reduce over GPUs 0..7)
@@ -68,6 +112,8 @@ class Measurement:
     spread: float
     values: tuple[float, ...]
     detail: str = ""     # the fixed workload, e.g. "n=512 float32, 8 ops/rep"
+    reps: tuple[RepReading, ...] = ()
+    power_limit_w: float | None = None
 
     @property
     def key(self) -> str:
@@ -88,15 +134,24 @@ class Measurement:
         spread = (max(vals) - min(vals)) / med if med > 0 else float("inf")
         return cls(name, device, unit, med, spread, vals, detail)
 
+    def with_reps(self, reps: Sequence[RepReading], power_limit_w: float | None) -> "Measurement":
+        """This measurement with what NVML read during its repetitions."""
+        return Measurement(self.name, self.device, self.unit, self.median, self.spread, self.values, self.detail,
+                           tuple(reps), power_limit_w)
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "device": self.device, "unit": self.unit,
-                "median": self.median, "spread": self.spread, "values": list(self.values),
-                "detail": self.detail}
+        out = {"name": self.name, "device": self.device, "unit": self.unit,
+               "median": self.median, "spread": self.spread, "values": list(self.values),
+               "detail": self.detail}
+        if self.reps:
+            out.update(reps=[r.to_dict() for r in self.reps], power_limit_w=self.power_limit_w)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Measurement":
         return cls(d["name"], d["device"], d["unit"], d["median"], d["spread"],
-                   tuple(d["values"]), d.get("detail", ""))
+                   tuple(d["values"]), d.get("detail", ""),
+                   tuple(RepReading.from_dict(r) for r in d.get("reps") or ()), d.get("power_limit_w"))
 
 
 def steady_spread(values: Sequence[float]) -> float:
@@ -120,6 +175,69 @@ def steady_spread(values: Sequence[float]) -> float:
         return float("nan")
     med = statistics.median(settled)
     return (max(settled) - min(settled)) / med if med > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class JudgedSpread:
+    """The spread a measurement is judged by, and on what: ``basis`` is ``throughput``
+    (:func:`steady_spread` of the rates) or ``throughput per SM clock`` (of each rate
+    over its repetition's mean SM clock, where the probe held the GPU at its power
+    limit); ``throughput`` is the rates' own steady spread either way, and ``why`` says
+    what the readings showed (empty on the throughput basis with no readings)."""
+
+    value: float
+    basis: str
+    throughput: float
+    why: str = ""
+
+    @property
+    def per_clock(self) -> bool:
+        return self.basis == PER_CLOCK
+
+
+PER_CLOCK = "throughput per SM clock"
+
+
+def judged_spread(m: "Measurement", cap_fraction: float = POWER_CAP_FRACTION) -> JudgedSpread:
+    """The spread of ``m`` that is judged against ``calibration_spread``.
+
+    Under a full-load matrix product a GPU's driver lowers the SM clock to hold the
+    board at its power limit, and it keeps moving it: an idle H100's repetitions read
+    724, 707, 701 and 625 TFLOP/s as the cap bit. The probe then measures its own
+    power management, not the host. So where every settled repetition (the ones
+    :func:`steady_spread` reads) has NVML readings, showed no clock-event reason but
+    the probe's own (:data:`PROBE_REASONS`), and at least one showed ``sw_power_cap``
+    at ``cap_fraction`` of the enforced limit or above, the spread judged is that of
+    the throughput per SM clock: the work a clock cycle did, which the cap does not
+    change and which another process sharing the GPU (time-sliced: fewer cycles for
+    the probe) still lowers. Anything else (no readings, a thermal or hardware
+    slowdown, ``sw_power_cap`` well below the limit: something else capped it) is
+    judged on the throughput, as before."""
+    raw = steady_spread(m.values)
+    if not m.reps or len(m.reps) != len(m.values):
+        return JudgedSpread(raw, "throughput", raw)
+    settled = list(range(1, len(m.values))) if len(m.values) >= 4 else list(range(len(m.values)))
+    reps = [m.reps[i] for i in settled]
+    if any(r.readings == 0 or not r.sm_clock_mhz for r in reps):
+        return JudgedSpread(raw, "throughput", raw, "NVML read no clock during some repetitions")
+    others = sorted({x for r in reps for x in r.reasons if x not in PROBE_REASONS and x != "gpu_idle"})
+    if others:
+        return JudgedSpread(raw, "throughput", raw, f"clock-event reasons beyond the probe's own: {', '.join(others)}")
+    capped = [r for r in reps if "sw_power_cap" in r.reasons]
+    if not capped:
+        return JudgedSpread(raw, "throughput", raw, "the probe did not reach its power limit")
+    limit = m.power_limit_w
+    top = max((r.power_w for r in capped if r.power_w is not None), default=None)
+    if not limit or top is None or top < cap_fraction * limit:
+        at = f"{top:.0f} W" if top is not None else "an unknown power"
+        return JudgedSpread(raw, "throughput", raw, f"sw_power_cap at {at}, below {cap_fraction:.0%} of "
+                                                    f"{'its limit' if not limit else f'its {limit:.0f} W limit'}: "
+                                                    "something else capped it")
+    per_clock = steady_spread([v / m.reps[i].sm_clock_mhz for i, v in enumerate(m.values)])
+    clocks = [r.sm_clock_mhz for r in reps]
+    return JudgedSpread(per_clock, PER_CLOCK, raw,
+                        f"the probe held the GPU at its power limit (sw_power_cap, {top:.0f} W of {limit:.0f} W; "
+                        f"SM clock {min(clocks):.0f}-{max(clocks):.0f} MHz over the repetitions)")
 
 
 def percent_beyond(value: float, limit: float) -> tuple[str, str]:
@@ -170,13 +288,15 @@ class Calibration:
 
 
 def _time_op(op: Callable[[], Any], sync: Callable[[], None], budget_s: float,
-             repeats: int, min_repeats: int = 4) -> tuple[list[float], int]:
+             repeats: int, min_repeats: int = 4,
+             on_rep: Callable[[float, float], None] | None = None) -> tuple[list[float], int]:
     """Seconds per op over up to ``repeats`` repetitions within ``budget_s``.
 
     Two warm-up ops (the second timed) size the repetitions: each runs ``inner`` ops so that all
     repetitions together take about the budget. At least ``min_repeats`` run, so
     the spread after the settling repetition (:func:`steady_spread`) is defined even
     when one op alone exceeds the budget.
+    ``on_rep(start, end)`` is told each repetition's ``perf_counter`` span.
     Returns ``(seconds_per_op for each repetition, inner)``.
     """
     t_start = time.perf_counter()
@@ -195,8 +315,11 @@ def _time_op(op: Callable[[], Any], sync: Callable[[], None], budget_s: float,
         for _ in range(inner):
             op()
         sync()
-        dt = time.perf_counter() - t
+        end = time.perf_counter()
+        dt = end - t
         per_op.append(dt / inner)
+        if on_rep is not None:
+            on_rep(t, end)
         spent = time.perf_counter() - start
         if len(per_op) >= min_repeats and spent + dt > remaining:
             break
@@ -311,7 +434,78 @@ def _cpu_measurements(budget_s: float, repeats: int) -> list[Measurement]:
     return [mm, cp]
 
 
-def _gpu_measurements(index: int, budget_s: float, repeats: int) -> list[Measurement]:
+class _RepTrace:
+    """NVML readings of one GPU every :data:`REP_TRACE_INTERVAL_S` on a thread while a
+    probe runs, and the repetitions' spans, so each repetition gets what was read inside
+    it (:meth:`readings`). Without NVML (or a GPU it cannot open) it reads nothing and
+    every repetition gets no readings. Its thread is stopped on exit, always."""
+
+    def __init__(self, index: int, nvml: Any | None = None):
+        self._nvml = nvml if nvml is not None else _default_nvml()
+        self._index = index
+        self._handle = None
+        self.power_limit_w: float | None = None
+        self._rows: list[tuple[float, Mapping[str, Any]]] = []
+        self._spans: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "_RepTrace":
+        try:
+            self._nvml.nvmlInit()
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
+        except Exception:  # no NVML, no such GPU: the probe runs, its repetitions unread
+            self._handle = None
+            return self
+        try:
+            self.power_limit_w = self._nvml.nvmlDeviceGetEnforcedPowerLimit(self._handle) / 1000.0
+        except Exception:
+            self.power_limit_w = None
+        self._thread = threading.Thread(target=self._run, name="rep-trace", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._handle is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                row = sample_gpu(self._nvml, self._handle)
+            except Exception:
+                return
+            self._rows.append((time.perf_counter(), row))
+            self._stop.wait(REP_TRACE_INTERVAL_S)
+
+    def span(self, start: float, end: float) -> None:
+        """One repetition's ``perf_counter`` span (``_time_op``'s ``on_rep``)."""
+        self._spans.append((start, end))
+
+    def readings(self, first: int = 0) -> list[RepReading]:
+        """One reading per repetition recorded from the ``first`` span on."""
+        out = []
+        for start, end in self._spans[first:]:
+            rows = [r for t, r in self._rows if start <= t <= end]
+            clocks = [float(r["sm_clock_mhz"]) for r in rows if r.get("sm_clock_mhz") is not None]
+            powers = [float(r["power_w"]) for r in rows if r.get("power_w") is not None]
+            reasons: list[str] = []
+            for r in rows:
+                for name in decode_throttle_reasons(int(r["throttle_mask"] or 0)):
+                    if name not in reasons:
+                        reasons.append(name)
+            out.append(RepReading(round(statistics.fmean(clocks), 1) if clocks else None,
+                                  round(max(powers), 1) if powers else None, tuple(reasons), len(rows)))
+        return out
+
+
+def _gpu_measurements(index: int, budget_s: float, repeats: int, nvml: Any | None = None) -> list[Measurement]:
     import torch
 
     dev = torch.device("cuda", index)
@@ -319,23 +513,26 @@ def _gpu_measurements(index: int, budget_s: float, repeats: int) -> list[Measure
     def sync() -> None:
         torch.cuda.synchronize(dev)
     n = GPU_MATMUL_N
-    with torch.cuda.device(dev):
+    with torch.cuda.device(dev), _RepTrace(index, nvml) as trace:
         a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
         b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
         c = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
-        per_op, inner = _time_op(lambda: torch.mm(a, b, out=c), sync, budget_s / 2, repeats)
+        per_op, inner = _time_op(lambda: torch.mm(a, b, out=c), sync, budget_s / 2, repeats, on_rep=trace.span)
         mm = Measurement.of("matmul", f"cuda:{index}", "GFLOP/s",
                             [2 * n**3 / t / 1e9 for t in per_op],
                             f"n={n} bfloat16, {inner} ops/rep")
+        mm = mm.with_reps(trace.readings(), trace.power_limit_w) if trace.power_limit_w is not None else mm
         del a, b, c
         numel = GPU_COPY_BYTES // 4
         src = torch.empty(numel, dtype=torch.float32, device=dev).fill_(1.0)
         dst = torch.empty_like(src)
-        per_op, inner = _time_op(lambda: dst.copy_(src), sync, budget_s / 2, repeats)
+        first = len(per_op)
+        per_op, inner = _time_op(lambda: dst.copy_(src), sync, budget_s / 2, repeats, on_rep=trace.span)
         cp = Measurement.of("memcpy", f"cuda:{index}", "GB/s",
                             [2 * numel * 4 / t / 1e9 for t in per_op],
                             f"{GPU_COPY_BYTES // 2**20} MiB device-to-device, read+written bytes, "
                             f"{inner} ops/rep")
+        cp = cp.with_reps(trace.readings(first), trace.power_limit_w) if trace.power_limit_w is not None else cp
         del src, dst
         torch.cuda.empty_cache()
     return [mm, cp]

@@ -18,9 +18,12 @@ before the probe; the thermal slowdowns (``sw_thermal_slowdown``,
 too hot or its power supply says so; ``hw_power_brake_slowdown``, asserted by the
 system from outside the GPU (a power supply or chassis brake), never by the load;
 and ``sw_power_cap`` at a power well below the limit (something else capped it).
-The calibration's spread is judged after its settling repetition
-(:func:`~bisect_harness.observe.calibration.steady_spread`), and every figure
-beside its limit prints with the digits that show it crossed
+The calibration's spread is judged after its settling repetition, and where the
+probe held the GPU at its power limit, on its throughput per SM clock
+(:func:`~bisect_harness.observe.calibration.judged_spread`: the cap moves the clock
+from one repetition to the next, and so the throughput; the work per clock cycle
+stays, unless another process shares the GPU); which basis was judged is said as a
+fact. Every figure beside its limit prints with the digits that show it crossed
 (:func:`~bisect_harness.observe.calibration.percent_beyond`).
 """
 
@@ -31,22 +34,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bisect_harness.observe.calibration import (
-    Calibration, Drift, Severity, calibrate, host_warnings, percent_beyond,
+    POWER_CAP_FRACTION, PROBE_REASONS, Calibration, Drift, Severity, calibrate, host_warnings, judged_spread,
+    percent_beyond,
 )
 from bisect_harness.observe.provenance import (
     SCHEMA_VERSION, GpuSampler, HostInfo, SamplerSummary, _check_schema, collect_host,
 )
 
 __all__ = ["Doctor", "POWER_CAP_FRACTION", "PROBE_REASONS", "doctor_report", "judge", "render_doctor_text"]
-
-#: Clock-event reasons a full-load probe causes by itself (NVML names, as decoded by
-#: ``provenance.decode_throttle_reasons``): the driver holding the board at its power limit.
-PROBE_REASONS = frozenset({"sw_power_cap"})
-
-#: The probe's own power capping: its sampled power reached this share of the enforced
-#: limit. NVML's power reading is averaged over about a second, so a capped board reads
-#: a little below its limit (691 W of 700 W, 98.7%); well below it, something else capped it.
-POWER_CAP_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
@@ -135,7 +130,7 @@ def judge(host: HostInfo, calibration: Calibration | None, probe: SamplerSummary
     problems (``calibration.host_warnings``), GPUs throttled while idle, what the GPUs
     showed under the probe (module docstring), contention ``crossings``
     (``contention.judge`` of the window before the probe) and calibration
-    measurements whose :attr:`~bisect_harness.observe.calibration.Measurement.steady_spread`
+    measurements whose judged spread (:func:`~bisect_harness.observe.calibration.judged_spread`)
     is above ``spread_limit``. Pure."""
     out = host_warnings(host)
     for gs in idle.gpus if idle is not None else ():
@@ -149,17 +144,33 @@ def judge(host: HostInfo, calibration: Calibration | None, probe: SamplerSummary
         out.append(Drift(f"contention.{c.figure}", round(c.value, 4), None, Severity.WARNING,
                          f"host busy: {c.message}"))
     for m in calibration.measurements if calibration is not None else ():
-        steady = m.steady_spread
-        if steady > spread_limit:
-            seen, lim = percent_beyond(steady, spread_limit)
-            every, _ = percent_beyond(m.spread, spread_limit)
-            which = (f"its repetitions after the first (> {lim}; {every} over all {len(m.values)})"
-                     if len(m.values) >= 4 else f"repetitions (> {lim})")
-            out.append(Drift(f"calibration.{m.key}.spread", round(steady, 4), None, Severity.WARNING,
-                             f"calibration {m.key} varied {seen} between {which}: the host is not quiet"))
+        out += _spread_findings(m, spread_limit)
     if host.cpu_governor not in (None, "performance"):
         out.append(Drift("cpu_governor", host.cpu_governor, None, Severity.INFO,
                          f"CPU governor is {host.cpu_governor!r}, not 'performance'"))
+    return out
+
+
+def _spread_findings(m, spread_limit: float) -> list[Drift]:
+    """A calibration measurement's spread judged against ``spread_limit``
+    (:func:`~bisect_harness.observe.calibration.judged_spread`): a warning above it, and
+    as a fact the basis, where it is the throughput per SM clock."""
+    judged = judged_spread(m)
+    out = []
+    if judged.per_clock:
+        _, lim = percent_beyond(judged.value, spread_limit)
+        out.append(Drift(f"calibration.{m.key}.spread_basis", judged.basis, None, Severity.INFO,
+                         f"calibration {m.key} judged on its {judged.basis}: {judged.why}; the throughput varied "
+                         f"{judged.throughput:.1%} between its repetitions after the first, per clock "
+                         f"{judged.value:.1%} (limit {lim})"))
+    if judged.value > spread_limit:
+        seen, lim = percent_beyond(judged.value, spread_limit)
+        every, _ = percent_beyond(m.spread, spread_limit)
+        what = "" if not judged.per_clock else f" in {judged.basis}"
+        which = (f"its repetitions after the first (> {lim}; {every} over all {len(m.values)})"
+                 if len(m.values) >= 4 else f"repetitions (> {lim})")
+        out.append(Drift(f"calibration.{m.key}.spread", round(judged.value, 4), None, Severity.WARNING,
+                         f"calibration {m.key} varied {seen}{what} between {which}: the host is not quiet"))
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from bisect_harness.observe.calibration import percent_beyond, steady_spread
+from bisect_harness.observe.calibration import Measurement, judged_spread, percent_beyond
 from bisect_harness.observe.contention import Thresholds, Window, judge, summary_line
 
 PREFLIGHT_BUSY = "host busy at the start"  # the preflight's words, said by the run and matched by the journal
@@ -92,18 +92,22 @@ def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | 
 
 
 def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[str]:
-    """The calibration measurements whose spread once the probe settled
-    (``calibration.steady_spread``: the repetitions after the first) is above ``limit``,
-    as sentences whose figures show they crossed it."""
+    """The calibration measurements whose spread once the probe settled (the
+    repetitions after the first; per SM clock where the probe held the GPU at its power
+    limit: ``calibration.judged_spread``) is above ``limit``, as sentences whose figures
+    show they crossed it."""
     if not result or "measurements" not in result:
         return []
     out = []
     for m in result["measurements"]:
         values = m.get("values") or []
-        steady = steady_spread(values) if values else m.get("spread")
+        judged = judged_spread(Measurement.from_dict(m)) if values else None
+        steady = judged.value if judged is not None else m.get("spread")
         if steady is not None and steady > limit:
             seen, lim = percent_beyond(steady, limit)
             which = "its repetitions after the first" if len(values) >= 4 else "repetitions"
+            if judged is not None and judged.per_clock:
+                which += f", in {judged.basis}"
             out.append(f"{m['name']}@{m['device']} varied {seen} between {which} (> {lim}): the host was not "
                        "quiet while it was calibrated")
     return out
