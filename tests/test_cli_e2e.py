@@ -96,6 +96,20 @@ def test_run_exits_zero_and_prints_the_documented_json(demo_run):
 
 
 @pytest.mark.slow
+def test_off_a_terminal_the_verdict_table_keeps_every_word_and_interval_whole(demo_run):
+    """The run's output went to a pipe (no terminal, no COLUMNS): rich must not lay the
+    table out in 80 columns and cut its words with an ellipsis."""
+    proc = demo_run["proc"]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "…" not in proc.stderr, proc.stderr[-4000:]
+    rows = [ln for ln in proc.stderr.splitlines() if ln.startswith("│")]
+    for h in last_json(proc.stdout)["hypotheses"]:
+        (row,) = [r for r in rows if f"│ {h['id']} " in r]
+        assert f" {h['verdict']} " in row and f"[{h['ci'][0]:.4f}, {h['ci'][1]:.4f}]" in row, row
+        assert f" {h['checks']['word']} " in row, row
+
+
+@pytest.mark.slow
 def test_ledger_holds_runs_configs_boots_and_samples(demo_run):
     assert demo_run["proc"].returncode == 0, demo_run["proc"].stderr[-4000:]
     db = demo_run["db"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from pathlib import Path
 
 import typer
@@ -28,8 +29,20 @@ WAIT_QUIET_OPT = typer.Option(None, "--wait-quiet", metavar="[SECONDS]",
                               help="Before the first boot, wait up to SECONDS (600 without a value) for a quiet host.")
 
 
+#: The width the tables are laid out in when the output is not a terminal (a CI log, a
+#: file, a pipe): wide enough that rich never cuts a verdict, an interval or a check to
+#: fit 80 columns; a line is as long as its table needs and no longer.
+OFF_TERMINAL_WIDTH = 400
+
+
 def _console(json_mode: bool) -> Console:
-    return Console(stderr=json_mode, highlight=False)
+    """The console a command prints to (stderr under ``--json``). Off a terminal it is
+    :data:`OFF_TERMINAL_WIDTH` wide, unless ``COLUMNS`` says otherwise: rich would lay
+    tables out in 80 columns there and cut their words with an ellipsis."""
+    console = Console(stderr=json_mode, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=json_mode, highlight=False, width=OFF_TERMINAL_WIDTH)
+    return console
 
 
 #: ``--resume`` without a value: the newest interrupted or failed run of the file.

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
@@ -37,7 +36,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
             verdicts = ", ".join(f"{h.verdict.outcome}" for h in r.hypotheses if h.verdict)
             t.add_row(str(r.id), r.kind, r.created_at.strftime("%Y-%m-%d %H:%M"), r.status,
                       escape(Path(r.spec_path).name), str(len(r.hypotheses)), verdicts)
-        Console().print(t)
+        _console(False).print(t)
 
 
 def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = LEDGER_OPT,
@@ -50,7 +49,7 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
         if json_out:
             print(json.dumps(run_summary(r)))
             return
-        console = Console()
+        console = _console(False)
         console.print(_verdict_table(r))
         t = Table(title="configs and boots")
         for col in ("config", "label", "status", "boots ok/all", "marks"):
@@ -69,7 +68,7 @@ def journal_cmd(run_id: Optional[int] = typer.Argument(None, metavar="RUN", help
 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id) if run_id is not None else led.latest_run()
-        _write_journal(led, r, journal_dir, Console(highlight=False), ledger)
+        _write_journal(led, r, journal_dir, _console(False), ledger)
 
 def compare(
     run_a: int = typer.Argument(..., metavar="RUN_A", help="The earlier run (the baseline)."),
