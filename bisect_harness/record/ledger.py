@@ -234,6 +234,16 @@ class Bisection(Base):
     result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     probes: Mapped[list["Probe"]] = relationship(back_populates="bisection", order_by="Probe.id")
 
+    @property
+    def found(self) -> tuple[Finding, ...]:
+        """What the search found about its boots, typed (``result["findings"]``); a result
+        written before findings were stored is read from its sentences (``result["warnings"]``,
+        through ``record.legacy``), as :attr:`VerdictRow.found` reads a verdict's."""
+        result = self.result if isinstance(self.result, dict) else {}
+        if result.get("findings") is not None:
+            return findings_from_json(result["findings"])
+        return legacy.findings_of_sentences(result.get("warnings"))
+
 
 class Probe(Base):
     __tablename__ = "bisect_probes"
