@@ -182,7 +182,7 @@ def view(bis, *, boot_of: Callable[[int], object | None], plots_dir: Path | None
                       "boot_ids": ", ".join(map(str, t.get("boot_ids") or [])) or "-"})
     cands = [{"commit": c["commit"][:12], "p": probability(c["probability"])}
              for c in result.get("candidates", [])[:5]]
-    warnings = warnings_view.grouped(result.get("warnings") or [], boot_of)
+    warnings = warnings_view.grouped(bis.found, boot_of)
     warnings["marks"] = warnings_view.marks_from_boots(booted)  # the search's boots carry no verdict's mark lines
     warnings["any"] = bool(warnings["marks"] or warnings["busy"] or warnings["other"])
     plot = plot_missing = None

@@ -4,6 +4,8 @@ sentence is built from the stored record alone."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from bisect_harness.decide.explain import STOP_REASONS
 from bisect_harness.report.cells import fmt as _p
 
@@ -120,9 +122,8 @@ def unfinished_view(started: dict, boots, again: str) -> dict:
             "summary": line, "notes": [], "rows": [], "boots": len(mine), "alpha": None}
 
 
-def layers_lines(stats: dict | None) -> list[str]:
-    """The three layers of a verdict with a mechanism (``verdicts.stats.layers``), as lines."""
-    lay = (stats or {}).get("layers") if isinstance(stats, dict) else None
+def layers_lines(lay: Mapping | None) -> list[str]:
+    """The three layers of a verdict with a mechanism (``VerdictStats.layers``), as lines."""
     if not lay:
         return []
     f = lay["flag_accepted"]

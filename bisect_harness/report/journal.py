@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import jinja2
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from bisect_harness.observe import engine_identity, mechanisms
 from bisect_harness.measure.prompt_size import reuse_text
 from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
+from bisect_harness.evidence import BootEvidence, Finding, FindingKind, VerdictStats
 from bisect_harness.spec import metric_defs
 from bisect_harness.report import bisection_view, explain_view, profile_view, summary_view, warnings_view, window_view
 from bisect_harness.report.cells import boots_per_arm, effect, fmt as _fmt, md as _md
@@ -117,24 +119,26 @@ def _mechanism_cell(results) -> str:
                          for r in results))
 
 
-def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
-    """The verdict table's summary of what the boot checks found: marks by kind, host
-    drift; else what was checked and passed, or ``unchecked``."""
+#: The findings the verdict table counts apart from the boots' marks, and its word for each.
+_COUNTED = ((FindingKind.CONTENTION_DIFFERED, "contention differs"), (FindingKind.CALIBRATION_NOISY, "calibration noisy"),
+            (FindingKind.PREFLIGHT_BUSY, "busy at preflight"))
+
+
+def checks_cell(found: Sequence[Finding], drift: int, checked: Mapping | None = None) -> str:
+    """The verdict table's summary of what the boot checks found, counted by finding kind
+    (never by a sentence's words): each mark of the marked boots, engine versions that
+    differ, ``drift`` host differences, contention that differed, noisy calibration and a
+    busy preflight; else what was checked and passed (:func:`checks_word` of ``checked``,
+    the verdict's ``checks`` figures), or ``unchecked``."""
     counts: dict[str, int] = {}
-    for w in warnings or []:
-        if w.startswith(engine_identity.WARNING_PREFIX):
-            counts["engine versions differ"] = counts.get("engine versions differ", 0) + 1
-            continue
-        if not w.startswith(("baseline boot ", "treatment boot ")):
-            continue
-        for mark in w.split(": ", 1)[-1].split(", "):
-            counts[mark] = counts.get(mark, 0) + 1
+    for f in found:
+        for name in ("engine versions differ",) if f.kind is FindingKind.ENGINE_VERSIONS else warnings_view.marked(f):
+            counts[name] = counts.get(name, 0) + 1
     parts = [f"{mark} x{n}" for mark, n in sorted(counts.items())]
     if drift:
-        parts.append(f"host drift ({len(drift)})")
-    for prefix, label in (("contention differed", "contention differs"), ("calibration (", "calibration noisy"),
-                          (host_state.PREFLIGHT_BUSY, "busy at preflight")):
-        n = sum(1 for w in warnings or [] if w.startswith(prefix))
+        parts.append(f"host drift ({drift})")
+    for kind, label in _COUNTED:
+        n = sum(1 for f in found if f.kind is kind)
         if n:
             parts.append(label if n == 1 else f"{label} x{n}")
     if not parts:
@@ -144,7 +148,7 @@ def _checks_cell(warnings, drift, checked: dict | None = None) -> str:
 
 
 def requests_text(seen: dict | None) -> str | None:
-    """The boot's failed requests (``provenance["request_retries"]``) in words, or None."""
+    """The boot's failed requests (``BootEvidence.request_retries``) in words, or None."""
     if not seen:
         return None
     parts = []
@@ -203,13 +207,13 @@ def cost_line(cost) -> str | None:
     return text
 
 
-def prior_line(stats) -> str | None:
+def prior_line(stats: VerdictStats | None) -> str | None:
     """The noise prior a verdict was offered, as its stats recorded it, in one
     sentence: where it came from, and whether the verdict's own look pooled it, its
     rounds contradicted it (their own spread, from the rounds' log ratios), the look
     was the sign-flip test's, or a busy boot kept it out; None for a verdict without one."""
-    stats = stats or {}
-    prior, dropped = stats.get("noise_prior"), stats.get("noise_prior_dropped")
+    stats = stats or VerdictStats()
+    prior, dropped = stats.noise_prior, stats.noise_prior_dropped
     if not prior and dropped:
         offered = dropped.get("prior") or {}
         return (f"{_prior_source(offered)} was offered but not pooled: boots "
@@ -218,14 +222,14 @@ def prior_line(stats) -> str | None:
     if not prior:
         return None
     text = _prior_source(prior)
-    if stats.get("prior_pooled") is True:
+    if stats.prior_pooled is True:
         return text + "; this look's t-test pooled it with its own rounds"
-    if stats.get("prior_contradicted") is True:
-        ratios = stats.get("round_log_ratios") or []
+    if stats.prior_contradicted is True:
+        ratios = stats.round_log_ratios or ()
         own = (f"{_fmt(100 * statistics.stdev(ratios), 2)}%" if len(ratios) > 1 else "undetermined")
         return text + (f"; this look's {len(ratios)} rounds spread {own}, which contradicts it, so they were "
                        "tested alone")
-    if stats.get("prior_contradicted") is False:
+    if stats.prior_contradicted is False:
         return text + "; this look was the sign-flip test's, which pools no prior"
     return text + "; whether this look pooled it is not recorded"
 
@@ -247,8 +251,29 @@ def _host_line(host: dict) -> str:
             f"{gpu}, kernel {host.get('kernel', '?')}, boot id {str(host.get('boot_id', '?'))[:8]}")
 
 
+SIDES = ("baseline", "treatment")
+
+
+@dataclass(frozen=True)
+class _Page:
+    """What every section of one run's page reads: the run, where its plots go, the
+    metrics its file declares, and the rows the sections share (read once)."""
+
+    run: Run
+    plots_dir: Path | None
+    stem: str
+    declared: Mapping
+    bisections: Sequence[Bisection]
+    boot_of: Callable[[int], Boot | None]   # a finding's boot, for its stored figures
+    later: Callable[[Boot], str | None]     # a boot's label when the run's searches booted it
+    before_resume: frozenset[int]           # ok boots counted before a resume of the run
+    logs: dict = field(default_factory=dict)  # (commits, releases) -> the commits between them
+
+
 def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
-    """The journal's markdown for one run."""
+    """The journal's markdown for one run: the run section (its head, summary, searches
+    and calibration), a section per hypothesis and a section per config, each made from
+    the ledger's rows by a function of its own."""
     session = ledger.session
     if not (session.new or session.dirty or session.deleted):
         # Rows read while the run went on hold lists that grew since (the closing
@@ -257,181 +282,370 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=False, lstrip_blocks=False)
-    template = env.get_template("journal.md.j2")
-    stem = journal_stem(run)
-    hyps = []
-    declared = metric_defs.declared_metrics(run.spec_text)  # engine.metrics, read once for the window view
-    logs: dict[tuple, tuple[list[str], str]] = {}
-    bisection_rows = ledger.session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
-    later = _after_rounds(run, bisection_rows)
+    bisection_rows = session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
+    page = _Page(run=run, plots_dir=plots_dir, stem=journal_stem(run),
+                 declared=metric_defs.declared_metrics(run.spec_text),  # engine.metrics, read once for the window view
+                 bisections=bisection_rows, boot_of=lambda boot_id: session.get(Boot, boot_id),
+                 later=_after_rounds(run, bisection_rows),
+                 before_resume=frozenset(i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []))
+    hyps = [_hypothesis_section(h, page) for h in run.hypotheses]
+    configs = [_config_section(c) for c in run.configs]
+    run_boots = session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all()
+    head = _run_section(page, hyps, run_boots)
+    return _tidy(env.get_template("journal.md.j2").render(**vars(head), hypotheses=hyps, configs=configs))
 
-    def boot_of(boot_id: int) -> Boot | None:  # a warning's boot, for its stored figures
-        return session.get(Boot, boot_id)
 
-    for h in run.hypotheses:
-        v = h.verdict
-        boot_rows = []
-        points: list[plots.BootPoint] = []
-        side_means: dict[str, list[float]] = {"baseline": [], "treatment": []}
-        first_used: dict[str, Boot] = {}
-        sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
-                 ("treatment", h.treatment, v.treatment_boot_ids if v else []))
-        used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
-        before_resume = {i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []}
-        for side, cfg, used in sides:
-            for boot in cfg.boots:
-                if boot.run_id != run.id and boot.id not in used:
-                    continue
-                vals = [s.metrics.get(h.metric) for s in boot.samples]
-                vals = [float(x) for x in vals if x is not None]
-                if boot.status == "ok" and boot.id in used:
-                    used_boots[side].append(boot)
-                if vals:
-                    points.append(plots.BootPoint(side=side, boot_id=boot.id, round=boot.seq, values=tuple(vals),
-                                                  marked=bool(boot.marks), used=boot.id in used))
-                    if boot.id in used:
-                        side_means[side].append(_mean(vals))
-                if boot.id in used and side not in first_used:
-                    first_used[side] = boot
-                boot_rows.append({
-                    "side": side, "id": boot.id, "status": boot.status + ("" if boot.id in used or not v else
-                                                                          later(boot) or " (unused)")
-                    + (", from before the resume" if boot.id in before_resume else ""),
-                    "samples": ", ".join(_fmt(x, 2) for x in vals) or "-", "mean": _fmt(_mean(vals), 2),
-                    "marks": ", ".join(boot.marks or []) or "-"})
-        drift = [{"field": d.field, "a": _md(d.a), "b": _md(d.b), "severity": d.severity.value,
-                  "message": _md(d.message)}
-                 for d in host_drift(boot_records(used_boots["baseline"]), boot_records(used_boots["treatment"]))]
-        claim = f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}"
-        same, not_same = host_state.same_host_state(used_boots["baseline"], used_boots["treatment"], drift)
-        unit = _unit(h, run.spec_text)
-        plot = plot_missing = None
-        if plots_dir is not None:
-            try:
-                drawn = plots.plot_hypothesis(points, Path(plots_dir) / f"{stem}-{reproduce.file_part(h.hid)}.png",
-                                              title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
-            except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
-                drawn, plot_missing = None, _md(str(exc))
-            plot = drawn.name if drawn else None
-        rels = tuple((h.spec or {}).get(side, {}).get("release") for side in ("baseline", "treatment"))
-        pair = (h.baseline.commit, h.treatment.commit, rels)  # two releases: the commits between their tags
-        if pair not in logs:
-            logs[pair] = reproduce.commit_log(run.spec_text, run.spec_path, *pair[:2], releases=rels)
-        means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
-                        if ms else "not recorded (no boot used)") for side, ms in side_means.items()}
-        hyps.append({
-            "id": h.hid, "row_id": h.id, "metric": h.metric, "claim": claim, "statement": h.statement,
-            "metric_def": _md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
-            "outcome": shown_outcome(v), "lead": _md(summary_view.verdict_lead(v)),
-            "effect": effect(v.ratio, v.ci_low, v.ci_high) if v else "no estimate",
-            "boots_text": boots_per_arm(v.baseline_boot_ids or [], v.treatment_boot_ids or []) if v else "no boots",
-            "ratio": _fmt(v.ratio, 4) if v else "n/a",
-            "ci": f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v and v.ci_low is not None else "n/a",
-            "baseline_label": h.baseline.label, "treatment_label": h.treatment.label,
-            "test": _md(v.test) if v else "n/a", "alpha": _fmt(v.alpha, 4) if v else "n/a",
-            "reason": _md(v.reason) if v else "no verdict was recorded (the run stopped early)",
-            "warnings": warnings_view.grouped(list(v.warnings or []) if v else [], boot_of),
-            "boot_rows": boot_rows, "drift": drift,
-            "drift_checked": bool(used_boots["baseline"] and used_boots["treatment"]),
-            "same_host": same, "not_same": "; ".join(not_same),
-            "checks": _checks_cell(v.warnings if v else [], drift, (v.stats or {}).get("checks") if v else {}),
-            "layers": explain_view.layers_lines(v.stats if v else None),
-            "profile": profile_view.hypothesis_view(h, run, plots_dir),
-            "window": window_view.hypothesis_view(h, declared),
-            "resumed": [_md(x) for x in _resume.journal_lines(
-                run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
-                [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
-            "cost": cost_line((v.stats or {}).get("cost") if v else None),
-            "prior": prior_line(v.stats if v else None),
-            "plot": plot, "plot_missing": plot_missing, "baseline_mean": means["baseline"], "treatment_mean": means["treatment"],
-            "commands": [{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
-                         for side, b in sorted(first_used.items())],
-            "git_log": logs[pair][0], "git_note": logs[pair][1]})
-    configs = []
-    for c in run.configs:
-        boots = []
-        for b in c.boots:
-            details = []
-            if b.failure:
-                details.append(f"- failure: {b.failure}")
-            for p in b.source_problems or []:
-                details.append(f"- metric source: {p}")
-            refused = (b.provenance or {}).get("flag_not_accepted")
-            if refused:  # the commit's parser refused the argv: not a crash
-                details.append(f"- flag not accepted at this commit: `{refused['engine_message']}`"
-                               + "".join(f" ({n})" for n in refused.get("notes") or []))
-            not_applicable = (b.provenance or {}).get("sources_not_applicable")
-            if not_applicable:
-                details.append("- metric sources whose `when` excludes this config (not collected): "
-                               + ", ".join(not_applicable))
-            if b.env_report and not b.env_report.get("ok", True):
-                for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]:
-                    details.append(f"- env: `{line.strip()}`")
-            engaged = (b.provenance or {}).get("mechanisms")
-            if engaged:  # what the flags claim to engage, by the engine's own evidence
-                details.append("- mechanisms: " + _md(mechanisms.summary(engaged)))
-            prompt = (b.provenance or {}).get("prompt")
-            if prompt:  # tokens where the server counted them, else words, said as such
-                details.append("- " + _md(_prompt_text(prompt)))
-            sampled = (b.provenance or {}).get("gpu_sampling")
-            if sampled:
-                details.append(f"- sampled during the benchmark: {_sampling_text(sampled)}")
-            busy = host_state.boot_line(b)
-            if busy:
-                details.append(f"- contention during the benchmark: {_md(busy)}")
-            stop = (b.provenance or {}).get("stop") or {}
-            if not stop.get("clean", True):  # how the server ended at the harness's stop
-                details.append(f"- stop: {_md(stop.get('note', ''))}")
-            details += [f"- {_md(line)}" for line in _boot_facts(b.provenance or {})]
-            for note in ((b.provenance or {}).get("checkout") or {}).get("remade") or []:
-                details.append(f"- before the boot: {_md(note)}")
-            changed = (b.provenance or {}).get("checkout_changed")
-            if changed:  # marked checkout_changed: never counted as the commit
-                details.append(f"- the checkout changed while the boot ran: {_md('; '.join(changed))}")
-            failed = requests_text((b.provenance or {}).get("request_retries"))
-            if failed:  # requests that produced nothing: sent again, or failed in the end
-                details.append(f"- requests: {_md(failed)}")
-            details.append(f"- ran as: `{reproduce.boot_command(b)}`")
-            boots.append({
-                "id": b.id, "status": b.status, "ready": _fmt(b.ready_s, 1), "samples": len(b.samples),
-                "env": _env_cell(b.env_report), "flags": _flag_cell(b.flag_report),
-                "mechanisms": _mechanism_cell((b.provenance or {}).get("mechanisms")),
-                "marks": ", ".join(b.marks or []) or "-", "details": details,
-                "log_tail": (b.log_tail or "").strip() if b.status != "ok" else ""})
-        configs.append({
-            "id": c.id, "label": c.label, "commit": c.commit or "(installed server)",
-            "argv": " ".join(c.argv or []),
-            "ran_as": (f"boot {c.boots[0].id}: `{reproduce.boot_command(c.boots[0])}`" if c.boots
-                       else "not recorded (no boot started)"), "env": " ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
-            "reported": _md(engine_identity.describe(c.boots)),
-            "python": _md(_environment_text(c.boots)),
-            "status": c.status if c.status != "pending" else "measured", "failure": c.failure,
-            "log_tail": (c.log_tail or "").strip(), "boots": boots})
-    cals, cal_figures = [], []
+# --------------------------------------------------------------------------- the run section
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """The run's own parts of the page, by the template's names: its head (spec, host,
+    resumes, the commands that run it again), the summary lines, the nightly
+    change points, the searches (bisections, explanations) and the calibration."""
+
+    run: Run
+    title: str
+    spec_name: str
+    host_line: str
+    resumes: list[str]
+    run_command: str
+    resume_command: str | None
+    summary: list[str]
+    changepoint_lines: list[str]
+    bisections: list[dict]
+    explanations: list[dict]
+    calibrations: list[dict]
+    calibration_figures: list[dict]
+    ci_label: str = "confidence interval"
+    footnote: str = OUTCOME_FOOTNOTE
+
+
+def _run_section(page: _Page, hyps: Sequence["HypothesisSection"], run_boots: Sequence[Boot]) -> RunSection:
+    run = page.run
+    run_command, resume_command = reproduce.run_command(run, page.bisections), reproduce.resume_command(run)
+    bisections = [{**bisection_view.view(bis, boot_of=page.boot_of, plots_dir=page.plots_dir, stem=page.stem),
+                   "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))}
+                  for bis in page.bisections]
+    cals, cal_figures = _calibrations(run)
+    return RunSection(
+        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
+        resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
+        run_command=run_command, resume_command=resume_command,
+        summary=_summary_lines(run, hyps, bisections), changepoint_lines=_changepoint_lines(run),
+        bisections=bisections,
+        explanations=explain_view.views(run.summary, run_boots, again=resume_command or run_command),
+        calibrations=cals, calibration_figures=cal_figures)
+
+
+def _calibrations(run: Run) -> tuple[list[dict], list[dict]]:
+    """The run's calibration probes in words, and the figures of each probe's measurements."""
+    cals, figures = [], []
     for cal in run.calibrations:
         cals.append({"phase": cal.phase, "text": _md(_calibration_text(cal.result))})
         for m in (cal.result or {}).get("measurements") or []:
             vals = [float(x) for x in m.get("values") or []]
-            cal_figures.append({"phase": cal.phase, "name": _md(m.get("name")), "device": _md(m.get("device")),
-                                "median": _fmt(float(m["median"]), 2) if m.get("median") is not None else "n/a",
-                                "unit": _md(m.get("unit", "")), "spread": f"{m['spread']:.1%}" if m.get("spread")
-                                is not None else "n/a", "n": len(vals),
-                                "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
-    run_command, resume_command = reproduce.run_command(run, bisection_rows), reproduce.resume_command(run)
-    bisections = [{**bisection_view.view(bis, boot_of=boot_of, plots_dir=plots_dir, stem=stem),
-                   "metric_def": _md(metric_defs.definition_line(bis.metric, None, run.spec_text))}
-                  for bis in bisection_rows]
-    return _tidy(template.render(
-        resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
-        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
-        hypotheses=hyps, configs=configs, calibrations=cals, calibration_figures=cal_figures, bisections=bisections,
-        summary=_summary_lines(run, hyps, bisections),
-        changepoint_lines=_changepoint_lines(run),
-        explanations=explain_view.views(
-            run.summary, ledger.session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all(),
-            again=resume_command or run_command),
-        run_command=run_command, resume_command=resume_command,
-        ci_label="confidence interval", footnote=OUTCOME_FOOTNOTE))
+            figures.append({"phase": cal.phase, "name": _md(m.get("name")), "device": _md(m.get("device")),
+                            "median": _fmt(float(m["median"]), 2) if m.get("median") is not None else "n/a",
+                            "unit": _md(m.get("unit", "")), "spread": f"{m['spread']:.1%}" if m.get("spread")
+                            is not None else "n/a", "n": len(vals),
+                            "range": f"{_fmt(min(vals), 2)} to {_fmt(max(vals), 2)}" if vals else "n/a"})
+    return cals, figures
+
+
+# --------------------------------------------------------------------------- a hypothesis' section
+
+
+@dataclass(frozen=True)
+class BootRow:
+    """One boot of a hypothesis' two configs in its table: its side, its status (and why
+    the verdict did not use it), its values of the metric and their mean, its marks."""
+
+    side: str
+    id: int
+    status: str
+    samples: str
+    mean: str
+    marks: str
+
+
+@dataclass(frozen=True)
+class SideBoots:
+    """A hypothesis' boots as the section reads them: the table's rows, the plot's
+    points, and per side the boots the verdict used (ok ones, in boot order), the
+    first boot used of each side, and the boot means of those used."""
+
+    rows: tuple[BootRow, ...]
+    points: tuple[plots.BootPoint, ...]
+    used: Mapping[str, tuple[Boot, ...]]
+    first_used: Mapping[str, Boot]
+    means: Mapping[str, tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class VerdictPart:
+    """A hypothesis' verdict in the page's words: its answer, estimate and test, the
+    checks cell, what it found (grouped), its cost, noise prior and mechanism layers."""
+
+    outcome: str
+    lead: str
+    effect: str
+    boots_text: str
+    ratio: str
+    ci: str
+    test: str
+    alpha: str
+    reason: str
+    checks: str
+    warnings: dict
+    layers: list[str]
+    cost: str | None
+    prior: str | None
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """One difference between the two sides' hosts (``observe.drift``), in words."""
+
+    field: str
+    a: str
+    b: str
+    severity: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HypothesisSection:
+    """One hypothesis as the page prints it: what it claims, its verdict
+    (:class:`VerdictPart`), its boots (:class:`BootRow`), what differed between the
+    sides' hosts (:class:`DriftRow`), what ran in the windows, the profiles, the
+    commits between the sides and how each side's first boot ran."""
+
+    id: str
+    row_id: int
+    metric: str
+    claim: str
+    statement: str
+    metric_def: str
+    baseline_label: str
+    treatment_label: str
+    verdict: VerdictPart
+    boot_rows: tuple[BootRow, ...]
+    baseline_mean: str
+    treatment_mean: str
+    drift: tuple[DriftRow, ...]
+    drift_checked: bool
+    same_host: bool
+    not_same: str
+    window: dict | None
+    profile: dict | None
+    resumed: list[str]
+    plot: str | None
+    plot_missing: str | None
+    commands: list[dict]
+    git_log: list[str]
+    git_note: str
+
+
+def _hypothesis_section(h, page: _Page) -> HypothesisSection:
+    run, v = page.run, h.verdict
+    boots = _side_boots(h, page)
+    drift = tuple(DriftRow(field=d.field, a=_md(d.a), b=_md(d.b), severity=d.severity.value, message=_md(d.message))
+                  for d in host_drift(boot_records(boots.used["baseline"]), boot_records(boots.used["treatment"])))
+    same, not_same = host_state.same_host_state(boots.used["baseline"], boots.used["treatment"], drift)
+    unit = _unit(h, run.spec_text)
+    plot, plot_missing = _plot(h, boots, unit, page)
+    git_log, git_note = _commit_log(h, page)
+    means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
+                    if ms else "not recorded (no boot used)") for side, ms in boots.means.items()}
+    return HypothesisSection(
+        id=h.hid, row_id=h.id, metric=h.metric, statement=h.statement,
+        claim=f"{h.expect} >= {h.min_effect:.0%}" if h.min_effect >= 0.01 else f"{h.expect} >= {h.min_effect:.1%}",
+        metric_def=_md(metric_defs.definition_line(h.metric, (h.spec or {}).get("metric_def"), run.spec_text)),
+        baseline_label=h.baseline.label, treatment_label=h.treatment.label,
+        verdict=_verdict_part(v, len(drift), page), boot_rows=boots.rows,
+        baseline_mean=means["baseline"], treatment_mean=means["treatment"],
+        drift=drift, drift_checked=bool(boots.used["baseline"] and boots.used["treatment"]),
+        same_host=same, not_same="; ".join(not_same),
+        window=window_view.hypothesis_view(h, page.declared),
+        profile=profile_view.hypothesis_view(h, run, page.plots_dir),
+        resumed=[_md(x) for x in _resume.journal_lines(
+            run, v.baseline_boot_ids if v else [], v.treatment_boot_ids if v else [],
+            [b.id for b in (*h.baseline.boots, *h.treatment.boots)])],
+        plot=plot, plot_missing=plot_missing,
+        commands=[{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
+                  for side, b in sorted(boots.first_used.items())],
+        git_log=git_log, git_note=git_note)
+
+
+def _verdict_part(v, drift: int, page: _Page) -> VerdictPart:
+    """The verdict ``v`` (None: the run stopped before one) in words; ``drift``: how many
+    differences the sides' hosts showed."""
+    if v is None:
+        return VerdictPart(
+            outcome=shown_outcome(v), lead=_md(summary_view.verdict_lead(v)), effect="no estimate",
+            boots_text="no boots", ratio="n/a", ci="n/a", test="n/a", alpha="n/a",
+            reason="no verdict was recorded (the run stopped early)", checks=checks_cell((), drift, {}),
+            warnings=warnings_view.grouped((), page.boot_of), layers=[], cost=None, prior=None)
+    figures, found = v.figures, v.found
+    return VerdictPart(
+        outcome=shown_outcome(v), lead=_md(summary_view.verdict_lead(v)),
+        effect=effect(v.ratio, v.ci_low, v.ci_high),
+        boots_text=boots_per_arm(v.baseline_boot_ids or [], v.treatment_boot_ids or []),
+        ratio=_fmt(v.ratio, 4), ci=f"[{_fmt(v.ci_low, 4)}, {_fmt(v.ci_high, 4)}]" if v.ci_low is not None else "n/a",
+        test=_md(v.test), alpha=_fmt(v.alpha, 4), reason=_md(v.reason),
+        checks=checks_cell(found, drift, figures.checks), warnings=warnings_view.grouped(found, page.boot_of),
+        layers=explain_view.layers_lines(figures.layers), cost=cost_line(figures.cost), prior=prior_line(figures))
+
+
+def _side_boots(h, page: _Page) -> SideBoots:
+    """The boots of ``h``'s two configs that this run booted or its verdict used, each
+    with its values of the metric (``BootRecord.values``, the one reduction)."""
+    v = h.verdict
+    rows, points = [], []
+    used_boots: dict[str, list[Boot]] = {side: [] for side in SIDES}
+    first_used: dict[str, Boot] = {}
+    means: dict[str, list[float]] = {side: [] for side in SIDES}
+    for side, cfg in (("baseline", h.baseline), ("treatment", h.treatment)):
+        used = (v.baseline_boot_ids if side == "baseline" else v.treatment_boot_ids) if v else []
+        shown = [b for b in cfg.boots if b.run_id == page.run.id or b.id in used]
+        for boot, rec in zip(shown, boot_records(shown)):
+            vals = rec.values(h.metric)
+            if boot.status == "ok" and boot.id in used:
+                used_boots[side].append(boot)
+            if vals:
+                points.append(plots.BootPoint(side=side, boot_id=boot.id, round=boot.seq, values=vals,
+                                              marked=bool(boot.marks), used=boot.id in used))
+                if boot.id in used:
+                    means[side].append(_mean(vals))
+            if boot.id in used and side not in first_used:
+                first_used[side] = boot
+            status = boot.status + ("" if boot.id in used or not v else page.later(boot) or " (unused)")
+            rows.append(BootRow(
+                side=side, id=boot.id, status=status + (", from before the resume" if boot.id in page.before_resume
+                                                        else ""),
+                samples=", ".join(_fmt(x, 2) for x in vals) or "-", mean=_fmt(_mean(vals), 2),
+                marks=", ".join(boot.marks or []) or "-"))
+    return SideBoots(rows=tuple(rows), points=tuple(points), used={s: tuple(b) for s, b in used_boots.items()},
+                     first_used=first_used, means={s: tuple(m) for s, m in means.items()})
+
+
+def _plot(h, boots: SideBoots, unit: str, page: _Page) -> tuple[str | None, str | None]:
+    """The hypothesis' plot's file name (None without a plots folder), or why it is missing."""
+    if page.plots_dir is None:
+        return None, None
+    try:
+        drawn = plots.plot_hypothesis(list(boots.points),
+                                      Path(page.plots_dir) / f"{page.stem}-{reproduce.file_part(h.hid)}.png",
+                                      title=f"{h.hid}: {h.metric} per boot", metric=h.metric, unit=unit)
+    except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
+        return None, _md(str(exc))
+    return (drawn.name if drawn else None), None
+
+
+def _commit_log(h, page: _Page) -> tuple[list[str], str]:
+    """The commits between the hypothesis' sides (two releases: between their tags), read
+    once per pair of sides."""
+    rels = tuple((h.spec or {}).get(side, {}).get("release") for side in SIDES)
+    pair = (h.baseline.commit, h.treatment.commit, rels)
+    if pair not in page.logs:
+        page.logs[pair] = reproduce.commit_log(page.run.spec_text, page.run.spec_path, *pair[:2], releases=rels)
+    return page.logs[pair]
+
+
+# --------------------------------------------------------------------------- a config's section
+
+
+@dataclass(frozen=True)
+class BootLine:
+    """One boot of a config in its table, and the details folded under it."""
+
+    id: int
+    status: str
+    ready: str
+    samples: int
+    env: str
+    flags: str
+    mechanisms: str
+    marks: str
+    details: tuple[str, ...]
+    log_tail: str
+
+
+@dataclass(frozen=True)
+class ConfigSection:
+    """One config as the page prints it: its recipe, how its first boot ran, the
+    interpreter and the code its boots reported, its status, and its boots."""
+
+    id: int
+    label: str
+    commit: str
+    argv: str
+    ran_as: str
+    env: str
+    reported: str
+    python: str
+    status: str
+    failure: str | None
+    log_tail: str
+    boots: tuple[BootLine, ...]
+
+
+def _config_section(c) -> ConfigSection:
+    return ConfigSection(
+        id=c.id, label=c.label, commit=c.commit or "(installed server)", argv=" ".join(c.argv or []),
+        ran_as=(f"boot {c.boots[0].id}: `{reproduce.boot_command(c.boots[0])}`" if c.boots
+                else "not recorded (no boot started)"),
+        env=" ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
+        reported=_md(engine_identity.describe(c.boots)), python=_md(_environment_text(c.boots)),
+        status=c.status if c.status != "pending" else "measured", failure=c.failure,
+        log_tail=(c.log_tail or "").strip(), boots=tuple(_boot_line(b) for b in c.boots))
+
+
+def _boot_line(b: Boot) -> BootLine:
+    ev = b.evidence
+    return BootLine(
+        id=b.id, status=b.status, ready=_fmt(b.ready_s, 1), samples=len(b.samples),
+        env=_env_cell(b.env_report), flags=_flag_cell(b.flag_report), mechanisms=_mechanism_cell(ev.mechanisms),
+        marks=", ".join(b.marks or []) or "-", details=tuple(_boot_details(b, ev)),
+        log_tail=(b.log_tail or "").strip() if b.status != "ok" else "")
+
+
+def _boot_details(b: Boot, ev: BootEvidence) -> list[str]:
+    """The lines folded under a boot: why it failed, what its checks and evidence say
+    (``ev``: its provenance, typed), and the command it ran as."""
+    details = [f"- failure: {b.failure}"] if b.failure else []
+    details += [f"- metric source: {p}" for p in b.source_problems or []]
+    if ev.flag_not_accepted:  # the commit's parser refused the argv: not a crash
+        refused = ev.flag_not_accepted
+        details.append(f"- flag not accepted at this commit: `{refused['engine_message']}`"
+                       + "".join(f" ({n})" for n in refused.get("notes") or []))
+    if ev.sources_not_applicable:
+        details.append("- metric sources whose `when` excludes this config (not collected): "
+                       + ", ".join(ev.sources_not_applicable))
+    if b.env_report and not b.env_report.get("ok", True):
+        details += [f"- env: `{line.strip()}`" for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]]
+    if ev.mechanisms:  # what the flags claim to engage, by the engine's own evidence
+        details.append("- mechanisms: " + _md(mechanisms.summary(ev.mechanisms)))
+    if ev.prompt:  # tokens where the server counted them, else words, said as such
+        details.append("- " + _md(_prompt_text(ev.prompt)))
+    if ev.gpu_sampling:
+        details.append(f"- sampled during the benchmark: {_sampling_text(ev.gpu_sampling)}")
+    busy = host_state.boot_line(b)
+    if busy:
+        details.append(f"- contention during the benchmark: {_md(busy)}")
+    stop = ev.stop or {}
+    if not stop.get("clean", True):  # how the server ended at the harness's stop
+        details.append(f"- stop: {_md(stop.get('note', ''))}")
+    details += [f"- {_md(line)}" for line in _boot_facts(ev)]
+    details += [f"- before the boot: {_md(note)}" for note in (ev.checkout or {}).get("remade") or []]
+    if ev.checkout_changed:  # marked checkout_changed: never counted as the commit
+        details.append(f"- the checkout changed while the boot ran: {_md('; '.join(ev.checkout_changed))}")
+    failed = requests_text(ev.request_retries)
+    if failed:  # requests that produced nothing: sent again, or failed in the end
+        details.append(f"- requests: {_md(failed)}")
+    details.append(f"- ran as: `{reproduce.boot_command(b)}`")
+    return details
 
 
 def _tidy(text: str) -> str:
@@ -448,7 +662,7 @@ def _tidy(text: str) -> str:
     return "\n".join(out)
 
 
-def _summary_lines(run: Run, hyps: Sequence[dict], bisections: Sequence[dict]) -> list[str]:
+def _summary_lines(run: Run, hyps: Sequence["HypothesisSection"], bisections: Sequence[dict]) -> list[str]:
     """The journal's first lines: one per hypothesis, with the answers of the searches that
     followed it, then one per search of its own (``summary_view``)."""
     records = (run.summary or {}).get("explain") or [] if isinstance(run.summary, dict) else []
@@ -456,11 +670,11 @@ def _summary_lines(run: Run, hyps: Sequence[dict], bisections: Sequence[dict]) -
     for h in hyps:
         searches = []
         for b in bisections:
-            if b["hypothesis_id"] == h["row_id"]:
+            if b["hypothesis_id"] == h.row_id:
                 searches.append(f"bisection {b['id']}: {b['answer']}")
                 told.add(("bisection", b["id"]))
         for k, rec in enumerate(records):
-            if rec.get("hypothesis_id") == h["row_id"]:
+            if rec.get("hypothesis_id") == h.row_id:
                 searches.append("explanation: " + summary_view.explanation_answer(rec))
                 told.add(("explanation", k))
         lines.append(summary_view.hypothesis_line(h, searches))
@@ -512,7 +726,7 @@ def _environment_text(boots) -> str:
     """The interpreter(s) a config's boots ran with, and whether each was the commit's own."""
     seen = []
     for b in boots:
-        env = (b.provenance or {}).get("environment")
+        env = b.evidence.environment
         if env:
             rel = env.get("release")
             if rel and rel.get("image"):  # an image through a runtime: which, by its digest
@@ -574,20 +788,20 @@ def _prompt_text(prompt: dict) -> str:
     return f"{text}; {reuse_text(bool(prompt['unique']), prompt.get('spread'))}"
 
 
-def _boot_facts(prov: dict) -> list[str]:
+def _boot_facts(ev: BootEvidence) -> list[str]:
     """Facts of a boot that are not marks, and what a mark left missing, as sentences
-    from its provenance: a log that could not be written, a server's steady off-by-one
+    from its evidence: a log that could not be written, a server's steady off-by-one
     between its text chunks and its token count, the collective libraries' own sockets
     beyond loopback."""
     out = []
-    log = prov.get("log") or {}
+    log = ev.log or {}
     if log.get("unwritten"):
         out.append(f"log not written: {log['unwritten']}; the ledger's log_tail holds the newest output, "
                    "kept in memory")
-    offset = prov.get("usage_offset")
+    offset = ev.usage_offset
     if offset:
         out.append(f"token count: {offset['note']}")
-    listening = prov.get("listening") or {}
+    listening = ev.listening or {}
     if listening.get("collective"):
         out.append("listening beyond loopback for the server's own processes (collective-communication "
                    "bootstrap, not a server port): " + ", ".join(listening["collective"]))

@@ -50,11 +50,12 @@ def explanation_answer(rec: dict) -> str:
     return text + f"; stopped `{rec.get('stopped')}` after {rec.get('boots')} boots"
 
 
-def hypothesis_line(h: dict, searches: list[str]) -> str:
-    """One hypothesis of the template's (``journal.render``): ``faster`` (tok_s, increase
+def hypothesis_line(h, searches: list[str]) -> str:
+    """One hypothesis of the page (``journal.HypothesisSection``): ``faster`` (tok_s, increase
     >= 20%): **confirmed**, 1.50x [1.34, 1.68], 3 boots per arm; checks: ... and each
     ``searches`` answer after it."""
-    text = (f"`{h['id']}` ({h['metric']}, {h['claim']}): **{h['outcome']}**, "
-            + (h["effect"] + ", " if h["effect"] != "no estimate" else "")
-            + f"{h['boots_text']}; checks: {h['checks']}")
+    v = h.verdict
+    text = (f"`{h.id}` ({h.metric}, {h.claim}): **{v.outcome}**, "
+            + (v.effect + ", " if v.effect != "no estimate" else "")
+            + f"{v.boots_text}; checks: {v.checks}")
     return md(text + "".join(f"; {s}" for s in searches))

@@ -1,33 +1,36 @@
 """The journal's warnings, grouped and counted rather than one paragraph.
 
-A verdict or a search carries its warnings as sentences (``verdicts.warnings``,
-``bisections.result["warnings"]``). Read here, they fall in three groups:
+A verdict or a search carries what it found about its boots as findings
+(``evidence.Finding``: ``VerdictRow.found``, ``Bisection.found``; an older ledger's
+sentences are read once as findings by ``record.legacy``). Here they fall in three
+groups, by :class:`~bisect_harness.evidence.FindingKind`, never by their wording:
 
-* **marks**: ``baseline boot 12: host_busy, usage_mismatch``, one line per marked
-  boot, become one row per mark with its count and its boots (any mark, new ones
-  included: the table names what the boots carry);
-* **busy boots**: ``host busy during ... boot 12 ...: <figures and processes>``
-  become one row per boot with the figures that crossed their thresholds, read from
-  the boot's stored contention record (``boots.provenance["contention"]``), and the
-  busiest foreign process by name; the whole process lists stay in each boot's
+* **marks** (``MARKED_BOOT``: a boot and the marks it carries, in its figures),
+  one finding per marked boot, become one row per mark with its count and its boots
+  (any mark, new ones included: the table names what the boots carry);
+* **busy boots** (``BUSY_BOOT``: the boot whose contention window crossed a
+  threshold) become one row per boot with the figures that crossed their thresholds,
+  read from the boot's stored contention record (``host_state.BootContention``), and
+  the busiest foreign process by name; the whole process lists stay in each boot's
   details under "Configs and boots";
-* **other** warnings (host drift, contention that differed, calibration, engine
-  versions), listed as they are, folded in ``<details>`` past :data:`FOLD_AFTER`.
+* **other** findings (host drift, contention that differed, calibration, engine
+  versions, notes), listed as their sentences, folded in ``<details>`` past
+  :data:`FOLD_AFTER`.
 
-Every cell is a figure from the ledger; a busy sentence whose boot row is not
-found stays a sentence.
+Every cell is a figure from the ledger; a busy finding whose boot row is not found
+(or holds no busy record) stays a sentence.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Mapping, Sequence
 
+from bisect_harness.evidence import Finding, FindingKind
 from bisect_harness.model import shown_apart
 from bisect_harness.observe import host_state
 from bisect_harness.report.cells import md
 
-__all__ = ["FOLD_AFTER", "FIGURES", "grouped", "marks_from_boots"]
+__all__ = ["FOLD_AFTER", "FIGURES", "grouped", "marked", "marks_from_boots"]
 
 #: more rows or lines than this are folded in ``<details>``
 FOLD_AFTER = 5
@@ -38,9 +41,6 @@ FIGURES = {
     "cpu_pressure": ("PSI cpu", True), "io_pressure": ("PSI io", True), "memory_pressure": ("PSI memory", True),
     "steal": ("steal", True), "gpu_foreign_processes": ("other GPU processes", False),
 }
-
-_MARK_LINE = re.compile(r"^(baseline|treatment) boot (\d+): ([\w-]+(?:, [\w-]+)*)$")
-_BUSY_LINE = re.compile(r"^host busy during (?:(baseline|treatment) )?boot (\d+)(?: \(([^)]*)\))?: ")
 
 
 def _figure(name: str, value: float, limit: float) -> tuple[str, str]:
@@ -84,30 +84,35 @@ def _busy_table(found: Sequence[tuple[str, object]]) -> dict | None:
     return {"columns": columns, "rows": rows, "folded": len(rows) > FOLD_AFTER}
 
 
-def grouped(warnings: Sequence[str], boot_of: Callable[[int], object | None]) -> dict:
-    """``warnings`` in the three groups of the module doc. ``boot_of(id)``: the Boot row
-    of a busy sentence's boot (its stored figures), or None. The answer's ``marks`` are
+def marked(f: Finding) -> tuple[str, ...]:
+    """The marks a ``MARKED_BOOT`` finding names (its figures' ``marks``); () for any other."""
+    if f.kind is not FindingKind.MARKED_BOOT or not f.boots:
+        return ()
+    return tuple(str(m) for m in f.figures.get("marks") or ())
+
+
+def grouped(found: Sequence[Finding], boot_of: Callable[[int], object | None]) -> dict:
+    """``found`` in the three groups of the module doc. ``boot_of(id)``: the Boot row
+    of a busy finding's boot (its stored figures), or None. The answer's ``marks`` are
     rows (mark, count, boots), ``busy`` a table or None, ``other`` sentences, and
     ``any`` whether there is anything to show at all."""
     marks: dict[str, dict[str, list[int]]] = {}
-    busy: list[tuple[str, object]] = []
+    busy: list[tuple[str, object, Finding]] = []
     other: list[str] = []
-    for w in warnings or []:
-        m = _MARK_LINE.match(w)
-        if m:
-            for mark in m.group(3).split(", "):
-                marks.setdefault(mark, {}).setdefault(m.group(1), []).append(int(m.group(2)))
+    for f in found or ():
+        names = marked(f)
+        if names:
+            for mark in names:
+                marks.setdefault(mark, {}).setdefault(f.side or "-", []).extend(f.boots)
             continue
-        m = _BUSY_LINE.match(w)
-        boot = boot_of(int(m.group(2))) if m else None
+        boot = boot_of(f.boots[0]) if f.kind is FindingKind.BUSY_BOOT and f.boots else None
         if boot is not None:
-            where = m.group(1) or (m.group(3) or "").split(", ")[0] or "-"
-            busy.append((where, boot))
+            busy.append((f.side or "-", boot, f))
             continue
-        other.append(md(w))
-    table = _busy_table(busy)
-    if busy and table is None:  # the sentence named a boot whose row holds no busy record: keep the sentence
-        other += [md(w) for w in warnings if _BUSY_LINE.match(w)]
+        other.append(md(f.text))
+    table = _busy_table([(where, boot) for where, boot, _ in busy])
+    if busy and table is None:  # the finding named a boot whose row holds no busy record: keep its sentence
+        other += [md(f.text) for _, _, f in busy]
     rows = _mark_rows(marks)
     return {"marks": rows, "busy": table, "other": other, "other_folded": len(other) > FOLD_AFTER,
             "any": bool(rows or table or other)}
