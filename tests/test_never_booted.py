@@ -164,13 +164,15 @@ def test_sglang_speculative_attention_mode_claims_no_cuda_graphs():
 
 
 def test_the_checks_word_says_what_was_checked_and_never_ok_for_nothing():
-    from bisect_harness.report.journal import _checks_cell, checks_word
+    from bisect_harness.evidence import Finding, FindingKind
+    from bisect_harness.report.journal import checks_cell, checks_word
 
     assert checks_word({"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
     assert checks_word({"env": 2, "flags": 0, "mechanisms": 1}) == "ok (env, mechanisms)"
-    assert _checks_cell([], [], {"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
-    assert _checks_cell(["treatment boot 3: mechanism_not_engaged"], [], {"env": 0, "flags": 0, "mechanisms": 1}) \
-        == "**mechanism_not_engaged x1**"
+    assert checks_cell([], 0, {"env": 0, "flags": 0, "mechanisms": 0}) == "unchecked"
+    marked = Finding(FindingKind.MARKED_BOOT, "treatment boot 3: mechanism_not_engaged", side="treatment", boots=(3,),
+                     figures={"marks": ["mechanism_not_engaged"]})
+    assert checks_cell([marked], 0, {"env": 0, "flags": 0, "mechanisms": 1}) == "**mechanism_not_engaged x1**"
 
 
 def _flag_boot(i, *checks, env_vars=()):
@@ -188,13 +190,13 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     """llama.cpp's /props echoes the model and the slots, not --flash-attn: the flag is
     planned, listed as not reported, and every word a verdict shows (the checks column,
     --json, the boot table, the mechanism layer) says so, never "ok" or "yes" for it."""
-    from types import SimpleNamespace
-
     from bisect_harness.decide.verdict import checks_done
     from bisect_harness.decide.mechanism import flag_layer
     from bisect_harness.observe.provenance import NOT_REPORTED, flag_report
     from bisect_harness.cli.summary import _checks_json
-    from bisect_harness.report.journal import _checks_cell, _flag_cell, checks_word
+    from bisect_harness.evidence import Finding, FindingKind
+    from bisect_harness.record.ledger import VerdictRow
+    from bisect_harness.report.journal import _flag_cell, checks_cell, checks_word
 
     # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
     rep = flag_report({"model": "/m.gguf", "flash-attn": "auto"}, {"model_path": "/m.gguf", "flash_attn": "auto"},
@@ -214,9 +216,11 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     # every planned flag compared: then, and only then, "flags" is ok
     assert checks_word(checks_done([_flag_boot(1, llama)])) == "ok (flags)"
     # beside a boot's marks too, never hidden
-    cell = _checks_cell(["treatment boot 3: host_busy"], [], counts)
+    busy = Finding(FindingKind.MARKED_BOOT, "treatment boot 3: host_busy", side="treatment", boots=(3,),
+                   figures={"marks": ["host_busy"]})
+    cell = checks_cell([busy], 0, counts)
     assert cell == "**host_busy x1**, flags: 1 compared, 1 not reported (flash-attn)", cell
-    verdict = SimpleNamespace(warnings=[], stats={"checks": counts})
+    verdict = VerdictRow(warnings=[], stats={"checks": counts})
     out = _checks_json(verdict)
     assert out["word"] == word and out["counts"]["not_reported"] == ["flash-attn"]
     assert "ok (flags)" not in out["word"]

@@ -231,25 +231,30 @@ def test_a_look_with_a_busy_boot_does_not_pool_the_prior_and_says_so():
     assert quiet["stats"]["noise_prior"]["boots"] == [1, 2]
     assert busy["outcome"] == "inconclusive" and busy["stats"]["look"] is None  # 2 rounds: before the first look
     assert "noise_prior" not in busy["stats"] and busy["stats"]["noise_prior_dropped"]["boots"] == [21]
+    from bisect_harness.evidence import VerdictStats
     from bisect_harness.report.journal import prior_line
 
     assert "was offered but not pooled: boots 21 of this verdict ran on a host the host check found busy" in \
-        prior_line(busy["stats"])
+        prior_line(VerdictStats.from_json(busy["stats"]))
 
 
 def test_the_journal_says_why_a_look_did_not_pool_its_prior():
+    from bisect_harness.evidence import VerdictStats
     from bisect_harness.report.journal import prior_line
+
+    def line(stats: dict) -> str | None:
+        return prior_line(VerdictStats.from_json(stats))
 
     prior = {"var": 1e-4, "dof": 5, "rounds": 6, "runs": 1, "boots": [1, 2], "samples": 3}
     base = {"noise_prior": prior, "round_log_ratios": [0.05, -0.05, 0.06]}
-    assert prior_line({**base, "prior_pooled": True, "prior_contradicted": False}).endswith(
+    assert line({**base, "prior_pooled": True, "prior_contradicted": False}).endswith(
         "this look's t-test pooled it with its own rounds")
-    assert "6 rounds of 1 earlier run of the same two configs on this host (boots 1, 2)" in prior_line(
+    assert "6 rounds of 1 earlier run of the same two configs on this host (boots 1, 2)" in line(
         {**base, "prior_pooled": True})
-    contradicted = prior_line({**base, "prior_pooled": False, "prior_contradicted": True})
+    contradicted = line({**base, "prior_pooled": False, "prior_contradicted": True})
     assert "this look's 3 rounds spread 6.08%, which contradicts it, so they were tested alone" in contradicted
-    assert "sign-flip test's" in prior_line({**base, "prior_pooled": False, "prior_contradicted": False})
-    assert prior_line({"round_log_ratios": [0.1, 0.2]}) is None
+    assert "sign-flip test's" in line({**base, "prior_pooled": False, "prior_contradicted": False})
+    assert line({"round_log_ratios": [0.1, 0.2]}) is None
 
 
 def test_rounds_of_more_samples_than_this_runs_boots_take_give_no_prior(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
+from bisect_harness.evidence import FindingKind, VerdictStats
 from bisect_harness.model import NOT_MEASURED, shown_outcome
 
 __all__ = ["run_summary"]
@@ -12,8 +13,6 @@ __all__ = ["run_summary"]
 
 def _verdict_table(run) -> Table:
     t = Table(title=f"run {run.id}: verdicts")
-    from bisect_harness.report.journal import _checks_cell
-
     for col in ("hypothesis", "metric", "verdict", "ratio t/b", "CI", "p", "boots b/t", "checks"):
         t.add_column(col)
     for h in run.hypotheses:
@@ -25,22 +24,27 @@ def _verdict_table(run) -> Table:
         t.add_row(escape(h.hid), escape(h.metric), shown_outcome(v), f"{v.ratio:.4f}" if v.ratio is not None else "n/a", escape(ci),
                   f"{v.p_value:.3g}" if v.p_value is not None else "n/a",
                   f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
-                  escape(_checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")],
-                                      (v.stats or {}).get("checks")).replace("**", "")))
+                  escape(_checks_word(v)))
     return t
+
+
+def _checks_word(v) -> str:
+    """The verdict table's checks cell (``journal.checks_cell``) of verdict ``v``, unbolded:
+    its findings counted by kind, host drift as the number of its ``HOST_DRIFT`` findings."""
+    from bisect_harness.report.journal import checks_cell
+
+    found = v.found
+    drift = sum(1 for f in found if f.kind is FindingKind.HOST_DRIFT)
+    return checks_cell(found, drift, v.figures.checks).replace("**", "")
 
 
 def _checks_json(v) -> dict:
     """What the verdict's boots checked: counts per check (``decide.checks_done``: boots per
     check, flags compared and not reported) and a word (``ok`` / ``unchecked`` / the marks,
     with the flags the server did not report named; never ``ok`` for those)."""
-    from bisect_harness.report.journal import _checks_cell
-
     if v is None:
         return {"word": "unchecked", "counts": None}
-    counts = (v.stats or {}).get("checks")
-    word = _checks_cell(v.warnings, [w for w in v.warnings or [] if w.startswith("host drift")], counts)
-    return {"word": word.replace("**", ""), "counts": counts}
+    return {"word": _checks_word(v), "counts": v.figures.checks}
 
 
 def _follow_ups_json(run) -> dict[int, dict]:
@@ -70,21 +74,21 @@ def _follow_ups_json(run) -> dict[int, dict]:
 def _prior_json(v) -> dict | None:
     """The noise prior a verdict was offered (``decide.prior``): where it came from and
     whether the verdict's look pooled it; None where none was."""
-    st = (v.stats or {}) if v else {}
-    prior = st.get("noise_prior") or (st.get("noise_prior_dropped") or {}).get("prior")
+    st = v.figures if v else VerdictStats()
+    prior = st.noise_prior or (st.noise_prior_dropped or {}).get("prior")
     if not prior:
         return None
     out = {k: prior.get(k) for k in ("dof", "rounds", "runs", "boots")}
     out["spread"] = prior["var"] ** 0.5 if prior.get("var") else None
-    out["pooled"] = bool(st.get("prior_pooled")) if "noise_prior" in st else False
-    if "noise_prior_dropped" in st:
-        out["not_pooled_because"] = st["noise_prior_dropped"].get("reason")
+    out["pooled"] = bool(st.prior_pooled) if st.noise_prior is not None else False
+    if st.noise_prior_dropped is not None:
+        out["not_pooled_because"] = st.noise_prior_dropped.get("reason")
     return out
 
 
 def _mechanisms_json(v) -> dict:
     """Per arm, how often each mechanism read each state over the verdict's boots
-    (``boots.provenance["mechanisms"]``), e.g. ``{"treatment": {"CUDA graphs":
+    (``BootEvidence.mechanisms``), e.g. ``{"treatment": {"CUDA graphs":
     {"set_up_not_seen": 2}}}``; {} when no boot checked one."""
     from sqlalchemy.orm import object_session
 
@@ -94,14 +98,14 @@ def _mechanisms_json(v) -> dict:
     out: dict[str, dict] = {}
     for arm, ids in (("baseline", v.baseline_boot_ids), ("treatment", v.treatment_boot_ids)) if session else ():
         for b in session.query(Boot).filter(Boot.id.in_(list(ids or []))).order_by(Boot.id):
-            for m in (b.provenance or {}).get("mechanisms") or []:
+            for m in b.evidence.mechanisms or ():
                 states = out.setdefault(arm, {}).setdefault(m.get("name"), {})
                 states[m.get("state")] = states.get(m.get("state"), 0) + 1
     return out
 
 
 def _failed_requests_json(v) -> dict:
-    """Per arm, the verdict's boots' failed requests (``boots.provenance["request_retries"]``):
+    """Per arm, the verdict's boots' failed requests (``BootEvidence.request_retries``):
     tries sent again, requests failed after them, and the boots and samples that had
     any, e.g. ``{"treatment": {"retries": 3, "failed": 0, "boots": 2, "samples": 3}}``; {}
     when none failed."""
@@ -113,7 +117,7 @@ def _failed_requests_json(v) -> dict:
     out: dict[str, dict] = {}
     for arm, ids in (("baseline", v.baseline_boot_ids), ("treatment", v.treatment_boot_ids)) if session else ():
         for b in session.query(Boot).filter(Boot.id.in_(list(ids or []))).order_by(Boot.id):
-            seen = (b.provenance or {}).get("request_retries")
+            seen = b.evidence.request_retries
             if seen:
                 arm_out = out.setdefault(arm, {"retries": 0, "failed": 0, "boots": 0, "samples": 0})
                 arm_out["retries"] += seen.get("retries", 0)
@@ -154,7 +158,7 @@ def run_summary(run) -> dict:
             "checks": _checks_json(v),
             "mechanisms": _mechanisms_json(v),
             "failed_requests": _failed_requests_json(v),
-            "cost": ((v.stats or {}).get("cost") if v else None),
+            "cost": v.figures.cost if v else None,
             "noise_prior": _prior_json(v),
             "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})

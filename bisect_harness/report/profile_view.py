@@ -1,12 +1,12 @@
 """The journal's and ``--json``'s view of a hypothesis' profiles: where the time goes.
 
-A boot profiled with ``profile: true`` stores in its provenance::
+A boot profiled with ``profile: true`` stores in its evidence (``BootEvidence.profile``)::
 
-    provenance["profile"] = {"state": "taken" | "no_profiler" | "failed", "why": str,
-                             "profiler": str, "trace": path | None, "trace_bytes": int,
-                             "kept": bool, "tokens": int, "requests": int,
-                             "steps": int | None, "seconds": float,
-                             "summary": TraceSummary.to_dict() | None}
+    evidence.profile = {"state": "taken" | "no_profiler" | "failed", "why": str,
+                        "profiler": str, "trace": path | None, "trace_bytes": int,
+                        "kept": bool, "tokens": int, "requests": int,
+                        "steps": int | None, "seconds": float,
+                        "summary": TraceSummary.to_dict() | None}
 
 For each arm of a hypothesis the view takes the last boot of the arm whose
 profile was taken (else the last profile record, to say why there is none),
@@ -30,7 +30,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from bisect_harness.observe.trace_summary import TraceRow, TraceSummary
 
@@ -48,7 +48,7 @@ _KIND = {"cpu_op": "op", "user_annotation": "annotation", "cuda_runtime": "CUDA 
 class ArmProfile:
     """One arm's profile as the ledger holds it: the boot it came from, its
     state and why, the summary where one was taken. ``record`` is the boot's
-    ``provenance["profile"]`` as stored (a path in ``trace`` is relative to the
+    ``BootEvidence.profile`` as stored (a path in ``trace`` is relative to the
     journal's folder unless absolute)."""
 
     side: str
@@ -73,8 +73,8 @@ class ArmProfile:
 def arm_profile(side: str, boots: Iterable[Any]) -> ArmProfile | None:
     """The arm's profile: the last boot whose profile was taken and summed, else the
     last profile record (saying why there is none); None when no boot has one."""
-    records = [(b, (b.provenance or {}).get("profile")) for b in boots]
-    records = [(b, r) for b, r in records if isinstance(r, dict)]
+    records = [(b, b.evidence.profile) for b in boots]
+    records = [(b, r) for b, r in records if isinstance(r, Mapping)]
     if not records:
         return None
     taken = [(b, r) for b, r in records if r.get("state") == "taken" and r.get("summary")]

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.secrets import redact_text
 
 __all__ = ["boot_budget", "config_labels", "BarsObserver", "LinesObserver", "observer_for"]
@@ -77,8 +78,9 @@ def _status(boot) -> str:
 
 def _requests_note(boot) -> str:
     """`` (2 tries sent again, 1 request failed in samples 1, 3)``: the boot's failed
-    requests (``provenance["request_retries"]["samples"]``), or ""."""
-    per = ((getattr(boot, "provenance", None) or {}).get("request_retries") or {}).get("samples") or {}
+    requests (``BootEvidence.request_retries["samples"]``), or ""."""
+    evidence = getattr(boot, "evidence", None) or BootEvidence()  # an observer's stand-in boot may carry none
+    per = (evidence.request_retries or {}).get("samples") or {}
     retried = sum(v.get("retries", 0) for v in per.values())
     failed = sum(v.get("failed", 0) for v in per.values())
     said = ([f"{retried} {'try' if retried == 1 else 'tries'} sent again"] if retried else []) + (

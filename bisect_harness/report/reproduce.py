@@ -3,7 +3,7 @@
 The commands are built from ledger rows only: the run's kind, spec path and
 nightly summary; each boot's argv as it ran and, where the backend recorded
 them, its working folder and the env it laid over the host's
-(``boots.provenance["launch"]``). A figure the ledger lacks is said to be
+(``BootEvidence.launch``). A figure the ledger lacks is said to be
 "not recorded", never guessed.
 """
 
@@ -63,7 +63,7 @@ def run_command(run, bisections=()) -> str:
             return (f"harness explain {spec} --fast {shlex.quote(e['fast'])} --slow {shlex.quote(e['slow'])}{effect}"
                     + (f" --alpha {alpha:.10g}" if alpha is not None else ""))
     # a run of some of the file's hypotheses (--only): its verdicts record the file's family size
-    family = max((int((v.stats or {}).get("family_size") or 0) for h in run.hypotheses for v in h.verdicts),
+    family = max((int(v.figures.family_size or 0) for h in run.hypotheses for v in h.verdicts),
                  default=0)
     only = sorted({h.hid.split("[", 1)[0] for h in run.hypotheses})
     if run.hypotheses and family > len(run.hypotheses):
@@ -83,7 +83,7 @@ def boot_command(boot) -> str:
     """``cd CWD && env K=V ... ARGV`` as the boot ran; the parts the ledger lacks say so."""
     if not boot.argv:
         return "not recorded (the boot did not reach its launch)"
-    launch = (boot.provenance or {}).get("launch") or {}
+    launch = boot.evidence.launch or {}
     argv = " ".join(shlex.quote(str(a)) for a in boot.argv)
     env = launch.get("env")
     env_part = ("env " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(env.items())) + " "

@@ -20,11 +20,11 @@ nothing of it: nothing is shown that the ledger does not hold.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from bisect_harness.observe import mechanisms
 from bisect_harness.model import Metric
+from bisect_harness.record.ledger import boot_records
 
 __all__ = ["hypothesis_view", "hypothesis_json", "mechanism_states", "metric_means"]
 
@@ -46,7 +46,7 @@ def mechanism_states(boots: Sequence) -> dict[str, dict[str, Any]]:
     "examples": {state: (boot id, evidence)}}``)."""
     out: dict[str, dict[str, Any]] = {}
     for b in boots:
-        for r in (b.provenance or {}).get("mechanisms") or []:
+        for r in b.evidence.mechanisms or ():
             if not isinstance(r, Mapping) or not r.get("name"):
                 continue
             state = str(r.get("state") or "not_observable")
@@ -65,11 +65,11 @@ def _recorded(boots: Iterable, declared: Mapping[str, Metric], exclude: str) -> 
 
 
 def metric_means(boots: Sequence, metric: str) -> tuple[float | None, int]:
-    """The mean of the boot means of ``metric`` over ``boots`` and how many boots had it."""
+    """The mean of the boot means of ``metric`` over ``boots`` (ledger rows) and how many
+    boots had it; a boot's values are ``BootRecord.values``, the one reduction."""
     means = []
-    for b in boots:
-        vals = [float(s.metrics[metric]) for s in b.samples
-                if isinstance((s.metrics or {}).get(metric), (int, float)) and math.isfinite(s.metrics[metric])]
+    for rec in boot_records(boots):
+        vals = rec.values(metric)
         if vals:
             means.append(sum(vals) / len(vals))
     return (sum(means) / len(means) if means else None), len(means)
