@@ -132,7 +132,7 @@ def test_marks_per_state():
 
 def test_the_words_are_the_same_everywhere():
     from bisect_harness.decide.verdict import checks_done
-    from bisect_harness.report.journal import _mechanism_cell
+    from bisect_harness.report.config_view import mechanism_cell
 
     assert mechanisms.STATES == ("engaged", "not_engaged", "set_up_not_seen", "not_observable")
     assert dict(mechanisms.WORDS) == {"engaged": "engaged in the window",
@@ -142,7 +142,7 @@ def test_the_words_are_the_same_everywhere():
     results = [{"name": n, "state": s, "flags": [], "on_by_default": True, "evidence": "e"}
                for n, s in (("a", "engaged"), ("b", "not_engaged"), ("c", "set_up_not_seen"), ("d", "not_observable"),
                             ("e", "unknown"))]
-    assert _mechanism_cell(results) == ("a: engaged in the window, b: **not engaged in the window**, "
+    assert mechanism_cell(results) == ("a: engaged in the window, b: **not engaged in the window**, "
                                         "c: **set up at start, not seen in the window**, d: not observable, "
                                         "e: not observable")
     assert "c (on by default): **set up at start, not seen in the window** (e)" in mechanisms.summary(results)

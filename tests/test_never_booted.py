@@ -196,7 +196,8 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     from bisect_harness.cli.summary import _checks_json
     from bisect_harness.evidence import Finding, FindingKind
     from bisect_harness.record.ledger import VerdictRow
-    from bisect_harness.report.journal import _flag_cell, checks_cell, checks_word
+    from bisect_harness.report.config_view import flag_cell
+    from bisect_harness.report.journal import checks_cell, checks_word
 
     # the planned check as local._verify makes it: a flag with no key (None) is never looked up by name
     rep = flag_report({"model": "/m.gguf", "flash-attn": "auto"}, {"model_path": "/m.gguf", "flash_attn": "auto"},
@@ -225,9 +226,9 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     assert out["word"] == word and out["counts"]["not_reported"] == ["flash-attn"]
     assert "ok (flags)" not in out["word"]
     # the boot table's cell and the mechanism layer
-    cell = _flag_cell(boots[0].flag_report)
+    cell = flag_cell(boots[0].flag_report)
     assert cell == "1 matched; **not reported**: flash-attn" and not cell.startswith("yes"), cell
-    assert _flag_cell(_flag_boot(1, llama).flag_report) == "yes (1 compared, all matched)"
+    assert flag_cell(_flag_boot(1, llama).flag_report) == "yes (1 compared, all matched)"
     layer = flag_layer(boots)
     assert layer["accepted"] == "unknown" and layer["not_reported"] == ["flash-attn"], layer
     assert flag_layer([_flag_boot(1, llama)])["accepted"] == "yes"

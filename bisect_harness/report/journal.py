@@ -2,7 +2,14 @@
 
 Everything on the page is read back from the database, so a journal can be
 rendered again at any time (``harness journal RUN``) and every number in it
-traces to rows: verdict -> boots -> samples, with each boot's provenance.
+traces to rows: verdict -> boots -> samples, with each boot's evidence.
+
+:func:`render` puts three kinds of section on the page, each made by a short
+function over the ledger's rows into a frozen record the template reads: the run
+section (:class:`RunSection`: the head, the summary, the searches, the
+calibration), one section per hypothesis (:class:`HypothesisSection`: its
+verdict, what it found grouped by kind, its boots and their values, the host
+drift between its sides) and one per config (``config_view.ConfigSection``).
 """
 
 from __future__ import annotations
@@ -16,17 +23,15 @@ from typing import Callable, Mapping, Sequence
 import jinja2
 from sqlalchemy import select
 
-from bisect_harness.observe import engine_identity, mechanisms
-from bisect_harness.measure.prompt_size import reuse_text
 from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
-from bisect_harness.evidence import BootEvidence, Finding, FindingKind, VerdictStats
+from bisect_harness.evidence import Finding, FindingKind, VerdictStats
 from bisect_harness.spec import metric_defs
-from bisect_harness.report import bisection_view, explain_view, profile_view, summary_view, warnings_view, window_view
+from bisect_harness.report import (bisection_view, config_view, explain_view, profile_view, summary_view, warnings_view,
+                                   window_view)
 from bisect_harness.report.cells import boots_per_arm, effect, fmt as _fmt, md as _md
 from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run, boot_records
 from bisect_harness.observe.drift import host_drift
-from bisect_harness.observe.provenance import EnvReport, FlagReport
 from bisect_harness.secrets import redact_text
 from bisect_harness.model import shown_outcome
 from bisect_harness.report import plots, reproduce
@@ -36,44 +41,6 @@ from bisect_harness.report.index import journal_stem, write_index
 
 def _mean(vals: Sequence[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
-
-
-def _env_cell(report: dict | None) -> str:
-    """Did every requested env var reach every process of the server's tree?"""
-    if not report:
-        return "n/a"
-    rep = EnvReport.from_dict(report)
-    n = len(rep.processes)
-    if not rep.vars:
-        return f"(no env requested; {n} processes)"
-    if rep.state == "ok":
-        return f"yes ({len(rep.vars)} vars in all {len(rep.readable_pids)} processes)"
-    if rep.state == "unverified":
-        seen = f"; present in all {len(rep.readable_pids)} readable" if rep.readable_pids else ""
-        return "**unverified**: " + _md(rep.unverified_text() + seen)
-    bad = []
-    for v in rep.vars:
-        if not v.ok:
-            where = [rep.process(pid).name for pid in (*v.absent, *v.mismatched)]
-            bad.append(f"{v.name} missing in {len(where)} of {n} processes")
-    return "**NO**: " + _md("; ".join(bad) or rep.note or "no process could be read")
-
-
-def _flag_cell(report: dict | None) -> str:
-    """Did each requested flag show up in the server's effective arguments? ``yes``
-    only when every flag was compared; a flag the server did not report says so."""
-    if not report:
-        return "n/a"
-    rep = FlagReport.from_dict(report)
-    if not rep.checks:
-        return "- (no flags)"
-    if rep.mismatched:
-        return "**NO**: " + _md("; ".join(f"{c.flag}: asked {c.requested!r}, server has {c.effective!r}"
-                                          for c in rep.mismatched))
-    if not rep.not_reported:
-        return f"yes ({len(rep.matched)} compared, all matched)"
-    matched = f"{len(rep.matched)} matched; " if rep.matched else ""
-    return _md(matched) + "**not reported**: " + _md(", ".join(c.flag for c in rep.not_reported))
 
 
 def checks_word(checked: dict | None) -> str:
@@ -107,20 +74,9 @@ def _not_reported(checked: dict | None) -> str:
     return "flags: " + (f"{compared} compared, " if compared else "") + f"{n} not reported ({', '.join(missing)})"
 
 
-def _mechanism_cell(results) -> str:
-    """Did what the boot's flags claim (or its engine runs by default) run in the
-    measured window? The state in words (``mechanisms.WORDS``); ``-`` when nothing
-    was checked. A record older than the window check (``unknown``) reads not observable."""
-    if not results:
-        return "-"
-    loud = ("not_engaged", "set_up_not_seen")
-    return _md(", ".join(f"{r['name']}: " + (f"**{mechanisms.WORDS[r['state']]}**" if r["state"] in loud
-                                             else mechanisms.WORDS.get(r["state"], mechanisms.WORDS["not_observable"]))
-                         for r in results))
-
-
 #: The findings the verdict table counts apart from the boots' marks, and its word for each.
-_COUNTED = ((FindingKind.CONTENTION_DIFFERED, "contention differs"), (FindingKind.CALIBRATION_NOISY, "calibration noisy"),
+_COUNTED = ((FindingKind.CONTENTION_DIFFERED, "contention differs"),
+            (FindingKind.CALIBRATION_NOISY, "calibration noisy"),
             (FindingKind.PREFLIGHT_BUSY, "busy at preflight"))
 
 
@@ -145,45 +101,6 @@ def checks_cell(found: Sequence[Finding], drift: int, checked: Mapping | None = 
         return checks_word(checked)
     unchecked = _not_reported(checked)  # beside the marks too: a flag not compared is never hidden
     return "**" + ", ".join(parts) + "**" + (f", {unchecked}" if unchecked else "")
-
-
-def requests_text(seen: dict | None) -> str | None:
-    """The boot's failed requests (``BootEvidence.request_retries``) in words, or None."""
-    if not seen:
-        return None
-    parts = []
-    if seen.get("retries"):
-        parts.append(f"{seen['retries']} tries of {seen['requests']} requests produced nothing and were sent "
-                     f"again within their sample (first: {seen.get('example')})")
-    if seen.get("failed"):
-        parts.append(f"{seen['failed']} requests failed after their retries (first: {seen.get('failed_example')})")
-    per = seen.get("samples") or {}
-    if per:
-        parts.append("by sample: " + ", ".join(f"{k}: {v.get('retries', 0)} sent again, {v.get('failed', 0)} failed"
-                                               for k, v in sorted(per.items(), key=lambda kv: int(kv[0]))))
-    return "; ".join(parts) or None
-
-
-def _sampling_text(d: dict) -> str:
-    """One line per boot: CPU load and, per GPU, clocks, temperature, power, throttling."""
-    def rng(stat: dict | None, unit: str) -> str:
-        if not stat:
-            return "n/a"
-        lo, hi = stat.get("min"), stat.get("max")
-        return f"{lo:.0f}-{hi:.0f}{unit}" if lo is not None and hi is not None else "n/a"
-
-    cpu = d.get("cpu", {})
-    parts = [f"{d.get('n_samples', 0)} samples over {d.get('duration_s', 0):.1f}s",
-             f"CPU busy {rng(cpu.get('cpu_percent'), '%')}", f"load1 {rng(cpu.get('load1'), '')}"]
-    for g in d.get("gpus", []):
-        st = g.get("stats", {})
-        throttle = ", ".join(g.get("throttle_reasons_seen", [])) or "none"
-        parts.append(f"GPU{g.get('index')}: SM {rng(st.get('sm_clock_mhz'), ' MHz')} "
-                     f"(max {g.get('sm_clock_max_mhz')}), {rng(st.get('temperature_c'), ' C')}, "
-                     f"{rng(st.get('power_w'), ' W')}, throttle: {throttle}")
-    if d.get("note"):
-        parts.append(d["note"])
-    return _md("; ".join(parts))
 
 
 def cost_line(cost) -> str | None:
@@ -289,7 +206,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                  later=_after_rounds(run, bisection_rows),
                  before_resume=frozenset(i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []))
     hyps = [_hypothesis_section(h, page) for h in run.hypotheses]
-    configs = [_config_section(c) for c in run.configs]
+    configs = [config_view.config_section(c) for c in run.configs]
     run_boots = session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all()
     head = _run_section(page, hyps, run_boots)
     return _tidy(env.get_template("journal.md.j2").render(**vars(head), hypotheses=hyps, configs=configs))
@@ -553,101 +470,6 @@ def _commit_log(h, page: _Page) -> tuple[list[str], str]:
     return page.logs[pair]
 
 
-# --------------------------------------------------------------------------- a config's section
-
-
-@dataclass(frozen=True)
-class BootLine:
-    """One boot of a config in its table, and the details folded under it."""
-
-    id: int
-    status: str
-    ready: str
-    samples: int
-    env: str
-    flags: str
-    mechanisms: str
-    marks: str
-    details: tuple[str, ...]
-    log_tail: str
-
-
-@dataclass(frozen=True)
-class ConfigSection:
-    """One config as the page prints it: its recipe, how its first boot ran, the
-    interpreter and the code its boots reported, its status, and its boots."""
-
-    id: int
-    label: str
-    commit: str
-    argv: str
-    ran_as: str
-    env: str
-    reported: str
-    python: str
-    status: str
-    failure: str | None
-    log_tail: str
-    boots: tuple[BootLine, ...]
-
-
-def _config_section(c) -> ConfigSection:
-    return ConfigSection(
-        id=c.id, label=c.label, commit=c.commit or "(installed server)", argv=" ".join(c.argv or []),
-        ran_as=(f"boot {c.boots[0].id}: `{reproduce.boot_command(c.boots[0])}`" if c.boots
-                else "not recorded (no boot started)"),
-        env=" ".join(f"{k}={v}" for k, v in (c.env or {}).items()),
-        reported=_md(engine_identity.describe(c.boots)), python=_md(_environment_text(c.boots)),
-        status=c.status if c.status != "pending" else "measured", failure=c.failure,
-        log_tail=(c.log_tail or "").strip(), boots=tuple(_boot_line(b) for b in c.boots))
-
-
-def _boot_line(b: Boot) -> BootLine:
-    ev = b.evidence
-    return BootLine(
-        id=b.id, status=b.status, ready=_fmt(b.ready_s, 1), samples=len(b.samples),
-        env=_env_cell(b.env_report), flags=_flag_cell(b.flag_report), mechanisms=_mechanism_cell(ev.mechanisms),
-        marks=", ".join(b.marks or []) or "-", details=tuple(_boot_details(b, ev)),
-        log_tail=(b.log_tail or "").strip() if b.status != "ok" else "")
-
-
-def _boot_details(b: Boot, ev: BootEvidence) -> list[str]:
-    """The lines folded under a boot: why it failed, what its checks and evidence say
-    (``ev``: its provenance, typed), and the command it ran as."""
-    details = [f"- failure: {b.failure}"] if b.failure else []
-    details += [f"- metric source: {p}" for p in b.source_problems or []]
-    if ev.flag_not_accepted:  # the commit's parser refused the argv: not a crash
-        refused = ev.flag_not_accepted
-        details.append(f"- flag not accepted at this commit: `{refused['engine_message']}`"
-                       + "".join(f" ({n})" for n in refused.get("notes") or []))
-    if ev.sources_not_applicable:
-        details.append("- metric sources whose `when` excludes this config (not collected): "
-                       + ", ".join(ev.sources_not_applicable))
-    if b.env_report and not b.env_report.get("ok", True):
-        details += [f"- env: `{line.strip()}`" for line in EnvReport.from_dict(b.env_report).describe().splitlines()[1:]]
-    if ev.mechanisms:  # what the flags claim to engage, by the engine's own evidence
-        details.append("- mechanisms: " + _md(mechanisms.summary(ev.mechanisms)))
-    if ev.prompt:  # tokens where the server counted them, else words, said as such
-        details.append("- " + _md(_prompt_text(ev.prompt)))
-    if ev.gpu_sampling:
-        details.append(f"- sampled during the benchmark: {_sampling_text(ev.gpu_sampling)}")
-    busy = host_state.boot_line(b)
-    if busy:
-        details.append(f"- contention during the benchmark: {_md(busy)}")
-    stop = ev.stop or {}
-    if not stop.get("clean", True):  # how the server ended at the harness's stop
-        details.append(f"- stop: {_md(stop.get('note', ''))}")
-    details += [f"- {_md(line)}" for line in _boot_facts(ev)]
-    details += [f"- before the boot: {_md(note)}" for note in (ev.checkout or {}).get("remade") or []]
-    if ev.checkout_changed:  # marked checkout_changed: never counted as the commit
-        details.append(f"- the checkout changed while the boot ran: {_md('; '.join(ev.checkout_changed))}")
-    failed = requests_text(ev.request_retries)
-    if failed:  # requests that produced nothing: sent again, or failed in the end
-        details.append(f"- requests: {_md(failed)}")
-    details.append(f"- ran as: `{reproduce.boot_command(b)}`")
-    return details
-
-
 def _tidy(text: str) -> str:
     """At most one blank line in a row outside code blocks (the template's optional parts
     leave runs of them); a code block (a log, the spec as written) is kept as it is."""
@@ -722,29 +544,6 @@ def _unit(h, spec_text: str) -> str:
     return metric.unit if metric is not None and metric.unit else ""
 
 
-def _environment_text(boots) -> str:
-    """The interpreter(s) a config's boots ran with, and whether each was the commit's own."""
-    seen = []
-    for b in boots:
-        env = b.evidence.environment
-        if env:
-            rel = env.get("release")
-            if rel and rel.get("image"):  # an image through a runtime: which, by its digest
-                text = (f"{rel.get('package')} {rel.get('version')} as the image `{rel.get('image')}` through "
-                        f"{rel.get('runtime')}, digest {rel.get('digest') or 'not known before it ran'}")
-            elif rel:  # a released build: which file, by its hash, and the version installed
-                text = (f"`{env['python']}` (the release's own venv over `{env['base_python']}`: "
-                        f"{rel.get('package')} {rel.get('version')} installed from `{rel.get('file')}`, "
-                        f"sha256 {str(rel.get('sha256'))[:16]}…)")
-            elif env["mode"] == "venv":
-                text = f"`{env['python']}` (the commit's own venv over `{env['base_python']}`)"
-            else:
-                text = f"`{env['python']}` (shared by every commit)"
-            if text not in seen:
-                seen.append(text)
-    return "; ".join(seen)
-
-
 def _calibration_text(result: dict) -> str:
     if not result:
         return "not run"
@@ -772,40 +571,6 @@ def _calibration_text(result: dict) -> str:
         elif isinstance(v, str) and len(v) < 40:
             parts.append(f"{k}={v}")
     return ", ".join(parts) or json.dumps(result, default=str)[:300]
-
-
-def _prompt_text(prompt: dict) -> str:
-    """A boot's prompt length (``prompt_size.PromptSize``), in the unit it really is in, and
-    whether each sample's prompts were its own (a boot recorded before they were says nothing)."""
-    if prompt.get("unit") == "tokens":
-        text = (f"prompts: {prompt.get('tokens')} tokens ({prompt.get('words')} words; {prompt.get('asked')} asked), "
-                f"counted by the server's {prompt.get('via')}")
-    else:
-        text = (f"prompts: {prompt.get('words')} words ({prompt.get('asked')} prompt_tokens asked): the server has no "
-                "tokenizer endpoint, so the count is in words, not tokens")
-    if "unique" not in prompt:
-        return text
-    return f"{text}; {reuse_text(bool(prompt['unique']), prompt.get('spread'))}"
-
-
-def _boot_facts(ev: BootEvidence) -> list[str]:
-    """Facts of a boot that are not marks, and what a mark left missing, as sentences
-    from its evidence: a log that could not be written, a server's steady off-by-one
-    between its text chunks and its token count, the collective libraries' own sockets
-    beyond loopback."""
-    out = []
-    log = ev.log or {}
-    if log.get("unwritten"):
-        out.append(f"log not written: {log['unwritten']}; the ledger's log_tail holds the newest output, "
-                   "kept in memory")
-    offset = ev.usage_offset
-    if offset:
-        out.append(f"token count: {offset['note']}")
-    listening = ev.listening or {}
-    if listening.get("collective"):
-        out.append("listening beyond loopback for the server's own processes (collective-communication "
-                   "bootstrap, not a server port): " + ", ".join(listening["collective"]))
-    return out
 
 
 def write(ledger: Ledger, run: Run, journal_dir: Path) -> Path:
