@@ -37,7 +37,6 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +46,8 @@ from bisect_harness.errors import UserError
 from bisect_harness.model import jsonable
 from bisect_harness.secrets import redact_env
 from bisect_harness.process.ports import free_port
-from bisect_harness.observe.provenance import (
-    SCHEMA_VERSION, HostInfo, SamplerSummary, _check_schema, decode_throttle_reasons, sample_gpu,
-)
-from bisect_harness.observe.provenance.host import _default_nvml
+from bisect_harness.observe.probe_trace import RepReading, RepTrace
+from bisect_harness.observe.provenance import SCHEMA_VERSION, HostInfo, SamplerSummary, _check_schema
 
 #: Fixed workload sizes: changing them makes old calibrations incomparable, so a
 #: calibration records them in each measurement's ``detail``.
@@ -70,31 +67,9 @@ PROBE_REASONS = frozenset({"sw_power_cap"})
 #: a little below its limit (691 W of 700 W, 98.7%); well below it, something else capped it.
 POWER_CAP_FRACTION = 0.9
 
-#: Seconds between the NVML readings taken while a GPU probe runs (:class:`_RepTrace`).
-REP_TRACE_INTERVAL_S = 0.005
 
 
 # ------------------------------------------------------------------ measurements
-
-
-@dataclass(frozen=True)
-class RepReading:
-    """What NVML read of the GPU while one repetition of a probe ran: the mean SM clock
-    and the highest power over the readings inside it, the clock-event reasons any of
-    them showed, and how many readings there were (0: none fell inside it)."""
-
-    sm_clock_mhz: float | None
-    power_w: float | None
-    reasons: tuple[str, ...]
-    readings: int
-
-    def to_dict(self) -> dict:
-        return {"sm_clock_mhz": self.sm_clock_mhz, "power_w": self.power_w, "reasons": list(self.reasons),
-                "readings": self.readings}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RepReading":
-        return cls(d["sm_clock_mhz"], d["power_w"], tuple(d["reasons"]), int(d["readings"]))
 
 
 @dataclass(frozen=True)
@@ -434,77 +409,6 @@ def _cpu_measurements(budget_s: float, repeats: int) -> list[Measurement]:
     return [mm, cp]
 
 
-class _RepTrace:
-    """NVML readings of one GPU every :data:`REP_TRACE_INTERVAL_S` on a thread while a
-    probe runs, and the repetitions' spans, so each repetition gets what was read inside
-    it (:meth:`readings`). Without NVML (or a GPU it cannot open) it reads nothing and
-    every repetition gets no readings. Its thread is stopped on exit, always."""
-
-    def __init__(self, index: int, nvml: Any | None = None):
-        self._nvml = nvml if nvml is not None else _default_nvml()
-        self._index = index
-        self._handle = None
-        self.power_limit_w: float | None = None
-        self._rows: list[tuple[float, Mapping[str, Any]]] = []
-        self._spans: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> "_RepTrace":
-        try:
-            self._nvml.nvmlInit()
-            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(self._index)
-        except Exception:  # no NVML, no such GPU: the probe runs, its repetitions unread
-            self._handle = None
-            return self
-        try:
-            self.power_limit_w = self._nvml.nvmlDeviceGetEnforcedPowerLimit(self._handle) / 1000.0
-        except Exception:
-            self.power_limit_w = None
-        self._thread = threading.Thread(target=self._run, name="rep-trace", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._handle is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                row = sample_gpu(self._nvml, self._handle)
-            except Exception:
-                return
-            self._rows.append((time.perf_counter(), row))
-            self._stop.wait(REP_TRACE_INTERVAL_S)
-
-    def span(self, start: float, end: float) -> None:
-        """One repetition's ``perf_counter`` span (``_time_op``'s ``on_rep``)."""
-        self._spans.append((start, end))
-
-    def readings(self, first: int = 0) -> list[RepReading]:
-        """One reading per repetition recorded from the ``first`` span on."""
-        out = []
-        for start, end in self._spans[first:]:
-            rows = [r for t, r in self._rows if start <= t <= end]
-            clocks = [float(r["sm_clock_mhz"]) for r in rows if r.get("sm_clock_mhz") is not None]
-            powers = [float(r["power_w"]) for r in rows if r.get("power_w") is not None]
-            reasons: list[str] = []
-            for r in rows:
-                for name in decode_throttle_reasons(int(r["throttle_mask"] or 0)):
-                    if name not in reasons:
-                        reasons.append(name)
-            out.append(RepReading(round(statistics.fmean(clocks), 1) if clocks else None,
-                                  round(max(powers), 1) if powers else None, tuple(reasons), len(rows)))
-        return out
-
-
 def _gpu_measurements(index: int, budget_s: float, repeats: int, nvml: Any | None = None) -> list[Measurement]:
     import torch
 
@@ -513,7 +417,7 @@ def _gpu_measurements(index: int, budget_s: float, repeats: int, nvml: Any | Non
     def sync() -> None:
         torch.cuda.synchronize(dev)
     n = GPU_MATMUL_N
-    with torch.cuda.device(dev), _RepTrace(index, nvml) as trace:
+    with torch.cuda.device(dev), RepTrace(index, nvml) as trace:
         a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
         b = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
         c = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
