@@ -150,6 +150,7 @@ def _v1_ledger(db: Path) -> None:
     con = sqlite3.connect(db)
     con.executescript("DROP INDEX ix_configs_series; ALTER TABLE configs DROP COLUMN series; ALTER TABLE runs DROP COLUMN summary; "
                       "ALTER TABLE bisect_probes DROP COLUMN purpose; ALTER TABLE bisect_probes DROP COLUMN boot_ids; "
+                      "ALTER TABLE verdicts DROP COLUMN findings; "
                       "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
     con.close()
 
