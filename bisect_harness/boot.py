@@ -256,8 +256,9 @@ Event = Union[Started, Sampled, Finished, Message]
 class Sink:
     """The callback form of a boot's events (:func:`deliver`): the moment a boot's server
     is launched (port, argv, log), each sample once (as it is measured on this host, or
-    as a remote boot's outcome comes back), the outcome, and messages. This one drops them all; a caller that wants them (a test,
-    a benchmark) overrides what it needs."""
+    as a remote boot's outcome comes back), the outcome, and messages. This one drops
+    them all; a caller that wants them (the scheduler's recorder, a test, a benchmark)
+    overrides what it needs."""
 
     def started(self, request: BootRequest, port: int | None, argv: tuple[str, ...], log_path: str) -> None: ...
     def sample(self, request: BootRequest, sample: SampleOutcome) -> None: ...

@@ -8,41 +8,39 @@ the samples while watching the host, and tears down. It takes a frozen
 (the launch, each sample the moment it is measured, the frozen
 :class:`~bisect_harness.boot.BootOutcome` last), returning the outcome; it never
 touches the ledger. :func:`run_boot` is the same boot as a plain call, its events
-handed to a :class:`~bisect_harness.boot.Sink`. Every backend boots through it:
-the local backend on this host, the Slurm backend on a cluster node.
+handed to a :class:`~bisect_harness.boot.Sink`, returning the boot whole (its
+outcome with its samples). Every backend boots through it: the local backend on
+this host, the Slurm backend on a cluster node. The checks a boot runs on itself
+(what they mark and record) are :mod:`~bisect_harness.backends.checks`; the boot's
+facts go into its :class:`~bisect_harness.evidence.BootEvidence` field by field.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import shutil
-import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any, Generator, Mapping
 
 import httpx
 
 from bisect_harness.engines import attach, benchtools, integrity, preset_flags, presets, profilers
-from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
-from bisect_harness.measure import bodies
-from bisect_harness.measure.deadline import deadline_client
+from bisect_harness.observe import contention, engine_identity, provenance
 from bisect_harness.engines.checkout import read_tail
 from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
 from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
-from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
+from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted
 from bisect_harness.model import jsonable, utcnow
 from bisect_harness.measure.sources import SourceCollector
-from bisect_harness.measure.sources.prometheus import parse_prometheus
-from bisect_harness.measure.values import read_server_info
 from bisect_harness.boot import (BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Sink,
                                  Started)
 from bisect_harness.boot import deliver
+from bisect_harness.backends import checks
+from bisect_harness.backends.checks import fetch_server_info
 from bisect_harness.evidence import BootEvidence, BootStatus
 
 __all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_server_info"]
@@ -69,138 +67,6 @@ def this_host() -> tuple[dict, str]:
     return host, host_fingerprint(host)
 
 
-def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None,
-                      limit: int = bodies.MAX_BODY_BYTES) -> dict | None:
-    """The first server-info endpoint that answers with a JSON object, or None
-    (``values.read_server_info``, the rule the metric sources use too); no body
-    is read past ``limit`` bytes (``limits.body_bytes``)."""
-    with deadline_client() as client:
-        data, _ = read_server_info(client, base_url, paths, timeout_s=10.0, headers=headers, limit=limit)
-    return dict(data) if data is not None else None
-
-
-#: A server that sends this many more chunks of text than the tokens it counts, on every
-#: request of a boot, has a steady off-by-one of its own (llama.cpp's server of late 2023:
-#: 33 chunks for ``tokens_predicted`` 32), learnt and noted, not a disagreement.
-STEADY_EXTRA_CHUNKS = 1
-
-
-def _usage_check(b: "_Boot", requests) -> None:
-    """Each answered request's difference between the chunks of text it carried and the
-    server's count of its tokens, gathered for :func:`_usage_verdict`."""
-    for r in requests:
-        if r.ok and r.server_tokens is not None:
-            d = r.chunks - r.server_tokens
-            b.usage_diffs[d] = b.usage_diffs.get(d, 0) + 1
-            if r.usage_mismatch:
-                b.usage_examples.setdefault(d, r.usage_mismatch)
-
-
-def _usage_verdict(b: "_Boot") -> None:
-    """A server whose token count is below the text chunks it sent is not believed: the
-    client's count stands for those requests (``measure.request``). The boot is marked
-    ``usage_mismatch`` with how often and one example, unless every request of the boot
-    (two at least) showed the same :data:`STEADY_EXTRA_CHUNKS` extra chunk: that is the
-    server's own steady off-by-one, said once in ``evidence.usage_offset``, not a mark. A
-    difference beyond it, or one that changes from request to request, marks."""
-    over = {d: n for d, n in b.usage_diffs.items() if d > 0}
-    if not over:
-        return
-    total = sum(b.usage_diffs.values())
-    if set(b.usage_diffs) == {STEADY_EXTRA_CHUNKS} and total >= 2:
-        b.note(usage_offset={
-            "extra_chunks": STEADY_EXTRA_CHUNKS, "requests": total,
-            "note": (f"the server sent {STEADY_EXTRA_CHUNKS} chunk of text more than the tokens it counted on "
-                     f"every one of the boot's {total} requests ({b.usage_examples[STEADY_EXTRA_CHUNKS]}): its "
-                     "steady off-by-one, not a disagreement; the chunks' count stands for the token figures")})
-        return
-    worst = max(over)
-    # usage_offset, said by an earlier look before the counts disagreed, is taken back
-    b.note(usage_offset=None,
-           usage_mismatch={"requests": sum(over.values()), "example": b.usage_examples[worst]})
-    if "usage_mismatch" not in b.marks:
-        b.marks.append("usage_mismatch")
-
-
-#: How a server's top process may end when the harness stops it: exit 0, or killed by
-#: SIGTERM (-15 as Python reports a signal, 143 as a shell wrapper passes it on).
-_STOPPED_AS_ASKED = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
-
-
-def _stop_check(b: "_Boot", server) -> None:
-    """The launched server's exit code at the harness's stop, in the boot's record
-    (``evidence.stop``); any other end than :data:`_STOPPED_AS_ASKED` (a wrapper
-    that exits 1 when SIGTERM reached its server first, a server killed after the
-    grace) is said there and marks the boot ``stop_unclean``. Its samples were taken
-    before the stop and count."""
-    rc = getattr(server, "returncode", None)  # an attached server is not ours to stop
-    if rc is None:
-        return
-    clean = rc in _STOPPED_AS_ASKED
-    stop: dict[str, Any] = {"exit_code": rc, "clean": clean}
-    if not clean:
-        how = f"killed by signal {-rc}" if rc < 0 else f"exited {rc}"
-        stop["note"] = (f"the server's top process {how} when the harness stopped it (SIGTERM, "
-                        "then SIGKILL after the grace); its samples were taken before and count")
-        if "stop_unclean" not in b.marks:
-            b.marks.append("stop_unclean")
-    b.note(stop=stop)
-
-
-def _log_check(b: "_Boot", server) -> None:
-    """How much the server wrote to its boot log and, past the log's cap (the first
-    and last 32 MiB kept), how much was dropped: ``evidence.log``, and the mark
-    ``log_capped`` when anything was; where the log could not be written, see
-    :func:`_log_unwritten`."""
-    out = getattr(server, "log_output", None)
-    if out is None:
-        return
-    written, dropped = out
-    b.note(log={"bytes_written": written, "bytes_dropped": dropped})
-    if dropped and "log_capped" not in b.marks:
-        b.marks.append("log_capped")
-
-
-def _log_unwritten(b: "_Boot", why: str | None) -> None:
-    """A boot whose log could not be written (a full disk, an I/O error) is marked
-    ``log_unwritten``, and ``evidence.log["unwritten"]`` says how much is missing
-    and why; its ``log_tail`` is the newest output, kept in memory. Its samples count."""
-    if not why:
-        return
-    b.note(log={**(b.evidence.log or {}), "unwritten": why})
-    if "log_unwritten" not in b.marks:
-        b.marks.append("log_unwritten")
-
-
-def _checkout_check(b: "_Boot", held: integrity.Held) -> None:
-    """After the server stopped: is the checkout (and the commit's environment) still
-    what the boot was started on? One that changed while the boot ran says nothing of
-    the commit: the boot is marked ``checkout_changed``, what changed is in
-    ``evidence.checkout_changed``, and it is excluded (booted again, on a checkout made
-    again)."""
-    changed = integrity.changed_since(held)
-    if not changed:
-        return
-    b.note(checkout_changed=tuple(changed[:20]) + ((f"and {len(changed) - 20} more",) if len(changed) > 20 else ()))
-    b.marks.append(integrity.CHECKOUT_CHANGED)
-    if b.status in (BootStatus.RUNNING, BootStatus.OK):
-        b.status = BootStatus.EXCLUDED
-
-
-def _retry_check(b: "_Boot", requests, seq: int) -> None:
-    """Requests that failed in sample ``seq``: those sent again within it (the server said
-    "try again", never took them, answered 200 with nothing, or cut the stream) and those
-    that failed in the end, in ``evidence.request_retries``: how many, how often, the
-    first answer, the first failure, and per sample (``samples``: ``{seq: {"retries",
-    "failed"}}``). The boot is marked ``requests_failed``."""
-    tried = [r for r in requests if r.retries]
-    failed = [r for r in requests if not r.ok]
-    if not tried and not failed:
-        return
-    b.retries.add(tried, failed, seq)
-    b.note(request_retries=b.retries.to_dict())
-    if "requests_failed" not in b.marks:
-        b.marks.append("requests_failed")
 
 
 def _source(req: BootRequest):
@@ -230,29 +96,6 @@ def _with_devices(req: BootRequest, argv: list[str], env: dict[str, str]) -> lis
 # --------------------------------------------------------------------------- one boot
 
 
-class _Retries:
-    """Requests sent again or failed in the end, over the boot's samples so far
-    (``evidence.request_retries``, :func:`_retry_check`)."""
-
-    def __init__(self):
-        self.requests = self.retries = self.failed = 0
-        self.example: str | None = None
-        self.failed_example: str | None = None
-        self.samples: dict[str, dict[str, int]] = {}
-
-    def add(self, tried, failed, seq: int) -> None:
-        self.requests += len(tried)
-        self.retries += sum(r.retries for r in tried)
-        self.example = self.example or (tried[0].retry_reason if tried else None)
-        self.failed += len(failed)
-        self.failed_example = self.failed_example or (failed[0].error if failed else None)
-        self.samples[str(seq)] = {"retries": sum(r.retries for r in tried), "failed": len(failed)}
-
-    def to_dict(self) -> dict:
-        return {"requests": self.requests, "retries": self.retries, "example": self.example, "failed": self.failed,
-                "failed_example": self.failed_example, "samples": dict(self.samples)}
-
-
 class _Boot:
     """The mutable record of one boot in progress, frozen into an outcome at the end.
     Its evidence is built with :meth:`note`, field by field (``evidence.BootEvidence``)."""
@@ -275,7 +118,7 @@ class _Boot:
         self.source_problems: list[str] = []
         self.started_at = utcnow()
         self.busy = False
-        self.retries = _Retries()
+        self.retries = checks.Retries()
         self.usage_diffs: dict[int, int] = {}  # chunks of text - the server's token count: requests
         self.usage_examples: dict[int, str] = {}
 
@@ -286,7 +129,7 @@ class _Boot:
 
     def outcome(self) -> BootOutcome:
         """The boot as it stands, frozen; its samples went before it, as events."""
-        _usage_verdict(self)  # over every request so far (idempotent)
+        checks.usage_verdict(self)  # over every request so far (idempotent)
         host = self.evidence.host
         fp = host_fingerprint(host) if isinstance(host, Mapping) else this_host()[1]
         return BootOutcome(
@@ -311,7 +154,7 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
             places: Mapping[str, str]) -> dict | None:
     """Did the env reach every worker, did the flags take effect? Mark, exclude or stop.
     A flag's requested value is compared as rendered into the argv."""
-    checks = req.checks
+    rules = req.checks
     info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=req.benchmark.limits.body_bytes)
     b.server_info = info
     reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
@@ -340,7 +183,7 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
         b.note(listening=listening.to_dict())
         if listening.beyond_loopback:
             b.marks.append("listens_beyond_loopback")
-    for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
+    for mark, mode, what in (("env_missing", rules.env_check, env_rep), ("flag_mismatch", rules.flag_check, flag_rep)):
         if mark not in b.marks:
             continue
         if mode == "exclude":
@@ -351,107 +194,6 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
             b.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
                          f"or set {key}: mark to measure and flag such boots)")
     return info
-
-
-_LOG_READ_MAX = 8 << 20  # bytes of a boot log read for mechanism evidence: its head and its tail
-
-
-def _log_text(path: Path, start: int = 0, end: int | None = None) -> str:
-    """The boot log's bytes ``start`` to ``end`` (the file's end when None) as text,
-    its head and tail past :data:`_LOG_READ_MAX`; "" when the log is unreadable or was
-    cut back under ``start`` (the log cap rewrote its tail)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            end = size if end is None else min(end, size)
-            if end <= start:
-                return ""
-            f.seek(start)
-            if end - start <= _LOG_READ_MAX:
-                data = f.read(end - start)
-            else:
-                data = f.read(_LOG_READ_MAX // 2)
-                f.seek(end - _LOG_READ_MAX // 2)
-                data += b"\n" + f.read(_LOG_READ_MAX // 2)
-    except OSError:
-        return ""
-    return data.decode("utf-8", errors="replace")
-
-
-class _MechanismWindow:
-    """The window the mechanism check reads (``boot.mechanisms.Window``): ``/metrics``
-    and the log's length just before the first measured sample (after the warm-up)
-    and just after the last, then server info. Nothing is read for a boot no
-    mechanism of its preset applies to. The log is written by the supervisor a
-    moment behind the server: a line at either edge may fall on the other side."""
-
-    def __init__(self, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path):
-        preset = presets.get_preset(req.preset)
-        self.req, self.base_url, self.headers, self.log_path = req, base_url, headers, log_path
-        self.flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
-        self.mechanisms = tuple(m for m in preset.mechanisms if m.applies(self.flags))
-        self.before: list | None = None
-        self.offset = 0
-        self.window: mechanisms.Window | None = None
-
-    def _scrape(self) -> list | None:
-        try:
-            with deadline_client() as client:
-                r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
-                                       limit=self.req.benchmark.limits.body_bytes)
-            return parse_prometheus(r.text) if r.status_code == 200 else None
-        except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
-            return None
-
-    def open(self) -> "_MechanismWindow":
-        if self.mechanisms:
-            self.before = self._scrape()
-            with contextlib.suppress(OSError):
-                self.offset = self.log_path.stat().st_size
-        return self
-
-    def close(self) -> None:
-        if not self.mechanisms:
-            return
-        after = self._scrape()
-        self.window = mechanisms.Window(
-            before=self.before, after=after, log=_log_text(self.log_path, self.offset),
-            startup_log=_log_text(self.log_path, 0, self.offset),
-            server_info=fetch_server_info(self.base_url, self.req.server_info_paths, headers=self.headers,
-                                          limit=self.req.benchmark.limits.body_bytes))
-
-
-def _mechanism_check(b: _Boot, w: _MechanismWindow) -> None:
-    """After the samples: did each mechanism the boot's flags claim (or that its engine
-    runs by default) run in the measured window, by the engine's own evidence
-    (``boot.mechanisms``)? Results in ``evidence.mechanisms``; a mechanism that did
-    not run marks the boot ``mechanism_not_engaged``, one set up and not seen running
-    ``mechanism_not_seen``."""
-    if w.window is None:
-        return
-    results = mechanisms.check(w.mechanisms, w.flags, w.window)
-    b.note(mechanisms=tuple(r.to_dict() for r in results))
-    b.marks.extend(m for m in mechanisms.marks(results) if m not in b.marks)
-
-
-def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
-    """Store the boot's contention figures; when they crossed a threshold, mark the
-    boot ``host_busy`` and apply ``defaults.host_check`` (as ``_verify`` does for env)."""
-    checks = req.checks
-    window = monitor.window()
-    crossed = contention.judge(window, checks.thresholds)
-    b.note(contention=contention.record(window, monitor.samples(), crossed, checks.thresholds))
-    if not crossed:
-        return
-    b.marks.append(contention.HOST_BUSY)
-    why = "; ".join(c.message for c in crossed)
-    if checks.host_check in ("exclude", "retry") and b.status is BootStatus.RUNNING:
-        b.status = BootStatus.EXCLUDED
-        b.busy = checks.host_check == "retry"
-    elif checks.host_check == "fatal":
-        b.status, b.fatal = BootStatus.FATAL, "infrastructure"
-        b.failure = (f"host_busy: {why} (defaults.host_check is fatal: stop the other jobs on this host, "
-                     "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
 
 
 def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None:
@@ -648,24 +390,24 @@ def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
         with provenance.GpuSampler(interval_s=1.0) as sampler, \
                 contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
                 bench.session():  # one HTTP client per boot, opened outside every sample window
-            window = _MechanismWindow(req, endpoint.base_url, endpoint.headers, log_path).open()  # after warm-up
+            window = checks.MechanismWindow(req, endpoint.base_url, endpoint.headers, log_path).open()  # after warm-up
             yield from _samples(b, req, bench, collector, monitor, cancel)
             window.close()  # the measured samples' window ends here
         b.note(**bench.provenance())
-        _mechanism_check(b, window)
+        checks.mechanism_check(b, window)
         _sources_check(b, collector)
         b.note(gpu_sampling=sampler.summary().to_dict(),
                host=provenance.collect_host(launch.worktree, req.commit).to_dict())
-        _host_check(b, req, monitor)
+        checks.host_check(b, req, monitor)
         if req.profile and b.status is BootStatus.RUNNING:  # one more sample, never one of the verdict's
             b.note(profile=profilers.capture(req, launch.profiler, bench, endpoint, log_path,
                                              launched_with=launch.launched_with))
         if b.status is BootStatus.RUNNING:
             b.status = BootStatus.OK
         b.log_tail = server.log_tail(40)
-    _stop_check(b, server)
-    _log_check(b, server)
-    _checkout_check(b, launch.held)
+    checks.stop_check(b, server)
+    checks.log_check(b, server)
+    checks.checkout_check(b, launch.held)
 
 
 def _ready(b: _Boot, req: BootRequest, server, endpoint, places: Mapping[str, str], t0: float) -> dict | None:
@@ -696,8 +438,8 @@ def _samples(b: _Boot, req: BootRequest, bench, collector: SourceCollector, moni
         result = detail.result
         extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
         s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
-        _usage_check(b, detail.requests)
-        _retry_check(b, detail.requests, i + 1)
+        checks.usage_check(b, detail.requests)
+        checks.retry_check(b, detail.requests, i + 1)
         yield Sampled(req, s)
 
 
@@ -721,7 +463,7 @@ def _failed_by(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path, exc:
         return
     b.status, b.failure = BootStatus.FAILED, str(exc)
     b.log_tail = exc.log_tail or read_tail(log_path)
-    _log_unwritten(b, exc.log_unwritten)
+    checks.log_unwritten(b, exc.log_unwritten)
     if not isinstance(exc, FlagNotAccepted):
         return
     if launch.launched_with and launch.launched_with[0] in exc.engine_message:  # the profiler's, not the config's
@@ -737,7 +479,7 @@ def _after_stop(b: _Boot, launch: _Launch, cancel: threading.Event | None) -> No
     unwritten = getattr(launch.server, "log_unwritten", None)
     if unwritten:
         b.log_tail = launch.server.log_tail(40)  # the newest output, from the supervisor's memory
-        _log_unwritten(b, unwritten)
+        checks.log_unwritten(b, unwritten)
     if cancel is not None and cancel.is_set() and b.status in (BootStatus.RUNNING, BootStatus.FAILED):
         b.status, b.failure = BootStatus.INTERRUPTED, "the harness was interrupted during this boot"
 
