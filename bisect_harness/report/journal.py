@@ -277,7 +277,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
         sides = (("baseline", h.baseline, v.baseline_boot_ids if v else []),
                  ("treatment", h.treatment, v.treatment_boot_ids if v else []))
         used_boots: dict[str, list[Boot]] = {"baseline": [], "treatment": []}
-        before_resume = {i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []}
+        before_resume = {i for r in _resume.resumes(run) for i in r.counted_ok_boot_ids}
         for side, cfg, used in sides:
             for boot in cfg.boots:
                 if boot.run_id != run.id and boot.id not in used:
