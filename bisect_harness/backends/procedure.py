@@ -49,22 +49,21 @@ __all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_se
 # --------------------------------------------------------------------------- helpers
 
 
-def host_fingerprint(host: Mapping) -> str:
+def host_fingerprint(host: provenance.HostInfo) -> str:
     """What makes two boots comparable hosts: machine, boot, GPUs, driver."""
     import hashlib
     import json
 
-    keys = {k: host.get(k) for k in ("hostname", "boot_id", "kernel", "cpu_model")}
-    gpus = host.get("gpus") or []
-    keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
+    keys = {"hostname": host.hostname, "boot_id": host.boot_id, "kernel": host.kernel, "cpu_model": host.cpu_model,
+            "gpus": [(g.uuid, g.driver_version) for g in host.gpus]}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)
 def this_host() -> tuple[dict, str]:
     """This host's description and fingerprint (machine, boot id, GPUs: fixed for a process)."""
-    host = provenance.collect_host().to_dict()
-    return host, host_fingerprint(host)
+    host = provenance.collect_host()
+    return host.to_dict(), host_fingerprint(host)
 
 
 
@@ -113,6 +112,7 @@ class _Boot:
         self.argv: tuple[str, ...] = ()
         self.ready_s: float | None = None
         self.evidence = BootEvidence()
+        self.host: provenance.HostInfo | None = None  # the host as the boot's end saw it
         self.env_report = self.flag_report = self.server_info = None
         self.marks: list[str] = []
         self.source_problems: list[str] = []
@@ -130,8 +130,7 @@ class _Boot:
     def outcome(self) -> BootOutcome:
         """The boot as it stands, frozen; its samples went before it, as events."""
         checks.usage_verdict(self)  # over every request so far (idempotent)
-        host = self.evidence.host
-        fp = host_fingerprint(host) if isinstance(host, Mapping) else this_host()[1]
+        fp = host_fingerprint(self.host) if self.host is not None else this_host()[1]
         return BootOutcome(
             boot_id=self.req.boot_id, status=self.status, failure=self.failure, config_failure=self.config_failure,
             config_status=self.config_status, fatal=self.fatal, log_tail=self.log_tail, log_path=self.log_path,
@@ -396,8 +395,8 @@ def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
         b.note(**bench.provenance())
         checks.mechanism_check(b, window)
         _sources_check(b, collector)
-        b.note(gpu_sampling=sampler.summary().to_dict(),
-               host=provenance.collect_host(launch.worktree, req.commit).to_dict())
+        b.host = provenance.collect_host(launch.worktree, req.commit)
+        b.note(gpu_sampling=sampler.summary().to_dict(), host=b.host.to_dict())
         checks.host_check(b, req, monitor)
         if req.profile and b.status is BootStatus.RUNNING:  # one more sample, never one of the verdict's
             b.note(profile=profilers.capture(req, launch.profiler, bench, endpoint, log_path,
