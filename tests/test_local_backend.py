@@ -67,6 +67,7 @@ def test_a_boot_request_is_a_frozen_picklable_value_and_run_boot_returns_its_out
     assert str(out.port) in out.argv and out.host_fingerprint
     assert out.evidence.host["hostname"] and out.evidence.environment["python"]
     assert [e[0] for e in sink.events] == ["started", "sample", "finished"]
+    assert sink.events[-1][2].samples == ()  # the sample went once, as its event; run_boot returns it whole
 
 
 def test_device_sets_split_the_cores_and_refuse_more_slots_than_cores():
