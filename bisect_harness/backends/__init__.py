@@ -2,8 +2,9 @@
 
 A backend runs a batch of boot requests (one round's boots) and hands back what
 happens as events (``boot.Started``, ``boot.Sampled``, ``boot.Finished``,
-``boot.Message``), in order, on the caller's thread; the caller records each as
-it comes::
+``boot.Message``), in order, on the caller's thread: each sample once, as a
+``Sampled`` event before its boot's ``Finished`` (a boot that comes back whole, a
+Slurm job's, through ``boot.handed_back``); the caller records each as it comes::
 
     for event in backend.events(requests):   # ends when every request has its Finished
         ...
