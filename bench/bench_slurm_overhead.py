@@ -95,7 +95,7 @@ def measure(tmp: Path, boots: int) -> dict:
             row[side] = time.perf_counter() - t0
             assert out.ok, (side, out.failure, out.log_tail)
             if side == "slurm":
-                row.update({k: out.provenance["slurm"][k] for k in ("queued_s", "boot_s", "returned_s")})
+                row.update({k: out.evidence.slurm[k] for k in ("queued_s", "boot_s", "returned_s")})
         rows.append(row)
         print(f"boot {i + 1}/{boots}: local {row['local']:.2f} s, slurm {row['slurm']:.2f} s "
               f"(queued {row['queued_s']:.2f}, on the node {row['boot_s']:.2f}, back {row['returned_s']:.2f})",

@@ -25,14 +25,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Sequence, Union
+from typing import Any, Generator, Iterator, Mapping, Sequence, Union
 
 from bisect_harness.evidence import BootEvidence, BootStatus
 from bisect_harness.model import BenchmarkSpec
 
 __all__ = ["Checks", "DeviceSet", "BootRequest", "SampleOutcome", "BootOutcome", "Started", "Sampled", "Finished",
-           "Message", "Event", "Sink", "deliver", "freeze", "CalibrationRecord", "RunRecord", "BootRecord",
-           "BootValues"]
+           "Message", "Event", "Sink", "deliver", "handed_back", "freeze", "CalibrationRecord", "RunRecord",
+           "BootRecord", "BootValues"]
 
 
 def freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
@@ -169,12 +169,19 @@ class SampleOutcome:
 
 @dataclass(frozen=True)
 class BootOutcome:
-    """What one boot gave. ``status``: ok | failed | excluded | fatal | interrupted.
-    ``config_failure`` is set when the config itself cannot be measured at this
-    commit (a failed build, a refused flag): it is not retried."""
+    """What one boot gave. ``status``: a :class:`~bisect_harness.evidence.BootStatus`
+    (a string given is read as one). ``config_failure`` is set when the config itself
+    cannot be measured at this commit (a failed build, a refused flag): it is not
+    retried. ``evidence``: what the boot recorded of its host, devices, engine and
+    checks (stored as ``boots.provenance``).
+
+    ``samples`` holds the boot's samples only where the boot comes back whole, as one
+    value (:func:`~bisect_harness.backends.procedure.run_boot`'s return, a Slurm job's
+    result, a mock handler's answer). In a :class:`Finished` event it is empty: a boot's
+    samples travel once, as :class:`Sampled` events before it (:func:`handed_back`)."""
 
     boot_id: int
-    status: str
+    status: BootStatus
     failure: str | None = None
     config_failure: str | None = None
     config_status: str | None = None      # build_failed | boot_failed, with config_failure
@@ -184,7 +191,7 @@ class BootOutcome:
     argv: tuple[str, ...] = ()
     ready_s: float | None = None
     host_fingerprint: str | None = None
-    provenance: Mapping[str, Any] = field(default_factory=dict)
+    evidence: BootEvidence = field(default_factory=BootEvidence)
     env_report: Mapping[str, Any] | None = None
     flag_report: Mapping[str, Any] | None = None
     server_info: Mapping[str, Any] | None = None
@@ -196,9 +203,16 @@ class BootOutcome:
     busy: bool = False                    # excluded as host_busy under host_check: retry
     fatal: str | None = None              # a check set to fatal failed: "user" or "infrastructure"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", BootStatus(self.status))
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status is BootStatus.OK
+
+    def without_samples(self) -> "BootOutcome":
+        """This outcome as a :class:`Finished` event carries it: its samples went before."""
+        return dataclasses.replace(self, samples=()) if self.samples else self
 
 
 @dataclass(frozen=True)
@@ -221,7 +235,8 @@ class Sampled:
 
 @dataclass(frozen=True)
 class Finished:
-    """A boot's outcome: the last event of its boot."""
+    """A boot's outcome: the last event of its boot. Its ``outcome.samples`` is empty:
+    the boot's samples came before it, each once, as :class:`Sampled` events."""
 
     request: BootRequest
     outcome: BootOutcome
@@ -240,9 +255,10 @@ Event = Union[Started, Sampled, Finished, Message]
 
 class Sink:
     """The callback form of a boot's events (:func:`deliver`): the moment a boot's server
-    is launched (port, argv, log), each sample as it is measured (local backends), the
-    outcome, and messages. This one drops them all; a caller that wants them (a test,
-    a benchmark) overrides what it needs."""
+    is launched (port, argv, log), each sample once (as it is measured on this host, or
+    as a remote boot's outcome comes back), the outcome, and messages. This one drops
+    them all; a caller that wants them (the scheduler's recorder, a test, a benchmark)
+    overrides what it needs."""
 
     def started(self, request: BootRequest, port: int | None, argv: tuple[str, ...], log_path: str) -> None: ...
     def sample(self, request: BootRequest, sample: SampleOutcome) -> None: ...
@@ -250,33 +266,52 @@ class Sink:
     def message(self, text: str) -> None: ...
 
 
-def deliver(events: Generator[Event, None, Any], sink: Sink | None = None) -> Any:
-    """Hand each of ``events`` to ``sink`` as it comes, and return what the generator
-    returns (:func:`~bisect_harness.backends.procedure.run_boot`: the outcome).
+def handed_back(request: BootRequest, outcome: BootOutcome) -> Iterator[Event]:
+    """The events of a boot that came back whole (a Slurm job's result, a mock handler's
+    answer): a :class:`Sampled` per sample of ``outcome``, in order, then its
+    :class:`Finished` without them, so its samples travel once, as a local boot's do."""
+    for sample in outcome.samples:
+        yield Sampled(request, sample)
+    yield Finished(request, outcome.without_samples())
 
-    An exception raised by the sink (an interrupt, say) is thrown back into the
-    generator where it handed that event over, so the boots stop as they would for
-    an interrupt of their own, report what they report then, and the exception
-    goes on to the caller."""
+
+def _dispatch(event: Event, sink: Sink) -> None:
+    if isinstance(event, Sampled):
+        sink.sample(event.request, event.sample)
+    elif isinstance(event, Finished):
+        sink.finished(event.request, event.outcome)
+    elif isinstance(event, Started):
+        sink.started(event.request, event.port, event.argv, event.log_path)
+    else:
+        sink.message(event.text)
+
+
+def deliver(events: Generator[Event, None, Any], sink: Sink | None = None) -> Any:
+    """Hand each of ``events`` to ``sink`` the moment it comes, and return what the
+    generator returns (:func:`~bisect_harness.backends.procedure.boot_events`: the
+    outcome). The one loop that carries a boot's events: the scheduler records through
+    it too (its recorder is a :class:`Sink`).
+
+    An exception raised by the sink (an interrupt, a ledger that refuses a write) is
+    thrown back into the generator where it handed that event over, so the boots stop
+    as they would for an interrupt of their own (their servers stopped, their jobs
+    cancelled), hand back what they hand back then, and the exception goes on to the
+    caller: the generator's own, or the sink's where the generator ended without one."""
     sink = sink or Sink()
-    failure: BaseException | None = None
+    failure: BaseException | None = None   # the sink's exception, on its way into the generator
+    thrown: BaseException | None = None    # ... once thrown: it goes on to the caller in any case
     while True:
         try:
             event = next(events) if failure is None else events.throw(failure)
         except StopIteration as stop:
+            if thrown is not None:
+                raise thrown
             return stop.value
         failure = None
         try:
-            if isinstance(event, Sampled):
-                sink.sample(event.request, event.sample)
-            elif isinstance(event, Finished):
-                sink.finished(event.request, event.outcome)
-            elif isinstance(event, Started):
-                sink.started(event.request, event.port, event.argv, event.log_path)
-            else:
-                sink.message(event.text)
+            _dispatch(event, sink)
         except BaseException as exc:  # noqa: BLE001 - it goes back into the boots, then on to the caller
-            failure = exc
+            failure = thrown = exc
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ in and out of the ledger, so no other module picks keys out of a stored mapping:
   group findings by kind; nobody reads a sentence back;
 * :class:`VerdictStats`: the figures of one look at a hypothesis beyond the verdict's
   columns: the statistical answer's parts, the checks the boots answered, the rounds,
-  the noise prior, the layers of a mechanism hypothesis and the cost.
+  the noise prior, the layers of a mechanism hypothesis and the cost;
+* :class:`RunHost`: what a run records beside its columns (``runs.host``): the host it
+  started on, the harness process that holds it, its backend, its order seed, what it
+  was started with (:class:`RunOptions`) and each resume (:class:`ResumeRecord`).
 
 Each stored shape has ``to_json`` and ``from_json`` and carries a version
 (:data:`EVIDENCE_VERSION`): a record written by an older harness (a field missing) reads
@@ -38,7 +41,7 @@ from bisect_harness.model import jsonable
 
 __all__ = ["EVIDENCE_VERSION", "VERSION_KEY", "NewerRecordError", "BootStatus", "BootEvidence",
            "BOOT_EVIDENCE_FIELDS", "FindingKind", "Finding", "findings_to_json", "findings_from_json",
-           "VerdictStats", "STAT_FIELDS"]
+           "VerdictStats", "STAT_FIELDS", "HarnessProcess", "RunOptions", "ResumeRecord", "RunHost", "RUN_HOST_KEYS"]
 
 #: The version of every shape this module writes; a record without one is version 0.
 EVIDENCE_VERSION = 1
@@ -199,6 +202,13 @@ class BootEvidence:
     def with_(self, **changes: Any) -> "BootEvidence":
         """This record with ``changes`` (field names) set."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def profile_state(self) -> str | None:
+        """What the boot's profiled sample gave (``engines.profilers.STATES``: taken,
+        no_profiler, failed), or None where the boot took none."""
+        state = (self.profile or {}).get("state")
+        return str(state) if state is not None else None
 
 
 #: The facts a boot records, in :class:`BootEvidence`'s order.
@@ -362,3 +372,162 @@ class VerdictStats:
 
 #: The figures a verdict's stats hold, in :class:`VerdictStats`' order.
 STAT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(VerdictStats) if f.name != "extra")
+
+
+# --------------------------------------------------------------------------- a run's host and options
+
+
+def _known(cls, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``data`` split into the fields of ``cls`` (all but ``extra``) and the rest."""
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    rest = dict(data)
+    return {name: rest.pop(name) for name in list(rest) if name in names}, rest
+
+
+def _ids(values: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in values or ())
+
+
+@dataclass(frozen=True)
+class HarnessProcess:
+    """The harness process that holds a run (``record.liveness.owner_record``): its pid,
+    its host's name and its start time (a reused pid is told apart by it)."""
+
+    pid: int | None = None
+    hostname: str | None = None
+    create_time: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "HarnessProcess":
+        known, rest = _known(cls, data or {})
+        return cls(**known, extra=rest)
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "hostname": self.hostname, "create_time": self.create_time, **self.extra}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a ``harness run`` was started with beyond its file, for a later resume
+    (``run.resume.record_options``): its A/A check, the hypotheses it kept (``--only``)
+    and ``--profile``. A field is None where the run recorded none (an older run)."""
+
+    aa_check: bool | None = None
+    hypotheses: tuple[str, ...] | None = None
+    profile: bool | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "RunOptions":
+        known, rest = _known(cls, data or {})
+        if known.get("hypotheses") is not None:
+            known["hypotheses"] = tuple(str(h) for h in known["hypotheses"])
+        return cls(**known, extra=rest)
+
+    def to_json(self) -> dict:
+        out = {name: jsonable(getattr(self, name)) for name in ("aa_check", "hypotheses", "profile")
+               if getattr(self, name) is not None}
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class ResumeRecord:
+    """One resume of a run (``run.resume.begin``), from which the journal's sentences
+    about it are made: when (``at``, UTC, ISO seconds), what the run had been
+    (``previous_status``, ``previous_error``), on which host it went on, which recorded
+    boots counted (all, and the ok ones), which ended on another host (all, and the ok
+    ones), which were cut short by the interruption, and the seed of its round order
+    from then on (``order_stream``)."""
+
+    at: str
+    previous_status: str | None = None
+    previous_error: str | None = None
+    host_fingerprint: str | None = None
+    hostname: str | None = None
+    counted_boot_ids: tuple[int, ...] = ()
+    counted_ok_boot_ids: tuple[int, ...] = ()
+    other_host_boot_ids: tuple[int, ...] = ()
+    other_host_ok_boot_ids: tuple[int, ...] = ()
+    cut_short_boot_ids: tuple[int, ...] = ()
+    order_stream: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ResumeRecord":
+        known, rest = _known(cls, data)
+        for name in ("counted_boot_ids", "counted_ok_boot_ids", "other_host_boot_ids", "other_host_ok_boot_ids",
+                     "cut_short_boot_ids"):
+            if name in known:
+                known[name] = _ids(known[name])
+        return cls(**{"at": "", **known}, extra=rest)
+
+    def to_json(self) -> dict:
+        out = {f.name: jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+
+@dataclass(frozen=True)
+class RunHost:
+    """What a run records beside its columns (``runs.host``). Stored as one JSON object:
+    the host's facts at its top level (``machine``), beside the run's own keys
+    (:data:`RUN_HOST_KEYS`) and its version.
+
+    ``machine``: the host the run started on (``observe.provenance.HostInfo.to_dict``:
+    hostname, boot id, kernel, CPU, GPUs), and any key this harness does not know, kept
+    as it was; ``owner`` (``harness_process``): the harness process that holds it now;
+    ``backend``: which backend booted its boots and how many at once
+    (``run.scheduler.Scheduler.backend_record``: name, slots, device sets, a backend's own
+    record); ``order_seed``: the seed of the order of the sides within each round;
+    ``options`` (``run_options``): what a ``harness run`` was started with beyond its
+    file; ``resumed``: each resume, oldest first."""
+
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    owner: HarnessProcess | None = None
+    backend: Mapping[str, Any] | None = None
+    order_seed: int | None = None
+    options: RunOptions | None = None
+    resumed: tuple[ResumeRecord, ...] = ()
+
+    #: the stored key of each field beside ``machine``
+    KEYS = {"owner": "harness_process", "backend": "backend", "order_seed": "order_seed",
+            "options": "run_options", "resumed": "resumed"}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "RunHost":
+        """The record stored as ``data`` (``runs.host``); ``None`` or ``{}`` is a run that
+        recorded nothing. Raises :class:`NewerRecordError` for a newer record."""
+        data = dict(data or {})
+        _version(data, "a run's host record")
+        data.pop(VERSION_KEY, None)
+        owner = data.pop("harness_process", None)
+        options = data.pop("run_options", None)
+        seed = data.pop("order_seed", None)
+        return cls(owner=HarnessProcess.from_json(owner) if isinstance(owner, Mapping) else None,
+                   backend=data.pop("backend", None), order_seed=int(seed) if seed is not None else None,
+                   options=RunOptions.from_json(options) if isinstance(options, Mapping) else None,
+                   resumed=tuple(ResumeRecord.from_json(r) for r in data.pop("resumed", None) or ()),
+                   machine=data)
+
+    def to_json(self) -> dict:
+        """The record as stored: the host's facts, the run's keys that are set, the version."""
+        out: dict[str, Any] = dict(jsonable(self.machine))
+        if self.owner is not None:
+            out["harness_process"] = self.owner.to_json()
+        if self.backend is not None:
+            out["backend"] = jsonable(self.backend)
+        if self.order_seed is not None:
+            out["order_seed"] = self.order_seed
+        if self.options is not None:
+            out["run_options"] = self.options.to_json()
+        if self.resumed:
+            out["resumed"] = [r.to_json() for r in self.resumed]
+        out[VERSION_KEY] = EVIDENCE_VERSION
+        return out
+
+    def with_(self, **changes: Any) -> "RunHost":
+        return dataclasses.replace(self, **changes)
+
+
+#: The keys of ``runs.host`` that are the run's own (the others are the host's facts).
+RUN_HOST_KEYS: tuple[str, ...] = tuple(RunHost.KEYS.values())

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import BootOutcome, SampleOutcome
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.observe.contention import Thresholds, Window, judge, record
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
@@ -51,7 +52,7 @@ class Seeded:
     """The mock backend's handler: a boot's tok/s is ``level(request)`` times a seeded
     draw of boot-to-boot noise (``between``), the draw a function of the config and the
     boot's number among its config's boots; ``mark(request, k)`` gives the marks (and
-    provenance) of boot ``k`` of a config, ``fail(request, k)`` whether it fails."""
+    the fields of its evidence) of boot ``k`` of a config, ``fail(request, k)`` whether it fails."""
 
     def __init__(self, level, *, between: float = 0.02, mark=None, fail=None):
         self.level, self.between, self.mark, self.fail = level, between, mark, fail
@@ -66,7 +67,7 @@ class Seeded:
         rng = _rng(r.config_key, k)
         level = self.level(r) * rng.lognormvariate(0.0, self.between)
         marks, provenance = self.mark(r, k) if self.mark is not None else ((), {})
-        return BootOutcome(boot_id=r.boot_id, status="ok", marks=tuple(marks), provenance=provenance,
+        return BootOutcome(boot_id=r.boot_id, status="ok", marks=tuple(marks), evidence=BootEvidence(**provenance),
                            samples=_samples(level, rng))
 
 

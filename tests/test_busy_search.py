@@ -20,6 +20,7 @@ import pytest
 
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.demo import create_demo_repo
 from bisect_harness.observe import host_state
 from bisect_harness.observe.contention import Thresholds
@@ -72,7 +73,7 @@ class Bursty(Planted):
                     "message": "CPU used by other processes 95% > 25%"}] if hit else []
         record = {"window": {"seconds": 3.0, "cores": 2, "figures": BUSY if hit else QUIET, "sources": {}},
                   "samples": windows, "crossed": crossed, "thresholds": Thresholds().to_dict()}
-        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(out), provenance={"contention": record},
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(out), evidence=BootEvidence(contention=record),
                            marks=("host_busy",) if hit else ())
 
 

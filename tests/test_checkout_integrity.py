@@ -188,9 +188,9 @@ def test_a_tree_replaced_by_another_commits_built_tree_boots_the_commit_asked_fo
     said = _Said()
     out = run_boot(_request(tmp_path, engine, build=EDITABLE_BUILD, checkout="tree", boot_id=2), said)
     assert out.status == "ok" and _version(out) == "1.0.0", (out.status, out.failure, _version(out))
-    assert out.provenance["engine_version"]["values"]["/version"] == "1.0.0"
+    assert out.evidence.engine_version["values"]["/version"] == "1.0.0"
     assert len(said.lines) == 1 and said.lines[0].startswith(f"boot 2 (") and "made it again" in said.lines[0]
-    assert out.provenance["checkout"]["remade"] == [said.lines[0].split("): ", 1)[1]]
+    assert out.evidence.checkout["remade"] == [said.lines[0].split("): ", 1)[1]]
     assert integrity.CHECKOUT_CHANGED not in out.marks
 
 
@@ -199,7 +199,7 @@ def test_a_changed_file_of_the_commits_environment_rebuilds_it(tmp_path, engine)
     req = _request(tmp_path, engine, build=COPY_BUILD)
     first = run_boot(req)
     assert first.status == "ok" and _version(first) == "1.0.0", (first.failure, first.log_tail)
-    venv = Path(first.provenance["environment"]["venv"])
+    venv = Path(first.evidence.environment["venv"])
     (installed,) = venv.glob("lib/python*/site-packages/tinyengine/__init__.py")
     installed.write_text('__version__ = "2.0.0"\n')  # B's code in A's environment
 
@@ -217,7 +217,7 @@ def test_a_boot_whose_checkout_changed_while_it_ran_is_marked_and_not_counted(tm
     out = run_boot(req)
     assert out.samples, out.failure  # it was measured, and its samples are kept
     assert out.status == "excluded" and integrity.CHECKOUT_CHANGED in out.marks, (out.status, out.marks)
-    assert out.provenance["checkout_changed"] == [f"{engine[0]}: python/tinyengine/serve.py: content differs"]
+    assert out.evidence.checkout_changed == (f"{engine[0]}: python/tinyengine/serve.py: content differs",)
 
     said = _Said()  # the next boot starts on the checkout made again (and changes it again)
     again = run_boot(_request(tmp_path, engine, build=EDITABLE_BUILD, launch=TOUCHES_ITS_CHECKOUT, boot_id=2), said)

@@ -138,6 +138,16 @@ def _ours(filename: str) -> bool:
     return filename.startswith(str(PACKAGE)) and filename.endswith(".py")
 
 
+#: ``boot.deliver`` (and its dispatch) call only what their caller handed them, the
+#: backend's events and the caller's sink: a call out of them is their caller's (the
+#: scheduler steps its backend's events into its own recorder through them)
+_RELAYS = {(str(PACKAGE / "boot.py"), "deliver"), (str(PACKAGE / "boot.py"), "_dispatch")}
+
+
+def _relays(code) -> bool:
+    return (code.co_filename, code.co_name) in _RELAYS
+
+
 class _Calls:
     """Every call from one module of the package into another, while active."""
 
@@ -152,8 +162,9 @@ class _Calls:
         if not _ours(callee):
             return
         caller = frame.f_back
-        while caller is not None and not _ours(caller.f_code.co_filename):
-            caller = caller.f_back  # through the standard library, a template or a test's own code
+        while caller is not None and (not _ours(caller.f_code.co_filename) or _relays(caller.f_code)):
+            # through the standard library, a template, a test's own code or boot.deliver
+            caller = caller.f_back
         if caller is None or caller.f_code.co_filename == callee:
             return
         pair = (_module(Path(caller.f_code.co_filename)), _module(Path(callee)))

@@ -339,7 +339,7 @@ def test_a_boots_warm_ups_are_sized_like_its_samples(models, tmp_path, monkeypat
     log = tmp_path / "boot.log"
     out = run_boot(plan.boot_request(plan.configs[0], boot_id=1, seq=1, log_path=log))
     assert out.status == "ok", (out.failure, out.log_tail)
-    size = out.provenance["prompt"]
+    size = out.evidence.prompt
     assert size["unit"] == "tokens" and size["words"] != 40, size  # the fit is not the identity here
     per_word = size["tokens"] / size["words"]
     evaluated = [int(n) for n in re.findall(r"prompt eval time = +[0-9.]+ ms / +(\d+) tokens", log.read_text())]

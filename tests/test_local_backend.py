@@ -65,8 +65,9 @@ def test_a_boot_request_is_a_frozen_picklable_value_and_run_boot_returns_its_out
     assert pickle.loads(pickle.dumps(out)) == out
     assert len(out.samples) == 1 and out.samples[0].metrics["tok_s"] > 0
     assert str(out.port) in out.argv and out.host_fingerprint
-    assert out.provenance["host"]["hostname"] and out.provenance["environment"]["python"]
+    assert out.evidence.host["hostname"] and out.evidence.environment["python"]
     assert [e[0] for e in sink.events] == ["started", "sample", "finished"]
+    assert sink.events[-1][2].samples == ()  # the sample went once, as its event; run_boot returns it whole
 
 
 def test_device_sets_split_the_cores_and_refuse_more_slots_than_cores():
@@ -119,7 +120,7 @@ def test_two_slots_boot_two_configs_at_once_on_disjoint_cores(tmp_path):
             a, b = pair
             # the two boots of a round overlapped in time, each pinned to its own cores
             assert a.started_at < b.finished_at and b.started_at < a.finished_at
-            da, db = a.provenance["devices"], b.provenance["devices"]
+            da, db = a.evidence.devices, b.evidence.devices
             assert set(da["cpus"]).isdisjoint(db["cpus"])
             assert a.argv[:2] == ["taskset", "-c"]
         assert sched.run.host["backend"] == {"name": "local", "slots": 2,

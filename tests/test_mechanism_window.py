@@ -328,7 +328,7 @@ def test_the_demo_on_a_cpu_reads_graphs_not_engaged_and_drafting_engaged(tmp_pat
     for i, config in enumerate(plan.configs, 1):
         out = run_boot(plan.boot_request(config, boot_id=i, seq=1, log_path=tmp_path / f"boot-{i}.log"))
         assert out.status == "ok", (out.failure, out.log_tail)
-        got = {m["name"]: m for m in out.provenance["mechanisms"]}
+        got = {m["name"]: m for m in out.evidence.mechanisms}
         graphs = got["CUDA graphs"]
         assert graphs["state"] == "not_engaged" and graphs["on_by_default"] and graphs["set_up"] is False, graphs
         assert graphs["window"].startswith("demo:cuda_graph_passes_total over the window: decode_cuda_graph +0, ")

@@ -44,10 +44,12 @@ def _requests(tmp_path, n=1):
 class _Collect(Sink):
     def __init__(self, raise_on_sample: BaseException | None = None):
         self.events: list[tuple] = []
+        self.samples: dict[int, list] = {}
         self.raise_on_sample = raise_on_sample
 
     def sample(self, request, sample):
         self.events.append(("sample", request.boot_id, sample.seq, dict(sample.metrics)))
+        self.samples.setdefault(request.boot_id, []).append(sample)
         if self.raise_on_sample is not None:
             raise self.raise_on_sample
 
@@ -73,9 +75,11 @@ def test_each_answer_becomes_a_boot_its_samples_handed_back_before_its_outcome(t
         ("finished", 13)]
     assert sink.events[1][3] == {"tok_s": 101.0, "ttft_ms": 9.0}
     first, second, third, fourth = (e[2] for e in sink.events if e[0] == "finished")
-    assert first.ok and [s.metrics["tok_s"] for s in first.samples] == [100.0, 101.0]
-    assert second.boot_id == 11 and second.marks == ("host_busy",) and second.samples[0].seq == 1
-    assert second.samples[0].requests == 2
+    # the samples travel once, as sample events; the outcome after them carries none
+    assert [e[3]["tok_s"] for e in sink.events if e[:2] == ("sample", 10)] == [100.0, 101.0]
+    assert first.ok and first.samples == () and second.samples == ()
+    assert second.boot_id == 11 and second.marks == ("host_busy",)
+    assert sink.samples[11][0].seq == 1 and sink.samples[11][0].requests == 2
     assert third.status == "failed" and third.config_failure is None
     assert fourth.config_failure == "flag refused" and fourth.config_status == "boot_failed"
     assert backend.requests == reqs and [len(b) for b in backend.batches] == [2, 2]
@@ -134,7 +138,7 @@ def test_the_mock_is_a_backend_kind_made_from_the_files_section(tmp_path):
     (req,) = _requests(tmp_path)
     sink = _Collect()
     backend.run([req], sink)
-    assert sink.events[-1][2].samples[0].metrics == {"tok_s": 200.0}
+    assert sink.samples[req.boot_id][0].metrics == {"tok_s": 200.0} and sink.events[-1][0] == "finished"
     with pytest.raises(SpecError, match=r"backend\.partition"):
         _plan(tmp_path, backend={"kind": "mock", "partition": "gpu"})
     with pytest.raises(SpecError, match=r"backend\.handler"):
@@ -168,3 +172,18 @@ def test_a_registry_loads_its_kinds_once_before_it_is_first_read():
     assert kinds.names() == ("a", "b", "c") and "c" in kinds and loads == [1]  # in name order, whoever came first
     assert kinds.in_words() == "a, b or c" and kinds.in_words(str.upper) == "A, B or C" and loads == [1]
     assert Registry("one", name_of=str, load=lambda: None).in_words() == ""
+
+
+def test_an_exception_of_the_caller_goes_on_even_where_the_boot_takes_it_for_its_own_failure(tmp_path):
+    (req,) = _requests(tmp_path)
+
+    def boot():  # takes what was thrown in for a failure of its own and ends without raising
+        try:
+            yield Sampled(req, SampleOutcome(metrics={"tok_s": 1.0}, requests=1, output_tokens=1, duration_s=0.1))
+        except RuntimeError:
+            yield Finished(req, BootOutcome(boot_id=req.boot_id, status="failed", failure="benchmark failed"))
+
+    sink = _Collect(raise_on_sample=RuntimeError("the ledger refused the sample"))
+    with pytest.raises(RuntimeError, match="the ledger refused the sample"):
+        deliver(boot(), sink)
+    assert [e[0] for e in sink.events] == ["sample", "finished"] and sink.events[1][2].status == "failed"

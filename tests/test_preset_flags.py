@@ -81,7 +81,7 @@ def test_an_old_build_without_metrics_boots_without_the_presets_flag_and_says_so
     launched = [json.loads(line) for line in old_server.read_text().splitlines()]
     assert launched[-1][0:2] == ["--host", "127.0.0.1"] and "--metrics" not in launched[-1]
     assert "--help" in launched[0]  # the help was read first, without the preset's flag
-    assert out.provenance["preset_flags"]["dropped"] == ["--metrics"]
+    assert out.evidence.preset_flags["dropped"] == ["--metrics"]
     assert any("does not name the preset's --metrics: launched without it" in m for m in messages), messages
 
 
@@ -154,7 +154,7 @@ def test_the_real_llama_server_keeps_metrics(tmp_path, monkeypatch):
                      "metric": "tok_s", "expect": "increase", "min_effect": "10%"}])
     _req, out, messages = boot_once(tmp_path, spec)
     assert out.status == "ok", (out.failure, out.log_tail)
-    assert "--metrics" in out.argv and out.provenance["preset_flags"]["kept"] == ["--metrics"]
+    assert "--metrics" in out.argv and out.evidence.preset_flags["kept"] == ["--metrics"]
     assert out.samples[0].metrics.get("predicted", 0) > 0  # /metrics answered: the flag took effect
     assert not messages
     # today's llama-server refuses an option it lacks in its own words, exit 1: a refusal, not a crash

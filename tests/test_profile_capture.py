@@ -18,6 +18,7 @@ import pytest
 
 from bisect_harness.backends.mock import MockBackend, failed
 from bisect_harness.boot import BootOutcome, SampleOutcome
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.errors import SpecError
 from bisect_harness.spec import load_spec
 from bisect_harness.run.executor import Executor
@@ -61,8 +62,8 @@ class Script:
         answer = (self.script.get(r.config_key) or ["taken"]).pop(0) if r.profile else None
         if answer == "boot_failed":
             return failed("the server exited 1")
-        prov = {"profile": {"state": answer, "why": "" if answer == "taken" else "scripted"}} if answer else {}
-        return BootOutcome(boot_id=r.boot_id, status="ok", samples=samples, provenance=prov)
+        profile = {"state": answer, "why": "" if answer == "taken" else "scripted"} if answer else None
+        return BootOutcome(boot_id=r.boot_id, status="ok", samples=samples, evidence=BootEvidence(profile=profile))
 
     def profiled(self, key: str) -> list[bool]:
         """Which boots of the config ``key`` asked for the profile, in order."""

@@ -64,13 +64,13 @@ def test_an_attached_server_takes_no_settle_pause(tmp_path, demo_server):
     out = run_boot(req, _Quiet())
     assert out.status == "ok", (out.failure, out.log_tail)
     assert len(out.samples) == 1 and out.samples[0].metrics["tok_s"] > 0
-    assert "settle_s" not in out.provenance  # no pause was spent
+    assert out.evidence.settle_s is None  # no pause was spent
 
     # The recording can tell: the same attached boot asked to settle records the pause it spent.
     paused = run_boot(dataclasses.replace(req, boot_id=2, log_path=str(tmp_path / "boot-2.log"), settle_s=0.4),
                       _Quiet())
     assert paused.status == "ok", (paused.failure, paused.log_tail)
-    assert paused.provenance["settle_s"] >= 0.4
+    assert paused.evidence.settle_s >= 0.4
 
 
 def test_a_launched_server_keeps_its_presets_settle_pause(tmp_path):

@@ -97,10 +97,16 @@ def _demo_requests(tmp_path, *, n: int = 2, samples: int = 1, engine: dict | Non
 class Recording(Sink):
     def __init__(self):
         self.outcomes: dict[int, BootOutcome] = {}
+        self.samples: dict[int, list] = {}
         self.messages: list[str] = []
+
+    def sample(self, request, sample):
+        assert request.boot_id not in self.outcomes, "a boot's samples come before its outcome"
+        self.samples.setdefault(request.boot_id, []).append(sample)
 
     def finished(self, request, outcome):
         assert request.boot_id not in self.outcomes, "one outcome per request"
+        assert outcome.samples == (), "the samples travel once, as sample events"
         self.outcomes[request.boot_id] = outcome
 
     def message(self, text):
@@ -115,18 +121,19 @@ def test_two_demo_boots_run_as_slurm_jobs_on_two_nodes(slurm_cluster, tmp_path):
                            folder=tmp_path / "jobs")
     backend.run(requests, sink)
     assert sorted(sink.outcomes) == [1, 2]
-    print({i: o.provenance["slurm"] for i, o in sink.outcomes.items()})
+    print({i: o.evidence.slurm for i, o in sink.outcomes.items()})
     for r in requests:
         out = sink.outcomes[r.boot_id]
         assert out.status == "ok", (out.failure, out.log_tail)
-        assert len(out.samples) == 1 and out.samples[0].metrics["tok_s"] > 0
-        slurm = out.provenance["slurm"]
+        samples = sink.samples[r.boot_id]  # handed back once each, before the outcome
+        assert len(samples) == 1 and samples[0].metrics["tok_s"] > 0 and samples[0].seq == 1
+        slurm = out.evidence.slurm
         assert slurm["node"] in slurm_cluster.node_names and slurm["state"] in ("COMPLETED", "COMPLETING")
-        assert out.provenance["devices"]["node"] == slurm["node"]
+        assert out.evidence.devices["node"] == slurm["node"]
         assert 0 < slurm["queued_s"] < slurm["total_s"] and slurm["boot_s"] > 0
         assert out.host_fingerprint  # the node folded into the host's
-    assert len({o.provenance["slurm"]["job_id"] for o in sink.outcomes.values()}) == 2
-    assert {o.provenance["slurm"]["node"] for o in sink.outcomes.values()} == set(slurm_cluster.node_names)
+    assert len({o.evidence.slurm["job_id"] for o in sink.outcomes.values()}) == 2
+    assert {o.evidence.slurm["node"] for o in sink.outcomes.values()} == set(slurm_cluster.node_names)
     assert len({o.host_fingerprint for o in sink.outcomes.values()}) == 2
     assert slurm_cluster.jobs_after() == []
 
@@ -177,7 +184,7 @@ def test_a_job_cancelled_while_booting_is_a_failed_boot_naming_its_slurm_state(s
     out = sink.outcomes[request.boot_id]
     assert out.status == "failed" and out.config_failure is None  # re-booted by the scheduler, not a broken config
     assert f"Slurm job {cancelled[0]}" in out.failure and "CANCELLED" in out.failure, out.failure
-    assert out.provenance["slurm"]["state"] == "CANCELLED" and out.provenance["slurm"]["job_id"] == cancelled[0]
+    assert out.evidence.slurm["state"] == "CANCELLED" and out.evidence.slurm["job_id"] == cancelled[0]
     assert slurm_cluster.active_jobs() == [] and _job_processes(cancelled) == []
 
 
@@ -202,7 +209,7 @@ def test_an_interrupt_cancels_every_queued_and_running_job(slurm_cluster, tmp_pa
     assert time.monotonic() - started < 120
     assert sorted(sink.outcomes) == [1, 2, 3]
     assert {o.status for o in sink.outcomes.values()} == {"interrupted"}
-    job_ids = [o.provenance["slurm"]["job_id"] for o in sink.outcomes.values()]
+    job_ids = [o.evidence.slurm["job_id"] for o in sink.outcomes.values()]
     assert set(seen) < set(job_ids) and all("cancelled" in o.failure for o in sink.outcomes.values())
     assert slurm_cluster.active_jobs() == []  # nothing left queued or running
     from helpers import wait_for
@@ -215,7 +222,7 @@ def test_one_slot_keeps_every_boot_on_the_first_boots_node_until_that_node_is_go
     backend = SlurmBackend(SlurmOptions(cpus_per_boot=2, time_limit_min=5, poll_s=0.2), slots=1,
                            folder=tmp_path / "jobs")
     backend.run([r1], sink)
-    first = sink.outcomes[1].provenance["slurm"]["node"]
+    first = sink.outcomes[1].evidence.slurm["node"]
     assert backend.node == first
     other = next(n for n in slurm_cluster.node_names if n != first)
     # the first node is busy for a while and the other is free: the boot waits for the first
@@ -224,7 +231,7 @@ def test_one_slot_keeps_every_boot_on_the_first_boots_node_until_that_node_is_go
     assert blocker.returncode == 0, blocker.stderr
     backend.run([r2], sink)
     out = sink.outcomes[2]
-    assert out.status == "ok" and out.provenance["slurm"]["node"] == first, (out.failure, out.provenance)
+    assert out.status == "ok" and out.evidence.slurm["node"] == first, (out.failure, out.evidence)
     # the first node is drained: the pinned job cannot start there, and goes where Slurm sends it
     drain = slurm_cluster.run("scontrol", "update", f"nodename={first}", "state=drain", "reason=bisect-harness test")
     assert drain.returncode == 0, drain.stderr
@@ -232,6 +239,6 @@ def test_one_slot_keeps_every_boot_on_the_first_boots_node_until_that_node_is_go
         backend.run([r3], sink)
     finally:
         slurm_cluster.run("scontrol", "update", f"nodename={first}", "state=resume")
-    assert sink.outcomes[3].status == "ok" and sink.outcomes[3].provenance["slurm"]["node"] == other
+    assert sink.outcomes[3].status == "ok" and sink.outcomes[3].evidence.slurm["node"] == other
     assert any(f"cannot start on {first}" in m for m in sink.messages), sink.messages
     assert backend.node == other

@@ -2,8 +2,9 @@
 
 A backend runs a batch of boot requests (one round's boots) and hands back what
 happens as events (``boot.Started``, ``boot.Sampled``, ``boot.Finished``,
-``boot.Message``), in order, on the caller's thread; the caller records each as
-it comes::
+``boot.Message``), in order, on the caller's thread: each sample once, as a
+``Sampled`` event before its boot's ``Finished`` (a boot that comes back whole, a
+Slurm job's, through ``boot.handed_back``); the caller records each as it comes::
 
     for event in backend.events(requests):   # ends when every request has its Finished
         ...
@@ -67,11 +68,15 @@ class BackendKind:
     make: Callable[..., Backend]
 
 
+#: Modules of this package that add no kind: the boot procedure and its checks (the kinds
+#: import them when they boot, so that reading the names stays cheap).
+_NOT_KINDS = ("procedure", "checks")
+
+
 def _import_kinds() -> None:
-    """Import each module of this package: each adds its kind. The boot procedure adds
-    none; the kinds import it when they boot, so that reading the names stays cheap."""
+    """Import each module of this package but :data:`_NOT_KINDS`: each adds its kind."""
     for module in pkgutil.iter_modules(__path__):
-        if module.name != "procedure":
+        if module.name not in _NOT_KINDS:
             importlib.import_module(f"{__name__}.{module.name}")
 
 

@@ -21,8 +21,8 @@ The handler may return
   hands each sample back the moment it yields it and may raise where a boot
   would (an interrupt after one sample: yield it, then raise).
 
-Each sample is handed back as it is made, then the outcome, as the local
-backend does; an exception the handler raises propagates. ``requests`` and
+Each sample is handed back as it is made (an outcome's samples, before it), then
+the outcome without them, as the local backend does; an exception the handler raises propagates. ``requests`` and
 ``batches`` keep what was asked, in order.
 
 Adding a backend is this much: a module in ``backends/`` that adds its
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from bisect_harness.backends import BACKENDS, Backend, BackendKind
-from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, SampleOutcome, Sampled
+from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, SampleOutcome, Sampled, handed_back
+from bisect_harness.evidence import BootStatus
 from bisect_harness.errors import SpecError, UserError
 
 __all__ = ["MockBackend", "failed"]
@@ -51,7 +52,7 @@ def failed(why: str, *, config_status: str | None = None, **fields: Any) -> Boot
     """A failed boot saying ``why``. With ``config_status`` (``build_failed`` or
     ``boot_failed``) the config itself cannot be measured at this commit (a broken
     build, a refused flag): never retried."""
-    return BootOutcome(boot_id=0, status="failed", failure=why, config_failure=why if config_status else None,
+    return BootOutcome(boot_id=0, status=BootStatus.FAILED, failure=why, config_failure=why if config_status else None,
                        config_status=config_status, **fields)
 
 
@@ -70,16 +71,12 @@ class MockBackend(Backend):
             self.requests.append(r)
             answer = self.handler(r)
             if isinstance(answer, BootOutcome):
-                samples = [self._sample(s, k) for k, s in enumerate(answer.samples)]
-                for s in samples:
-                    yield Sampled(r, s)
-                yield Finished(r, dataclasses.replace(answer, boot_id=r.boot_id, samples=tuple(samples)))
+                samples = tuple(self._sample(s, k) for k, s in enumerate(answer.samples))
+                yield from handed_back(r, dataclasses.replace(answer, boot_id=r.boot_id, samples=samples))
                 continue
-            samples = []
-            for s in answer:
-                samples.append(self._sample(s, len(samples)))
-                yield Sampled(r, samples[-1])
-            yield Finished(r, BootOutcome(boot_id=r.boot_id, status="ok", samples=tuple(samples)))
+            for k, s in enumerate(answer):
+                yield Sampled(r, self._sample(s, k))
+            yield Finished(r, BootOutcome(boot_id=r.boot_id, status=BootStatus.OK))
 
     def _sample(self, value: Any, k: int) -> SampleOutcome:
         """Sample ``k`` (from 0) of a boot as the ledger takes it: numbered from 1 where it is not."""

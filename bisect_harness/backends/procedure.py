@@ -8,40 +8,40 @@ the samples while watching the host, and tears down. It takes a frozen
 (the launch, each sample the moment it is measured, the frozen
 :class:`~bisect_harness.boot.BootOutcome` last), returning the outcome; it never
 touches the ledger. :func:`run_boot` is the same boot as a plain call, its events
-handed to a :class:`~bisect_harness.boot.Sink`. Every backend boots through it:
-the local backend on this host, the Slurm backend on a cluster node.
+handed to a :class:`~bisect_harness.boot.Sink`, returning the boot whole (its
+outcome with its samples). Every backend boots through it: the local backend on
+this host, the Slurm backend on a cluster node. The checks a boot runs on itself
+(what they mark and record) are :mod:`~bisect_harness.backends.checks`; the boot's
+facts go into its :class:`~bisect_harness.evidence.BootEvidence` field by field.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import shutil
-import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any, Generator, Mapping
 
 import httpx
 
 from bisect_harness.engines import attach, benchtools, integrity, preset_flags, presets, profilers
-from bisect_harness.observe import contention, engine_identity, mechanisms, provenance
-from bisect_harness.measure import bodies
-from bisect_harness.measure.deadline import deadline_client
+from bisect_harness.observe import contention, engine_identity, provenance
 from bisect_harness.engines.checkout import read_tail
 from bisect_harness.engines.recipe import checkout, placeholders, process_env, working_dir
 from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
-from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted, UserError
+from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted
 from bisect_harness.model import jsonable, utcnow
 from bisect_harness.measure.sources import SourceCollector
-from bisect_harness.measure.sources.prometheus import parse_prometheus
-from bisect_harness.measure.values import read_server_info
 from bisect_harness.boot import (BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Sink,
                                  Started)
 from bisect_harness.boot import deliver
+from bisect_harness.backends import checks
+from bisect_harness.backends.checks import fetch_server_info
+from bisect_harness.evidence import BootEvidence, BootStatus
 
 __all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_server_info"]
 
@@ -49,159 +49,23 @@ __all__ = ["boot_events", "run_boot", "host_fingerprint", "this_host", "fetch_se
 # --------------------------------------------------------------------------- helpers
 
 
-def host_fingerprint(host: Mapping) -> str:
+def host_fingerprint(host: provenance.HostInfo) -> str:
     """What makes two boots comparable hosts: machine, boot, GPUs, driver."""
     import hashlib
     import json
 
-    keys = {k: host.get(k) for k in ("hostname", "boot_id", "kernel", "cpu_model")}
-    gpus = host.get("gpus") or []
-    keys["gpus"] = [(g.get("uuid"), g.get("driver_version")) for g in gpus if isinstance(g, Mapping)]
+    keys = {"hostname": host.hostname, "boot_id": host.boot_id, "kernel": host.kernel, "cpu_model": host.cpu_model,
+            "gpus": [(g.uuid, g.driver_version) for g in host.gpus]}
     return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=1)
 def this_host() -> tuple[dict, str]:
     """This host's description and fingerprint (machine, boot id, GPUs: fixed for a process)."""
-    host = provenance.collect_host().to_dict()
-    return host, host_fingerprint(host)
+    host = provenance.collect_host()
+    return host.to_dict(), host_fingerprint(host)
 
 
-def fetch_server_info(base_url: str, paths: Sequence[str], headers: Mapping[str, str] | None = None,
-                      limit: int = bodies.MAX_BODY_BYTES) -> dict | None:
-    """The first server-info endpoint that answers with a JSON object, or None
-    (``values.read_server_info``, the rule the metric sources use too); no body
-    is read past ``limit`` bytes (``limits.body_bytes``)."""
-    with deadline_client() as client:
-        data, _ = read_server_info(client, base_url, paths, timeout_s=10.0, headers=headers, limit=limit)
-    return dict(data) if data is not None else None
-
-
-#: A server that sends this many more chunks of text than the tokens it counts, on every
-#: request of a boot, has a steady off-by-one of its own (llama.cpp's server of late 2023:
-#: 33 chunks for ``tokens_predicted`` 32), learnt and noted, not a disagreement.
-STEADY_EXTRA_CHUNKS = 1
-
-
-def _usage_check(b: "_Boot", requests) -> None:
-    """Each answered request's difference between the chunks of text it carried and the
-    server's count of its tokens, gathered for :func:`_usage_verdict`."""
-    for r in requests:
-        if r.ok and r.server_tokens is not None:
-            d = r.chunks - r.server_tokens
-            b.usage_diffs[d] = b.usage_diffs.get(d, 0) + 1
-            if r.usage_mismatch:
-                b.usage_examples.setdefault(d, r.usage_mismatch)
-
-
-def _usage_verdict(b: "_Boot") -> None:
-    """A server whose token count is below the text chunks it sent is not believed: the
-    client's count stands for those requests (``measure.request``). The boot is marked
-    ``usage_mismatch`` with how often and one example, unless every request of the boot
-    (two at least) showed the same :data:`STEADY_EXTRA_CHUNKS` extra chunk: that is the
-    server's own steady off-by-one, said once in ``provenance["usage_offset"]``, not a
-    mark. A difference beyond it, or one that changes from request to request, marks."""
-    over = {d: n for d, n in b.usage_diffs.items() if d > 0}
-    if not over:
-        return
-    total = sum(b.usage_diffs.values())
-    if set(b.usage_diffs) == {STEADY_EXTRA_CHUNKS} and total >= 2:
-        b.provenance["usage_offset"] = {
-            "extra_chunks": STEADY_EXTRA_CHUNKS, "requests": total,
-            "note": (f"the server sent {STEADY_EXTRA_CHUNKS} chunk of text more than the tokens it counted on "
-                     f"every one of the boot's {total} requests ({b.usage_examples[STEADY_EXTRA_CHUNKS]}): its "
-                     "steady off-by-one, not a disagreement; the chunks' count stands for the token figures")}
-        return
-    worst = max(over)
-    b.provenance.pop("usage_offset", None)  # said by an earlier look, before the counts disagreed
-    b.provenance["usage_mismatch"] = {"requests": sum(over.values()), "example": b.usage_examples[worst]}
-    if "usage_mismatch" not in b.marks:
-        b.marks.append("usage_mismatch")
-
-
-#: How a server's top process may end when the harness stops it: exit 0, or killed by
-#: SIGTERM (-15 as Python reports a signal, 143 as a shell wrapper passes it on).
-_STOPPED_AS_ASKED = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
-
-
-def _stop_check(b: "_Boot", server) -> None:
-    """The launched server's exit code at the harness's stop, in the boot's record
-    (``provenance["stop"]``); any other end than :data:`_STOPPED_AS_ASKED` (a wrapper
-    that exits 1 when SIGTERM reached its server first, a server killed after the
-    grace) is said there and marks the boot ``stop_unclean``. Its samples were taken
-    before the stop and count."""
-    rc = getattr(server, "returncode", None)  # an attached server is not ours to stop
-    if rc is None:
-        return
-    clean = rc in _STOPPED_AS_ASKED
-    b.provenance["stop"] = {"exit_code": rc, "clean": clean}
-    if not clean:
-        how = f"killed by signal {-rc}" if rc < 0 else f"exited {rc}"
-        b.provenance["stop"]["note"] = (f"the server's top process {how} when the harness stopped it (SIGTERM, "
-                                        "then SIGKILL after the grace); its samples were taken before and count")
-        if "stop_unclean" not in b.marks:
-            b.marks.append("stop_unclean")
-
-
-def _log_check(b: "_Boot", server) -> None:
-    """How much the server wrote to its boot log and, past the log's cap (the first
-    and last 32 MiB kept), how much was dropped: ``provenance["log"]``, and the mark
-    ``log_capped`` when anything was; where the log could not be written, see
-    :func:`_log_unwritten`."""
-    out = getattr(server, "log_output", None)
-    if out is None:
-        return
-    written, dropped = out
-    b.provenance["log"] = {"bytes_written": written, "bytes_dropped": dropped}
-    if dropped and "log_capped" not in b.marks:
-        b.marks.append("log_capped")
-
-
-def _log_unwritten(b: "_Boot", why: str | None) -> None:
-    """A boot whose log could not be written (a full disk, an I/O error) is marked
-    ``log_unwritten``, and ``provenance["log"]["unwritten"]`` says how much is missing
-    and why; its ``log_tail`` is the newest output, kept in memory. Its samples count."""
-    if not why:
-        return
-    b.provenance.setdefault("log", {})["unwritten"] = why
-    if "log_unwritten" not in b.marks:
-        b.marks.append("log_unwritten")
-
-
-def _checkout_check(b: "_Boot", held: integrity.Held) -> None:
-    """After the server stopped: is the checkout (and the commit's environment) still
-    what the boot was started on? One that changed while the boot ran says nothing of
-    the commit: the boot is marked ``checkout_changed``, what changed is in
-    ``provenance["checkout_changed"]``, and it is excluded (booted again, on a checkout
-    made again)."""
-    changed = integrity.changed_since(held)
-    if not changed:
-        return
-    b.provenance["checkout_changed"] = changed[:20] + ([f"and {len(changed) - 20} more"] if len(changed) > 20 else [])
-    b.marks.append(integrity.CHECKOUT_CHANGED)
-    if b.status in ("running", "ok"):
-        b.status = "excluded"
-
-
-def _retry_check(b: "_Boot", requests, seq: int) -> None:
-    """Requests that failed in sample ``seq``: those sent again within it (the server said
-    "try again", never took them, answered 200 with nothing, or cut the stream) and those
-    that failed in the end, in ``provenance["request_retries"]``: how many, how often, the
-    first answer, the first failure, and per sample (``samples``: ``{seq: {"retries",
-    "failed"}}``). The boot is marked ``requests_failed``."""
-    tried = [r for r in requests if r.retries]
-    failed = [r for r in requests if not r.ok]
-    if not tried and not failed:
-        return
-    seen = b.provenance.setdefault("request_retries", {"requests": 0, "retries": 0, "example": None})
-    seen["requests"] += len(tried)
-    seen["retries"] += sum(r.retries for r in tried)
-    seen["example"] = seen.get("example") or (tried[0].retry_reason if tried else None)
-    seen["failed"] = seen.get("failed", 0) + len(failed)
-    seen["failed_example"] = seen.get("failed_example") or (failed[0].error if failed else None)
-    seen.setdefault("samples", {})[str(seq)] = {"retries": sum(r.retries for r in tried), "failed": len(failed)}
-    if "requests_failed" not in b.marks:
-        b.marks.append("requests_failed")
 
 
 def _source(req: BootRequest):
@@ -232,11 +96,12 @@ def _with_devices(req: BootRequest, argv: list[str], env: dict[str, str]) -> lis
 
 
 class _Boot:
-    """The mutable record of one boot in progress, frozen into an outcome at the end."""
+    """The mutable record of one boot in progress, frozen into an outcome at the end.
+    Its evidence is built with :meth:`note`, field by field (``evidence.BootEvidence``)."""
 
     def __init__(self, req: BootRequest):
         self.req = req
-        self.status = "running"
+        self.status = BootStatus.RUNNING
         self.failure: str | None = None
         self.config_failure: str | None = None
         self.config_status: str | None = None
@@ -246,27 +111,33 @@ class _Boot:
         self.port: int | None = None
         self.argv: tuple[str, ...] = ()
         self.ready_s: float | None = None
-        self.provenance: dict[str, Any] = {}
+        self.evidence = BootEvidence()
+        self.host: provenance.HostInfo | None = None  # the host as the boot's end saw it
         self.env_report = self.flag_report = self.server_info = None
         self.marks: list[str] = []
         self.source_problems: list[str] = []
-        self.samples: list[SampleOutcome] = []
         self.started_at = utcnow()
         self.busy = False
+        self.retries = checks.Retries()
         self.usage_diffs: dict[int, int] = {}  # chunks of text - the server's token count: requests
         self.usage_examples: dict[int, str] = {}
 
+    def note(self, **facts: Any) -> None:
+        """Set fields of the boot's evidence (``None`` takes one back); a name that is no
+        field of ``BootEvidence`` is an error."""
+        self.evidence = self.evidence.with_(**facts)
+
     def outcome(self) -> BootOutcome:
-        _usage_verdict(self)  # over every request so far (idempotent)
-        host = self.provenance.get("host")
-        fp = host_fingerprint(host) if isinstance(host, Mapping) else this_host()[1]
+        """The boot as it stands, frozen; its samples went before it, as events."""
+        checks.usage_verdict(self)  # over every request so far (idempotent)
+        fp = host_fingerprint(self.host) if self.host is not None else this_host()[1]
         return BootOutcome(
             boot_id=self.req.boot_id, status=self.status, failure=self.failure, config_failure=self.config_failure,
             config_status=self.config_status, fatal=self.fatal, log_tail=self.log_tail, log_path=self.log_path,
             port=self.port, argv=tuple(self.argv), ready_s=self.ready_s, host_fingerprint=fp,
-            provenance=dict(self.provenance), env_report=self.env_report, flag_report=self.flag_report,
+            evidence=self.evidence, env_report=self.env_report, flag_report=self.flag_report,
             server_info=self.server_info, marks=tuple(self.marks), source_problems=tuple(self.source_problems),
-            samples=tuple(self.samples), started_at=self.started_at, finished_at=utcnow(), busy=self.busy)
+            started_at=self.started_at, finished_at=utcnow(), busy=self.busy)
 
 
 def _rendered(value: Any, places: Mapping[str, str]) -> Any:
@@ -282,17 +153,16 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
             places: Mapping[str, str]) -> dict | None:
     """Did the env reach every worker, did the flags take effect? Mark, exclude or stop.
     A flag's requested value is compared as rendered into the argv."""
-    checks = req.checks
+    rules = req.checks
     info = fetch_server_info(base_url, req.server_info_paths, headers=headers, limit=req.benchmark.limits.body_bytes)
     b.server_info = info
     reported = engine_identity.read_reported_version(base_url, info, headers=headers)  # which code ran
-    b.provenance["engine_version"] = reported.to_dict()
+    b.note(engine_version=reported.to_dict())
     if req.release is not None:  # a released build says which version it is: the one asked for?
         other = sorted({v for v in reported.values.values() if v != req.release.version})
         if other and req.release.version not in reported.values.values():
             b.marks.append("release_mismatch")
-            b.provenance["release_mismatch"] = (f"asked for {req.release.describe()}, the server reports "
-                                                f"{', '.join(other)}")
+            b.note(release_mismatch=f"asked for {req.release.describe()}, the server reports {', '.join(other)}")
     # An attached server has no process of ours (pid None) and no env of ours to check.
     env_rep = provenance.env_report(server.pid, dict(req.arm_env)) if server.pid is not None else None
     checkable = {f: _rendered(v, places) for f, v, _k, _m in req.flag_checks}
@@ -309,121 +179,20 @@ def _verify(b: _Boot, req: BootRequest, server, base_url: str, headers: Mapping[
     sup = getattr(server, "supervisor_pid", None)
     if sup is not None:  # launched on 127.0.0.1 by the harness: is it reachable from elsewhere?
         listening = provenance.listening_report(sup, server_ports=(b.port,) if b.port else ())
-        b.provenance["listening"] = listening.to_dict()
+        b.note(listening=listening.to_dict())
         if listening.beyond_loopback:
             b.marks.append("listens_beyond_loopback")
-    for mark, mode, what in (("env_missing", checks.env_check, env_rep), ("flag_mismatch", checks.flag_check, flag_rep)):
+    for mark, mode, what in (("env_missing", rules.env_check, env_rep), ("flag_mismatch", rules.flag_check, flag_rep)):
         if mark not in b.marks:
             continue
         if mode == "exclude":
-            b.status = "excluded"
+            b.status = BootStatus.EXCLUDED
         elif mode == "fatal":
-            b.status, b.fatal = "fatal", "user"
+            b.status, b.fatal = BootStatus.FATAL, "user"
             key = f"defaults.{mark.split('_')[0]}_check"
             b.failure = (f"{mark}: {what.describe()} ({key} is fatal: make the engine pass it on, "
                          f"or set {key}: mark to measure and flag such boots)")
     return info
-
-
-_LOG_READ_MAX = 8 << 20  # bytes of a boot log read for mechanism evidence: its head and its tail
-
-
-def _log_text(path: Path, start: int = 0, end: int | None = None) -> str:
-    """The boot log's bytes ``start`` to ``end`` (the file's end when None) as text,
-    its head and tail past :data:`_LOG_READ_MAX`; "" when the log is unreadable or was
-    cut back under ``start`` (the log cap rewrote its tail)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            end = size if end is None else min(end, size)
-            if end <= start:
-                return ""
-            f.seek(start)
-            if end - start <= _LOG_READ_MAX:
-                data = f.read(end - start)
-            else:
-                data = f.read(_LOG_READ_MAX // 2)
-                f.seek(end - _LOG_READ_MAX // 2)
-                data += b"\n" + f.read(_LOG_READ_MAX // 2)
-    except OSError:
-        return ""
-    return data.decode("utf-8", errors="replace")
-
-
-class _MechanismWindow:
-    """The window the mechanism check reads (``boot.mechanisms.Window``): ``/metrics``
-    and the log's length just before the first measured sample (after the warm-up)
-    and just after the last, then server info. Nothing is read for a boot no
-    mechanism of its preset applies to. The log is written by the supervisor a
-    moment behind the server: a line at either edge may fall on the other side."""
-
-    def __init__(self, req: BootRequest, base_url: str, headers: Mapping[str, str], log_path: Path):
-        preset = presets.get_preset(req.preset)
-        self.req, self.base_url, self.headers, self.log_path = req, base_url, headers, log_path
-        self.flags = {presets.canonical_flag(f, preset): v for f, v in req.flags}
-        self.mechanisms = tuple(m for m in preset.mechanisms if m.applies(self.flags))
-        self.before: list | None = None
-        self.offset = 0
-        self.window: mechanisms.Window | None = None
-
-    def _scrape(self) -> list | None:
-        try:
-            with deadline_client() as client:
-                r = bodies.bounded_get(client, self.base_url + self.req.metrics_path, 10.0, self.headers,
-                                       limit=self.req.benchmark.limits.body_bytes)
-            return parse_prometheus(r.text) if r.status_code == 200 else None
-        except Exception:  # past the limit, undecodable, unparsable: no counter evidence (the log may have some)
-            return None
-
-    def open(self) -> "_MechanismWindow":
-        if self.mechanisms:
-            self.before = self._scrape()
-            with contextlib.suppress(OSError):
-                self.offset = self.log_path.stat().st_size
-        return self
-
-    def close(self) -> None:
-        if not self.mechanisms:
-            return
-        after = self._scrape()
-        self.window = mechanisms.Window(
-            before=self.before, after=after, log=_log_text(self.log_path, self.offset),
-            startup_log=_log_text(self.log_path, 0, self.offset),
-            server_info=fetch_server_info(self.base_url, self.req.server_info_paths, headers=self.headers,
-                                          limit=self.req.benchmark.limits.body_bytes))
-
-
-def _mechanism_check(b: _Boot, w: _MechanismWindow) -> None:
-    """After the samples: did each mechanism the boot's flags claim (or that its engine
-    runs by default) run in the measured window, by the engine's own evidence
-    (``boot.mechanisms``)? Results in ``provenance["mechanisms"]``; a mechanism that did
-    not run marks the boot ``mechanism_not_engaged``, one set up and not seen running
-    ``mechanism_not_seen``."""
-    if w.window is None:
-        return
-    results = mechanisms.check(w.mechanisms, w.flags, w.window)
-    b.provenance["mechanisms"] = [r.to_dict() for r in results]
-    b.marks.extend(m for m in mechanisms.marks(results) if m not in b.marks)
-
-
-def _host_check(b: _Boot, req: BootRequest, monitor: contention.Monitor) -> None:
-    """Store the boot's contention figures; when they crossed a threshold, mark the
-    boot ``host_busy`` and apply ``defaults.host_check`` (as ``_verify`` does for env)."""
-    checks = req.checks
-    window = monitor.window()
-    crossed = contention.judge(window, checks.thresholds)
-    b.provenance["contention"] = contention.record(window, monitor.samples(), crossed, checks.thresholds)
-    if not crossed:
-        return
-    b.marks.append(contention.HOST_BUSY)
-    why = "; ".join(c.message for c in crossed)
-    if checks.host_check in ("exclude", "retry") and b.status == "running":
-        b.status = "excluded"
-        b.busy = checks.host_check == "retry"
-    elif checks.host_check == "fatal":
-        b.status, b.fatal = "fatal", "infrastructure"
-        b.failure = (f"host_busy: {why} (defaults.host_check is fatal: stop the other jobs on this host, "
-                     "run with --wait-quiet, or set defaults.host_check: retry to re-boot busy boots)")
 
 
 def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None:
@@ -434,8 +203,7 @@ def _flag_not_accepted(b: _Boot, req: BootRequest, exc: FlagNotAccepted) -> None
     if own is not None:  # not the file's flag: the preset's launch adds it, and this build lacks it
         notes.insert(0, f"this build refused its preset's flag {own}: the {req.preset} preset's launch adds it; "
                         "write engine.launch without it for builds this old")
-    b.provenance["flag_not_accepted"] = {"commit": req.commit, "engine_message": exc.engine_message,
-                                         "notes": notes}
+    b.note(flag_not_accepted={"commit": req.commit, "engine_message": exc.engine_message, "notes": notes})
     where = f"at commit {req.commit[:12]}" if req.commit else "by the installed server"
     b.config_failure = f"flag not accepted {where}: {exc.engine_message}" + "".join(f" ({n})" for n in notes)
     b.config_status = "boot_failed"
@@ -459,43 +227,115 @@ def _adapt_preset_flags(req: BootRequest, argv: list[str], env: Mapping[str, str
                                 kept=seen.kept, checked=seen.checked, why=seen.why)
 
 
+class _Whole(Sink):
+    """A boot's samples gathered on their way to ``sink``: :func:`run_boot` returns them
+    with the outcome, the boot as one value."""
+
+    def __init__(self, sink: Sink | None):
+        self.sink = sink or Sink()
+        self.samples: list[SampleOutcome] = []
+
+    def started(self, request, port, argv, log_path) -> None:
+        self.sink.started(request, port, argv, log_path)
+
+    def sample(self, request, sample) -> None:
+        self.samples.append(sample)
+        self.sink.sample(request, sample)
+
+    def finished(self, request, outcome) -> None:
+        self.sink.finished(request, outcome)
+
+    def message(self, text) -> None:
+        self.sink.message(text)
+
+
 def run_boot(req: BootRequest, sink: Sink | None = None, *, cancel: threading.Event | None = None) -> BootOutcome:
     """One boot as a plain call: :func:`boot_events` handed to ``sink`` as they come
-    (``boot.deliver``), returning the outcome."""
-    return deliver(boot_events(req, cancel=cancel), sink)
+    (``boot.deliver``), returning the boot as one value: its outcome with its samples
+    (what a Slurm job sends back, ``backends.slurm.node_boot``)."""
+    whole = _Whole(sink)
+    out = deliver(boot_events(req, cancel=cancel), whole)
+    return dataclasses.replace(out, samples=tuple(whole.samples))
 
 
 def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> Generator[Event, None, BootOutcome]:
     """Build (once), boot, verify, warm up, sample, tear down, handing back a
     :class:`~bisect_harness.boot.Started` at the launch, a
-    :class:`~bisect_harness.boot.Sampled` per sample and a
-    :class:`~bisect_harness.boot.Finished` last; returns the outcome. Never raises
-    for a boot that fails (the outcome says how). An interrupt, here or thrown in
-    where an event was handed over, stops the server, hands back an ``interrupted``
-    outcome (its finished samples were handed back already) and propagates;
-    ``cancel`` set interrupts the boot before its next sample."""
+    :class:`~bisect_harness.boot.Sampled` per sample the moment it is measured and a
+    :class:`~bisect_harness.boot.Finished` last (without the samples: they went
+    before); returns the outcome. Never raises for a boot that fails (the outcome says
+    how). An interrupt, here or thrown in where an event was handed over, stops the
+    server, hands back an ``interrupted`` outcome (its finished samples were handed
+    back already) and propagates; ``cancel`` set interrupts the boot before its next
+    sample."""
     b = _Boot(req)
     if req.devices is not None:
-        b.provenance["devices"] = req.devices.to_dict()
+        b.note(devices=req.devices.to_dict())
     log_path = Path(req.log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    launch = yield from _prepare(b, req, log_path)
+    if launch is None:  # the build failed: the config's own failure at this commit
+        return (yield from _finish(b))
+    yield Started(req, launch.port, tuple(launch.argv), str(log_path))
+    try:
+        yield from _serve(b, req, launch, log_path, cancel)
+    except (_Stop, BootFailed, ConfigFailure, httpx.HTTPError, RuntimeError) as exc:
+        _failed_by(b, req, launch, log_path, exc)
+    except (KeyboardInterrupt, SystemExit):
+        if b.status is BootStatus.RUNNING:  # its finished samples stay; the boot is not used by a verdict
+            b.status, b.failure = BootStatus.INTERRUPTED, "the harness was interrupted during this boot"
+        b.log_tail = read_tail(log_path)
+        yield Finished(req, b.outcome())
+        raise
+    _after_stop(b, launch, cancel)
+    return (yield from _finish(b))
+
+
+def _finish(b: _Boot) -> Generator[Event, None, BootOutcome]:
+    out = b.outcome()
+    yield Finished(b.req, out)
+    return out
+
+
+@dataclass
+class _Launch:
+    """How the boot launches, once its commit is checked out and built (:func:`_prepare`);
+    ``server`` is the server once it is up (its log is read again after it stopped)."""
+
+    worktree: Path
+    cenv: Any                  # engines.envs: the commit's environment
+    held: integrity.Held       # the checkout as verified, compared again at the end
+    source: Any                # engines.attach: launched or attached
+    cfg: _Config
+    port: int | None
+    env: dict[str, str]
+    places: Mapping[str, str]
+    argv: list[str]
+    cwd: Path
+    profiler: Any
+    launched_with: tuple[str, ...] = ()
+    server: Any = None
+
+
+def _prepare(b: _Boot, req: BootRequest, log_path: Path) -> Generator[Event, None, _Launch | None]:
+    """Check out and build the commit (once), then make the launch: its port, env,
+    argv (the preset's options this build's ``--help`` does not name left out, the
+    profiler's launch setting, the device set) and folder. None when the build failed
+    (the boot is then a failed one, of its config's own failure)."""
     remade: list[str] = []
     try:
         worktree, cenv = checkout(req, remade)
-        b.provenance["environment"] = cenv.to_dict()
+        b.note(environment=cenv.to_dict())
     except BuildFailed as exc:
-        b.status, b.failure, b.log_tail, b.log_path = "failed", str(exc), exc.log_tail, exc.log_path
+        b.status, b.failure, b.log_tail, b.log_path = BootStatus.FAILED, str(exc), exc.log_tail, exc.log_path
         b.config_failure, b.config_status = str(exc), "build_failed"
-        out = b.outcome()
-        yield Finished(req, out)
-        return out
+        return None
     for note in remade:  # a checkout or environment that was not what it was made from: made again
         yield Message(f"boot {req.boot_id} ({req.label}): {note}")
     if remade:
-        b.provenance["checkout"] = {"remade": remade}
+        b.note(checkout={"remade": remade})
     held = integrity.held([worktree, cenv.venv])  # as verified: compared again when the boot ends
-    source = _source(req)
-    cfg = _Config(req.endpoint)
+    source, cfg = _source(req), _Config(req.endpoint)
     port = source.port(cfg)
     env = process_env(req, cenv)
     places = placeholders(req, port=port, worktree=worktree, python=cenv.python)
@@ -504,7 +344,7 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
     if req.preset_flags and req.endpoint is None:  # the preset's options this build's --help does not name: left out
         adapted = _adapt_preset_flags(req, argv, env, cwd, places)
         argv = list(adapted.argv)
-        b.provenance["preset_flags"] = adapted.to_dict()
+        b.note(preset_flags=adapted.to_dict())
         if adapted.dropped or not adapted.checked:
             yield Message(f"boot {req.boot_id} ({req.label}): {adapted.note()}")
     profiler = profilers.get_profiler(presets.get_preset(req.preset).profiler)
@@ -515,107 +355,132 @@ def boot_events(req: BootRequest, *, cancel: threading.Event | None = None) -> G
     argv = _with_devices(req, argv, env)
     b.port, b.argv = port, tuple(argv)
     # what a person needs to run this boot again by hand (the journal's reproduction lines)
-    b.provenance["launch"] = {"cwd": str(cwd), "env": dict(req.env)}
-    yield Started(req, port, tuple(argv), str(log_path))
-    started = None  # the server, once it is up
-    try:
-        endpoint = source.endpoint(cfg, port)  # base_url and auth headers (never stored)
-        base_url = endpoint.base_url
-        bench = benchtools.sample_runner(req.benchmark, endpoint, python=cenv.python, env=env, cwd=cwd,
-                                         log_path=log_path, boot=req.boot_id)
-        t0 = time.monotonic()
-        with source.open(argv, env=env, cwd=cwd, log_path=log_path, base_url=base_url,
-                         health_path=req.health_path, ready_timeout_s=req.ready_timeout_s,
-                         health_request_timeout_s=req.health_request_timeout_s,
-                         ready_probe=req.ready_probe,
-                         log_cap=(req.benchmark.limits.log_head_bytes, req.benchmark.limits.log_tail_bytes)) as server:
-            started = server
-            b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
-            if getattr(server, "ready_by", None):
-                b.provenance["ready_by"] = server.ready_by
-            if req.settle_s:  # the engine's own warmup after its health check passes (0 when attached)
-                t_settle = time.monotonic()
-                time.sleep(req.settle_s)
-                b.provenance["settle_s"] = round(time.monotonic() - t_settle, 3)
-            info = _verify(b, req, server, base_url, endpoint.headers, places)
-            if b.status == "fatal":
-                raise _Stop()
-            bench.warmup()
-            if req.sources_not_applicable:
-                b.provenance["sources_not_applicable"] = list(req.sources_not_applicable)
-            collector = SourceCollector(req.metric_sources, base_url, log_path, server_info=info,
-                                        server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
-                                        headers=endpoint.headers, body_limit=req.benchmark.limits.body_bytes,
-                                        notes=presets.get_preset(req.preset).source_notes)
-            with provenance.GpuSampler(interval_s=1.0) as sampler, \
-                    contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
-                    bench.session():  # one HTTP client per boot, opened outside every sample window
-                window = _MechanismWindow(req, base_url, endpoint.headers, log_path).open()  # after the warm-up
-                for i in range(req.samples):
-                    if cancel is not None and cancel.is_set():
-                        raise KeyboardInterrupt
-                    if i:
-                        monitor.split()  # one contention window per sample, and one for the boot
-                    collector.begin_sample()
-                    detail = bench.sample(i)
-                    result = detail.result
-                    extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
-                    s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
-                    _usage_check(b, detail.requests)
-                    _retry_check(b, detail.requests, i + 1)
-                    b.samples.append(s)
-                    yield Sampled(req, s)
-                window.close()  # the measured samples' window ends here
-            b.provenance.update(bench.provenance())
-            _mechanism_check(b, window)
-            b.source_problems = list(collector.problems())
-            if b.source_problems:
-                b.marks.append("source_unmatched")
-            b.provenance["gpu_sampling"] = sampler.summary().to_dict()
-            b.provenance["host"] = provenance.collect_host(worktree, req.commit).to_dict()
-            _host_check(b, req, monitor)
-            if req.profile and b.status == "running":  # one more sample, never one of the verdict's
-                b.provenance["profile"] = profilers.capture(req, profiler, bench, endpoint, log_path,
-                                                            launched_with=launched_with)
-            if b.status == "running":
-                b.status = "ok"
-            b.log_tail = server.log_tail(40)
-        _stop_check(b, server)
-        _log_check(b, server)
-        _checkout_check(b, held)
-    except _Stop:
+    b.note(launch={"cwd": str(cwd), "env": dict(req.env)})
+    return _Launch(worktree=worktree, cenv=cenv, held=held, source=source,
+                   cfg=cfg, port=port, env=env, places=places, argv=argv, cwd=cwd, profiler=profiler,
+                   launched_with=launched_with)
+
+
+def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
+           cancel: threading.Event | None) -> Generator[Event, None, None]:
+    """The server's life: up, verified, warmed up, measured while the host is watched,
+    judged, stopped; then the checks that read it stopped."""
+    endpoint = launch.source.endpoint(launch.cfg, launch.port)  # base_url and auth headers (never stored)
+    bench = benchtools.sample_runner(req.benchmark, endpoint, python=launch.cenv.python, env=launch.env,
+                                     cwd=launch.cwd, log_path=log_path, boot=req.boot_id)
+    t0 = time.monotonic()
+    limits = req.benchmark.limits
+    with launch.source.open(launch.argv, env=launch.env, cwd=launch.cwd, log_path=log_path,
+                            base_url=endpoint.base_url, health_path=req.health_path,
+                            ready_timeout_s=req.ready_timeout_s,
+                            health_request_timeout_s=req.health_request_timeout_s, ready_probe=req.ready_probe,
+                            log_cap=(limits.log_head_bytes, limits.log_tail_bytes)) as server:
+        launch.server = server
+        info = _ready(b, req, server, endpoint, launch.places, t0)
+        if b.status is BootStatus.FATAL:
+            raise _Stop()
+        bench.warmup()
+        if req.sources_not_applicable:
+            b.note(sources_not_applicable=tuple(req.sources_not_applicable))
+        collector = SourceCollector(req.metric_sources, endpoint.base_url, log_path, server_info=info,
+                                    server_info_paths=req.server_info_paths, metrics_path=req.metrics_path,
+                                    headers=endpoint.headers, body_limit=limits.body_bytes,
+                                    notes=presets.get_preset(req.preset).source_notes)
+        with provenance.GpuSampler(interval_s=1.0) as sampler, \
+                contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
+                bench.session():  # one HTTP client per boot, opened outside every sample window
+            window = checks.MechanismWindow(req, endpoint.base_url, endpoint.headers, log_path).open()  # after warm-up
+            yield from _samples(b, req, bench, collector, monitor, cancel)
+            window.close()  # the measured samples' window ends here
+        b.note(**bench.provenance())
+        checks.mechanism_check(b, window)
+        _sources_check(b, collector)
+        b.host = provenance.collect_host(launch.worktree, req.commit)
+        b.note(gpu_sampling=sampler.summary().to_dict(), host=b.host.to_dict())
+        checks.host_check(b, req, monitor)
+        if req.profile and b.status is BootStatus.RUNNING:  # one more sample, never one of the verdict's
+            b.note(profile=profilers.capture(req, launch.profiler, bench, endpoint, log_path,
+                                             launched_with=launch.launched_with))
+        if b.status is BootStatus.RUNNING:
+            b.status = BootStatus.OK
+        b.log_tail = server.log_tail(40)
+    checks.stop_check(b, server)
+    checks.log_check(b, server)
+    checks.checkout_check(b, launch.held)
+
+
+def _ready(b: _Boot, req: BootRequest, server, endpoint, places: Mapping[str, str], t0: float) -> dict | None:
+    """The server is up: how long it took and what said so, the engine's own warm-up
+    after its health check (``settle_s``), then the checks of what it runs
+    (:func:`_verify`); returns its server info."""
+    b.ready_s = server.ready_after_s if server.ready_after_s is not None else time.monotonic() - t0
+    if getattr(server, "ready_by", None):
+        b.note(ready_by=server.ready_by)
+    if req.settle_s:  # 0 when attached
+        t_settle = time.monotonic()
+        time.sleep(req.settle_s)
+        b.note(settle_s=round(time.monotonic() - t_settle, 3))
+    return _verify(b, req, server, endpoint.base_url, endpoint.headers, places)
+
+
+def _samples(b: _Boot, req: BootRequest, bench, collector: SourceCollector, monitor: contention.Monitor,
+             cancel: threading.Event | None) -> Generator[Event, None, None]:
+    """The measured samples, each handed back the moment it is taken (numbered from 1),
+    each in its own contention window; ``cancel`` set stops before the next one."""
+    for i in range(req.samples):
+        if cancel is not None and cancel.is_set():
+            raise KeyboardInterrupt
+        if i:
+            monitor.split()  # one contention window per sample, and one for the boot
+        collector.begin_sample()
+        detail = bench.sample(i)
+        result = detail.result
+        extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
+        s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
+        checks.usage_check(b, detail.requests)
+        checks.retry_check(b, detail.requests, i + 1)
+        yield Sampled(req, s)
+
+
+def _sources_check(b: _Boot, collector: SourceCollector) -> None:
+    """Metric sources that never matched mark the boot ``source_unmatched``."""
+    b.source_problems = list(collector.problems())
+    if b.source_problems:
+        b.marks.append("source_unmatched")
+
+
+def _failed_by(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path, exc: Exception) -> None:
+    """The boot failed on the way (or a fatal check stopped it, :class:`_Stop`): why, and
+    its log's tail. A refused flag fails the config at this commit (not retried), unless
+    it was the profiler's launch setting."""
+    if isinstance(exc, _Stop):
         b.log_tail = read_tail(log_path)
-    except FlagNotAccepted as exc:  # the same argv fails the same way at this commit: not retried
-        b.status, b.failure = "failed", str(exc)
-        b.log_tail = exc.log_tail or read_tail(log_path)
-        _log_unwritten(b, exc.log_unwritten)
-        if launched_with and launched_with[0] in exc.engine_message:  # the profiler's setting, not the config's
-            b.provenance["profile"] = profilers.refused_at_launch(profiler, launched_with, exc.engine_message)
-        else:
-            _flag_not_accepted(b, req, exc)
-    except (BootFailed, ConfigFailure) as exc:
-        b.status, b.failure = "failed", str(exc)
-        b.log_tail = exc.log_tail or read_tail(log_path)
-        _log_unwritten(b, exc.log_unwritten)
-    except (httpx.HTTPError, RuntimeError) as exc:
-        b.status, b.failure = "failed", f"benchmark failed: {type(exc).__name__}: {exc}"
+        return
+    if not isinstance(exc, ConfigFailure):  # httpx.HTTPError, RuntimeError
+        b.status, b.failure = BootStatus.FAILED, f"benchmark failed: {type(exc).__name__}: {exc}"
         b.log_tail = read_tail(log_path)
-    except (KeyboardInterrupt, SystemExit):
-        if b.status == "running":  # its finished samples stay; the boot is not used by a verdict
-            b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
-        b.log_tail = read_tail(log_path)
-        yield Finished(req, b.outcome())
-        raise
-    unwritten = getattr(started, "log_unwritten", None)  # known once the server is stopped
+        return
+    b.status, b.failure = BootStatus.FAILED, str(exc)
+    b.log_tail = exc.log_tail or read_tail(log_path)
+    checks.log_unwritten(b, exc.log_unwritten)
+    if not isinstance(exc, FlagNotAccepted):
+        return
+    if launch.launched_with and launch.launched_with[0] in exc.engine_message:  # the profiler's, not the config's
+        b.note(profile=profilers.refused_at_launch(launch.profiler, launch.launched_with, exc.engine_message))
+    else:  # the same argv fails the same way at this commit: not retried
+        _flag_not_accepted(b, req, exc)
+
+
+def _after_stop(b: _Boot, launch: _Launch, cancel: threading.Event | None) -> None:
+    """Once the server is stopped: a log it could not write (known only now), and a boot
+    whose server was stopped under it because the run was interrupted, which is no
+    failure of its config."""
+    unwritten = getattr(launch.server, "log_unwritten", None)
     if unwritten:
-        b.log_tail = started.log_tail(40)  # the newest output, from the supervisor's memory
-        _log_unwritten(b, unwritten)
-    if cancel is not None and cancel.is_set() and b.status in ("running", "failed"):
-        # its server was stopped under it because the run was interrupted: not a failure of the config
-        b.status, b.failure = "interrupted", "the harness was interrupted during this boot"
-    out = b.outcome()
-    yield Finished(req, out)
-    return out
+        b.log_tail = launch.server.log_tail(40)  # the newest output, from the supervisor's memory
+        checks.log_unwritten(b, unwritten)
+    if cancel is not None and cancel.is_set() and b.status in (BootStatus.RUNNING, BootStatus.FAILED):
+        b.status, b.failure = BootStatus.INTERRUPTED, "the harness was interrupted during this boot"
 
 
 class _Stop(Exception):

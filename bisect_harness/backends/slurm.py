@@ -5,7 +5,8 @@ job whose Python function is :func:`node_boot`: on the node it names its device
 set after the node (``SLURMD_NODENAME``), calls
 :func:`bisect_harness.backends.procedure.run_boot` there, and returns the frozen outcome
 through submitit's result file. The controller polls the jobs, hands each
-outcome back to its caller (the ledger is written on the controller only, never on a
+outcome back to its caller (its samples first, one ``Sampled`` event each, then its
+``Finished``: ``boot.handed_back``) (the ledger is written on the controller only, never on a
 node) and keeps at most ``slots`` jobs in the queue at once::
 
     backend = SlurmBackend(SlurmOptions(partition="gpu", gpus_per_boot=8), slots=4)
@@ -22,7 +23,7 @@ build cut short is not a broken commit). An interrupt (Ctrl-C, SIGTERM) cancels
 every job still queued or running, reports each as ``interrupted`` and
 propagates.
 
-Slurm's own cost per boot is kept in ``outcome.provenance["slurm"]``: the job id,
+Slurm's own cost per boot is kept in ``outcome.evidence.slurm``: the job id,
 node and final state, ``queued_s`` (submission on the controller to the boot
 function starting on the node: scheduling, job launch, interpreter start),
 ``boot_s`` (the boot itself on the node), ``returned_s`` (the boot's end to the
@@ -52,7 +53,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from bisect_harness.backends import BACKENDS, Backend, BackendKind
 from bisect_harness.errors import InfrastructureError, SpecError
-from bisect_harness.boot import BootOutcome, BootRequest, DeviceSet, Event, Finished, Message
+from bisect_harness.boot import BootOutcome, BootRequest, DeviceSet, Event, Finished, Message, handed_back
+from bisect_harness.evidence import BootEvidence, BootStatus
 
 __all__ = ["SlurmOptions", "SlurmBackend", "node_boot", "node_fingerprint"]
 
@@ -168,7 +170,9 @@ def node_boot(request: BootRequest, submitted_at: float) -> BootOutcome:
     """Run one boot on the Slurm node this job landed on (submitit calls this there).
 
     The device set is named after the node; GPUs and CPUs are the ones Slurm gave
-    the job (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity)."""
+    the job (``CUDA_VISIBLE_DEVICES``, the process's CPU affinity). The outcome comes
+    back whole, with its samples (``run_boot``), and the job's times in
+    ``evidence.slurm``."""
     from bisect_harness.backends.procedure import run_boot
 
     started = time.time()
@@ -178,11 +182,9 @@ def node_boot(request: BootRequest, submitted_at: float) -> BootOutcome:
     request = request.with_devices(DeviceSet(slot=slot, gpus=_job_gpus(), cpus=_job_cpus(), node=node))
     outcome = run_boot(request)
     ended = time.time()
-    provenance = dict(outcome.provenance)
-    provenance["slurm"] = {"job_id": job_id, "node": node, "submitted_at": submitted_at, "started_at": started,
-                           "ended_at": ended, "queued_s": round(started - submitted_at, 3),
-                           "boot_s": round(ended - started, 3)}
-    return dataclasses.replace(outcome, provenance=provenance,
+    slurm = {"job_id": job_id, "node": node, "submitted_at": submitted_at, "started_at": started,
+             "ended_at": ended, "queued_s": round(started - submitted_at, 3), "boot_s": round(ended - started, 3)}
+    return dataclasses.replace(outcome, evidence=outcome.evidence.with_(slurm=slurm),
                                host_fingerprint=node_fingerprint(outcome.host_fingerprint, node))
 
 
@@ -334,7 +336,7 @@ class SlurmBackend(Backend):
                     del live[job_id]
                     if outcome.ok and self.options.same_node and self.node is None:
                         self.node = j.node
-                    yield Finished(j.request, outcome)
+                    yield from handed_back(j.request, outcome)  # its samples, once, then its end
                 if live:
                     time.sleep(self.options.poll_s)
         except BaseException as exc:
@@ -361,10 +363,10 @@ class SlurmBackend(Backend):
             time.sleep(0.2)
         cut = []
         for job_id, j in live.items():
-            out = BootOutcome(boot_id=j.request.boot_id, status="interrupted",
+            out = BootOutcome(boot_id=j.request.boot_id, status=BootStatus.INTERRUPTED,
                               failure=f"the harness was interrupted; Slurm job {job_id} was cancelled",
                               log_tail=_tail(j.job), log_path=j.request.log_path,
-                              provenance={"slurm": self._slurm_record(j, "CANCELLED")},
+                              evidence=BootEvidence(slurm=self._slurm_record(j, "CANCELLED")),
                               finished_at=utcnow())
             cut.append((j.request, out))
         live.clear()
@@ -403,19 +405,20 @@ class SlurmBackend(Backend):
                 return self._failed(j, f"the job returned {type(outcome).__name__}, not a boot outcome")
             if not outcome.ok:
                 self._settle(j)  # was it Slurm that stopped the boot? its final state says
-            slurm = dict(outcome.provenance.get("slurm") or {})
-            j.node = slurm.get("node") or j.node
+            # node_boot's record of the job (every key it writes; none where the node wrote none)
+            slurm = dict(outcome.evidence.slurm or {"node": None, "ended_at": seen})
+            j.node = slurm["node"] or j.node
             state = j.state if j.state in ENDED else "COMPLETED"
-            slurm.update(state=state, returned_s=round(seen - slurm.get("ended_at", seen), 3),
+            slurm.update(state=state, returned_s=round(seen - slurm["ended_at"], 3),
                          total_s=round(seen - j.submitted_at, 3))
-            provenance = {**outcome.provenance, "slurm": slurm}
+            evidence = outcome.evidence.with_(slurm=slurm)
             if state in CUT_SHORT and not outcome.ok:
                 # the boot failed because Slurm stopped it: a failed boot to re-run, never the config's fault
                 return dataclasses.replace(
-                    outcome, status="failed", provenance=provenance, config_failure=None, config_status=None,
+                    outcome, status=BootStatus.FAILED, evidence=evidence, config_failure=None, config_status=None,
                     failure=f"Slurm job {j.job.job_id} {state} on {j.node or '?'} during the boot"
                             + (f" ({outcome.failure})" if outcome.failure else ""))
-            return dataclasses.replace(outcome, provenance=provenance)
+            return dataclasses.replace(outcome, evidence=evidence)
         if j.state in ENDED:
             return self._failed(j, f"Slurm job {j.job.job_id} ended {j.state} on {j.node or 'no node'} "
                                    "before the boot reported"
@@ -443,9 +446,9 @@ class SlurmBackend(Backend):
         from bisect_harness.model import utcnow
 
         devices = DeviceSet(slot=j.slot, node=j.node).to_dict()
-        return BootOutcome(boot_id=j.request.boot_id, status="failed", failure=failure, log_tail=_tail(j.job),
-                           log_path=j.request.log_path,
-                           provenance={"slurm": self._slurm_record(j, j.state), "devices": devices},
+        return BootOutcome(boot_id=j.request.boot_id, status=BootStatus.FAILED, failure=failure,
+                           log_tail=_tail(j.job), log_path=j.request.log_path,
+                           evidence=BootEvidence(slurm=self._slurm_record(j, j.state), devices=devices),
                            finished_at=utcnow())
 
 

@@ -22,7 +22,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_column, relationship
 
 from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRecord, SampleOutcome
-from bisect_harness.evidence import BootEvidence, Finding, VerdictStats, findings_from_json
+from bisect_harness.evidence import (BootEvidence, BootStatus, Finding, HarnessProcess, RunHost, VerdictStats,
+                                     findings_from_json)
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
@@ -317,17 +318,17 @@ class Ledger:
         the run ids marked. Commits when it marks anything."""
         marked = []
         for run in self.session.scalars(select(Run).where(Run.status == "running")).all():
-            owner = (run.host or {}).get(liveness.OWNER_KEY) or {}
-            if liveness.owner_gone(owner):
-                why = liveness.STALE_REASON.format(pid=owner.get("pid"), hostname=owner.get("hostname"))
+            owner = RunHost.from_json(run.host).owner or HarnessProcess()
+            if liveness.owner_gone(owner.to_json()):
+                why = liveness.STALE_REASON.format(pid=owner.pid, hostname=owner.hostname)
             elif runlock.left_free(self.url, run.id):
-                why = liveness.LEFT_REASON.format(pid=owner.get("pid", "?"), hostname=owner.get("hostname", "?"))
+                why = liveness.LEFT_REASON.format(pid=_or_unknown(owner.pid), hostname=_or_unknown(owner.hostname))
             else:
                 continue
             run.status, run.error, run.finished_at = "interrupted", why, utcnow()
             for boot in self.session.scalars(select(Boot).where(Boot.run_id == run.id,
-                                                                Boot.status == "running")).all():
-                boot.status, boot.failure, boot.finished_at = "interrupted", why, utcnow()
+                                                                Boot.status == BootStatus.RUNNING.value)).all():
+                boot.status, boot.failure, boot.finished_at = BootStatus.INTERRUPTED.value, why, utcnow()
             marked.append(run.id)
         if marked:
             self.session.commit()
@@ -493,6 +494,11 @@ class Ledger:
             if ok:
                 out.append((cfg.run, cfg.commit, ok))
         return out
+
+
+def _or_unknown(value) -> object:
+    """A figure of a run's holder as its message says it: ``?`` where it was not recorded."""
+    return "?" if value is None else value
 
 
 def _redact_before_flush(session, _flush_context, _instances) -> None:

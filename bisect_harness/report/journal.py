@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
-from bisect_harness.evidence import Finding, FindingKind, VerdictStats
+from bisect_harness.evidence import Finding, FindingKind, RunHost, VerdictStats
 from bisect_harness.spec import metric_defs
 from bisect_harness.report import (bisection_view, config_view, explain_view, profile_view, summary_view, warnings_view,
                                    window_view)
@@ -158,7 +158,7 @@ def _prior_source(prior: dict) -> str:
             f"{_fmt(100 * var ** 0.5 if var else None, 2)}% with {prior.get('dof')} degrees of freedom")
 
 
-def _host_line(host: dict) -> str:
+def _host_line(host: Mapping[str, Any]) -> str:
     if not host:
         return "unknown"
     gpus = host.get("gpus") or []
@@ -204,7 +204,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                  declared=metric_defs.declared_metrics(run.spec_text),  # engine.metrics, read once for the window view
                  bisections=bisection_rows, boot_of=lambda boot_id: session.get(Boot, boot_id),
                  later=_after_rounds(run, bisection_rows),
-                 before_resume=frozenset(i for r in _resume.resumes(run) for i in r.get("counted_ok_boot_ids") or []))
+                 before_resume=frozenset(i for r in _resume.resumes(run) for i in r.counted_ok_boot_ids))
     hyps = [_hypothesis_section(h, page) for h in run.hypotheses]
     configs = [config_view.config_section(c) for c in run.configs]
     run_boots = session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all()
@@ -246,7 +246,7 @@ def _run_section(page: _Page, hyps: Sequence["HypothesisSection"], run_boots: Se
                   for bis in page.bisections]
     cals, cal_figures = _calibrations(run)
     return RunSection(
-        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(run.host or {}),
+        run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(RunHost.from_json(run.host).machine),
         resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
         run_command=run_command, resume_command=resume_command,
         summary=_summary_lines(run, hyps, bisections), changepoint_lines=_changepoint_lines(run),

@@ -46,7 +46,7 @@ class Executor:
                  wait_quiet_s: float | None = None, backend: Backend | None = None, resume: Run | None = None,
                  profile: bool = False):
         # --profile: every hypothesis' arms take a profiled sample; a resume keeps what the run was started with
-        self.profile = profile or (resume is not None and bool(resume_mod.options(resume).get("profile")))
+        self.profile = profile or (resume is not None and bool(resume_mod.options(resume).profile))
         if self.profile and not plan.profile_all:
             plan = dataclasses.replace(plan, profile_all=True)
         self.sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=calibrate,
@@ -59,7 +59,7 @@ class Executor:
         self.aa_check = aa_check
         self.resume = resume  # --resume: the interrupted run this one continues (resume.check_plan passed)
         if resume is not None:
-            self.aa_check = aa_check or bool(resume_mod.options(resume).get("aa_check"))
+            self.aa_check = aa_check or bool(resume_mod.options(resume).aa_check)
         self.underpowered: dict[str, str] = {}
         self.noise: dict[str, dict] = {}
         self.verdicts: dict[str, VerdictRow] = {}  # each hypothesis' final verdict, as the rounds end it

@@ -19,8 +19,10 @@ run row, so ``harness journal RUN`` shows one experiment:
   live harness holds is refused naming that harness's pid and host, and a
   run it finished meanwhile is refused as finished;
 - each resume appends a record to ``runs.host["resumed"]`` (when, what the run
-  was, which boots counted and which did not, the order stream) from which the
-  journal's sentences are made.
+  was, which boots counted and which did not, the order stream: an
+  ``evidence.ResumeRecord``) from which the journal's sentences are made.
+
+``runs.host`` is read and written as an ``evidence.RunHost`` only.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Iterable, Mapping, Sequence
 from sqlalchemy import select, update
 
 from bisect_harness.errors import UserError
+from bisect_harness.evidence import BootStatus, HarnessProcess, ResumeRecord, RunHost, RunOptions
 from bisect_harness.plan.build import make_config
 from bisect_harness.record.ledger import Boot, Config, HypothesisRow, Ledger, Run, VerdictRow
 from bisect_harness.report.resumed import RESUMED_KEY, journal_lines, resumes, run_line
@@ -45,9 +48,9 @@ __all__ = ["RESUMABLE", "RESUMED_KEY", "OPTIONS_KEY", "find_run", "check_plan", 
 #: Run statuses a resume takes up; ``done`` runs are finished, ``running`` ones owned.
 RESUMABLE = ("interrupted", "failed")
 #: ``runs.host`` key of what a run was started with beyond its file (A/A check, hypotheses kept, --profile).
-OPTIONS_KEY = "run_options"
+OPTIONS_KEY = RunHost.KEYS["options"]
 #: Boot statuses of boots that ended; they count when their host matches.
-ENDED = ("ok", "failed", "excluded")
+ENDED = (BootStatus.OK, BootStatus.FAILED, BootStatus.EXCLUDED)
 
 
 def spec_hash(text: str) -> str:
@@ -95,8 +98,8 @@ def find_run(ledger: Ledger, spec, run_id: int | None) -> Run:
 
 def _still_running(run: Run) -> UserError:
     """The refusal of a run that a harness still runs, naming that harness."""
-    owner = (run.host or {}).get(liveness.OWNER_KEY) or {}
-    return runlock.RunHeld(run.id, owner)
+    owner = RunHost.from_json(run.host).owner
+    return runlock.RunHeld(run.id, owner.to_json() if owner is not None else {})
 
 
 def _resolved(path) -> Path | None:
@@ -113,13 +116,12 @@ def check_plan(run: Run, plan, *, aa_check: bool = False) -> None:
     engine, gives another key), the hypotheses kept (``--only``) must be the
     run's, and ``--aa-check`` is refused for a run started without one (whether
     the run had one comes from the run, not from the resuming command)."""
-    recorded_aa = options(run).get("aa_check")
-    if aa_check and recorded_aa is False:
+    recorded = options(run)
+    if aa_check and recorded.aa_check is False:
         raise UserError(f"run {run.id} was started without an A/A check; a resume continues the run as it was "
                         "started (an A/A check now would come after its looks): drop --aa-check")
     ids = sorted(h.id for h in plan.hypotheses)
-    recorded = sorted(h.hid for h in run.hypotheses) or sorted(((run.host or {}).get(OPTIONS_KEY) or {})
-                                                             .get("hypotheses") or ids)
+    recorded = sorted(h.hid for h in run.hypotheses) or sorted(recorded.hypotheses or ids)
     if ids != recorded:
         raise UserError(f"run {run.id} holds hypotheses {', '.join(recorded)}; this command selects "
                         f"{', '.join(ids) or 'none'}. Pass the same --only as the interrupted run")
@@ -160,25 +162,26 @@ def record_options(ledger: Ledger, run: Run, *, aa_check: bool, hypotheses: Sequ
                    profile: bool = False) -> None:
     """Keep what the run was started with beyond its file, for a later resume (``--profile``
     too: a resume profiles the arms the run profiled, whether or not it is passed again)."""
-    run.host = {**(run.host or {}), OPTIONS_KEY: {"aa_check": bool(aa_check), "hypotheses": list(hypotheses),
-                                                  "profile": bool(profile)}}
+    chosen = RunOptions(aa_check=bool(aa_check), hypotheses=tuple(hypotheses), profile=bool(profile))
+    run.host = RunHost.from_json(run.host).with_(options=chosen).to_json()
     ledger.commit()
 
 
-def options(run: Run) -> dict:
-    return dict((run.host or {}).get(OPTIONS_KEY) or {})
+def options(run: Run) -> RunOptions:
+    """What ``run`` was started with beyond its file (every field None where it recorded none)."""
+    return RunHost.from_json(run.host).options or RunOptions()
 
 
 def earlier_order_seed(ledger: Ledger, run: Run) -> int | None:
     """The run's order seed: as recorded with the run, else from any of its verdicts."""
-    seed = (run.host or {}).get("order_seed")
+    seed = RunHost.from_json(run.host).order_seed
     if seed is not None:
-        return int(seed)
+        return seed
     q = (select(VerdictRow).join(HypothesisRow, HypothesisRow.id == VerdictRow.hypothesis_id)
          .where(HypothesisRow.run_id == run.id))
     for v in ledger.session.scalars(q).all():
-        if (v.stats or {}).get("order_seed") is not None:
-            return int(v.stats["order_seed"])
+        if v.figures.order_seed is not None:
+            return int(v.figures.order_seed)
     return None
 
 
@@ -201,7 +204,7 @@ class Resumption:
 
     order_seed: int
     configs: Mapping[str, tuple[Config, list[Boot], list[Boot]]]
-    record: dict
+    record: ResumeRecord
     lock: runlock.RunLock
 
 
@@ -229,7 +232,7 @@ def claim(ledger: Ledger, run: Run) -> runlock.RunLock:
     try:
         claimed = ledger.session.execute(
             update(Run).where(Run.id == run.id, Run.status.in_(RESUMABLE))
-            .values(status="running", host={**(run.host or {}), liveness.OWNER_KEY: liveness.owner_record()})
+            .values(status="running", host=_held_by_me(RunHost.from_json(run.host)).to_json())
             .execution_options(synchronize_session=False)).rowcount
         ledger.commit()
         ledger.session.refresh(run)
@@ -259,24 +262,28 @@ def _take_up(ledger: Ledger, run: Run, *, host_fingerprint: str | None, hostname
     return Resumption(order_seed=seed, configs=configs, record=rec, lock=lock)
 
 
+def _held_by_me(host: RunHost) -> RunHost:
+    """``host`` with this process as the run's holder (``liveness.owner_record``)."""
+    return host.with_(owner=HarnessProcess.from_json(liveness.owner_record()))
+
+
 def begin(run: Run, *, host_fingerprint: str | None, hostname: str | None, counted: Iterable[Boot],
           not_counted: Iterable[Boot], order_seed: int, backend: dict,
-          previous: tuple[str, str | None] | None = None) -> dict:
+          previous: tuple[str, str | None] | None = None) -> ResumeRecord:
     """Set the run running again under this process and append its resume record.
     ``previous``: the run's status and error before it was claimed (default: as read)."""
     counted, not_counted = list(counted), list(not_counted)
-    earlier = list((run.host or {}).get(RESUMED_KEY) or [])
-    rec = {"at": _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
-           "previous_status": (previous or (run.status, run.error))[0],
-           "previous_error": (previous or (run.status, run.error))[1],
-           "host_fingerprint": host_fingerprint, "hostname": hostname,
-           "counted_boot_ids": sorted(b.id for b in counted),
-           "counted_ok_boot_ids": sorted(b.id for b in counted if b.status == "ok"),
-           "other_host_boot_ids": sorted(b.id for b in not_counted if b.status in ENDED),
-           "other_host_ok_boot_ids": sorted(b.id for b in not_counted if b.status == "ok"),
-           "cut_short_boot_ids": sorted(b.id for b in not_counted if b.status not in ENDED),
-           "order_stream": order_stream(order_seed, len(earlier) + 1)}
-    run.host = {**(run.host or {}), liveness.OWNER_KEY: liveness.owner_record(), "backend": backend,
-                RESUMED_KEY: [*earlier, rec]}
+    host = RunHost.from_json(run.host)
+    status, error = previous or (run.status, run.error)
+    rec = ResumeRecord(
+        at=_dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
+        previous_status=status, previous_error=error, host_fingerprint=host_fingerprint, hostname=hostname,
+        counted_boot_ids=tuple(sorted(b.id for b in counted)),
+        counted_ok_boot_ids=tuple(sorted(b.id for b in counted if b.status == BootStatus.OK)),
+        other_host_boot_ids=tuple(sorted(b.id for b in not_counted if b.status in ENDED)),
+        other_host_ok_boot_ids=tuple(sorted(b.id for b in not_counted if b.status == BootStatus.OK)),
+        cut_short_boot_ids=tuple(sorted(b.id for b in not_counted if b.status not in ENDED)),
+        order_stream=order_stream(order_seed, len(host.resumed) + 1))
+    run.host = _held_by_me(host).with_(backend=backend, resumed=(*host.resumed, rec)).to_json()
     run.status, run.error, run.finished_at = "running", None, None
     return rec

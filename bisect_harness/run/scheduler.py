@@ -17,7 +17,8 @@ goes out as that frozen request (``BootRequest.for_boot``) to the backend and
 comes back as a frozen outcome; the scheduler alone writes the ledger: the boot
 row before the boot starts (its id names the log), each sample the moment the
 backend hands it back, the outcome when it ends. The backend hands back events
-and the scheduler records them (``_Recorder``): nothing below calls up into it.
+and ``boot.deliver`` hands each to the scheduler's recorder (a ``boot.Sink``) the
+moment it comes: nothing below calls up into it.
 
 The failure policy, decided here once for every command (``docs/design.md``):
 
@@ -61,11 +62,12 @@ from bisect_harness.run import resume
 from bisect_harness.run.busy_host import BusyHost
 from bisect_harness.run.preflight import Preflight
 from bisect_harness.backends import Backend
-from bisect_harness.boot import BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Started
+from bisect_harness.boot import BootOutcome, BootRequest, BootValues, SampleOutcome, Sink, deliver
 from bisect_harness.backends.local import LocalBackend
 from bisect_harness.backends.procedure import this_host
 from bisect_harness.errors import HarnessError, InfrastructureError, UserError
-from bisect_harness.record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, utcnow
+from bisect_harness.evidence import BootStatus, HarnessProcess, ResumeRecord, RunHost
+from bisect_harness.record.ledger import Boot, Calibration, Config, Ledger, Run, SampleRow, boot_records, utcnow
 from bisect_harness.model import Arm
 from bisect_harness.plan.build import ConfigRecipe, Plan, PlannedConfig
 
@@ -108,13 +110,13 @@ class ConfigState:
 
     @property
     def good_boots(self) -> list[Boot]:
-        return [b for b in self.boots if b.status == "ok"]
+        return [b for b in self.boots if b.status == BootStatus.OK]
 
     @property
     def wants_profile(self) -> bool:
         """Whether this config's next boot takes the profiled sample: its recipe asks for
         one (``profile: true``, ``--profile``) and none of its boots has it yet. A boot
-        records its profile in ``provenance["profile"]``; the config has it once an ok
+        records its profile in ``evidence.profile``; the config has it once an ok
         boot's profile was taken or a boot found the engine has no profiler, or after
         :data:`PROFILE_ATTEMPTS` failed profiles. A profiled boot that failed (or was left
         out) before its profile records none: the next boot is profiled. Read from the
@@ -123,8 +125,8 @@ class ConfigState:
             return False
         failed = 0
         for boot in [*self.boots, *self.not_counted]:
-            state = ((boot.provenance or {}).get("profile") or {}).get("state")
-            if state == "no_profiler" or (state == "taken" and boot.status == "ok"):
+            state = boot.evidence.profile_state
+            if state == "no_profiler" or (state == "taken" and boot.status == BootStatus.OK):
                 return False
             failed += state == "failed"
         return failed < PROFILE_ATTEMPTS
@@ -197,7 +199,7 @@ class Scheduler:
         # --resume: the interrupted run's config rows by key, with their boots (counted, not counted here)
         self.earlier_configs: dict[str, tuple[Config, list[Boot], list[Boot]]] = {}
         self.resumed = False
-        self._resume_record: dict = {}
+        self._resume_record: ResumeRecord | None = None
         self.lock = runlock.RunLock()  # held from the run's row to its end (``runlock``)
         self._busy_before_next = False    # host_check retry: the last boot was busy; wait before the next
         self.busy_host = BusyHost()       # a host busy all the time: a search stops booting again (busy_host)
@@ -215,6 +217,11 @@ class Scheduler:
         attach.api_key(self.spec.engine.api_key_env)
         host, self.host_fp = this_host()
         self.host = dict(host)
+
+    @property
+    def host_name(self) -> str | None:
+        """This host's name, as its description says it (``HostInfo.hostname``)."""
+        return self.host["hostname"] if "hostname" in self.host else None
 
     def start_run(self, kind: str = "run") -> Run:
         """Write a new run row, held by this process (``runlock``), and open it."""
@@ -239,20 +246,21 @@ class Scheduler:
         spec = self.spec
         self._take_host()
         if earlier is None:
+            host = RunHost(machine=self.host, owner=HarnessProcess.from_json(liveness.owner_record()),
+                           backend=self.backend_record(), order_seed=self.order_seed)
             self.run, self.lock = self.ledger.add_run(Run(
                 kind=kind, spec_path=str(spec.path), spec_text=spec.text,
                 spec_hash=hashlib.sha256(spec.text.encode()).hexdigest(), harness_version=__version__,
-                host={**self.host, liveness.OWNER_KEY: liveness.owner_record(), "backend": self.backend_record(),
-                      "order_seed": self.order_seed}))
+                host=host.to_json()))
             return
         taken = resume.take_up(self.ledger, earlier, host_fingerprint=self.host_fp,
-                               hostname=self.host.get("hostname"), order_seed=self.order_seed,
+                               hostname=self.host_name, order_seed=self.order_seed,
                                backend=self.backend_record())
         self.run, self.resumed, self.lock = earlier, True, taken.lock
         self.order_seed = taken.order_seed
         # Replica configs of an A/A check are adopted when the check asks for them; their boots count alike.
         self.earlier_configs = dict(taken.configs)
-        self._order = random.Random(taken.record["order_stream"])
+        self._order = random.Random(taken.record.order_stream)
         self._resume_record = taken.record
 
     def _open(self) -> None:
@@ -270,10 +278,10 @@ class Scheduler:
         if self.resumed:
             rec = self._resume_record
             self.ledger.commit()
-            self.obs.message(f"resuming run {self.run.id} ({rec['previous_status']}): "
-                             f"{len(rec['counted_ok_boot_ids'])} ok boots from before count, "
-                             f"{len(rec['other_host_ok_boot_ids'])} ran on another host and do not, "
-                             f"{len(rec['cut_short_boot_ids'])} were cut short")
+            self.obs.message(f"resuming run {self.run.id} ({rec.previous_status}): "
+                             f"{len(rec.counted_ok_boot_ids)} ok boots from before count, "
+                             f"{len(rec.other_host_ok_boot_ids)} ran on another host and do not, "
+                             f"{len(rec.cut_short_boot_ids)} were cut short")
         self.preflight.begin()
 
     def _add_preflight(self, result: dict) -> None:
@@ -398,7 +406,7 @@ class Scheduler:
             st = self.states[pc.key] = ConfigState(row=row, planned=pc, recipe=recipe, boots=counted,
                                                    not_counted=not_counted, failed=failed)
             for boot in reversed(counted):  # failures in a row at the end carry over to the retry limit
-                if boot.status != "failed":
+                if boot.status != BootStatus.FAILED:
                     break
                 st.consecutive_failures += 1
         else:
@@ -410,7 +418,7 @@ class Scheduler:
 
     def retries(self, boot: Boot) -> bool:
         """Whether ``boot`` was left out as busy under ``host_check: retry`` (so it is re-booted)."""
-        return (self.spec.defaults.host_check == "retry" and boot.status == "excluded"
+        return (self.spec.defaults.host_check == "retry" and boot.status == BootStatus.EXCLUDED
                 and contention.HOST_BUSY in (boot.marks or []))
 
     # ------------------------------------------------------------------ boots
@@ -476,35 +484,41 @@ class Scheduler:
 
     def _count(self, m: Measurement, boot: Boot, metric: str | None) -> None:
         """File one finished boot under its measurement."""
-        if boot.status == "ok":
+        if boot.status == BootStatus.OK:
             if metric is None:
                 m.boot_ids.append(boot.id)
                 return
-            # a search's boot: its quiet samples (search_samples), so a burst that covered a sample
-            # costs that sample, and only a boot busy throughout is booted again, unless the host
-            # is busy all the time (busy_host): then such a boot counts whole
-            quiet = self.spec.defaults.search_samples == "quiet"
-            bv = self.ledger.boot_values([boot], metric, quiet=quiet)
-            mask = host_state.quiet_samples(boot) if quiet else None
-            busy = sum(1 for k, s in enumerate(boot.samples)
-                       if mask is not None and not mask[k] and s.metrics.get(metric) is not None)
-            if quiet and (busy or bv.values):
-                if said := self.busy_host.observe(boot.id, not bv.values):
-                    self.obs.message(said)
-                if not bv.values and self.busy_host.all_the_time:
-                    bv, busy = self.ledger.boot_values([boot], metric, quiet=False), 0
-                    m.whole_busy_ids.append(boot.id)
-            m.busy_samples += busy
-            if bv.values:
+            values = self._values(m, boot, metric)
+            if values:
                 m.boot_ids.append(boot.id)
-                m.values.append(bv.means()[0])
-                m.samples.append(bv.values[0])
+                m.values.append(BootValues((boot.id,), (values,)).means()[0])
+                m.samples.append(values)
                 return
             m.left_out_ids.append(boot.id)  # ok, yet no (quiet) sample of the metric: not usable
-        elif boot.status == "failed":
+        elif boot.status == BootStatus.FAILED:
             m.failed_ids.append(boot.id)
         else:
             m.left_out_ids.append(boot.id)
+
+    def _values(self, m: Measurement, boot: Boot, metric: str) -> tuple[float, ...]:
+        """The values of ``metric`` an ok boot gives a search (``BootRecord.values``, the one
+        reduction): its quiet samples (``defaults.search_samples``), so a burst that covered
+        a sample costs that sample, and only a boot busy throughout is booted again, unless
+        the host is busy all the time (``busy_host``): then such a boot counts whole. The
+        samples left out as busy are counted on ``m``."""
+        (record,) = boot_records([boot])
+        if self.spec.defaults.search_samples != "quiet":
+            return record.values(metric)
+        values = record.values(metric, quiet=True)
+        busy = len(record.values(metric)) - len(values)
+        if busy or values:
+            if said := self.busy_host.observe(boot.id, not values):
+                self.obs.message(said)
+            if not values and self.busy_host.all_the_time:
+                values, busy = record.values(metric), 0
+                m.whole_busy_ids.append(boot.id)
+        m.busy_samples += busy
+        return values
 
     def boot_round(self, states: Sequence[ConfigState], target: int) -> list[Measurement]:
         """Boot each config up to ``target`` usable boots in all (the hypothesis loop's
@@ -533,47 +547,42 @@ class Scheduler:
         return out
 
     def _run_batch(self, batch: Sequence[ConfigState]) -> list[Boot]:
+        """Boot one batch at once: a row and a request per state, every event recorded the
+        moment the backend hands it back (``boot.deliver`` drives the recorder; an
+        exception of the recorder, an interrupt, goes back into the boots)."""
         self.preflight.start()
         recorder = _Recorder(self)
-        requests = []
-        for st in batch:
-            pc = st.planned
-            seq = len(st.boots) + len(st.not_counted) + 1
-            profile = st.wants_profile  # asked before this boot's row joins the config's boots
-            samples = self.samples_per_boot or self.spec.defaults.samples_per_boot
-            self.obs.boot_started(pc, seq, samples)
-            boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
-                                        host_fingerprint=self.host_fp))
-            st.boots.append(boot)
-            log_path = self.log_dir / f"boot-{boot.id}.log"
-            boot.log_path = str(log_path)
-            req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
-            if req.samples != samples:
-                req = dataclasses.replace(req, samples=samples)
-            if profile:
-                req = req.profiled()
-            recorder.expect(req, boot, st)
-            requests.append(req)
+        requests = [self._request(st, recorder) for st in batch]
         self.ledger.commit()
         try:
-            events = self.backend.events(requests)
-            failure: BaseException | None = None
-            while True:  # each event recorded the moment the backend hands it back
-                try:
-                    event = next(events) if failure is None else events.throw(failure)
-                except StopIteration:
-                    break
-                failure = None
-                try:
-                    recorder.record(event)
-                except BaseException as exc:  # noqa: BLE001 - an interrupt while recording: the boots hear it
-                    failure = exc  # thrown into the events where this one came out, as boot.deliver does
+            deliver(self.backend.events(requests), recorder)
         finally:
             recorder.close_unreported()  # boots that never reported (never started) say so
             self.ledger.commit()
         self.preflight.end()  # its window ran beside this batch, the run's first
         recorder.raise_fatal()
         return [recorder.boots[r.boot_id][0] for r in requests]
+
+    def _request(self, st: ConfigState, recorder: "_Recorder") -> BootRequest:
+        """The next boot of ``st``: its row (numbered after every boot the config has, counted
+        or not), its log, and its request, expected by ``recorder``."""
+        pc = st.planned
+        seq = len(st.boots) + len(st.not_counted) + 1
+        profile = st.wants_profile  # asked before this boot's row joins the config's boots
+        samples = self.samples_per_boot or self.spec.defaults.samples_per_boot
+        self.obs.boot_started(pc, seq, samples)
+        boot = self.ledger.add(Boot(run_id=self.run.id, config_id=st.row.id, config_key=pc.key, seq=seq,
+                                    host_fingerprint=self.host_fp))
+        st.boots.append(boot)
+        log_path = self.log_dir / f"boot-{boot.id}.log"
+        boot.log_path = str(log_path)
+        req = st.recipe.request.for_boot(boot_id=boot.id, seq=seq, log_path=log_path)
+        if req.samples != samples:
+            req = dataclasses.replace(req, samples=samples)
+        if profile:
+            req = req.profiled()
+        recorder.expect(req, boot, st)
+        return req
 
     def _fail(self, st: ConfigState, why: str, status: str = "boot_failed") -> None:
         st.failed = st.failed or why
@@ -607,30 +616,23 @@ def boot_seconds(boot) -> tuple[float, float, int]:
             float(sum(s.duration_s or 0.0 for s in samples)), len(samples))
 
 
-class _Recorder:
-    """A backend's events, written to the ledger on the scheduler's thread."""
+class _Recorder(Sink):
+    """A backend's events, written to the ledger on the scheduler's thread as
+    ``boot.deliver`` hands them over: each sample the moment it comes (every backend
+    hands each sample back once, as a ``Sampled`` event), the outcome at the end."""
 
     def __init__(self, sched: Scheduler):
         self.sched = sched
         self.ledger = sched.ledger
         self.boots: dict[int, tuple[Boot, ConfigState]] = {}
-        self.written: dict[int, set[int]] = {}
         self.reported: set[int] = set()
         self.fatal: list[BootOutcome] = []
 
     def expect(self, req: BootRequest, boot: Boot, st: ConfigState) -> None:
         self.boots[req.boot_id] = (boot, st)
-        self.written[req.boot_id] = set()
 
-    def record(self, event: Event) -> None:
-        if isinstance(event, Sampled):
-            self.sample(event.request, event.sample)
-        elif isinstance(event, Finished):
-            self.finished(event.request, event.outcome)
-        elif isinstance(event, Started):
-            self.started(event.request, event.port, event.argv, event.log_path)
-        elif isinstance(event, Message):
-            self.sched.obs.message(event.text)
+    def message(self, text: str) -> None:
+        self.sched.obs.message(text)
 
     def started(self, req: BootRequest, port, argv, log_path) -> None:
         boot, _ = self.boots[req.boot_id]
@@ -639,19 +641,14 @@ class _Recorder:
 
     def sample(self, req: BootRequest, s: SampleOutcome) -> None:
         boot, st = self.boots[req.boot_id]
-        if s.seq in self.written[req.boot_id]:
-            return
-        self.written[req.boot_id].add(s.seq)
         self.ledger.add(SampleRow(boot_id=boot.id, seq=s.seq, metrics=dict(s.metrics), requests=s.requests,
                                   output_tokens=s.output_tokens, duration_s=s.duration_s, errors=s.errors))
         self.sched.obs.sample_done(st.planned, s.seq, dict(s.metrics))
 
     def finished(self, req: BootRequest, out: BootOutcome) -> None:
         boot, st = self.boots[req.boot_id]
-        for s in out.samples:  # a remote backend reports its samples with the outcome
-            self.sample(req, s)
         self.reported.add(req.boot_id)
-        boot.status, boot.failure = out.status, out.failure
+        boot.status, boot.failure = out.status.value, out.failure
         boot.log_tail, boot.log_path = out.log_tail, out.log_path or boot.log_path
         if out.port is not None:
             boot.port = out.port
@@ -659,15 +656,15 @@ class _Recorder:
             boot.argv = list(out.argv)
         boot.ready_s = out.ready_s
         boot.host_fingerprint = out.host_fingerprint or boot.host_fingerprint
-        boot.provenance = dict(out.provenance)
+        boot.provenance = out.evidence.to_json()
         boot.env_report = dict(out.env_report) if out.env_report is not None else None
         boot.flag_report = dict(out.flag_report) if out.flag_report is not None else None
         boot.server_info = dict(out.server_info) if out.server_info is not None else None
         boot.marks, boot.source_problems = list(out.marks), list(out.source_problems)
         boot.finished_at = out.finished_at or utcnow()
-        if out.status == "ok":
+        if out.status is BootStatus.OK:
             st.consecutive_failures = 0
-        elif out.status == "failed":
+        elif out.status is BootStatus.FAILED:
             st.consecutive_failures += 1
         if out.busy:
             self.sched._busy_before_next = True
@@ -685,8 +682,8 @@ class _Recorder:
 
     def close_unreported(self) -> None:
         for boot_id, (boot, st) in self.boots.items():
-            if boot_id not in self.reported and boot.status == "running":
-                boot.status, boot.failure = "interrupted", "the run stopped before this boot started"
+            if boot_id not in self.reported and boot.status == BootStatus.RUNNING:
+                boot.status, boot.failure = BootStatus.INTERRUPTED.value, "the run stopped before this boot started"
                 boot.finished_at = utcnow()
 
     def raise_fatal(self) -> None:
