@@ -8,13 +8,13 @@ renders; errors go up to the one boundary, ``cli.main``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 
+from bisect_harness.cli.outputs import emit
 from bisect_harness.cli.common import (BACKEND_OPT, JOURNAL_OPT, LEDGER_OPT, RESUME_NEWEST, SLOTS_OPT, WAIT_QUIET_OPT,
                                        _backend, _console, _effect, _write_journal)
 from bisect_harness.cli.summary import _verdict_table, run_summary
@@ -95,7 +95,7 @@ def run(
         console.print(_verdict_table(the_run))
         console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
-            print(json.dumps(run_summary(the_run)))
+            emit("run", run_summary(the_run))
         _fail_if_not_measured(the_run, journal_dir / "logs")
         _exit_if_no_culprit(the_run, console)
 
@@ -123,7 +123,7 @@ def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> No
     text, obj = describe(plan, check_flags=check_flags, say=lambda t: console.print(redact_text(t), markup=False))
     text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
     if json_out:
-        print(json.dumps(obj))
+        emit("plan", obj)
     else:
         typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
     failed_help = obj.get("flags_help_failed") or []
@@ -225,7 +225,7 @@ def explain(
         _write_journal(led, sched.run, journal_dir, console, ledger)
         _print_explanation(console, out)
         if json_out:
-            print(json.dumps({"run_id": sched.run.id, **out.record}))
+            emit("explain", {"run_id": sched.run.id, **out.record})
 
 
 #: What --good and --bad take.
@@ -303,7 +303,7 @@ def bisect(
         for w in result.warnings:
             console.print(f"  warning: {w}", markup=False)
         if json_out:
-            print(json.dumps(result.to_json()))
+            emit("bisect", result.to_json())
     u = result.undetermined or (result.descent.undetermined if result.descent else None)
     if u:  # the host could not tell: no finding either way
         console.print(f"undetermined, not {u['would_have_stopped']}: {u['why']}; {u['would_decide']}", markup=False)
@@ -379,6 +379,6 @@ def nightly(
     for w in outcome.warnings:
         console.print(f"  warning: {w}", markup=False)
     if json_out:
-        print(json.dumps({**outcome.to_json(), **({"changepoints": report} if report is not None else {})}))
+        emit("nightly", {**outcome.to_json(), **({"changepoints": report} if report is not None else {})})
     if outcome.alert:
         raise typer.Exit(4)
