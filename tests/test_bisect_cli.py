@@ -346,6 +346,19 @@ def test_a_min_effect_that_is_no_relative_change_exits_2_naming_the_option(hist,
     assert not (tmp_path / "journal").exists(), "nothing was booted or written"
 
 
+@pytest.mark.parametrize("flag, value, says", [("--confidence", "1.5", "confidence must lie strictly between 0 and 1"),
+                                               ("--max-boots", "1", "max_boots must be an integer >= 2")])
+def test_search_options_the_search_refuses_exit_2_naming_the_flags(hist, tmp_path, flag, value, says):
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    proc, _ = harness(["bisect", str(spec), "--good", "HEAD~1", "--bad", "HEAD", flag, value,
+                       "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                       "--journal-dir", str(tmp_path / "journal")], tmp_path, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    err = " ".join(proc.stderr.split())
+    assert says in err and "fix --confidence, --max-boots or --min-effect" in err and "Traceback" not in err
+    assert not (tmp_path / "journal").exists(), "nothing was booted or written"
+
+
 def test_a_confirmed_verdicts_rounds_open_the_bisections_endpoint_check(hist, tmp_path):
     # bisect: true after a confirmed verdict: its paired rounds of the two endpoints (baseline
     # commit, treatment commit; one boot of each per round, in a random order) are the endpoint

@@ -74,7 +74,7 @@ Usage::
 
     search = BisectionSearch(shas, expect=Expect.DECREASE)
     result = run_search(search, measure)   # measure(sha, boots) -> values or None
-    result.culprit, result.probability, result.candidate_set
+    result.culprit, result.leader, result.leader_probability, result.candidate_set
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ class BisectionSearch:
         culprit = block[0] if reason is StopReason.CONFIDENT else None
         return BisectResult(
             culprit=culprit,
-            probability=st.get("set_mass", mass[best]),
+            leader_probability=st.get("set_mass", mass[best]),
             candidates=candidates,
             candidate_set=block,
             boots_used=self.boots_used,

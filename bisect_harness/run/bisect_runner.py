@@ -297,8 +297,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
         if undetermined is not None:
             stopped = StopReason.UNDETERMINED
     outcome = BisectOutcome(
-        culprit=res.culprit, leader=res.candidate_set[0] if res.candidate_set else None,
-        leader_probability=float(res.probability), candidates=res.candidates,
+        culprit=res.culprit, leader=res.leader, leader_probability=float(res.leader_probability),
+        candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
         skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
         warnings=tuple(_host_warnings(sched, configs.values())),
@@ -447,8 +447,8 @@ def step_line(step: int, rnd, results, res: BisectResult, new_boots: int, max_bo
     probes = ", ".join(f"{p.purpose} {p.commit[:12]} " + ("skipped" if r is None else _boots(len(r)))
                        for p, r in zip(rnd, results))
     left = sum(1 for c in res.candidates if c.probability >= 0.01)
-    lead = res.candidate_set[0][:12] if res.candidate_set else "none"
-    return (f"bisect step {step}: {probes}; leader {lead} P={res.probability:.3f}, {left} candidate"
+    lead = res.leader[:12] if res.leader else "none"
+    return (f"bisect step {step}: {probes}; leader {lead} P={res.leader_probability:.3f}, {left} candidate"
             f"{'s' if left != 1 else ''} above 1%; {new_boots}/{max_boots} new boots")
 
 
