@@ -52,7 +52,7 @@ def _bisect(tmp: Path, env: dict, name: str, trial: int, args: list[str]) -> dic
         return {"ok": False, "wall_s": wall, "exit_code": proc.returncode, "stderr": proc.stderr[-1500:]}
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"ok": True, "wall_s": wall, "boots": out.get("new_boots"), "culprit": out.get("culprit"),
-            "probability": out.get("probability"), "stopped": out.get("stopped")}
+            "probability": out.get("leader_probability"), "stopped": out.get("stopped")}
 
 
 def _warm(cache: Path, env: dict) -> str:

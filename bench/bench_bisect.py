@@ -294,7 +294,7 @@ def ours(rr: Range, verify_alpha: float = DEFAULT_VERIFY_ALPHA, anchor_every: in
             search.observe(str(N_COMMITS - 1), [bad])
     result = run_search(search, rr.measure)
     culprit = int(result.culprit) if result.culprit is not None else None
-    return culprit, result.probability, result.stopped.value
+    return culprit, result.leader_probability, result.stopped.value
 
 
 def pinpoint(rr: Range, rows, magnitude_abs: float) -> int | None:

@@ -196,7 +196,7 @@ def search(work: Path, repo: Path, shas: list[str], rule: str, args, seed: int) 
     return {"rule": rule, "seed": seed, "exit": proc.returncode, "culprit_named": right,
             "busy_all_the_time": said[switch:said.find(")", switch) + 1] if switch >= 0 else None,
             "confident_wrong": bool(culprit) and not right, "named": culprit, "stopped": out.get("stopped"),
-            "probability": out.get("probability"), "boots": boots[0], "busy_boots": int(boots[1] or 0),
+            "probability": out.get("leader_probability"), "boots": boots[0], "busy_boots": int(boots[1] or 0),
             "seconds": round(took, 1), "burst_seconds": round(bursts.busy_s, 1)}
 
 

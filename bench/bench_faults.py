@@ -57,7 +57,6 @@ To compare two versions of the harness, run it under each one's tree
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import subprocess
@@ -78,8 +77,9 @@ from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
 from bisect_harness.errors import HarnessError  # noqa: E402
 from bisect_harness.spec import load_spec  # noqa: E402
 from bisect_harness.run import scheduler as _scheduler  # noqa: E402
-from bisect_harness.run.bisect_runner import bisect_range  # noqa: E402
-from bisect_harness.run.explain_runner import explain_file  # noqa: E402
+from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
+from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range  # noqa: E402
+from bisect_harness.run.explain_runner import ExplainOptions, explain_file  # noqa: E402
 from bisect_harness.record.ledger import Ledger  # noqa: E402
 
 COMMITS = 32
@@ -161,9 +161,10 @@ def trial(root: Path, spec, shas: list[str], model: str, scenario: str, seed) ->
     db = root / f"t-{rng.integers(2**62)}.db"
     with Ledger(f"sqlite:///{db}") as led:
         try:
-            out, _ = bisect_range(spec, led, good=shas[0], bad=shas[-1], metric="tok_s", confidence=CONFIDENCE,
-                                  max_boots=BUDGET, first_parent=True, cache_dir=root / "cache",
-                                  log_dir=root / "logs", backend=faults.backend)
+            request = BisectRequest(shas[0], shas[-1], "tok_s", SearchOptions(confidence=CONFIDENCE, max_boots=BUDGET),
+                                    first_parent=True)
+            out, _ = bisect_range(spec, led, request,
+                                  MeasureSetup(root / "logs", cache_dir=root / "cache", backend=faults.backend))
         except RuntimeError as exc:
             return {"ended": False, "stopped": "not-ended", "right": False, "wrong": False,
                     "boots": faults.total, "why": str(exc)}
@@ -196,7 +197,6 @@ EXPLAIN_SCENARIOS = ("fail0", "fail10", "fail20", "refused_flag")
 #: the blocks at 16 rounds: a search of 6 differences books a few hundred at most)
 EXPLAIN_GUARD = 3000
 EXPLAIN_IDLE_CALLS = 200
-_EXPLAIN_PARAMS = inspect.signature(explain_file).parameters
 
 
 class NotEnded(Exception):
@@ -298,11 +298,10 @@ def explain_trial(root: Path, spec, fast_sha: str, slow_sha: str, model: str, sc
     db = root / f"x-{rng.integers(2**62)}.db"
     with Ledger(f"sqlite:///{db}") as led, _Guarded(explained):
         try:
-            # order_seed: a seeded search (a tree older than it draws a fresh seed per search)
-            seeded = {"order_seed": int(rng.integers(2**31))} if "order_seed" in _EXPLAIN_PARAMS else {}
-            out, _ = explain_file(spec, led, fast="x.baseline", slow="x.treatment", min_effect=None,
-                                  alpha=EXPLAIN_ALPHA, cache_dir=root / "cache", log_dir=root / "logs",
-                                  backend=explained.backend, **seeded)
+            # order_seed: a seeded search
+            setup = MeasureSetup(root / "logs", cache_dir=root / "cache", backend=explained.backend,
+                                 order_seed=int(rng.integers(2**31)))
+            out, _ = explain_file(spec, led, "x.baseline", "x.treatment", ExplainOptions(alpha=EXPLAIN_ALPHA), setup)
         except NotEnded as exc:
             return {"ended": False, "stopped": "not-ended", "exact": False, "found": False, "wrong": False,
                     "boots": explained.total, "cause": cause, "why": str(exc)}

@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> dict:
         "fix": "ggml-org/llama.cpp#9605", "good": good, "bad": bad, "commits": n_commits,
         "expected": culprit, "culprit": named,
         "culprit_found": bool(culprit and named and named == culprit),
-        "probability": (result or {}).get("probability"),
+        "probability": (result or {}).get("leader_probability"),
         "stopped": (result or {}).get("stopped"),
         "boots": (result or {}).get("boots"), "new_boots": (result or {}).get("new_boots"),
         "builds": builds, "build_seconds": round(build_s, 1), "seconds": round(seconds, 1),

@@ -29,9 +29,10 @@ from bisect_harness.observe.contention import Thresholds, Window, judge, record
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.report import journal
-from bisect_harness.run.bisect_runner import bisect_range
+from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor
-from bisect_harness.run.explain_runner import explain_file
+from bisect_harness.run.explain_runner import ExplainOptions, explain_file
 from bisect_harness.spec import load_spec
 from helpers import write_spec
 
@@ -190,8 +191,8 @@ def busy_bisection(tmp: Path) -> Rendered:
     seeded = Seeded(lambda r: 80.0 if order.index(r.commit) >= 11 else 100.0, between=0.05, mark=mark)
     db = tmp / "bisect.db"
     with Ledger(f"sqlite:///{db}") as led:
-        bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
-                     first_parent=False, cache_dir=tmp / "cache", log_dir=tmp / "logs", backend=seeded.backend)
+        bisect_range(spec, led, BisectRequest(order[0], order[-1], "tok_s", SearchOptions(max_boots=60)),
+                     MeasureSetup(tmp / "logs", cache_dir=tmp / "cache", backend=seeded.backend))
     return _render(db, tmp)
 
 
@@ -211,9 +212,8 @@ def explanation(tmp: Path) -> Rendered:
 
     db = tmp / "explain.db"
     with Ledger(f"sqlite:///{db}") as led:
-        explain_file(spec, led, fast="tuned.baseline", slow="tuned.treatment", min_effect=None, alpha=0.01,
-                     cache_dir=None, log_dir=tmp / "logs", backend=Seeded(level, between=0.02).backend,
-                     order_seed=5)
+        explain_file(spec, led, "tuned.baseline", "tuned.treatment", ExplainOptions(alpha=0.01),
+                     MeasureSetup(tmp / "logs", backend=Seeded(level, between=0.02).backend, order_seed=5))
     return _render(db, tmp)
 
 

@@ -119,6 +119,7 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
     said: list[str] = []
     first = bisect(tmp_path, spec, good, bad, "--max-boots", "4", planted=planted, code=6, stderr=said)
     assert first["stopped"] == "budget" and first["culprit"] is None
+    assert first["leader"] in hist.shas and 0.0 < first["leader_probability"] < 0.95  # a leader, not a culprit
     assert first["boots"] == first["new_boots"] == 4
     least = first["plan"]["least_boots"]
     assert first["plan"]["budget"] == 4 and first["plan"]["candidates"] == 10 and least > 4
@@ -130,10 +131,11 @@ def test_finds_the_regression_skips_the_broken_build_and_resumes_from_the_ledger
 
     # ...and a second over the same range goes on from its boots.
     out = bisect(tmp_path, spec, good, bad, "--max-boots", "100", planted=planted)
-    assert {"culprit", "probability", "candidates", "boots", "skipped"} <= set(out)
-    assert out["culprit"] == hist.events["regression"], out
-    assert out["probability"] >= 0.95 and out["stopped"] == "confident"
-    assert out["candidates"][0] == {"commit": hist.events["regression"], "probability": out["probability"]}
+    assert {"culprit", "leader", "leader_probability", "candidates", "boots", "skipped"} <= set(out)
+    assert "probability" not in out  # the leader's posterior has its own name, apart from the culprit
+    assert out["culprit"] == out["leader"] == hist.events["regression"], out
+    assert out["leader_probability"] >= 0.95 and out["stopped"] == "confident"
+    assert out["candidates"][0] == {"commit": hist.events["regression"], "probability": out["leader_probability"]}
     assert all(set(c) == {"commit", "probability"} for c in out["candidates"])
     assert sum(c["probability"] for c in out["candidates"]) <= 1.0 + 1e-9
     assert out["skipped"] == [hist.events["build_failure"]]
@@ -341,6 +343,19 @@ def test_a_min_effect_that_is_no_relative_change_exits_2_naming_the_option(hist,
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     err = " ".join(proc.stderr.split())
     assert "--min-effect '150%'" in err and "between 0 and 1" in err and "'any'" in err and "Traceback" not in err
+    assert not (tmp_path / "journal").exists(), "nothing was booted or written"
+
+
+@pytest.mark.parametrize("flag, value, says", [("--confidence", "1.5", "confidence must lie strictly between 0 and 1"),
+                                               ("--max-boots", "1", "max_boots must be an integer >= 2")])
+def test_search_options_the_search_refuses_exit_2_naming_the_flags(hist, tmp_path, flag, value, says):
+    spec = write_spec(tmp_path / "spec.yaml", hist)
+    proc, _ = harness(["bisect", str(spec), "--good", "HEAD~1", "--bad", "HEAD", flag, value,
+                       "--ledger", f"sqlite:///{tmp_path / 'results.db'}",
+                       "--journal-dir", str(tmp_path / "journal")], tmp_path, timeout=60)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    err = " ".join(proc.stderr.split())
+    assert says in err and "fix --confidence, --max-boots or --min-effect" in err and "Traceback" not in err
     assert not (tmp_path / "journal").exists(), "nothing was booted or written"
 
 

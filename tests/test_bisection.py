@@ -65,8 +65,8 @@ def test_clean_data_finds_culprit_with_one_boot_per_probe():
     result = run_search(search_for(engine), engine)
     assert result.stopped is StopReason.CONFIDENT
     assert result.culprit == "c037"
-    assert result.candidate_set == ("c037",)
-    assert result.probability >= 0.95
+    assert result.candidate_set == ("c037",) and result.leader == "c037"
+    assert result.leader_probability >= 0.95
     # 3 paired rounds of the endpoints (6 boots), one boot per bisection step
     # (log2 64 = 6), an anchor every second step (3), then 3 paired rounds of the
     # culprit against its parent (6).
@@ -89,7 +89,7 @@ def test_noisy_data_finds_culprit(seed):
     # The head-to-head test at 1% for the whole search costs a few pairs more than 5%
     # per test did (45 boots on average over these seeds, against 40; at most 62).
     assert result.boots_used < 66
-    assert result.candidates[0] == Candidate(result.culprit, result.probability)
+    assert result.candidates[0] == Candidate(result.culprit, result.leader_probability)
 
 
 @pytest.mark.parametrize("culprit", [1, 63])
@@ -103,7 +103,7 @@ def test_two_commits_blames_the_bad_one_after_checking_the_change():
     engine = FakeEngine(2, 1, seed=3)
     result = run_search(search_for(engine), engine)
     # The endpoints' paired rounds are also the culprit-against-parent test.
-    assert result.culprit == "c001" and result.probability >= 0.999
+    assert result.culprit == "c001" and result.leader_probability >= 0.999
     assert result.boots_used == 2 * max(result.endpoint_test.pairs, result.verify_test.pairs)
 
 
@@ -168,6 +168,8 @@ def test_budget_stops_the_search():
     assert result.boots_used == 10
     assert result.culprit is None
     assert result.candidates and result.candidates[0].probability < 0.95
+    # out of budget: a leader and its posterior, never a culprit
+    assert result.leader == result.candidate_set[0] and result.leader_probability < 0.95
 
 
 def test_skipped_commits_are_never_probed_again():
@@ -188,7 +190,7 @@ def test_culprit_after_an_unbuildable_commit_yields_the_candidate_set():
     assert result.stopped is StopReason.AMBIGUOUS_SKIPS
     assert result.culprit is None
     assert result.candidate_set == ("c029", "c030")
-    assert result.probability >= 0.95
+    assert result.leader_probability >= 0.95
     assert ("c029", "measure returned None") in result.skipped
 
 

@@ -17,7 +17,9 @@ import re
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 
+from bisect_harness.cli.outputs import output_schema
 from bisect_harness.demo import create_demo_repo
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
@@ -73,6 +75,7 @@ def test_run_exits_zero_and_prints_the_documented_json(demo_run):
     assert "Traceback" not in proc.stderr
     out = last_json(proc.stdout)
     assert JSON_KEYS <= set(out)
+    Draft202012Validator(output_schema("run")).validate(out)  # `harness schema --output run`, on real servers
     assert isinstance(out["run_id"], int)
     assert [h["id"] for h in out["hypotheses"]] == ["head-regression", "attention-mode-decode"]
     for h in out["hypotheses"]:
@@ -205,7 +208,7 @@ def test_ledger_and_journal_commands_read_the_run(demo_run, tmp_path):
 
     listed = harness("ledger", "list", "--ledger", url, "--json")
     assert listed.returncode == 0, listed.stderr
-    runs = last_json(listed.stdout)
+    runs = last_json(listed.stdout)["runs"]
     assert [(r["run_id"], r["status"], r["hypotheses"]) for r in runs] == [(run_id, "done", 2)]
     table = harness("ledger", "list", "--ledger", url, env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0 and "done" in table.stdout and "confirmed" in table.stdout, table.stdout

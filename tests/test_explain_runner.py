@@ -78,7 +78,8 @@ class Faulty:
 
 def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_search(tmp_path):
     from bisect_harness.spec import load_spec
-    from bisect_harness.run.explain_runner import explain_file
+    from bisect_harness.run.bisect_runner import MeasureSetup
+    from bisect_harness.run.explain_runner import ExplainOptions, explain_file
     from bisect_harness.record.ledger import Ledger
 
     path = tmp_path / "h.yaml"
@@ -92,9 +93,8 @@ def test_a_config_that_cannot_be_measured_is_stepped_over_not_the_end_of_the_sea
         """))
     faulty = Faulty()
     with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
-        out, sched = explain_file(load_spec(path), led, fast="h.baseline", slow="h.treatment", min_effect=None,
-                                  alpha=0.01, cache_dir=None, log_dir=tmp_path / "logs", backend=faulty.backend,
-                                  order_seed=1)
+        out, sched = explain_file(load_spec(path), led, "h.baseline", "h.treatment", ExplainOptions(alpha=0.01),
+                                  MeasureSetup(tmp_path / "logs", backend=faulty.backend, order_seed=1))
         rec = out.record
         assert rec["stopped"] == "config-unmeasurable" and rec["undecided"] == ["env:A"]
         assert rec["members"] == [] and not rec["confident"]

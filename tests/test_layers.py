@@ -36,10 +36,11 @@ import pytest
 import bisect_harness
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import SampleOutcome
+from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.spec import load_spec
-from bisect_harness.run.bisect_runner import bisect_range
+from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor
-from bisect_harness.run.nightly import run_nightly
+from bisect_harness.run.nightly import NightlyOptions, run_nightly
 from bisect_harness.plan.build import make_plan
 from bisect_harness.report import journal
 from bisect_harness.record.ledger import Ledger
@@ -224,13 +225,13 @@ def test_a_run_its_searches_and_a_bisection_call_up_only_through_the_named_seams
     with _Calls() as calls, Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
         Executor(plan, led, log_dir=tmp_path / "logs", calibrate=False, order_seed=3,
                  backend=commit_backend(order, culprit=5)).execute()
-        bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=60,
-                     first_parent=False, cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs",
-                     backend=commit_backend(order, culprit=5))
+        bisect_range(spec, led, BisectRequest(order[0], order[-1], "tok_s", SearchOptions(max_boots=60)),
+                     MeasureSetup(tmp_path / "logs", cache_dir=tmp_path / "cache",
+                                  backend=commit_backend(order, culprit=5)))
         nights = commit_backend(order, culprit=5)
         for rev in (order[1], order[2], order[3], order[-1]):  # three quiet nights, then the slow one
-            run_nightly(spec, led, rev=rev, metric="tok_s", min_effect=0.1, window=2, calibrate=False,
-                        cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs", backend=nights)
+            run_nightly(spec, led, NightlyOptions(rev=rev, metric="tok_s", min_effect=0.1, window=2, calibrate=False),
+                        MeasureSetup(tmp_path / "logs", cache_dir=tmp_path / "cache", backend=nights))
         for run in led.runs():
             journal.write(led, run, tmp_path / "journal")
     # The commands went where the test means them to: every search ran and found the culprit.

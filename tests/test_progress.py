@@ -18,7 +18,8 @@ from bisect_harness.model import Arm
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.report.progress import LinesObserver, config_labels
-from bisect_harness.run.bisect_runner import bisect_range
+from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor
 from bisect_harness.spec import load_spec
 from helpers import write_spec
@@ -85,10 +86,10 @@ def test_a_bisections_configs_read_as_their_commits(tmp_path):
                                 defaults={"samples_per_boot": 1, "host_preflight_s": 0}))
     out = io.StringIO()
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
-        bisect_range(spec, led, good=order[0], bad=order[-1], metric="tok_s", confidence=0.95, max_boots=12,
-                     first_parent=False, cache_dir=tmp_path / "cache", log_dir=tmp_path / "logs",
-                     observer=LinesObserver(Console(file=io.StringIO()), budget=12, stream=out),
-                     backend=MockBackend(lambda r: [70.0 if order.index(r.commit) >= 3 else 100.0]))
+        bisect_range(spec, led, BisectRequest(order[0], order[-1], "tok_s", SearchOptions(max_boots=12)),
+                     MeasureSetup(tmp_path / "logs", cache_dir=tmp_path / "cache",
+                                  observer=LinesObserver(Console(file=io.StringIO()), budget=12, stream=out),
+                                  backend=MockBackend(lambda r: [70.0 if order.index(r.commit) >= 3 else 100.0])))
     labels = {_label(ln) for ln in out.getvalue().splitlines() if ln.startswith("boot ")}
     assert labels and labels <= {sha[:10] for sha in order}, labels
 

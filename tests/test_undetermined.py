@@ -13,7 +13,8 @@ from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.spec import load_spec
 from bisect_harness.model import Expect
-from bisect_harness.run.bisect_runner import search_commits
+from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.run.bisect_runner import SearchTarget, search_commits
 from bisect_harness.run.scheduler import Scheduler
 from bisect_harness.plan.build import Plan
 from bisect_harness.record.ledger import Ledger
@@ -63,8 +64,7 @@ def test_no_step_on_a_busy_host_is_undetermined_and_on_a_quiet_one_not_reproduce
     with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
         sched = Scheduler(plan, led, log_dir=tmp_path / "logs", calibrate=False, backend=flat_backend(busy))
         with sched.recording("bisect"):
-            out = search_commits(sched, shas, env={}, flags={}, metric="tok_s", expect=Expect.DECREASE,
-                                 confidence=0.95, max_boots=60)
+            out = search_commits(sched, shas, SearchTarget("tok_s", Expect.DECREASE), SearchOptions(max_boots=60))
     assert out.stopped == stopped, out.to_json()
     if busy:
         u = out.undetermined

@@ -8,13 +8,13 @@ renders; errors go up to the one boundary, ``cli.main``.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 
+from bisect_harness.cli.outputs import emit
 from bisect_harness.cli.common import (BACKEND_OPT, JOURNAL_OPT, LEDGER_OPT, RESUME_NEWEST, SLOTS_OPT, WAIT_QUIET_OPT,
                                        _backend, _console, _effect, _write_journal)
 from bisect_harness.cli.summary import _verdict_table, run_summary
@@ -95,7 +95,7 @@ def run(
         console.print(_verdict_table(the_run))
         console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
-            print(json.dumps(run_summary(the_run)))
+            emit("run", run_summary(the_run))
         _fail_if_not_measured(the_run, journal_dir / "logs")
         _exit_if_no_culprit(the_run, console)
 
@@ -123,7 +123,7 @@ def _dry_run(plan, console: Console, *, json_out: bool, check_flags: bool) -> No
     text, obj = describe(plan, check_flags=check_flags, say=lambda t: console.print(redact_text(t), markup=False))
     text, obj = redact_text(text), redact_obj(obj)  # secrets masked (secrets.py)
     if json_out:
-        print(json.dumps(obj))
+        emit("plan", obj)
     else:
         typer.echo(text)  # plain: a plan is copied into terminals and issues, never wrapped
     failed_help = obj.get("flags_help_failed") or []
@@ -177,6 +177,14 @@ def _resume_id(value: str | None) -> int | None:
                         "the newest interrupted run of the file") from None
 
 
+def _options(kind, flags: str, **fields):
+    """``kind(**fields)``, its refusal of a value a UserError naming the flags to fix."""
+    try:
+        return kind(**fields)
+    except ValueError as exc:
+        raise UserError(f"{exc}; fix {flags} and run again") from None
+
+
 def _print_explanation(console: Console, out) -> None:
     from bisect_harness.run.explain_runner import explanation_lines
 
@@ -205,17 +213,19 @@ def explain(
 
     console = _console(json_out)
     spec = load_spec(file)
-    from bisect_harness.run.explain_runner import explain_file
+    from bisect_harness.run.bisect_runner import MeasureSetup
+    from bisect_harness.run.explain_runner import ExplainOptions, explain_file
     from bisect_harness.record.ledger import Ledger
+    options = ExplainOptions(min_effect=_effect(min_effect), alpha=alpha)
     with Ledger(ledger) as led, observer_for(console) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
-        out, sched = explain_file(spec, led, fast=fast, slow=slow, min_effect=_effect(min_effect), alpha=alpha,
-                                  cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
-                                  wait_quiet_s=wait_quiet, backend=boots)
+        setup = MeasureSetup(journal_dir / "logs", cache_dir=cache_dir, observer=obs, wait_quiet_s=wait_quiet,
+                             backend=boots)
+        out, sched = explain_file(spec, led, fast, slow, options, setup)
         _write_journal(led, sched.run, journal_dir, console, ledger)
         _print_explanation(console, out)
         if json_out:
-            print(json.dumps({"run_id": sched.run.id, **out.record}))
+            emit("explain", {"run_id": sched.run.id, **out.record})
 
 
 #: What --good and --bad take.
@@ -252,29 +262,34 @@ def bisect(
         least = None if min_effect.strip().lower() == "any" else _effect(min_effect)
     except UserError as exc:
         raise UserError(f"{exc}; or 'any' to count every change") from None
+    from bisect_harness.decide.bisect_options import SearchOptions
+
+    search = _options(SearchOptions, "--confidence, --max-boots or --min-effect", confidence=confidence,
+                      max_boots=max_boots, min_effect=least)
     spec = load_spec(file)
-    from bisect_harness.run.bisect_runner import bisect_range
+    from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
     from bisect_harness.record.ledger import Ledger
+    request = BisectRequest(good, bad, metric, search, first_parent=first_parent, fresh=fresh)
     with Ledger(ledger) as led, observer_for(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
-        result, executor = bisect_range(spec, led, good=good, bad=bad, metric=metric, confidence=confidence,
-                                        max_boots=max_boots, first_parent=first_parent, cache_dir=cache_dir,
-                                        log_dir=journal_dir / "logs", observer=obs, wait_quiet_s=wait_quiet,
-                                        backend=boots, fresh=fresh, min_effect=least)
+        setup = MeasureSetup(journal_dir / "logs", cache_dir=cache_dir, observer=obs, wait_quiet_s=wait_quiet,
+                             backend=boots)
+        result, executor = bisect_range(spec, led, request, setup)
         _write_journal(led, executor.run, journal_dir, console, ledger)
         if result.culprit and result.releases:
-            console.print(f"culprit release: {result.culprit} (probability {result.probability:.3f}, "
+            console.print(f"culprit release: {result.culprit} (probability {result.leader_probability:.3f}, "
                           f"{result.boots} boots)", markup=False)
             d = result.descent
             if d is not None and d.culprit:
-                console.print(f"culprit commit: {d.culprit} (probability {d.probability:.3f}, {d.boots} boots)",
+                console.print(f"culprit commit: {d.culprit} (probability {d.leader_probability:.3f}, {d.boots} boots)",
                               markup=False)
             elif d is not None:
                 console.print(f"no single culprit commit ({d.stopped})", markup=False)
             else:
                 console.print(f"  {result.descent_note}", markup=False)
         elif result.culprit:
-            console.print(f"culprit: {result.culprit} (probability {result.probability:.3f}, {result.boots} boots)",
+            console.print(f"culprit: {result.culprit} (probability {result.leader_probability:.3f}, "
+                          f"{result.boots} boots)",
                           markup=False)
         else:
             et = result.endpoint_test or {}
@@ -288,7 +303,7 @@ def bisect(
         for w in result.warnings:
             console.print(f"  warning: {w}", markup=False)
         if json_out:
-            print(json.dumps(result.to_json()))
+            emit("bisect", result.to_json())
     u = result.undetermined or (result.descent.undetermined if result.descent else None)
     if u:  # the host could not tell: no finding either way
         console.print(f"undetermined, not {u['would_have_stopped']}: {u['why']}; {u['would_decide']}", markup=False)
@@ -330,16 +345,20 @@ def nightly(
     from bisect_harness.spec import load_spec
 
     console = _console(json_out)
+    from bisect_harness.run.nightly import NightlyOptions, run_nightly
+
+    options = _options(NightlyOptions, "--min-effect or --max-boots", rev=rev, metric=metric,
+                       min_effect=_effect(min_effect), alpha=alpha, window=window, bisect=not no_bisect,
+                       max_boots=max_boots, calibrate=not no_calibration)
     spec = load_spec(file)
-    from bisect_harness.run.nightly import run_nightly
+    from bisect_harness.run.bisect_runner import MeasureSetup
     from bisect_harness.record.ledger import Ledger
     # tonight's boots, retries included; a bisection after them counts against its own budget
     with Ledger(ledger) as led, observer_for(console, budget=spec.defaults.boots_per_config) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
-        outcome, executor = run_nightly(spec, led, rev=rev, metric=metric, min_effect=_effect(min_effect), alpha=alpha,
-                                        window=window, bisect=not no_bisect, max_boots=max_boots,
-                                        cache_dir=cache_dir, log_dir=journal_dir / "logs", observer=obs,
-                                        calibrate=not no_calibration, wait_quiet_s=wait_quiet, backend=boots)
+        setup = MeasureSetup(journal_dir / "logs", cache_dir=cache_dir, observer=obs, wait_quiet_s=wait_quiet,
+                             backend=boots)
+        outcome, executor = run_nightly(spec, led, options, setup)
         report = None
         if changepoints:
             from bisect_harness.report.series import change_point_report
@@ -360,6 +379,6 @@ def nightly(
     for w in outcome.warnings:
         console.print(f"  warning: {w}", markup=False)
     if json_out:
-        print(json.dumps({**outcome.to_json(), **({"changepoints": report} if report is not None else {})}))
+        emit("nightly", {**outcome.to_json(), **({"changepoints": report} if report is not None else {})})
     if outcome.alert:
         raise typer.Exit(4)

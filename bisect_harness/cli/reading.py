@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,6 +10,7 @@ import typer
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
+from bisect_harness.cli.outputs import emit
 from bisect_harness.cli.common import JOURNAL_OPT, LEDGER_OPT, _console, _effect, _write_journal
 from bisect_harness.cli.summary import _verdict_table, run_summary
 from bisect_harness.errors import UserError
@@ -26,8 +26,9 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
     with Ledger(require_existing(ledger)) as led:
         runs = led.runs()
         if json_out:
-            print(json.dumps([{"run_id": r.id, "kind": r.kind, "status": r.status, "created_at": str(r.created_at),
-                               "spec": r.spec_path, "hypotheses": len(r.hypotheses)} for r in runs]))
+            emit("ledger-list", {"runs": [{"run_id": r.id, "kind": r.kind, "status": r.status,
+                                           "created_at": str(r.created_at), "spec": r.spec_path,
+                                           "hypotheses": len(r.hypotheses)} for r in runs]})
             return
         t = Table(title=escape(f"runs in {ledger}"))
         for col in ("run", "kind", "date", "status", "spec", "hypotheses", "verdicts"):
@@ -47,7 +48,7 @@ def ledger_show(run_id: int = typer.Argument(..., metavar="RUN"), ledger: str = 
     with Ledger(require_existing(ledger)) as led:
         r = led.run(run_id)
         if json_out:
-            print(json.dumps(run_summary(r)))
+            emit("run", run_summary(r))
             return
         console = _console(False)
         console.print(_verdict_table(r))
@@ -92,7 +93,7 @@ def compare(
         text = "\n".join(render_lines(rows, run_a, run_b))
         if json_out:
             _console(True).print(redact_text(text), markup=False)
-            print(json.dumps({"run_a": run_a, "run_b": run_b, "configs": [r.to_json() for r in rows]}))
+            emit("compare", {"run_a": run_a, "run_b": run_b, "configs": [r.to_json() for r in rows]})
         else:
             typer.echo(redact_text(text))
 

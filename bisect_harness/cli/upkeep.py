@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from bisect_harness.cli.outputs import KINDS, emit, output_schema
 from bisect_harness.errors import UserError
 
 __all__ = ["cache_list", "cache_prune", "demo_init", "doctor", "schema"]
@@ -50,7 +51,7 @@ def cache_list(cache_dir: Optional[Path] = CACHE_DIR_OPT,
     entries = list_cache(root)
     total = sum(e.size_bytes for e in entries)
     if json_out:
-        print(json.dumps({"cache_dir": str(root), "total_bytes": total, "entries": [e.to_dict() for e in entries]}))
+        emit("cache-list", {"cache_dir": str(root), "total_bytes": total, "entries": [e.to_dict() for e in entries]})
         return
     if not entries:
         typer.echo(f"{root}: no worktrees or environments")
@@ -83,8 +84,8 @@ def cache_prune(
     freed = sum(e.size_bytes for e in removed)
     kept = sum(e.size_bytes for e in entries) - freed
     if json_out:
-        print(json.dumps({"cache_dir": str(root), "dry_run": dry_run, "removed": [e.to_dict() for e in removed],
-                          "freed_bytes": freed, "kept_bytes": kept, "kept_entries": len(entries) - len(removed)}))
+        emit("cache-prune", {"cache_dir": str(root), "dry_run": dry_run, "removed": [e.to_dict() for e in removed],
+                             "freed_bytes": freed, "kept_bytes": kept, "kept_entries": len(entries) - len(removed)})
         return
     if removed:
         typer.echo("would remove:" if dry_run else "removed:")
@@ -101,12 +102,18 @@ def doctor(json_out: bool = typer.Option(False, "--json"),
 
     report = _doctor.doctor_report(seconds_budget=seconds)
     if json_out:
-        print(json.dumps(report.to_dict(), default=str))
+        emit("doctor", report.to_dict(), default=str)
     else:
         Console().print(_doctor.render_doctor_text(report), markup=False)
 
-def schema() -> None:
-    """The JSON Schema of hypotheses.yaml (for editors: completion and checks as you type)."""
+def schema(output: Optional[str] = typer.Option(None, "--output", metavar="KIND",
+                                               help="The JSON Schema of a command's --json output instead: "
+                                               + ", ".join(KINDS) + ".")) -> None:
+    """The JSON Schema of hypotheses.yaml (for editors: completion and checks as you type), or of
+    a command's --json output (--output KIND)."""
+    if output is not None:
+        typer.echo(json.dumps(output_schema(output), indent=2))
+        return
     from bisect_harness.spec.schema import hypotheses_schema
 
     typer.echo(json.dumps(hypotheses_schema(), indent=2))

@@ -110,8 +110,8 @@ class BisectResult:
 
     ``culprit`` is set only when ``stopped`` is ``CONFIDENT``. ``candidate_set`` is
     the most probable block: one commit, or a run of unmeasurable commits and the
-    commit after it, which no measurement can separate; ``probability`` is its
-    posterior mass. ``candidates`` lists every commit with posterior probability at
+    commit after it, which no measurement can separate; ``leader_probability`` is its
+    posterior mass, and :attr:`leader` its first commit, whether or not it is named. ``candidates`` lists every commit with posterior probability at
     least 1e-4, most probable first. ``no_step_probability`` is the posterior mass of
     "no commit moved the metric". ``good_mean``, ``bad_mean`` and ``noise_sd`` are
     estimates of the two sides' levels (at host time 0) and of the boot-to-boot
@@ -121,7 +121,7 @@ class BisectResult:
     """
 
     culprit: str | None
-    probability: float
+    leader_probability: float
     candidates: tuple[Candidate, ...]
     candidate_set: tuple[str, ...]
     boots_used: int
@@ -135,3 +135,9 @@ class BisectResult:
     endpoint_test: PairedTest | None = None
     verify_test: PairedTest | None = None
     tests: tuple[SearchTest, ...] = ()  # every paired test, in the order started (the endpoint check first)
+
+    @property
+    def leader(self) -> str | None:
+        """The search's most probable commit: the first of ``candidate_set`` (the culprit
+        once it is named; None only for a search with no block)."""
+        return self.candidate_set[0] if self.candidate_set else None

@@ -74,7 +74,7 @@ Usage::
 
     search = BisectionSearch(shas, expect=Expect.DECREASE)
     result = run_search(search, measure)   # measure(sha, boots) -> values or None
-    result.culprit, result.probability, result.candidate_set
+    result.culprit, result.leader, result.leader_probability, result.candidate_set
 """
 
 from __future__ import annotations
@@ -111,12 +111,14 @@ class BisectionSearch:
     accept any commit at any time (boots from a ledger, say): they feed the
     posterior but not the paired tests.
 
-    ``options`` are the fields of :class:`~bisect_harness.decide.bisect_options.SearchOptions`
-    as keywords (``confidence``, ``max_boots``, ``seed``, ``verify_alpha``, ...),
-    checked when the search is made and kept as :attr:`options`.
+    ``options`` is a :class:`~bisect_harness.decide.bisect_options.SearchOptions`, or
+    its fields come as keywords (``confidence``, ``max_boots``, ``seed``,
+    ``verify_alpha``, ...), checked when the search is made; either way it is kept as
+    :attr:`options`.
     """
 
-    def __init__(self, commits: Sequence[str], *, expect: Expect, **options):
+    def __init__(self, commits: Sequence[str], *, expect: Expect, options: SearchOptions | None = None,
+                 **fields):
         commits = tuple(commits)
         if len(commits) < 2:
             raise ValueError(f"bisection needs at least 2 commits (a good and a bad endpoint), "
@@ -131,7 +133,10 @@ class BisectionSearch:
             index[sha] = i
         if not isinstance(expect, Expect):
             raise ValueError(f"expect must be Expect.INCREASE or Expect.DECREASE, got {expect!r}")
-        self.options = SearchOptions(**options)
+        if options is not None and fields:
+            raise ValueError(f"give the search's options as a SearchOptions or as keywords, not both "
+                             f"(got options and {', '.join(sorted(fields))})")
+        self.options = options if options is not None else SearchOptions(**fields)
         self._commits = commits
         self._index = index
         self._expect = expect
@@ -499,7 +504,7 @@ class BisectionSearch:
         culprit = block[0] if reason is StopReason.CONFIDENT else None
         return BisectResult(
             culprit=culprit,
-            probability=st.get("set_mass", mass[best]),
+            leader_probability=st.get("set_mass", mass[best]),
             candidates=candidates,
             candidate_set=block,
             boots_used=self.boots_used,

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from bisect_harness.observe import host_state
 from bisect_harness.decide.bisect_budget import StagePlan, plan_stage, release_share
@@ -36,7 +36,8 @@ from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopRe
 from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.decide.bisection import BisectionSearch
 from bisect_harness.decide.paired_sequential import PairedTest
-from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
+from bisect_harness.backends import Backend
+from bisect_harness.defaults import DEFAULT_MAX_BOOTS
 from bisect_harness.errors import UserError
 from bisect_harness.run.scheduler import Observer, Scheduler
 from bisect_harness.record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
@@ -47,10 +48,19 @@ from bisect_harness.spec import Spec
 
 @dataclass(frozen=True)
 class BisectOutcome:
-    """What ``harness bisect --json`` prints."""
+    """What a search found, as ``harness bisect --json`` prints it (:meth:`to_json`) and
+    the ledger's ``bisections.result`` holds it (:meth:`to_record`).
+
+    ``culprit``: the commit (or release) named, or None where the search named none
+    (its ``stopped`` says why). ``leader``: the first commit of the most probable block
+    (``candidate_set``), named or not; ``leader_probability``: that block's posterior
+    mass (the commit's own where the block is one commit). A named culprit is the
+    leader; a leader is no culprit until named.
+    """
 
     culprit: str | None
-    probability: float
+    leader: str | None
+    leader_probability: float
     candidates: tuple
     candidate_set: tuple[str, ...]
     boots: int
@@ -83,7 +93,21 @@ class BisectOutcome:
         return not self.descent_owed
 
     def to_json(self) -> dict:
-        return {"culprit": self.culprit, "probability": self.probability,
+        """The ``--json`` answer (``cli.outputs``' ``bisect`` schema, less its version)."""
+        return self._json(record=False)
+
+    def to_record(self) -> dict:
+        """What ``bisections.result`` holds: the ``--json`` answer, and ``probability``
+        (the leader's posterior, under the key every stored row has had and the journal
+        reads), so rows written before and after this read alike."""
+        return self._json(record=True)
+
+    def _json(self, *, record: bool) -> dict:
+        descent = None
+        if self.descent is not None:
+            descent = self.descent.to_record() if record else self.descent.to_json()
+        return {"culprit": self.culprit, "leader": self.leader, "leader_probability": self.leader_probability,
+                **({"probability": self.leader_probability} if record else {}),
                 "candidates": [{"commit": c.commit, "probability": c.probability} for c in self.candidates],
                 "candidate_set": list(self.candidate_set), "boots": self.boots, "new_boots": self.new_boots,
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
@@ -91,7 +115,7 @@ class BisectOutcome:
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
                 "undetermined": self.undetermined, "warnings": list(self.warnings), "plan": self.plan,
                 "verdict_rounds": [list(r) for r in self.verdict_rounds],
-                **({"revisions": "releases", "descent": self.descent.to_json() if self.descent else None,
+                **({"revisions": "releases", "descent": descent,
                     "descent_note": self.descent_note} if self.releases else {})}
 
 
@@ -110,6 +134,78 @@ def _tests_json(tests: Sequence[SearchTest], boots: dict[int, list[int]]) -> tup
                   "boot_ids": sorted(boots.get(t.number, []))} for t in tests)
 
 
+@dataclass(frozen=True)
+class MeasureSetup:
+    """Where and how a command boots, whatever it searches: ``log_dir`` for the boot
+    logs, ``cache_dir`` for worktrees, builds and environments (None: the user cache),
+    the progress ``observer``, ``wait_quiet_s`` (wait up to so long for a quiet host
+    before the first boot; None: no wait), the ``backend`` (None: local, one slot) and
+    ``order_seed`` (the order of boots; None: a fresh one, stored with the run)."""
+
+    log_dir: Path
+    cache_dir: Path | None = None
+    observer: Observer | None = None
+    wait_quiet_s: float | None = None
+    backend: Backend | None = None
+    order_seed: int | None = None
+
+    def scheduler(self, plan: Plan, ledger: Ledger, *, calibrate: bool = False) -> Scheduler:
+        """The scheduler of ``plan`` with this setup (``calibrate``: probe the host before and after)."""
+        return Scheduler(plan, ledger, log_dir=self.log_dir, observer=self.observer, calibrate=calibrate,
+                         order_seed=self.order_seed, wait_quiet_s=self.wait_quiet_s, backend=self.backend)
+
+
+@dataclass(frozen=True)
+class BisectRequest:
+    """What ``harness bisect`` asks: the first revision whose ``metric`` moved between
+    ``good`` and ``bad`` (commits, tags or branches of ``engine.repo``, or two versions
+    of ``engine.releases``). ``search``: its ``confidence``, ``max_boots`` (the whole
+    command's budget of new boots, both stages of a release search together) and
+    ``min_effect``; the runner sets its width from the backend's slots.
+    ``first_parent``: follow only the first parent of merges. ``fresh``: new boots only
+    (boots of earlier runs do not feed the posterior)."""
+
+    good: str
+    bad: str
+    metric: str = "tok_s"
+    search: SearchOptions = SearchOptions(max_boots=DEFAULT_MAX_BOOTS)
+    first_parent: bool = False
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class SearchTarget:
+    """What one search measures at each revision: ``metric``, the direction ``expect``
+    it moved from the good end to the bad, the ``env`` and ``flags`` of every
+    revision's arm; ``releases``: the revisions are versions of ``engine.releases``
+    (each its installed build), not commits; ``hypothesis_id``: the hypothesis the
+    search belongs to (None: a search of its own)."""
+
+    metric: str
+    expect: Expect
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, str] = field(default_factory=dict)
+    releases: bool = False
+    hypothesis_id: int | None = None
+
+
+@dataclass(frozen=True)
+class SearchStart:
+    """What a search starts from and says before its first boot. ``fresh``: no boots
+    of earlier runs feed its posterior. ``endpoint_rounds``: (good boot id, bad boot id)
+    of paired rounds of the two endpoints made before (a confirmed verdict's): they
+    open the endpoint check. ``stage``: its name in the plan it says (default:
+    ``bisection``, or ``release stage``); ``total_boots``: the command's whole budget
+    that its ``max_boots`` is a share of (default: its own); ``step_sd``: the step
+    expected, over the boots' noise sd (from a stage before it)."""
+
+    fresh: bool = False
+    endpoint_rounds: tuple[tuple[int, int], ...] = ()
+    stage: str | None = None
+    total_boots: int | None = None
+    step_sd: float | None = None
+
+
 def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
                 need_repo: bool = True) -> tuple[Metric, Plan]:
     """The metric and the engine's plan (its workspace made once) for a command that
@@ -123,23 +219,20 @@ def engine_plan(spec: Spec, metric: str, cache_dir: Path | None, purpose: str,
     return metrics[metric], plan
 
 
-def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metric: str, expect: Expect,
-                   confidence: float, max_boots: int, hypothesis_id: int | None = None,
-                   fresh: bool = False, releases: bool = False, stage: str | None = None,
-                   total_boots: int | None = None, step_sd: float | None = None,
-                   min_effect: float | None = None,
-                   endpoint_rounds: Sequence[tuple[int, int]] = ()) -> BisectOutcome:
-    """Bisect ``commits`` (good first, bad last) with the sched's engine and benchmark;
-    with ``releases`` they are versions of ``engine.releases``, each its installed build.
-    Finished boots of the same configs on this host, from earlier runs, feed the
-    posterior (never the paired tests) unless ``fresh``. Before the first boot it says
-    its plan (``stage`` names it, ``max_boots`` of ``total_boots`` are its, ``step_sd``
-    the step expected). ``min_effect``: the least relative change that counts (the
+def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarget, options: SearchOptions,
+                   start: SearchStart = SearchStart()) -> BisectOutcome:
+    """Bisect ``commits`` (good first, bad last) for ``target`` with the sched's engine
+    and benchmark. ``options``: the search's ``confidence``, ``min_effect`` (the
     endpoint check ends *not reproduced* once the change is shown smaller; None: any
-    change). ``endpoint_rounds``: (good boot id, bad boot id) of paired rounds of the
-    two endpoints made before (a confirmed verdict's): they open the endpoint check."""
+    change) and ``max_boots``, the new boots it may book; its width is the backend's
+    slots, and boots fed from the ledger raise its own budget by as many. Finished
+    boots of the same configs on this host, from earlier runs, feed the posterior
+    (never the paired tests) unless ``start.fresh``. Before the first boot it says its
+    plan (``start``: its stage, the budget it is a share of, the step expected)."""
+    metric, expect, env, flags, releases = target.metric, target.expect, target.env, target.flags, target.releases
+    max_boots = options.max_boots
     spec, ledger = sched.spec, sched.ledger
-    bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=hypothesis_id, good=commits[0],
+    bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=target.hypothesis_id, good=commits[0],
                                bad=commits[-1], metric=metric, commits=list(commits)))
 
     def arm(rev: str) -> Arm:
@@ -155,12 +248,12 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
     sched.obs.search_started("bisection", max_boots, reference=arm(commits[0]))  # its configs: their commits
     configs = {sha: make_config(spec, arm(sha)) for sha in commits}
     quiet = spec.defaults.search_samples == "quiet"
-    opening = _opening_rounds(ledger, endpoint_rounds, metric, quiet)
+    opening = _opening_rounds(ledger, start.endpoint_rounds, metric, quiet)
     in_rounds = {i for ids, _ in opening for i in ids}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}
     for sha, pc in configs.items():
-        if fresh:
+        if start.fresh:
             break
         found = [b for b in ledger.reusable_boots(pc.key, sched.host_fp) if b.id not in in_rounds]
         got = ledger.boot_values(found, metric, quiet=quiet)
@@ -168,12 +261,11 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
             by_id = {b.id: b for b in found}
             observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
             reused_total += len(got.boot_ids)
-    search = BisectionSearch(list(commits), expect=expect, confidence=confidence,
-                             max_boots=max(2, max_boots + reused_total + 2 * len(opening)),
-                             width=max(1, sched.backend.slots), min_effect=min_effect)
-    stage_plan = plan_stage(len(commits), search.options, step_sd)
-    for line in plan_lines(stage or ("release stage" if releases else "bisection"), stage_plan, max_boots,
-                           total_boots or max_boots):
+    search = BisectionSearch(list(commits), expect=expect, options=dataclasses.replace(
+        options, max_boots=max(2, max_boots + reused_total + 2 * len(opening)), width=max(1, sched.backend.slots)))
+    stage_plan = plan_stage(len(commits), search.options, start.step_sd)
+    for line in plan_lines(start.stage or ("release stage" if releases else "bisection"), stage_plan, max_boots,
+                           start.total_boots or max_boots):
         sched.obs.message(line)
     reused_runs: set[int] = set()
     for sha, (values, boots) in observed.items():
@@ -196,9 +288,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
     if opening:
         sched.obs.message(f"bisection: the verdict's {len(opening)} paired rounds of the two endpoints open its "
                           "endpoint check (it boots more rounds only where they do not decide it)")
-    searched: set[int] = set()  # every boot this search booked
-    stop, new_boots, step = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
-                                         searched)
+    stop, new_boots, searched = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots)
     res: BisectResult = search.result()
     stopped = stop or res.stopped
     undetermined = None
@@ -207,7 +297,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         if undetermined is not None:
             stopped = StopReason.UNDETERMINED
     outcome = BisectOutcome(
-        culprit=res.culprit, probability=float(res.probability), candidates=res.candidates,
+        culprit=res.culprit, leader=res.leader, leader_probability=float(res.leader_probability),
+        candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
         skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
         warnings=tuple(_host_warnings(sched, configs.values())),
@@ -217,7 +308,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], *, env, flags, metr
         plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res),
         verdict_rounds=tuple(ids for ids, _ in opening))
     bis.status = "done" if stopped != StopReason.RUNNING else "running"
-    bis.result = outcome.to_json()
+    bis.result = outcome.to_record()
     ledger.commit()
     return outcome
 
@@ -241,12 +332,13 @@ def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: s
 
 
 def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, metric: str,
-                 max_boots: int, test_boots: dict[int, list[int]], searched: set[int]
-                 ) -> tuple[StopReason | None, int, int]:
+                 max_boots: int, test_boots: dict[int, list[int]]) -> tuple[StopReason | None, int, set[int]]:
     """The search's rounds until it stops: each round's probes booted, recorded as
-    probe rows and observed. Returns (the stop the loop made itself, or None where the
-    search stopped on its own; boots booked; steps)."""
+    probe rows and observed (each paired test's boots added to ``test_boots``). Returns
+    (the stop the loop made itself, or None where the search stopped on its own; boots
+    booked; every boot it booked)."""
     ledger = sched.ledger
+    searched: set[int] = set()
     new_boots = step = 0
     stop: StopReason | None = None
     while (rnd := search.next_round()) is not None:
@@ -292,7 +384,7 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
         if booked == 0 and not any(r is None for r in results):
             stop = StopReason.STALLED  # nothing booted and nothing changed: stop rather than spin
             break
-    return stop, new_boots, step
+    return stop, new_boots, searched
 
 
 def _step_sd(res: BisectResult) -> float | None:
@@ -355,8 +447,8 @@ def step_line(step: int, rnd, results, res: BisectResult, new_boots: int, max_bo
     probes = ", ".join(f"{p.purpose} {p.commit[:12]} " + ("skipped" if r is None else _boots(len(r)))
                        for p, r in zip(rnd, results))
     left = sum(1 for c in res.candidates if c.probability >= 0.01)
-    lead = res.candidate_set[0][:12] if res.candidate_set else "none"
-    return (f"bisect step {step}: {probes}; leader {lead} P={res.probability:.3f}, {left} candidate"
+    lead = res.leader[:12] if res.leader else "none"
+    return (f"bisect step {step}: {probes}; leader {lead} P={res.leader_probability:.3f}, {left} candidate"
             f"{'s' if left != 1 else ''} above 1%; {new_boots}/{max_boots} new boots")
 
 
@@ -377,20 +469,22 @@ def _host_warnings(sched: Scheduler, configs) -> list[str]:
     return out
 
 
-def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str, confidence: float,
-                 max_boots: int, first_parent: bool, cache_dir: Path | None, log_dir: Path,
-                 observer: Observer | None = None, wait_quiet_s: float | None = None, backend=None,
-                 fresh: bool = False, min_effect: float | None = None) -> tuple[BisectOutcome, Scheduler]:
+def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: MeasureSetup
+                 ) -> tuple[BisectOutcome, Scheduler]:
     """``harness bisect``: the engine and benchmark of ``spec``, base env and flags. Where
-    ``engine.releases`` holds both GOOD and BAD as versions, the releases between them
-    are searched first, then (``engine.releases.tag`` and ``engine.repo``) the commits
-    between the culprit release and the one before it, on what is left of the budget,
-    in the same run. The release stage may use its share of ``max_boots`` only
-    (``bisect_budget.release_share``), so the commit stage keeps what it plans to need.
-    ``min_effect``: the least relative change that counts, for both stages."""
+    ``engine.releases`` holds both ``request.good`` and ``request.bad`` as versions, the
+    releases between them are searched first, then (``engine.releases.tag`` and
+    ``engine.repo``) the commits between the culprit release and the one before it, on
+    what is left of the budget, in the same run. The release stage may use its share
+    of ``request.search.max_boots`` only (``bisect_budget.release_share``), so the
+    commit stage keeps what it plans to need. ``request.search.min_effect``: the least
+    relative change that counts, for both stages."""
+    good, bad, metric, first_parent = request.good, request.bad, request.metric, request.first_parent
+    options = request.search
+    max_boots = options.max_boots
     rel = spec.engine.releases
     released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
-    m, plan = engine_plan(spec, metric, cache_dir, "bisection", need_repo=not released)
+    m, plan = engine_plan(spec, metric, setup.cache_dir, "bisection", need_repo=not released)
     if released:
         revisions = rel.source().between(good, bad)
     else:
@@ -399,25 +493,21 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
         if good_sha == bad_sha:
             raise UserError(f"--good and --bad are the same commit ({good_sha[:12]}); nothing to bisect")
         revisions = plan.ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
-    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False, wait_quiet_s=wait_quiet_s,
-                      backend=backend)
+    sched = setup.scheduler(plan, ledger)
     with sched.recording("bisect"):
         # One search, or two: a search over releases may add the descent into the commits
         # of its culprit release, searched in turn on what is left of the budget.
         first = max_boots
         if released:
-            first = _release_budget(sched, plan, rel, revisions, confidence=confidence, max_boots=max_boots,
-                                    first_parent=first_parent)
+            first = _release_budget(sched, plan, rel, revisions, options, first_parent=first_parent)
         searches: list[tuple[Sequence[str], bool, int, float | None]] = [(revisions, released, first, None)]
         outcomes: list[BisectOutcome] = []
         note, owed = None, False
         for revs, releases, budget, step_sd in searches:
-            outcomes.append(search_commits(sched, revs, env=spec.engine.env, flags=spec.engine.flags, metric=metric,
-                                           expect=m.worse, confidence=confidence, max_boots=budget, fresh=fresh,
-                                           releases=releases, total_boots=max_boots, step_sd=step_sd,
-                                           min_effect=min_effect,
-                                           stage=("release stage" if releases else
-                                                  "commit stage" if released else "bisection")))
+            target = SearchTarget(metric, m.worse, env=spec.engine.env, flags=spec.engine.flags, releases=releases)
+            start = SearchStart(fresh=request.fresh, total_boots=max_boots, step_sd=step_sd,
+                                stage="release stage" if releases else "commit stage" if released else "bisection")
+            outcomes.append(search_commits(sched, revs, target, dataclasses.replace(options, max_boots=budget), start))
             if not releases:
                 continue
             found = outcomes[-1]
@@ -441,8 +531,7 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
                 note = (f"{tags[1]} is the only commit after {tags[0]}: it is the culprit commit "
                         f"({commits[-1][:12]})")
             elif commits:
-                need = plan_stage(len(commits), SearchOptions(confidence=confidence, width=max(1, sched.backend.slots)),
-                                  found.step_sd)
+                need = plan_stage(len(commits), _planning(options, sched), found.step_sd)
                 if left < need.least:  # said before it starts, and not started: it could not name a culprit
                     note = plan_lines("commit stage", need, left, max_boots)[-1].removeprefix("bisection: ")
                     note = f"culprit release {found.culprit}, but {note}"
@@ -457,18 +546,25 @@ def bisect_range(spec: Spec, ledger: Ledger, *, good: str, bad: str, metric: str
             outcome = dataclasses.replace(outcome, descent=outcomes[1] if len(outcomes) > 1 else None,
                                           descent_note=note, descent_owed=owed)
             bis = ledger.session.get(Bisection, outcome.bisection_id)
-            bis.result = outcome.to_json()
+            bis.result = outcome.to_record()
             ledger.commit()
     sched.finish_run("done")
     return outcome, sched
 
 
-def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str], *, confidence: float,
-                    max_boots: int, first_parent: bool) -> int:
-    """The release stage's share of ``max_boots``: the commit stage keeps what it plans
-    to need for the widest gap between two neighbouring releases it may descend into
-    (none where the releases are not mapped to commits). Says the split."""
-    options = SearchOptions(confidence=confidence, width=max(1, sched.backend.slots))
+def _planning(options: SearchOptions, sched: Scheduler) -> SearchOptions:
+    """The options a stage's plan is made with: ``options``' confidence, the backend's
+    width, the rest at their defaults (as the plans have always been made)."""
+    return SearchOptions(confidence=options.confidence, width=max(1, sched.backend.slots))
+
+
+def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str], search: SearchOptions, *,
+                    first_parent: bool) -> int:
+    """The release stage's share of ``search.max_boots``: the commit stage keeps what
+    it plans to need for the widest gap between two neighbouring releases it may
+    descend into (none where the releases are not mapped to commits). Says the split."""
+    max_boots = search.max_boots
+    options = _planning(search, sched)
     widest = 0
     if rel.tag is not None and plan.ws is not None:
         for before, after in zip(revisions, revisions[1:]):
@@ -494,17 +590,18 @@ def _release_budget(sched: Scheduler, plan: Plan, rel, revisions: Sequence[str],
 
 
 def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow, verdict=None,
-                      *, confidence: float = DEFAULT_CONFIDENCE, max_boots: int = DEFAULT_MAX_BOOTS) -> BisectOutcome:
-    """Bisect a confirmed hypothesis between its baseline and treatment commits; its
-    ``min_effect`` is the least change the search counts. The paired rounds behind
-    ``verdict`` (its sides are the two endpoints) open the endpoint check."""
+                      options: SearchOptions = SearchOptions(max_boots=DEFAULT_MAX_BOOTS)) -> BisectOutcome:
+    """Bisect a confirmed hypothesis between its baseline and treatment commits with
+    ``options`` (its confidence and budget); the hypothesis' ``min_effect`` is the least
+    change the search counts. The paired rounds behind ``verdict`` (its sides are the
+    two endpoints) open the endpoint check."""
     b, t = h.baseline.arm, h.treatment.arm
     check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
-    return search_commits(sched, commits, env=t.env, flags=t.flags, metric=h.metric.name,
-                          expect=h.spec.expect, confidence=confidence, max_boots=max_boots,
-                          hypothesis_id=row.id, min_effect=h.spec.min_effect,
-                          endpoint_rounds=[(p["baseline"], p["treatment"]) for p in verdict_rounds(verdict)])
+    target = SearchTarget(h.metric.name, h.spec.expect, env=t.env, flags=t.flags, hypothesis_id=row.id)
+    rounds = tuple((p["baseline"], p["treatment"]) for p in verdict_rounds(verdict))
+    return search_commits(sched, commits, target, dataclasses.replace(options, min_effect=h.spec.min_effect),
+                          SearchStart(endpoint_rounds=rounds))
 
 
 def verdict_rounds(verdict) -> list[dict[str, int]]:

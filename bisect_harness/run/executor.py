@@ -280,7 +280,7 @@ class Executor:
                 self.obs.message(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and "
                                  f"{h.treatment.arm.commit[:12]}")
                 result = bisect_hypothesis(self.sched, h, row, verdict)
-                self.obs.message(f"  culprit: {result.culprit or 'undecided'} (p={result.probability:.3f}, "
+                self.obs.message(f"  culprit: {result.culprit or 'undecided'} (p={result.leader_probability:.3f}, "
                                  f"{result.boots} boots, {result.stopped})")
             if h.spec.explain and row.id not in explained:
                 self.obs.message(f"explaining {h.id}: which differences between its arms make the difference")

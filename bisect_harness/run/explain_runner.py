@@ -20,10 +20,11 @@ bisection's id is stored with the search.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
+from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.explain import Difference, ExplainSearch, Explanation, Unmeasured
@@ -32,14 +33,27 @@ from bisect_harness.model import Arm, Expect, Metric
 from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, make_plan
 from bisect_harness.spec import Spec
 from bisect_harness.record.ledger import Boot, Ledger
-from bisect_harness.run.bisect_runner import search_commits, verdict_rounds
-from bisect_harness.run.scheduler import Observer, Scheduler
+from bisect_harness.run.bisect_runner import MeasureSetup, SearchTarget, search_commits, verdict_rounds
+from bisect_harness.run.scheduler import Scheduler
 
 __all__ = ["parse_arm", "differences", "arm_with", "explain_arms", "explain_file", "explain_hypothesis",
-           "ExplainOutcome"]
+           "ExplainOptions", "ExplainOutcome"]
 
 ALPHA_PER_TEST = 0.01
 SIDES = ("baseline", "treatment")
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """How an explanation judges: ``min_effect``, the smallest relative change that
+    counts (None: the slow arm's hypothesis' ``min_effect``, resolved by
+    :func:`explain_file`), and ``alpha``, the error of the slowdown test and of the
+    whole set (the leave-out decisions share it). Its bisection, where the commit is a
+    member, uses ``bisection`` with ``min_effect`` as its least change."""
+
+    min_effect: float | None = None
+    alpha: float = ALPHA_PER_TEST
+    bisection: SearchOptions = SearchOptions(confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS)
 
 
 def parse_arm(text: str, spec: Spec, *, option: str) -> tuple[str, str]:
@@ -92,12 +106,15 @@ class ExplainOutcome:
     record: dict  # what runs.summary["explain"] holds for this search
 
 
-def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_effect: float,
-                 fast_name: str, slow_name: str, alpha: float = ALPHA_PER_TEST, hypothesis_id: int | None = None,
-                 bisect: bool = True, rounds: Sequence[tuple[int, int]] = ()) -> ExplainOutcome:
+def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, str], metric: Metric,
+                 options: ExplainOptions = ExplainOptions(), hypothesis_id: int | None = None,
+                 rounds: Sequence[tuple[int, int]] = ()) -> ExplainOutcome:
     """Run the search between two resolved arms with ``sched`` (a run is open).
-    ``rounds``: (fast boot id, slow boot id) of paired rounds the run already has of the
-    two arms (a confirmed hypothesis' verdict): the slowdown test judges them first."""
+    ``names``: how the fast and the slow arm are called (``HID.side``). ``options``:
+    its ``min_effect`` as given (None: any change) and ``alpha``. ``rounds``: (fast boot
+    id, slow boot id) of paired rounds the run already has of the two arms (a confirmed
+    hypothesis' verdict): the slowdown test judges them first."""
+    (fast_name, slow_name), min_effect, alpha = names, options.min_effect, options.alpha
     spec, ledger = sched.spec, sched.ledger
     diffs = differences(fast, slow)
     if not diffs:
@@ -141,17 +158,18 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, metric: Metric, min_
               "treatment_boot_ids": [calls[i][1] for i in t.treatment_calls]} for t in res.tests]
     record = {**search, "run_rounds": [[calls[2 * i][1], calls[2 * i + 1][1]] for i in range(len(given))],
               **res.to_json(), "tests": tests}
-    if bisect and "commit" in res.members and sched.ws is not None:
+    if "commit" in res.members and sched.ws is not None:
         # Oldest first: from the fast commit the metric gets worse; from the slow one, better.
         try:
             commits, expect = sched.ws.commits_between(fast.commit, slow.commit), metric.worse
         except CommitError:
             commits = sched.ws.commits_between(slow.commit, fast.commit)
             expect = Expect.INCREASE if metric.worse is Expect.DECREASE else Expect.DECREASE
-        bis = search_commits(sched, commits, env=slow.env, flags=slow.flags, metric=metric.name,
-                             expect=expect, confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS,
-                             hypothesis_id=hypothesis_id, min_effect=min_effect)
-        record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "probability": bis.probability}
+        target = SearchTarget(metric.name, expect, env=slow.env, flags=slow.flags, hypothesis_id=hypothesis_id)
+        bis = search_commits(sched, commits, target, dataclasses.replace(options.bisection, min_effect=min_effect))
+        # Rows written before "leader" held the leader's posterior as "probability", beside a null culprit.
+        record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "leader": bis.leader,
+                               "leader_probability": bis.leader_probability}
     summary = {k: v for k, v in (run.summary or {}).items() if k != "explaining"}
     summary["explain"] = list(summary.get("explain", [])) + [record]
     run.summary = summary
@@ -182,26 +200,24 @@ def _side(h: PlannedHypothesis, side: str) -> Arm:
     return (h.baseline if side == "baseline" else h.treatment).arm
 
 
-def explain_file(spec: Spec, ledger: Ledger, *, fast: str, slow: str, min_effect: float | None,
-                 alpha: float, cache_dir: Path | None, log_dir: Path, observer: Observer | None = None,
-                 wait_quiet_s: float | None = None, backend=None,
-                 order_seed: int | None = None) -> tuple[ExplainOutcome, Scheduler]:
+def explain_file(spec: Spec, ledger: Ledger, fast: str, slow: str, options: ExplainOptions,
+                 setup: MeasureSetup) -> tuple[ExplainOutcome, Scheduler]:
     """``harness explain FILE --fast HID.side --slow HID.side``: the metric and min_effect
-    of the slow arm's hypothesis (``--min-effect`` overrides). ``order_seed`` seeds the
-    order of boots (and the search's; default: a fresh one, stored with the run)."""
+    of the slow arm's hypothesis (``options.min_effect`` overrides). ``setup.order_seed``
+    seeds the order of boots (and the search's; default: a fresh one, stored with the run)."""
     (fh, fs), (sh, ss) = parse_arm(fast, spec, option="--fast"), parse_arm(slow, spec, option="--slow")
-    plan: Plan = make_plan(spec, cache_dir=cache_dir)
+    plan: Plan = make_plan(spec, cache_dir=setup.cache_dir)
     by_id = {h.id: h for h in plan.hypotheses}
     fast_arm, slow_h = _side(by_id[fh], fs), by_id[sh]
     if by_id[fh].metric.name != slow_h.metric.name:
         raise UserError(f"--fast {fast} and --slow {slow} measure different metrics "
                         f"({by_id[fh].metric.name} vs {slow_h.metric.name}); pick arms of hypotheses on one metric")
-    sched = Scheduler(plan, ledger, log_dir=log_dir, observer=observer, calibrate=False,
-                      wait_quiet_s=wait_quiet_s, backend=backend, order_seed=order_seed)
+    if options.min_effect is None:
+        options = dataclasses.replace(options, min_effect=slow_h.spec.min_effect)
+    sched = setup.scheduler(plan, ledger)
     with sched.recording("explain"):
-        out = explain_arms(sched, fast_arm, _side(slow_h, ss), metric=slow_h.metric,
-                           min_effect=min_effect if min_effect is not None else slow_h.spec.min_effect,
-                           fast_name=fast, slow_name=slow, alpha=alpha)
+        out = explain_arms(sched, fast_arm, _side(slow_h, ss), names=(fast, slow), metric=slow_h.metric,
+                           options=options)
     sched.finish_run("done")
     return out, sched
 
@@ -213,6 +229,6 @@ def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None
     search's slowdown test, so the run does not measure again what it has just shown."""
     slow_is_treatment = h.spec.expect == h.metric.worse
     fast, slow = ("baseline", "treatment") if slow_is_treatment else ("treatment", "baseline")
-    return explain_arms(sched, _side(h, fast), _side(h, slow), metric=h.metric, min_effect=h.spec.min_effect,
-                        fast_name=f"{h.id}.{fast}", slow_name=f"{h.id}.{slow}", hypothesis_id=row.id,
+    return explain_arms(sched, _side(h, fast), _side(h, slow), names=(f"{h.id}.{fast}", f"{h.id}.{slow}"),
+                        metric=h.metric, options=ExplainOptions(min_effect=h.spec.min_effect), hypothesis_id=row.id,
                         rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)])

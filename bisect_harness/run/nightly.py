@@ -21,20 +21,49 @@ commit that no longer builds or boots is an alert too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from bisect_harness.run.bisect_runner import BisectOutcome, engine_plan, search_commits
+from bisect_harness.run.bisect_runner import BisectOutcome, MeasureSetup, SearchTarget, engine_plan, search_commits
+from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from bisect_harness.observe import host_state
 from bisect_harness.errors import UserError
 from bisect_harness.decide.verdict import NightRule
 from bisect_harness.observe.drift import host_drift
-from bisect_harness.run.scheduler import Observer, Scheduler
+from bisect_harness.run.scheduler import ConfigState, Scheduler
 from bisect_harness.record.ledger import Ledger, boot_records
 from bisect_harness.model import Arm, Expect
 from bisect_harness.plan.build import make_config, series_key
 from bisect_harness.spec import Spec
 from bisect_harness.decide.shift import Shift
+
+
+@dataclass(frozen=True)
+class NightlyOptions:
+    """What one night measures and how it judges: the commit ``rev`` (resolved in
+    ``engine.repo``), the ``metric`` watched, the least relative regression that alerts
+    (``min_effect``, 0.05 for 5%), the false-alert rate per night (``alpha``), the
+    earlier nights compared (``window``, at least 2), whether a regression is bisected
+    (``bisect``, with ``confidence`` and a budget of ``max_boots`` new boots; the
+    search's least change is ``min_effect``) and whether the host is probed before
+    and after (``calibrate``)."""
+
+    rev: str = "HEAD"
+    metric: str = "tok_s"
+    min_effect: float = 0.05
+    alpha: float = 0.01
+    window: int = 7
+    bisect: bool = True
+    max_boots: int = NIGHTLY_MAX_BOOTS
+    confidence: float = DEFAULT_CONFIDENCE
+    calibrate: bool = True
+
+    def __post_init__(self):
+        if self.bisect:
+            self.search()  # its budget and confidence checked before tonight's boots, not after
+
+    def search(self) -> SearchOptions:
+        """The options of the night's bisection."""
+        return SearchOptions(confidence=self.confidence, max_boots=self.max_boots, min_effect=self.min_effect)
 
 
 @dataclass(frozen=True)
@@ -70,33 +99,32 @@ class NightlyOutcome:
                 "bisection": self.bisection.to_json() if self.bisection else None, "warnings": list(self.warnings)}
 
 
-def run_nightly(spec: Spec, ledger: Ledger, *, rev: str = "HEAD", metric: str = "tok_s", min_effect: float = 0.05,
-                alpha: float = 0.01, window: int = 7, bisect: bool = True, max_boots: int = NIGHTLY_MAX_BOOTS,
-                confidence: float = DEFAULT_CONFIDENCE, cache_dir: Path | None = None, log_dir: Path,
-                observer: Observer | None = None, calibrate: bool = True,
-                wait_quiet_s: float | None = None, backend=None) -> tuple[NightlyOutcome, Scheduler]:
-    if window < 2:
-        raise UserError(f"--window {window}: the nightly test compares tonight with at least 2 earlier nights "
-                        "(their spread is its noise); pass --window 2 or more (7 is the default)")
-    m, plan = engine_plan(spec, metric, cache_dir, "a nightly run")
-    sha = plan.ws.resolve(rev, where="--rev")
-    ex = Scheduler(plan, ledger, log_dir=log_dir, observer=observer,
-                   calibrate=calibrate, wait_quiet_s=wait_quiet_s, backend=backend)
+def run_nightly(spec: Spec, ledger: Ledger, options: NightlyOptions, setup: MeasureSetup
+                ) -> tuple[NightlyOutcome, Scheduler]:
+    """``harness nightly``: measure ``options.rev``, judge it against the nights before
+    and bisect a regression (see the module's docstring). The outcome is stored as the
+    run's summary; the run ends ``alert`` where the outcome alerts."""
+    if options.window < 2:
+        raise UserError(f"--window {options.window}: the nightly test compares tonight with at least 2 earlier "
+                        "nights (their spread is its noise); pass --window 2 or more (7 is the default)")
+    m, plan = engine_plan(spec, options.metric, setup.cache_dir, "a nightly run")
+    sha = plan.ws.resolve(options.rev, where="--rev")
+    ex = setup.scheduler(plan, ledger, calibrate=options.calibrate)
     with ex.recording("nightly") as run:
         ex.record_calibration("before")
         arm = Arm(commit=sha, env=dict(spec.engine.env), flags=dict(spec.engine.flags))
         st = ex.state_for(make_config(spec, arm))
         ex.boot_round([st], spec.defaults.boots_per_arm)
-        outcome = _judge(ex, ledger, st, sha, arm, metric, m.worse, min_effect=min_effect, alpha=alpha,
-                         window=window, bisect=bisect, max_boots=max_boots, confidence=confidence)
+        outcome = _judge(ex, st, arm, m.worse, options)
         ex.record_calibration("after")
     run.summary = outcome.to_json()
     ex.finish_run("alert" if outcome.alert else "done")
     return outcome, ex
 
 
-def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, worse: Expect, *, min_effect: float,
-           alpha: float, window: int, bisect: bool, max_boots: int, confidence: float) -> NightlyOutcome:
+def _judge(ex: Scheduler, st: ConfigState, arm: Arm, worse: Expect, options: NightlyOptions) -> NightlyOutcome:
+    ledger, sha, metric = ex.ledger, arm.commit, options.metric
+    min_effect, alpha, window = options.min_effect, options.alpha, options.window
     run = ex.run
     if st.failed:
         return NightlyOutcome(run.id, sha, metric, "broken", 0, None, None, (), None,
@@ -129,11 +157,11 @@ def _judge(ex: Scheduler, ledger: Ledger, st, sha: str, arm: Arm, metric: str, w
                               warnings)
     outcome = None
     reason = shift.reason
-    if bisect and reference and reference != sha:
+    if options.bisect and reference and reference != sha:
         commits = ex.ws.commits_between(reference, sha)
-        outcome = search_commits(ex, commits, env=arm.env, flags=arm.flags, metric=metric, expect=worse,
-                                 confidence=confidence, max_boots=max_boots, min_effect=min_effect)
-        reason += (f"; culprit {outcome.culprit[:12]} (p={outcome.probability:.2f})" if outcome.culprit
+        outcome = search_commits(ex, commits, SearchTarget(metric, worse, env=arm.env, flags=arm.flags),
+                                 options.search())
+        reason += (f"; culprit {outcome.culprit[:12]} (p={outcome.leader_probability:.2f})" if outcome.culprit
                    else f"; bisection ended {outcome.stopped}")
     elif reference == sha:
         reason += "; same commit as the last night: the host or environment moved (see drift)"
