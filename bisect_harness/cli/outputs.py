@@ -33,7 +33,7 @@ __all__ = ["KINDS", "VERSIONS", "emit", "output_schema"]
 
 #: The version of each output's shape. ``doctor``'s is its stored record's
 #: (``observe.provenance``' ``SCHEMA_VERSION``), which the report already carries.
-VERSIONS: dict[str, int] = {"run": 1, "plan": 1, "explain": 1, "bisect": 1, "nightly": 1, "compare": 1,
+VERSIONS: dict[str, int] = {"run": 2, "plan": 1, "explain": 1, "bisect": 1, "nightly": 1, "compare": 1,
                             "doctor": 1, "ledger-list": 1, "cache-list": 1, "cache-prune": 1}
 KINDS = tuple(VERSIONS)
 
@@ -109,7 +109,10 @@ _DEFS = {
     "hypothesis": _obj({"id": STR, "verdict": STR, "metric": STR, "measured": BOOL, "effect": NUM_N, "ci": CI_N,
                         "p_value": NUM_N, "boots": _obj({"baseline": INT, "treatment": INT}), "reason": STR,
                         "checks": _obj({"word": STR, "counts": OBJ_N}), "warnings": _list(STR)},
-                       {"bisection": _obj({"id": INT, "status": STR, "culprit": STR_N, "stopped": STR_N}),
+                       {"bisection": {**_obj({"id": INT, "status": STR, "culprit": STR_N, "leader": STR_N,
+                                              "leader_probability": {"anyOf": [PROB, {"type": "null"}]},
+                                              "stopped": STR_N}),
+                                      "not": {"required": ["probability"]}},
                         "explanation": OBJ, "profile": OBJ, "mechanisms": OBJ, "failed_requests": OBJ,
                         "cost": OBJ_N, "noise_prior": OBJ_N, "window_metrics": {"type": "array"}}),
     "cache_entry": _obj({"kind": STR, "repo": STR, "commit": STR, "path": STR, "size_bytes": INT,

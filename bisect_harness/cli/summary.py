@@ -63,12 +63,20 @@ def _follow_ups_json(run) -> dict[int, dict]:
             continue
         r = bis.result or {}
         out.setdefault(bis.hypothesis_id, {})["bisection"] = {
-            "id": bis.id, "status": bis.status, "culprit": r.get("culprit"), "probability": r.get("probability"),
+            "id": bis.id, "status": bis.status, "culprit": r.get("culprit"), **_leader(r),
             "stopped": r.get("stopped"), "boots": r.get("boots"), "candidate_set": r.get("candidate_set")}
     for e in explained:
         out.setdefault(e["hypothesis_id"], {})["explanation"] = {
             k: e.get(k) for k in ("members", "interactions", "opposite", "undecided", "stopped", "boots", "bisection")}
     return out
+
+
+def _leader(result: dict) -> dict:
+    """A search's leader and its posterior, apart from its culprit: a result stored
+    before they had their own keys names the leader's posterior ``probability`` and its
+    leader as the first commit of ``candidate_set`` (or the culprit)."""
+    leader = result.get("leader", result.get("culprit") or (result.get("candidate_set") or [None])[0])
+    return {"leader": leader, "leader_probability": result.get("leader_probability", result.get("probability"))}
 
 
 def _prior_json(v) -> dict | None:
