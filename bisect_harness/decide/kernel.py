@@ -3,7 +3,9 @@
 Every verdict of the harness comes from :func:`decide`'s rule (or its vectorised
 twin :func:`_decide`, which the simulations use): the hypothesis verdict
 (:func:`bisect_harness.decide.evaluate.evaluate`), explain's tests, nightly's
-shift test and the bisection's head-to-head test.
+shift test and the bisection's head-to-head test. The rule is written once, in
+:func:`outcome_code`; the robust analysis' sign-flip looks, which answer the two
+tests by counting sign patterns rather than by a t reference, call it too.
 
 Let ``D`` be the hypothesised direction (+1 increase, -1 decrease), ``E`` the
 minimum effect and ``e`` its size on the log scale (``log(1+E)`` for an increase,
@@ -52,7 +54,7 @@ from scipy import stats as _st
 
 from bisect_harness.model import Expect, Outcome
 
-__all__ = ["Decision", "decide", "log_effect"]
+__all__ = ["Decision", "decide", "log_effect", "outcome_code"]
 
 
 def log_effect(expect: Expect, min_effect: float) -> float:
@@ -112,10 +114,19 @@ def _decide(d, se, df, sign, log_e, thr, with_pe: bool = False):
     with np.errstate(divide="ignore", invalid="ignore"):
         p0 = special.stdtr(df, -dd / se)
         pe = special.stdtr(df, (dd - log_e) / se)
-    confirm = (p0 <= thr) & (dd >= log_e)
-    refute = pe <= thr
-    codes = np.where(confirm, 1, np.where(refute, -1, 0))
+    codes = outcome_code(p0 <= thr, dd, log_e, pe <= thr)
     return (codes, p0, pe) if with_pe else (codes, p0)
+
+
+def outcome_code(no_change_rejected, estimate, log_e, effect_rejected):
+    """The three-outcome rule itself, over whatever tests answered (the t-tests of
+    :func:`_decide`, the robust analysis' sign-flip tests): 1 (confirmed) where "no
+    change" was rejected and the ``estimate`` (a log change in the hypothesised
+    direction) reaches ``log_e``; else -1 (refuted) where "a change of ``log_e``" was
+    rejected; else 0 (undecided). Arrays in, arrays out; booleans in, an int out."""
+    confirm = np.logical_and(no_change_rejected, np.greater_equal(estimate, log_e))
+    codes = np.where(confirm, 1, np.where(effect_rejected, -1, 0))
+    return int(codes) if codes.ndim == 0 else codes
 
 
 def _pct(x: float) -> str:

@@ -39,6 +39,7 @@ from bisect_harness.decide.analyses.paired import Paired
 from bisect_harness.decide.analyses.unpaired import Unpaired
 from bisect_harness.decide.boundaries import nominal_levels
 from bisect_harness.decide.design import ANALYSES, Design
+from bisect_harness.decide.kernel import outcome_code
 from bisect_harness.decide.signflip import _hodges_lehmann, _sf_interval, _sf_spent, _sign_flip
 from bisect_harness.model import Expect
 
@@ -89,7 +90,7 @@ def _robust_sf_look(diffs: np.ndarray, sign: int, log_e: float, design: Design, 
     est = _hodges_lehmann(x)
     up, p0, thr = _sign_flip(x, sf_looks, spent)
     down = _sign_flip(log_e - x, sf_looks, spent)[0]
-    code = 1 if (up and est >= log_e) else (-1 if down else 0)
+    code = outcome_code(up, est, log_e, down)  # the kernel's rule, on the sign-flip tests' answers
     bounds = _sf_interval(x, sf_looks, spent) if interval else None
     return code, est, p0, thr, bounds
 
