@@ -18,6 +18,7 @@ import sqlite3
 
 import pytest
 
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome
 from bisect_harness.evidence import BootEvidence
@@ -180,13 +181,13 @@ def test_bursts_that_pass_never_make_a_host_busy_all_the_time():
 def test_quiet_samples_need_a_window_per_sample():
     class B:
         samples = [object(), object()]
-        provenance = {"contention": {"window": {"cores": 2}, "samples": [QUIET, BUSY],
-                                     "thresholds": Thresholds().to_dict()}}
+        evidence = BootEvidence(contention={"window": {"cores": 2}, "samples": [QUIET, BUSY],
+                                            "thresholds": Thresholds().to_dict()})
 
     assert host_state.quiet_samples(B) == (True, False)
     B.samples = [object()] * 3  # windows that do not line up with the samples: not judged per sample
     assert host_state.quiet_samples(B) is None
-    B.provenance = {}
+    B.evidence = BootEvidence()
     assert host_state.quiet_samples(B) is None
 
 

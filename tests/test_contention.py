@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bisect_harness.evidence import FindingKind
 from bisect_harness.errors import HarnessError, NotObserved, SpecError
 from bisect_harness.observe import contention as c
 from bisect_harness.observe import host_state
@@ -249,11 +250,20 @@ def _boot(bid, figures, crossed=()):
 def test_warnings_name_busy_boots_and_a_difference_between_the_sides():
     quiet = [_boot(1, {"foreign_cpu_share": 0.01}), _boot(3, {"foreign_cpu_share": 0.02})]
     busy = [_boot(2, {"foreign_cpu_share": 0.8}, ["foreign_cpu_share"]), _boot(4, {"foreign_cpu_share": 0.03})]
-    out = host_state.contention_warnings({"baseline": quiet, "treatment": busy})
+    found = host_state.contention_findings({"baseline": quiet, "treatment": busy})
+    out = [f.text for f in found]
     assert out[0] == "host busy during treatment boot 2: foreign_cpu_share high"
     assert out[1].startswith("contention differed between the sides: baseline 0 of 2 boots busy")
     assert "treatment 1 of 2 boots busy, mean foreign CPU 42%" in out[1]
-    assert host_state.contention_warnings({"baseline": quiet, "treatment": quiet}) == []
+    assert (found[0].kind, found[0].side, found[0].boots) == (FindingKind.BUSY_BOOT, "treatment", (2,))
+    assert found[0].figures == {"crossed": [{"figure": "foreign_cpu_share", "value": 0.8, "limit": 0.25,
+                                             "message": "foreign_cpu_share high"}]}
+    assert found[1].kind is FindingKind.CONTENTION_DIFFERED and found[1].side is None
+    assert found[1].figures["sides"]["treatment"] == {"busy_boots": 1, "measured_boots": 2,
+                                                      "mean_foreign_cpu_share": pytest.approx(0.415)}
+    assert found[1].figures["sides"]["baseline"]["busy_boots"] == 0
+    assert found[1].figures["foreign_cpu_share"] == c.Thresholds().foreign_cpu_share
+    assert host_state.contention_findings({"baseline": quiet, "treatment": quiet}) == []
     same, why = host_state.same_host_state(quiet, busy, [])
     assert not same and why == ["1 of 2 treatment boots ran on a busy host"]
     same, why = host_state.same_host_state(quiet, [Boot(id=9, run_id=1, provenance={})], [])
@@ -267,6 +277,28 @@ def test_calibration_spread_is_judged():
     out = host_state.calibration_spreads(result, 0.10)
     assert out == ["matmul@cpu varied 20% between repetitions (> 10%): the host was not quiet while it was "
                    "calibrated"]
+
+
+def test_noisy_calibration_and_a_busy_preflight_are_findings_with_their_figures():
+    noisy = {"measurements": [{"name": "matmul", "device": "cpu", "spread": 0.20, "values": []}],
+             "judged": {"spread_limit": 0.10}}
+    busy = {"watched": "before the first boot", "crossed": [{"figure": "cpu_pressure", "value": 0.95,
+                                                               "limit": 0.9, "message": "CPU pressure 95% > 90%"}]}
+    run = SimpleNamespace(id=7, calibrations=[SimpleNamespace(phase="before", result=noisy),
+                                              SimpleNamespace(phase="preflight", result=busy),
+                                              SimpleNamespace(phase="after", result={"measurements": []})])
+    cal, pre = host_state.calibration_findings([run])
+    assert cal.kind is FindingKind.CALIBRATION_NOISY and cal.boots == () and cal.side is None
+    assert cal.figures == {"run": 7, "phase": "before", "name": "matmul", "device": "cpu", "spread": 0.20,
+                           "limit": 0.10}
+    assert cal.text == ("calibration (before, run 7): matmul@cpu varied 20% between repetitions (> 10%): the host "
+                        "was not quiet while it was calibrated")
+    assert pre.kind is FindingKind.PREFLIGHT_BUSY and pre.figures["run"] == 7
+    assert pre.figures["crossed"] == busy["crossed"] and pre.figures["watched"] == "before the first boot"
+    assert pre.text == "host busy at the start of run 7 (before the first boot): CPU pressure 95% > 90%"
+    quiet = SimpleNamespace(id=8, calibrations=[SimpleNamespace(phase="before", result={**noisy, "judged": {
+        "spread_limit": 0.25}})])
+    assert host_state.calibration_findings([quiet]) == []
 
 
 def test_a_crossing_never_reads_as_equal_to_its_limit():

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bisect_harness.evidence import BootEvidence, FindingKind
 from bisect_harness.observe.engine_identity import ReportedVersion, describe, mixed_versions, read_reported_version
 
 
@@ -57,8 +58,8 @@ def test_read_reported_version(body, info, want):
 
 
 def _boot(boot_id: int, values: dict | None):
-    prov = {"engine_version": ReportedVersion(values).to_dict()} if values is not None else {}
-    return SimpleNamespace(id=boot_id, provenance=prov)
+    version = ReportedVersion(values).to_dict() if values is not None else None
+    return SimpleNamespace(id=boot_id, evidence=BootEvidence(engine_version=version))
 
 
 def test_mixed_versions_names_values_and_boots():
@@ -68,7 +69,9 @@ def test_mixed_versions_names_values_and_boots():
     silent = [_boot(1, {}), _boot(2, None)]
     assert mixed_versions("baseline", silent) is None and describe(silent) == ""
     mixed = [_boot(1, {"/version": "1.0"}), _boot(3, {"/version": "2.0"}), _boot(5, {"/version": "2.0"})]
-    warning = mixed_versions("treatment", mixed)
-    assert warning == ("engine version: treatment boots report different code (1.0 (/version) in boot 1; "
-                       "2.0 (/version) in boots 3, 5): this config did not run one build; give each commit its "
-                       "own environment (engine.environment: venv) and check the build")
+    found = mixed_versions("treatment", mixed)
+    assert found.kind is FindingKind.ENGINE_VERSIONS and found.side == "treatment" and found.boots == (1, 3, 5)
+    assert found.figures == {"versions": {"1.0 (/version)": [1], "2.0 (/version)": [3, 5]}}
+    assert found.text == ("engine version: treatment boots report different code (1.0 (/version) in boot 1; "
+                          "2.0 (/version) in boots 3, 5): this config did not run one build; give each commit its "
+                          "own environment (engine.environment: venv) and check the build")

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from bisect_harness.decide.mechanism import flag_layer, layers
+from bisect_harness.decide.verdict import Verdict
 from bisect_harness.observe.provenance import FlagReport
 from bisect_harness.observe.provenance.flags import FlagCheck
 from bisect_harness.errors import SpecError
 from bisect_harness.spec import parse_spec
-from bisect_harness.model import Expect
+from bisect_harness.model import Expect, Outcome
 from helpers import SMALL_BENCH, harness, last_json, query, write_spec
 
 SPEC = """\
@@ -81,16 +82,19 @@ def test_accepted_but_inert_is_a_finding():
     ok = _boot(1, ("attention-mode", "decode", "decode", "matched"))
     asked = []
 
-    def judge(metric, expect, min_effect):
-        asked.append((metric, expect, min_effect))
-        return {"outcome": "refuted", "ratio": 1.0, "p_value": 0.5, "reason": "r"}
+    def judge(m):
+        asked.append((m.metric, m.expect, m.min_effect))
+        return Verdict(Outcome.REFUTED, True, "t", 0.05, "r", ratio=1.0, p_value=0.5)
+    confirmed = Verdict(Outcome.CONFIRMED, True, "t", 0.05, "c", ratio=0.8, ci=(0.7, 0.9))
     lay = layers(judge, flag_boots=[ok], mechanism=mech, outcome="refuted")
     assert asked == [("decode_ms", Expect.DECREASE, 0.05)]
     assert lay["flag_accepted"]["accepted"] == "yes" and lay["mechanism_engaged"] == "no"
     assert lay["finding"].startswith("accepted but inert")
-    lay = layers(lambda *a: {"outcome": "confirmed"}, flag_boots=[ok], mechanism=mech, outcome="refuted")
+    assert lay["mechanism"][0]["ratio"] == 1.0 and lay["mechanism"][0]["ci_low"] is None
+    lay = layers(lambda m: confirmed, flag_boots=[ok], mechanism=mech, outcome="refuted")
     assert lay["mechanism_engaged"] == "yes" and "not the bottleneck" in lay["finding"]
-    lay = layers(lambda *a: {"outcome": "confirmed"}, flag_boots=[ok], mechanism=mech, outcome="confirmed")
+    assert (lay["mechanism"][0]["ci_low"], lay["mechanism"][0]["ci_high"]) == (0.7, 0.9)
+    lay = layers(lambda m: confirmed, flag_boots=[ok], mechanism=mech, outcome="confirmed")
     assert lay["finding"] is None
 
 

@@ -218,24 +218,23 @@ def _boots(first_id, levels, busy=()):
 
 
 def test_a_look_with_a_busy_boot_does_not_pool_the_prior_and_says_so():
-    from bisect_harness.decide.verdict import Rules, Side, judge
+    from bisect_harness.decide.verdict import Question, Rules, Side, judge
 
     rules = Rules(design=Design(alpha=0.05, min_boots=3, max_boots=20, analysis="robust"), family_size=1)
     prior = NoisePrior(var=0.01 ** 2, dof=8, rounds=9, runs=1, boots=(1, 2))
-    kw = dict(metric="tok_s", expect=Expect.DECREASE, min_effect=0.04, hypothesis_id=1, force_final=False,
-              prior=prior)
+    question = Question("tok_s", Expect.DECREASE, 0.04)
     base = _boots(10, [100.0, 101.0])
-    quiet = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0])), **kw)
-    busy = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0], busy={21})), **kw)
-    assert quiet["outcome"] == "confirmed" and quiet["stats"]["look"] == 2 and quiet["stats"]["prior_pooled"]
-    assert quiet["stats"]["noise_prior"]["boots"] == [1, 2]
-    assert busy["outcome"] == "inconclusive" and busy["stats"]["look"] is None  # 2 rounds: before the first look
-    assert "noise_prior" not in busy["stats"] and busy["stats"]["noise_prior_dropped"]["boots"] == [21]
-    from bisect_harness.evidence import VerdictStats
+    quiet = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0])), question, prior=prior)
+    busy = judge(rules, Side("baseline", base), Side("treatment", _boots(20, [90.0, 91.0], busy={21})), question,
+                 prior=prior)
+    assert quiet.outcome is Outcome.CONFIRMED and quiet.stats.look == 2 and quiet.stats.prior_pooled
+    assert quiet.stats.noise_prior["boots"] == [1, 2]
+    assert busy.outcome is Outcome.INCONCLUSIVE and busy.stats.look is None  # 2 rounds: before the first look
+    assert busy.stats.noise_prior is None and busy.stats.noise_prior_dropped["boots"] == [21]
     from bisect_harness.report.journal import prior_line
 
     assert "was offered but not pooled: boots 21 of this verdict ran on a host the host check found busy" in \
-        prior_line(VerdictStats.from_json(busy["stats"]))
+        prior_line(busy.stats)
 
 
 def test_the_journal_says_why_a_look_did_not_pool_its_prior():

@@ -134,7 +134,7 @@ def test_progress_in_a_pipe_is_a_line_per_boot_counted_against_the_budget(runs):
 
 @pytest.mark.slow
 def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
-    from bisect_harness.decide.verdict import Side, judge
+    from bisect_harness.decide.verdict import Question, Side, judge
     from bisect_harness.plan.build import verdict_rules
     from bisect_harness.spec import load_spec
     from bisect_harness.model import Expect
@@ -154,11 +154,11 @@ def test_compare_judges_shared_configs_by_the_verdict_rule(runs):
             ca = next(c for c in ra.configs if c.key == row["key"])
             cb = next(c for c in rb.configs if c.key == row["key"])
             want = judge(rules, Side("run A", boot_records(ca.boots)), Side("run B", boot_records(cb.boots)),
-                         metric="tok_s", expect=Expect.DECREASE, min_effect=0.05, hypothesis_id=0, force_final=True)
-            assert row["verdict"] == want["outcome"] and row["ratio"] == pytest.approx(want["ratio"])
-            assert row["p_value"] == pytest.approx(want["p_value"])
-            assert row["boots"] == {"a": len(want["baseline_boot_ids"]), "b": len(want["treatment_boot_ids"])}
-            assert row["warnings"] == want["warnings"]
+                         Question("tok_s", Expect.DECREASE, 0.05), force_final=True)
+            assert row["verdict"] == want.outcome.value and row["ratio"] == pytest.approx(want.ratio)
+            assert row["p_value"] == pytest.approx(want.p_value)
+            assert row["boots"] == {"a": len(want.baseline_boot_ids), "b": len(want.treatment_boot_ids)}
+            assert row["warnings"] == list(want.warnings)
     text = harness("compare", a, b, "--ledger", runs["url"])
     assert text.returncode == 0 and f"run {b} against run {a}" in text.stdout, text.stderr
     bad = harness("compare", a, b, "--ledger", runs["url"], "--metric", "nope")

@@ -53,7 +53,8 @@ from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.kernel import _pct, log_effect
 from bisect_harness.decide.prior import NoisePrior, pooled_variance
 from bisect_harness.decide.ttest import _check_boots
-from bisect_harness.model import Expect, Outcome, shown_apart
+from bisect_harness.evidence import VerdictStats
+from bisect_harness.model import Expect, Outcome, jsonable, shown_apart
 
 __all__ = ["OUTCOME_FOOTNOTE", "StatVerdict", "evaluate", "boots_to_decide"]
 
@@ -126,6 +127,23 @@ class StatVerdict:
     prior_contradicted: Optional[bool] = None
     round_log_ratios: Optional[tuple[float, ...]] = None
     round_samples: Optional[tuple[int, ...]] = None
+
+    def figures(self) -> VerdictStats:
+        """The figures of this answer beyond a verdict's own fields, typed. The
+        answer's own fields (outcome, final, ratio, ci, p_value, test, alpha, reason)
+        ride along in ``extra`` as they are here, as a verdict's stored statistics have
+        always held them (``final`` is this look's, before a caller forces it)."""
+        answer = {name: getattr(self, name) for name in _ANSWER_FIELDS}
+        return VerdictStats(
+            ci_level=self.ci_level, p_threshold=self.p_threshold, n_boots=self.n_boots, n_samples=self.n_samples,
+            between_cv=self.between_cv, within_cv=self.within_cv, min_effect=self.min_effect,
+            expect=self.expect.value, look=self.look, analysis=self.analysis, n_pairs=self.n_pairs,
+            prior_pooled=self.prior_pooled, prior_contradicted=self.prior_contradicted,
+            round_log_ratios=self.round_log_ratios, round_samples=self.round_samples, extra=jsonable(answer))
+
+
+#: The fields of :class:`StatVerdict` a verdict holds as its own (the rest are its figures).
+_ANSWER_FIELDS = ("outcome", "final", "ratio", "ci", "p_value", "test", "alpha", "reason")
 
 
 def _arm_summary(arrs: list[np.ndarray]):

@@ -8,7 +8,7 @@ move, in a stated direction, for the claim to hold. Each layer has its own stati
   matched in every good boot, ``no`` when one was mismatched, ``unknown`` when the server
   did not report one of them (named, never read as accepted);
 * **mechanism engaged**: each mechanism metric judged by the same rule as the outcome
-  (``decide.judge``: the boots, the sequential design, the family's alpha), with its own
+  (``decide.verdict.judge``: the boots, the sequential design, the family's alpha), with its own
   verdict; engaged when every one is confirmed, inert when one is refuted;
 * **outcome moved**: the hypothesis' own verdict.
 
@@ -47,15 +47,15 @@ def flag_layer(boots: Sequence) -> dict:
 
 
 def layers(judge_one, *, flag_boots: Sequence, mechanism: Sequence, outcome: str) -> dict:
-    """The three layers. ``judge_one(metric, expect, min_effect) -> verdict dict`` judges
-    one mechanism metric on the hypothesis' boots (``decide.judge``'s fields)."""
+    """The three layers. ``judge_one(m) -> decide.verdict.Verdict`` judges one mechanism
+    claim ``m`` (its ``metric``, ``expect`` and ``min_effect``) on the hypothesis' boots."""
     flag = flag_layer(flag_boots)
     mech = []
     for m in mechanism:
-        v = judge_one(m.metric, m.expect, m.min_effect)
+        v = judge_one(m)
         mech.append({"metric": m.metric, "expect": m.expect.value, "min_effect": m.min_effect,
-                     "outcome": v["outcome"], "ratio": v.get("ratio"), "ci_low": v.get("ci_low"),
-                     "ci_high": v.get("ci_high"), "p_value": v.get("p_value"), "reason": v.get("reason")})
+                     "outcome": v.outcome.value, "ratio": v.ratio, "ci_low": v.ci[0] if v.ci else None,
+                     "ci_high": v.ci[1] if v.ci else None, "p_value": v.p_value, "reason": v.reason})
     outcomes = {x["outcome"] for x in mech}
     engaged = ("n/a" if not mech else "yes" if outcomes == {"confirmed"}
                else "no" if "refuted" in outcomes else "undecided")

@@ -1,8 +1,8 @@
 """The verdict rule, in one place.
 
-:func:`judge` turns the boots of a hypothesis' two sides into a verdict row
-(confirmed / refuted / inconclusive, with its statistics and every warning about
-the boots it used); :class:`NightRule` is nightly's rule for one night against
+:func:`judge` turns the boots of a hypothesis' two sides into a :class:`Verdict`
+(confirmed / refuted / inconclusive, with its statistics and every finding about
+the boots it used, :func:`side_findings`); :class:`NightRule` is nightly's rule for one night against
 the nights before, stepped by its driver as the searches are. The executor's
 hypothesis loop, ``harness compare`` and ``harness nightly`` all decide through
 here; the statistics themselves live in ``evaluate``, ``shift`` and their kin.
@@ -10,10 +10,12 @@ here; the statistics themselves live in ``evaluate``, ``shift`` and their kin.
 It reads values, never the ledger or the hypotheses file: each side's boots as
 frozen records (``boot.BootRecord``, which ``record.ledger.boot_records`` makes
 from the rows), the :class:`Rules` the file sets (``plan.build.verdict_rules``
-reads them), and the warnings only the caller can know (an attached server's).
+reads them), and the findings only the caller can know (an attached server's).
+It knows nothing of the ledger's columns: ``record.ledger.verdict_row`` stores a
+verdict.
 
 A side that never booted (no good boot at all: every launch failed, or its
-commit never built) gives no verdict to speak of: the row is ``inconclusive``
+commit never built) gives no verdict to speak of: it is ``inconclusive``
 with the test :data:`NOT_MEASURED`, and :func:`shown_outcome` reads it as "not
 measured" wherever a verdict is shown; :func:`never_booted` says why, naming the
 launch argv and the first failure.
@@ -26,6 +28,7 @@ import shlex
 from typing import Callable, Mapping, Sequence
 
 from bisect_harness.boot import BootRecord, BootValues
+from bisect_harness.evidence import Finding, FindingKind, VerdictStats
 from bisect_harness.observe import engine_identity
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.observe.mechanisms import ANSWERED
@@ -37,11 +40,11 @@ from bisect_harness.decide.multiplicity import adjust_alpha
 from bisect_harness.decide.shift import Shift, detect_shift
 from bisect_harness.decide.mechanism import layers
 from bisect_harness.model import jsonable
-from bisect_harness.observe.drift import host_drift
+from bisect_harness.observe.drift import drift_findings
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
 
-__all__ = ["Rules", "judge", "look", "side_warnings", "NightRule", "judge_night", "Side", "NOT_MEASURED",
-           "never_booted", "shown_outcome", "checks_done"]
+__all__ = ["Rules", "Question", "Verdict", "judge", "look", "side_findings", "marked_boots", "NightRule",
+           "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
 
 def never_booted(name: str, boots: Sequence[BootRecord], failed: str | None) -> str | None:
     """Why a side with no good boot could not be measured (its launch argv and first
@@ -113,18 +116,68 @@ def _prior_for(prior: NoisePrior | None, *sides: Sequence[BootRecord]) -> tuple[
                   "reason": "boots the host check found busy: the host is not the one the prior measured"}
 
 
-def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
-          hypothesis_id: int, force_final: bool, order_seed: int | None = None,
-          config_warnings: Sequence[str] = (), prior: NoisePrior | None = None) -> dict:
-    """The verdict of one look at a hypothesis: the fields of a ``VerdictRow``.
-    ``config_warnings``: what the caller knows of the configs compared that their
-    boots do not say (``engines.attach.verdict_warnings``: an attached server's).
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """What a hypothesis claims of its two sides: ``metric`` moves in the direction
+    ``expect`` by at least ``min_effect`` (a fraction: 0.05 is 5%); ``mechanism``: the
+    further claims (each a :class:`Question`) that must hold for the claim's mechanism
+    to count as engaged (``decide.mechanism``), judged by :func:`look` on the same boots."""
+
+    metric: str
+    expect: Expect
+    min_effect: float
+    mechanism: tuple["Question", ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One look at a hypothesis, decided: ``outcome`` (confirmed, refuted, inconclusive);
+    ``final`` (no more boots will change it: decided, the budget spent, or forced);
+    ``ratio`` treatment over baseline, ``ci`` its repeated interval, ``p_value`` against
+    no change (None where the look did not reach them); ``test`` and ``alpha`` (this
+    hypothesis' share of the family's) what decided it, ``reason`` why, in a sentence;
+    the boots of each side whose values it used; ``findings`` what it found about its
+    boots (marks, busy hosts, drift, ...); ``stats`` its figures beyond these.
+    ``record.ledger.verdict_row`` stores it."""
+
+    outcome: Outcome
+    final: bool
+    test: str
+    alpha: float
+    reason: str
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    p_value: float | None = None
+    baseline_boot_ids: tuple[int, ...] = ()
+    treatment_boot_ids: tuple[int, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    stats: VerdictStats = VerdictStats()
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The findings' sentences, in order (what the CLI prints)."""
+        return tuple(f.text for f in self.findings)
+
+    def with_stats(self, **changes) -> "Verdict":
+        """This verdict with ``changes`` (fields of :class:`VerdictStats`) set in its stats."""
+        return dataclasses.replace(self, stats=self.stats.with_(**changes))
+
+
+def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
+          order_seed: int | None = None, config_findings: Sequence[Finding] = (),
+          prior: NoisePrior | None = None) -> Verdict:
+    """The verdict of one look at ``question`` (its metric alone: :func:`look` judges its
+    mechanism too). ``force_final``: the caller will look no more (the budget is spent).
+    ``order_seed``: the seed that drew the order of the sides in each round, kept in the
+    stats. ``config_findings``: what the caller knows of the configs compared that
+    their boots do not say (``engines.attach.verdict_findings``: an attached server's).
     ``prior``: the noise prior of earlier runs of the same two configs on this host
     (:mod:`bisect_harness.decide.prior`), pooled where the design's analysis reads
     rounds; its first look is then at 2 rounds (see :func:`prior_design`).
 
     What this module works out itself comes first (the boots' checks, device sets,
-    the design), then what it asks of others (the sides' warnings, the values, the test)."""
+    the design), then what it asks of others (the sides' findings, the values, the test)."""
+    metric = question.metric
     bgood, tgood = baseline.good_boots, treatment.good_boots
     never = [w for w in (never_booted(s.name, s.boots, s.failed) for s in (baseline, treatment)) if w]
     checks_all, checks_good = checks_done([*baseline.boots, *treatment.boots]), checks_done([*bgood, *tgood])
@@ -132,62 +185,60 @@ def judge(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect:
     prior, prior_dropped = _prior_for(prior, bgood, tgood)
     the_design = prior_design(rules.design, prior)
     prior = prior if the_design.prior_dof else None
-    warnings = side_warnings(rules, baseline, treatment, config_warnings)
+    findings = tuple(side_findings(rules, baseline, treatment, config_findings))
     bv = BootValues.of(bgood, metric)
     tv = BootValues.of(tgood, metric)
     alpha = rules.alpha_each
-    undecided = dict(hypothesis_id=hypothesis_id, outcome=Outcome.INCONCLUSIVE.value, final=True, test="none",
-                     alpha=alpha, warnings=warnings, stats={"family_size": rules.family_size, "checks": checks_all})
+    undecided = Verdict(outcome=Outcome.INCONCLUSIVE, final=True, test="none", alpha=alpha, reason="",
+                        findings=findings, stats=VerdictStats(family_size=rules.family_size, checks=checks_all))
     if never:
-        return {**undecided, "reason": "not measured: " + "; ".join(never), "test": NOT_MEASURED}
+        return dataclasses.replace(undecided, reason="not measured: " + "; ".join(never), test=NOT_MEASURED)
     failed = [s for s in (baseline, treatment) if s.failed]
     if failed:
         which = " and ".join(f"{s.name} ({s.failed})" for s in failed)
-        return {**undecided, "reason": f"could not be measured: {which}"}
+        return dataclasses.replace(undecided, reason=f"could not be measured: {which}")
     if not bv.values or not tv.values:
-        return {**undecided, "reason": f"metric {metric} has no values in "
-                f"{'baseline' if not bv.values else 'treatment'} boots (see the boots' source problems)"}
-    ids = {"baseline_boot_ids": list(bv.boot_ids), "treatment_boot_ids": list(tv.boot_ids)}
+        return dataclasses.replace(undecided, reason=f"metric {metric} has no values in "
+                                   f"{'baseline' if not bv.values else 'treatment'} boots (see the boots' source "
+                                   "problems)")
+    ids = dict(baseline_boot_ids=tuple(bv.boot_ids), treatment_boot_ids=tuple(tv.boot_ids))
     # Round of a boot: its place among its config's good boots (round i holds the i-th of each).
     rounds = tuple([i for i, x in enumerate(good) if x.id in set(v.boot_ids)]
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
-        res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=expect,
-                       min_effect=min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior)
+        res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=question.expect,
+                       min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
-        return {**undecided, "reason": f"metric {metric} cannot be compared: {exc}. Pick a metric with positive, "
-                "varying values (a rate, a latency, a count per sample)", **ids}
-    return dict(
-        hypothesis_id=hypothesis_id, outcome=res.outcome.value, final=res.final or force_final, ratio=res.ratio,
-        ci_low=res.ci[0] if res.ci else None, ci_high=res.ci[1] if res.ci else None,
-        p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, warnings=warnings,
-        stats=jsonable({**dataclasses.asdict(res), "family_size": rules.family_size,
-                        "checks": checks_good,
-                        "family_alpha": rules.design.alpha, "rounds": rounds, "order_seed": order_seed,
-                        **({"noise_prior": dataclasses.asdict(prior)} if prior is not None else {}),
-                        **({"noise_prior_dropped": prior_dropped} if prior_dropped else {}),
-                        **({"device_blocks": blocks} if blocks else {})}), **ids)
+        return dataclasses.replace(undecided, reason=f"metric {metric} cannot be compared: {exc}. Pick a metric with "
+                                   "positive, varying values (a rate, a latency, a count per sample)", **ids)
+    stats = res.figures().with_(
+        family_size=rules.family_size, checks=checks_good, family_alpha=rules.design.alpha,
+        rounds=tuple(tuple(r) for r in rounds), order_seed=order_seed,
+        noise_prior=jsonable(dataclasses.asdict(prior)) if prior is not None else None,
+        noise_prior_dropped=jsonable(prior_dropped) if prior_dropped else None, device_blocks=blocks or None)
+    return Verdict(outcome=res.outcome, final=res.final or force_final, ratio=res.ratio, ci=res.ci,
+                   p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, findings=findings,
+                   stats=stats, **ids)
 
 
-def look(rules: Rules, baseline: Side, treatment: Side, *, metric: str, expect: Expect, min_effect: float,
-         mechanism: Sequence = (), hypothesis_id: int, force_final: bool, order_seed: int | None = None,
-         config_warnings: Sequence[str] = (), prior: NoisePrior | None = None) -> dict:
-    """One look at a hypothesis: :func:`judge` on its metric and, when it names
-    mechanism metrics (each with ``metric``, ``expect`` and ``min_effect``), on each
-    of them too, split into three layers (flag accepted / mechanism engaged / outcome
-    moved, ``mechanism.layers``) under ``stats["layers"]``. ``prior``: the noise
-    prior of the hypothesis' metric (the mechanism metrics are judged without one)."""
-    asked = [(metric, expect, min_effect), *((m.metric, m.expect, m.min_effect) for m in mechanism)]
-    verdicts = [judge(rules, baseline, treatment, metric=name, expect=exp, min_effect=effect,
-                      hypothesis_id=hypothesis_id, force_final=force_final, order_seed=None if i else order_seed,
-                      config_warnings=config_warnings, prior=None if i else prior)
-                for i, (name, exp, effect) in enumerate(asked)]
-    v = verdicts[0]
-    if mechanism:
-        judged = dict(zip(asked[1:], verdicts[1:]))
-        v["stats"] = {**(v.get("stats") or {}), "layers": layers(
-            lambda *key: judged[key], flag_boots=treatment.boots, mechanism=mechanism, outcome=v["outcome"])}
-    return v
+def look(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
+         order_seed: int | None = None, config_findings: Sequence[Finding] = (),
+         prior: NoisePrior | None = None) -> Verdict:
+    """One look at a hypothesis: :func:`judge` on its metric and, when the question
+    names mechanism claims, on each of them too, split into three layers (flag
+    accepted / mechanism engaged / outcome moved, ``mechanism.layers``) in the
+    stats' ``layers``. ``prior``: the noise prior of the hypothesis' metric (the
+    mechanism metrics are judged without one)."""
+    v = judge(rules, baseline, treatment, question, force_final=force_final, order_seed=order_seed,
+              config_findings=config_findings, prior=prior)
+    if not question.mechanism:
+        return v
+
+    def judge_one(m: Question) -> Verdict:
+        return judge(rules, baseline, treatment, m, force_final=force_final, config_findings=config_findings)
+
+    return v.with_stats(layers=layers(judge_one, flag_boots=treatment.boots, mechanism=question.mechanism,
+                                      outcome=v.outcome.value))
 
 
 def checks_done(boots: Sequence[BootRecord]) -> dict:
@@ -241,32 +292,42 @@ def device_blocks(a: Sequence[BootRecord], b: Sequence[BootRecord]) -> dict | No
     return {side: {label: xs.count(label) for label in sorted(labels)} for side, xs in sides.items()}
 
 
-def _device_warning(a: Sequence[BootRecord], b: Sequence[BootRecord]) -> list[str]:
+def _device_finding(a: Sequence[BootRecord], b: Sequence[BootRecord]) -> list[Finding]:
     """Side and device set confounded: each side ran on its own sets only, so a
-    difference between GPUs, cores or nodes reads as an effect."""
+    difference between GPUs, cores or nodes reads as an effect. Its figures: the
+    sets each side used (``baseline``, ``treatment``) and the boots per set and side
+    (``blocks``, :func:`device_blocks`)."""
     blocks = device_blocks(a, b)
     if not blocks:
         return []
-    used = {side: {k for k, n in counts.items() if n} for side, counts in blocks.items()}
-    if used["baseline"] & used["treatment"]:
+    used = {side: sorted(k for k, n in counts.items() if n) for side, counts in blocks.items()}
+    if set(used["baseline"]) & set(used["treatment"]):
         return []
-    return [f"device sets confounded with the sides: baseline ran only on {', '.join(sorted(used['baseline']))}, "
-            f"treatment only on {', '.join(sorted(used['treatment']))}; a difference between those devices or nodes "
-            "reads as an effect (more rounds rotate the sets, or run with one slot)"]
+    text = (f"device sets confounded with the sides: baseline ran only on {', '.join(used['baseline'])}, "
+            f"treatment only on {', '.join(used['treatment'])}; a difference between those devices or nodes "
+            "reads as an effect (more rounds rotate the sets, or run with one slot)")
+    return [Finding(FindingKind.DEVICES_CONFOUNDED, text, boots=tuple(x.id for x in (*a, *b)),
+                    figures={**used, "blocks": blocks})]
 
 
-def side_warnings(rules: Rules, b: Side, t: Side, config_warnings: Sequence[str] = ()) -> list[str]:
-    """Marked boots on either side, what the caller knows of the configs
-    (``config_warnings``), and every way the two sides' hosts differed."""
-    marks = [f"{side.name} boot {bt.id}: {', '.join(bt.marks)}" for side in (b, t) for bt in side.boots if bt.marks]
+def marked_boots(side: Side) -> list[Finding]:
+    """A ``marked_boot`` finding for each boot of ``side`` that carries marks (figures
+    ``marks``: their names, in the order the boot recorded them)."""
+    return [Finding(FindingKind.MARKED_BOOT, f"{side.name} boot {bt.id}: {', '.join(bt.marks)}", side=side.name,
+                    boots=(bt.id,), figures={"marks": list(bt.marks)}) for bt in side.boots if bt.marks]
+
+
+def side_findings(rules: Rules, b: Side, t: Side, config_findings: Sequence[Finding] = ()) -> list[Finding]:
+    """Marked boots on either side, a config whose boots reported different code,
+    what the caller knows of the configs (``config_findings``), and every way the two
+    sides' hosts differed: drift, device sets, contention, calibration and preflight."""
     bgood, tgood = b.good_boots, t.good_boots
-    devices = _device_warning(bgood, tgood)
     mixed = [m for m in (engine_identity.mixed_versions(side.name, side.boots) for side in (b, t)) if m]
-    drifted = [f"host drift: {drift.message}" for drift in host_drift(bgood, tgood)]
     thresholds = rules.thresholds
-    return [*marks, *mixed, *config_warnings, *drifted, *devices,
-            *host_state.contention_warnings({b.name: b.boots, t.name: t.boots}, thresholds),
-            *host_state.calibration_warnings(host_state.side_runs(b.boots, t.boots), thresholds)]
+    return [*marked_boots(b), *marked_boots(t), *mixed, *config_findings, *drift_findings(bgood, tgood),
+            *_device_finding(bgood, tgood),
+            *host_state.contention_findings({b.name: b.boots, t.name: t.boots}, thresholds),
+            *host_state.calibration_findings(host_state.side_runs(b.boots, t.boots), thresholds)]
 
 
 class NightRule:

@@ -16,7 +16,7 @@ harness did not start (one already running, or a hosted endpoint): nothing is
 built, launched or stopped, the readiness probe is the only step of "booting" it,
 and each boot is one more measurement session of that same running server. So
 boots of an attached config are not independent restarts: every verdict that uses
-one says so (:func:`verdict_warnings`).
+one says so (:func:`verdict_findings`).
 
 The API key (``engine.api_key_env`` names the environment variable that holds it)
 is read when a boot starts, sent as ``Authorization: Bearer ...`` and never
@@ -35,15 +35,13 @@ import httpx
 
 from bisect_harness.engines.benchtools import Endpoint
 from bisect_harness.errors import BootFailed, BootTimeout, UserError
+from bisect_harness.evidence import Finding, FindingKind
 from bisect_harness.measure.deadline import deadline_client, total_deadline
 from bisect_harness.engines.presets import LOOPBACK
 from bisect_harness import secrets
 from bisect_harness.secrets import redact_text
 
-__all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_warnings",
-           "ATTACHED_WARNING"]
-
-ATTACHED_WARNING = "attached server"
+__all__ = ["LaunchedSource", "AttachedSource", "AttachedServer", "source_for", "api_key", "verdict_findings"]
 
 
 def api_key(env_name: str | None) -> str | None:
@@ -199,13 +197,15 @@ def source_for(spec) -> LaunchedSource | AttachedSource:
     return (AttachedSource if e.base_url is not None else LaunchedSource)(e.api_key_env)
 
 
-def verdict_warnings(configs: Sequence) -> list[str]:
-    """The sentence every verdict over an attached config carries: what its boots are."""
+def verdict_findings(configs: Sequence) -> list[Finding]:
+    """The finding every verdict over an attached config carries: what its boots are
+    (``attached``; figures ``endpoints``: the attached URLs, sorted)."""
     attached = [c for c in configs if getattr(c.arm, "endpoint", None)]
     if not attached:
         return []
     urls = sorted({c.arm.endpoint for c in attached})
-    return [f"{ATTACHED_WARNING}: the boots are measurement sessions of {' and '.join(urls)}, which the harness "
+    text = (f"attached server: the boots are measurement sessions of {' and '.join(urls)}, which the harness "
             "did not start; they are not independent restarts, so the interval covers the noise between "
             "sessions of one running server, not between starts of it (a restart, another host or a redeploy "
-            "may land elsewhere)"]
+            "may land elsewhere)")
+    return [Finding(FindingKind.ATTACHED, text, figures={"endpoints": urls})]

@@ -4,9 +4,10 @@ Whatever the build does, the server's own word on its version is the last check
 that a boot ran the commit it was meant to: SGLang and the demo engine report
 ``version`` in their server info, vLLM answers ``GET /version`` with
 ``{"version": ...}``; some builds add a commit (``commit``, ``git_commit``,
-``git_sha``). Each boot stores what it found in ``boots.provenance
-["engine_version"]``; a config whose boots report different values ran
-different code under one label, and its verdicts say so in their warnings.
+``git_sha``). Each boot stores what it found in its evidence's
+``engine_version``; a config whose boots report different values ran
+different code under one label, and its verdicts say so
+(:func:`mixed_versions`, an ``engine_versions`` finding).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Mapping, Sequence
 
 import httpx
 
+from bisect_harness.evidence import Finding, FindingKind
 from bisect_harness.measure.bodies import ServerReplyError, bounded_get
 
 __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion", "read_reported_version",
@@ -26,6 +28,7 @@ __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion",
 IDENTITY_KEYS = ("version", "commit", "git_commit", "git_sha", "build_info")  # build_info: llama.cpp /props
 #: vLLM's version endpoint (and any server that answers it with ``{"version": ...}``).
 VERSION_PATH = "/version"
+#: The finding's opening words (the journal of an older branch still sorts sentences by them).
 WARNING_PREFIX = "engine version"
 
 
@@ -82,7 +85,7 @@ def _groups(boots: Sequence) -> dict[str, list[int]]:
     """Boot ids by what they reported, in boot order; boots that reported nothing are left out."""
     groups: dict[str, list[int]] = {}
     for b in boots:
-        rep = ReportedVersion.from_dict((b.provenance or {}).get("engine_version"))
+        rep = ReportedVersion.from_dict(b.evidence.engine_version)
         if rep.values:
             groups.setdefault(rep.label, []).append(b.id)
     return groups
@@ -92,15 +95,20 @@ def _boots(ids: Sequence[int]) -> str:
     return f"boot{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
 
 
-def mixed_versions(side: str, boots: Sequence) -> str | None:
-    """A warning when the boots of one config (``boots`` with ``.id`` and
-    ``.provenance``) reported different code; None when they agree or said nothing."""
+def mixed_versions(side: str, boots: Sequence) -> Finding | None:
+    """An ``engine_versions`` finding when the boots of one config (``boots`` with
+    ``.id`` and ``.evidence``) reported different code; None when they agree or said
+    nothing. Its boots are those that reported, its figures ``versions``: each label
+    reported and the boots that reported it, in boot order."""
     groups = _groups(boots)
     if len(groups) < 2:
         return None
     parts = "; ".join(f"{label} in {_boots(ids)}" for label, ids in groups.items())
-    return (f"{WARNING_PREFIX}: {side} boots report different code ({parts}): this config did not run one "
+    text = (f"{WARNING_PREFIX}: {side} boots report different code ({parts}): this config did not run one "
             "build; give each commit its own environment (engine.environment: venv) and check the build")
+    return Finding(FindingKind.ENGINE_VERSIONS, text, side=side,
+                   boots=tuple(sorted(i for ids in groups.values() for i in ids)),
+                   figures={"versions": {label: list(ids) for label, ids in groups.items()}})
 
 
 def describe(boots: Sequence) -> str:

@@ -1,12 +1,13 @@
-"""Was the host the same, and quiet, on both sides? Sentences from recorded figures.
+"""Was the host the same, and quiet, on both sides? Findings from recorded figures.
 
-Reads what the executor stored with each boot (``boots.provenance["contention"]``:
-the contention window of its benchmark, the thresholds applied and the figures that
+Reads what the executor stored with each boot (its evidence's ``contention``: the
+contention window of its benchmark, the thresholds applied and the figures that
 crossed them) and with each run (calibration probes and the preflight window, in
-the ``calibrations`` table), and turns them into the warnings a verdict, the CLI
-and the journal print. Every sentence names the figures it rests on; the claim
-"same host state" is made only by :func:`same_host_state`, when the figures of both
-sides back it.
+the ``calibrations`` table), and turns them into the findings
+(:class:`~bisect_harness.evidence.Finding`) a verdict, a search and a night carry:
+each with the figures it was decided from and the sentence the CLI and the journal
+print. The claim "same host state" is made only by :func:`same_host_state`, when
+the figures of both sides back it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from bisect_harness.evidence import Finding, FindingKind
 from bisect_harness.observe.calibration import Measurement, judged_spread, percent_beyond
 from bisect_harness.observe.contention import Thresholds, Window, judge, summary_line
 
@@ -35,7 +37,9 @@ class BootContention:
 
     @classmethod
     def of(cls, boot) -> "BootContention | None":
-        rec = (boot.provenance or {}).get("contention")
+        """The record of ``boot`` (a ``BootRecord`` or a ledger row: anything with
+        ``evidence``), or None where its contention was not measured."""
+        rec = boot.evidence.contention
         if not rec or "window" not in rec:
             return None
         return cls(Window.from_dict(rec["window"]), tuple(rec.get("crossed", ())), tuple(rec.get("samples", ())))
@@ -46,7 +50,7 @@ def quiet_samples(boot) -> tuple[bool, ...] | None:
     threshold (the boot's own thresholds, as recorded); None where the boot has no
     window per sample that lines up with its samples (not measured, an older ledger).
     The first sample's window holds the warm-up before it too."""
-    rec = (boot.provenance or {}).get("contention") or {}
+    rec = boot.evidence.contention or {}
     windows = rec.get("samples")
     if not windows or len(windows) != len(boot.samples) or "window" not in rec:
         return None
@@ -64,10 +68,21 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | None = None) -> list[str]:
-    """Each busy boot of each side (with the figures that crossed), and a difference in
+def busy_finding(side: str | None, where: str, boot_id: int, rec: BootContention,
+                 **figures: Any) -> Finding:
+    """A boot whose contention window crossed a threshold: ``where`` names it in the
+    sentence (``baseline boot 12``, ``boot 12 (abc123, ok)``); the figures are what
+    crossed (``crossed``: figure, value, limit, message each) and ``figures``."""
+    return Finding(FindingKind.BUSY_BOOT, busy_sentence(where, rec), side=side, boots=(boot_id,),
+                   figures={"crossed": [dict(c) for c in rec.crossed], **figures})
+
+
+def contention_findings(sides: Mapping[str, Sequence], thresholds: Thresholds | None = None) -> list[Finding]:
+    """Each busy boot of each side (:func:`busy_finding`), and a difference in
     contention between the sides (busy boots on one side only, or mean foreign CPU
-    apart by more than its threshold)."""
+    apart by more than its threshold): a ``contention_differed`` finding whose figures
+    are, per side, its busy and measured boots and their mean foreign CPU share
+    (``sides``), and the threshold (``foreign_cpu_share``)."""
     thresholds = thresholds or Thresholds()
     out = []
     summary = {}
@@ -75,7 +90,7 @@ def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | 
         recs = [(b, BootContention.of(b)) for b in boots]
         for b, rec in recs:
             if rec is not None and rec.busy:
-                out.append(busy_sentence(f"{side} boot {b.id}", rec))
+                out.append(busy_finding(side, f"{side} boot {b.id}", b.id, rec))
         measured = [r for _, r in recs if r is not None]
         shares = [r.window.figures["foreign_cpu_share"] for r in measured if "foreign_cpu_share" in r.window.figures]
         summary[side] = (sum(r.busy for r in measured), len(measured), _mean(shares))
@@ -86,16 +101,20 @@ def contention_warnings(sides: Mapping[str, Sequence], thresholds: Thresholds | 
             def side_text(side, busy, n, mean):
                 share = f"mean foreign CPU {mean:.0%} of the server's cores" if mean is not None else "foreign CPU n/a"
                 return f"{side} {busy} of {n} boots busy, {share}"
-            out.append("contention differed between the sides: " + side_text(sa, ba, na, ma) + "; "
-                       + side_text(sb, bb, nb, mb))
+            out.append(Finding(
+                FindingKind.CONTENTION_DIFFERED, "contention differed between the sides: " + side_text(sa, ba, na, ma)
+                + "; " + side_text(sb, bb, nb, mb),
+                figures={"sides": {side: {"busy_boots": busy, "measured_boots": n, "mean_foreign_cpu_share": mean}
+                                   for side, (busy, n, mean) in summary.items()},
+                         "foreign_cpu_share": thresholds.foreign_cpu_share}))
     return out
 
 
-def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[str]:
-    """The calibration measurements whose spread once the probe settled (the
-    repetitions after the first; per SM clock where the probe held the GPU at its power
-    limit: ``calibration.judged_spread``) is above ``limit``, as sentences whose figures
-    show they crossed it."""
+def _noisy(result: Mapping[str, Any] | None, limit: float) -> list[tuple[Mapping[str, Any], float, str]]:
+    """The calibration measurements of ``result`` whose spread once the probe settled
+    (the repetitions after the first; per SM clock where the probe held the GPU at its
+    power limit: ``calibration.judged_spread``) is above ``limit``: (the measurement,
+    its spread, the sentence) each."""
     if not result or "measurements" not in result:
         return []
     out = []
@@ -108,13 +127,23 @@ def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[
             which = "its repetitions after the first" if len(values) >= 4 else "repetitions"
             if judged is not None and judged.per_clock:
                 which += f", in {judged.basis}"
-            out.append(f"{m['name']}@{m['device']} varied {seen} between {which} (> {lim}): the host was not "
-                       "quiet while it was calibrated")
+            out.append((m, steady, f"{m['name']}@{m['device']} varied {seen} between {which} (> {lim}): the host "
+                                   "was not quiet while it was calibrated"))
     return out
 
 
-def calibration_warnings(runs: Sequence, thresholds: Thresholds | None = None) -> list[str]:
-    """Noisy calibration probes of the given runs (before and after), and a busy preflight."""
+def calibration_spreads(result: Mapping[str, Any] | None, limit: float) -> list[str]:
+    """The calibration measurements whose spread once the probe settled (:func:`_noisy`)
+    is above ``limit``, as sentences whose figures show they crossed it (the scheduler
+    prints them as the probe ends)."""
+    return [text for _, _, text in _noisy(result, limit)]
+
+
+def calibration_findings(runs: Sequence, thresholds: Thresholds | None = None) -> list[Finding]:
+    """Noisy calibration probes of the given runs (before and after:
+    ``calibration_noisy``, figures ``run``, ``phase``, ``name``, ``device``, ``spread``,
+    ``limit``), and a busy preflight (``preflight_busy``, figures ``run``, ``phase``,
+    ``watched``, ``crossed``)."""
     thresholds = thresholds or Thresholds()
     out = []
     for run in runs:
@@ -123,12 +152,18 @@ def calibration_warnings(runs: Sequence, thresholds: Thresholds | None = None) -
             if cal.phase == "preflight":
                 crossed = res.get("crossed") or []
                 if crossed:
-                    out.append(f"{PREFLIGHT_BUSY} of run {run.id} ({res.get('watched', 'before the first boot')}): "
-                               + "; ".join(c["message"] for c in crossed))
+                    watched = res.get("watched", "before the first boot")
+                    out.append(Finding(
+                        FindingKind.PREFLIGHT_BUSY, f"{PREFLIGHT_BUSY} of run {run.id} ({watched}): "
+                        + "; ".join(c["message"] for c in crossed),
+                        figures={"run": run.id, "phase": cal.phase, "watched": watched,
+                                 "crossed": [dict(c) for c in crossed]}))
                 continue
             limit = (res.get("judged") or {}).get("spread_limit", thresholds.calibration_spread)
-            for s in calibration_spreads(res, limit):
-                out.append(f"calibration ({cal.phase}, run {run.id}): {s}")
+            for m, spread, text in _noisy(res, limit):
+                out.append(Finding(FindingKind.CALIBRATION_NOISY, f"calibration ({cal.phase}, run {run.id}): {text}",
+                                   figures={"run": run.id, "phase": cal.phase, "name": m["name"],
+                                            "device": m["device"], "spread": spread, "limit": limit}))
     return out
 
 
@@ -157,7 +192,7 @@ def same_host_state(a_boots: Sequence, b_boots: Sequence, drift: Sequence) -> tu
         if busy:
             reasons.append(f"{busy} of {len(boots)} {side} boots ran on a busy host")
     runs = side_runs(a_boots, b_boots)
-    if calibration_warnings(runs):
+    if calibration_findings(runs):
         reasons.append("a calibration probe or the preflight found the host busy")
     return not reasons, reasons
 
@@ -173,5 +208,5 @@ def boot_line(boot) -> str | None:
     return text
 
 
-__all__ = ["BootContention", "boot_line", "busy_sentence", "calibration_spreads",
-           "calibration_warnings", "contention_warnings", "same_host_state", "side_runs"]
+__all__ = ["BootContention", "boot_line", "busy_finding", "busy_sentence", "calibration_findings",
+           "calibration_spreads", "contention_findings", "quiet_samples", "same_host_state", "side_runs"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
                         event, insert, inspect, select, update)
@@ -23,12 +23,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, aliased, mapped_col
 
 from bisect_harness.boot import BootRecord, BootValues, CalibrationRecord, RunRecord, SampleOutcome
 from bisect_harness.evidence import (BootEvidence, BootStatus, Finding, HarnessProcess, RunHost, VerdictStats,
-                                     findings_from_json)
+                                     findings_from_json, findings_to_json)
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
 from bisect_harness.observe import host_state
 from bisect_harness.record import legacy, liveness, runlock
+
+if TYPE_CHECKING:  # only read: the ledger need not load the statistics to open
+    from bisect_harness.decide.verdict import Verdict
 
 SCHEMA_VERSION = 4
 #: Seconds a SQLite connection waits for another process's write before giving up.
@@ -265,6 +268,22 @@ class Probe(Base):
     bisection: Mapped[Bisection] = relationship(back_populates="probes")
 
 
+def verdict_row(hypothesis_id: int, verdict: Verdict) -> VerdictRow:
+    """The row that stores ``verdict`` (``decide.verdict.Verdict``) as a look at the
+    hypothesis of row ``hypothesis_id``: its answer in the columns, its findings typed
+    (``findings``) and as their sentences (``warnings``, for older readers), its
+    figures as ``VerdictStats.to_json`` (``stats``, which a later run's noise prior
+    reads back through :meth:`VerdictRow.figures`)."""
+    ci = verdict.ci
+    return VerdictRow(hypothesis_id=hypothesis_id, outcome=verdict.outcome.value, final=bool(verdict.final),
+                      ratio=verdict.ratio, ci_low=ci[0] if ci else None, ci_high=ci[1] if ci else None,
+                      p_value=verdict.p_value, test=verdict.test, alpha=verdict.alpha, reason=verdict.reason,
+                      baseline_boot_ids=list(verdict.baseline_boot_ids),
+                      treatment_boot_ids=list(verdict.treatment_boot_ids),
+                      warnings=list(verdict.warnings), findings=findings_to_json(verdict.findings),
+                      stats=verdict.stats.to_json())
+
+
 def boot_records(boots: Iterable[Boot]) -> list[BootRecord]:
     """The boots as the frozen records the verdict and host drift read (``boot.BootRecord``):
     each with its samples and its run's calibration probes (one record per run)."""
@@ -468,8 +487,8 @@ class Ledger:
         out = []
         for h in self.session.scalars(q).all():
             v = h.verdict
-            st = (v.stats or {}) if v is not None and v.final else {}
-            ratios, samples, labels = st.get("round_log_ratios"), st.get("round_samples"), st.get("rounds")
+            st = v.figures if v is not None and v.final else VerdictStats()
+            ratios, samples, labels = st.round_log_ratios, st.round_samples, st.rounds
             if not ratios or not samples or not labels or len(samples) != len(ratios):
                 continue
             by_round = [dict(zip(side, ids)) for side, ids in zip(labels, (v.baseline_boot_ids, v.treatment_boot_ids))]

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from bisect_harness.boot import BootRecord, BootValues
 from bisect_harness.errors import HarnessError, UserError
 from bisect_harness.model import Expect
 from bisect_harness.record.ledger import Config, Ledger, Run, boot_records
+
+if TYPE_CHECKING:
+    from bisect_harness.decide.verdict import Verdict
 
 __all__ = ["ConfigComparison", "compare_runs", "matched_configs", "render_lines"]
 
@@ -39,17 +42,17 @@ class ConfigComparison:
     min_effect: float
     boots: tuple[int, int]     # good boots with values: run A, run B
     means: tuple[float | None, float | None]
-    verdict: dict              # the fields of a verdict row (decide.verdict.judge)
+    verdict: Verdict           # decide.verdict.judge's
     drift: tuple[str, ...]     # how the two runs' hosts differed
 
     def to_json(self) -> dict:
         v = self.verdict
         return {"label": self.label, "key": self.key, "matched_by": self.matched_by, "metric": self.metric,
-                "claim": f"run B {self.expect}s {self.metric} by at least {self.min_effect:.1%}", "verdict": v["outcome"],
-                "boots": {"a": self.boots[0], "b": self.boots[1]}, "means": {"a": self.means[0], "b": self.means[1]},
-                "ratio": v.get("ratio"), "ci": [v.get("ci_low"), v.get("ci_high")] if v.get("ci_low") is not None
-                else None, "p_value": v.get("p_value"), "test": v.get("test"), "alpha": v.get("alpha"),
-                "reason": v.get("reason"), "warnings": list(v.get("warnings") or []), "host_drift": list(self.drift)}
+                "claim": f"run B {self.expect}s {self.metric} by at least {self.min_effect:.1%}",
+                "verdict": v.outcome.value, "boots": {"a": self.boots[0], "b": self.boots[1]},
+                "means": {"a": self.means[0], "b": self.means[1]}, "ratio": v.ratio,
+                "ci": list(v.ci) if v.ci else None, "p_value": v.p_value, "test": v.test, "alpha": v.alpha,
+                "reason": v.reason, "warnings": list(v.warnings), "host_drift": list(self.drift)}
 
 
 def matched_configs(a: Run, b: Run) -> list[tuple[Config, Config, str]]:
@@ -74,7 +77,7 @@ def compare_runs(ledger: Ledger, run_a: int, run_b: int, *, metric: str = "tok_s
                  min_effect: float = 0.05) -> list[ConfigComparison]:
     """Every config the two runs share, judged B against A. Raises ``UserError`` when
     they share none or the metric is unknown to run B's spec."""
-    from bisect_harness.decide.verdict import Side, judge
+    from bisect_harness.decide.verdict import Question, Side, judge
     from bisect_harness.observe.drift import host_drift
     from bisect_harness.plan.build import verdict_rules
     from bisect_harness.spec import parse_spec
@@ -99,8 +102,7 @@ def compare_runs(ledger: Ledger, run_a: int, run_b: int, *, metric: str = "tok_s
     for ca, cb, how in pairs:
         side_a = Side("run A", boot_records(ca.boots))
         side_b = Side("run B", boot_records(cb.boots))
-        verdict = judge(rules, side_a, side_b, metric=metric, expect=direction, min_effect=min_effect,
-                        hypothesis_id=0, force_final=True)
+        verdict = judge(rules, side_a, side_b, Question(metric, direction, min_effect), force_final=True)
         na, ma = _boot_mean(side_a.good_boots, metric)
         nb, mb = _boot_mean(side_b.good_boots, metric)
         drift = tuple(d.message for d in host_drift(side_a.good_boots, side_b.good_boots))
@@ -117,12 +119,12 @@ def render_lines(rows: Sequence[ConfigComparison], run_a: int, run_b: int) -> li
         v = r.verdict
         ma = f"{r.means[0]:.2f}" if r.means[0] is not None else "n/a"
         mb = f"{r.means[1]:.2f}" if r.means[1] is not None else "n/a"
-        ratio = f"{v['ratio']:.4f}x" if v.get("ratio") is not None else "n/a"
-        ci = f" [{v['ci_low']:.4f}, {v['ci_high']:.4f}]" if v.get("ci_low") is not None else ""
-        p = f", p={v['p_value']:.3g}" if v.get("p_value") is not None else ""
+        ratio = f"{v.ratio:.4f}x" if v.ratio is not None else "n/a"
+        ci = f" [{v.ci[0]:.4f}, {v.ci[1]:.4f}]" if v.ci else ""
+        p = f", p={v.p_value:.3g}" if v.p_value is not None else ""
         lines.append(f"  {r.label}: {r.metric} A {ma} -> B {mb}: {ratio}{ci}{p}, boots {r.boots[0]}/{r.boots[1]}: "
-                     f"{v['outcome']} (claim: B {r.expect}s it by at least {r.min_effect:.1%})")
-        lines.append(f"    {v['reason']}")
-        for w in v.get("warnings") or []:
+                     f"{v.outcome.value} (claim: B {r.expect}s it by at least {r.min_effect:.1%})")
+        lines.append(f"    {v.reason}")
+        for w in v.warnings:
             lines.append(f"    warning: {w}")
     return lines

@@ -39,6 +39,7 @@ from bisect_harness.decide.paired_sequential import PairedTest
 from bisect_harness.backends import Backend
 from bisect_harness.defaults import DEFAULT_MAX_BOOTS
 from bisect_harness.errors import UserError
+from bisect_harness.evidence import Finding, findings_to_json
 from bisect_harness.run.scheduler import Observer, Scheduler
 from bisect_harness.record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from bisect_harness.model import Arm, Expect, Metric, reused_from
@@ -68,7 +69,7 @@ class BisectOutcome:
     skipped: tuple[str, ...]
     stopped: str
     bisection_id: int
-    warnings: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()  # busy boots, a busy preflight, noisy calibration (``_host_findings``)
     no_step_probability: float = 0.0
     endpoint_test: dict | None = None
     verify_test: dict | None = None
@@ -82,6 +83,11 @@ class BisectOutcome:
     plan: dict | None = None           # what the search planned to need, and the boots it was given
     step_sd: float | None = None       # the step it measured over the boots' noise sd (plans the next stage)
     verdict_rounds: tuple[tuple[int, int], ...] = ()  # a verdict's paired rounds (good, bad boot) that opened the endpoint check
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The findings' sentences, in order."""
+        return tuple(f.text for f in self.findings)
 
     def named(self) -> bool:
         """Whether the run named its culprit: a commit, or a release and then (where a
@@ -113,7 +119,8 @@ class BisectOutcome:
                 "skipped": list(self.skipped), "stopped": self.stopped, "bisection_id": self.bisection_id,
                 "no_step_probability": self.no_step_probability, "endpoint_test": self.endpoint_test,
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
-                "undetermined": self.undetermined, "warnings": list(self.warnings), "plan": self.plan,
+                "undetermined": self.undetermined, "warnings": list(self.warnings),
+                "findings": findings_to_json(self.findings), "plan": self.plan,
                 "verdict_rounds": [list(r) for r in self.verdict_rounds],
                 **({"revisions": "releases", "descent": descent,
                     "descent_note": self.descent_note} if self.releases else {})}
@@ -301,7 +308,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
         candidates=res.candidates,
         candidate_set=tuple(res.candidate_set), boots=res.boots_used, new_boots=new_boots,
         skipped=tuple(s for s, _ in res.skipped), stopped=stopped.value, bisection_id=bis.id,
-        warnings=tuple(_host_warnings(sched, configs.values())),
+        findings=tuple(_host_findings(sched, configs.values())),
         no_step_probability=float(res.no_step_probability), endpoint_test=_test_json(res.endpoint_test),
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
         reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
@@ -456,16 +463,19 @@ def _boots(n: int) -> str:
     return f"{n} boot" if n == 1 else f"{n} boots"
 
 
-def _host_warnings(sched: Scheduler, configs) -> list[str]:
-    """Busy boots of the bisection's commits, a busy preflight, noisy calibration."""
-    out = host_state.calibration_warnings([sched.run], sched.spec.defaults.host_thresholds)
+def _host_findings(sched: Scheduler, configs) -> list[Finding]:
+    """Busy boots of the bisection's commits (their side the revision; figures what
+    crossed, the ``revision`` and the boot's ``status``), a busy preflight, noisy
+    calibration."""
+    out = host_state.calibration_findings([sched.run], sched.spec.defaults.host_thresholds)
     for pc in configs:
         st = sched.states.get(pc.key)
         for boot in st.boots if st else ():
             rec = host_state.BootContention.of(boot)
             if rec is not None and rec.busy:
                 rev = pc.arm.commit[:12] if pc.arm.commit else f"release {pc.arm.release}"
-                out.append(host_state.busy_sentence(f"boot {boot.id} ({rev}, {boot.status})", rec))
+                out.append(host_state.busy_finding(rev, f"boot {boot.id} ({rev}, {boot.status})", boot.id, rec,
+                                                   revision=rev, status=str(boot.status)))
     return out
 
 

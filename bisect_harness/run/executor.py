@@ -27,7 +27,7 @@ from bisect_harness.decide.prior import NoisePrior, prior_from_runs
 from bisect_harness.decide.power import noise_floor
 from bisect_harness.backends import Backend
 from bisect_harness.engines import attach
-from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow, boot_records
+from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow, boot_records, verdict_row
 from bisect_harness.model import Outcome
 from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, verdict_rules
 from bisect_harness.run import resume as resume_mod
@@ -176,7 +176,7 @@ class Executor:
             elif h.id in self.underpowered:  # the power check refused it up front: no boots spent
                 v = self.ledger.add(VerdictRow(hypothesis_id=rows[h.id].id, outcome=Outcome.INCONCLUSIVE.value,
                                                final=True, test="A/A power check", alpha=alpha_each,
-                                               reason=self.underpowered[h.id],
+                                               reason=self.underpowered[h.id], findings=[],
                                                stats={"noise": self.noise.get(h.baseline.key),
                                                       "family_size": self.spec.multiplicity}))
                 self.verdicts[h.id] = v
@@ -337,13 +337,11 @@ class Executor:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         sides = [decide.Side(name, boot_records(st.boots), st.failed)
                  for name, st in (("baseline", b), ("treatment", t))]
-        v = decide.look(self.rules, *sides, metric=h.metric.name, expect=h.spec.expect,
-                        min_effect=h.spec.min_effect, mechanism=h.spec.mechanism, hypothesis_id=row.id,
-                        force_final=force_final, order_seed=self.order_seed,
-                        config_warnings=attach.verdict_warnings([b.planned, t.planned]),
-                        prior=self.priors.get(h.id))
-        v["stats"] = {**(v.get("stats") or {}), "cost": self.verdict_cost(b, t)}
-        return VerdictRow(**v)
+        question = decide.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
+            decide.Question(m.metric, m.expect, m.min_effect) for m in h.spec.mechanism))
+        v = decide.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
+                        config_findings=attach.verdict_findings([b.planned, t.planned]), prior=self.priors.get(h.id))
+        return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))
 
 
 def _arm_dict(arm) -> dict:

@@ -27,6 +27,7 @@ from bisect_harness.decide.bisect_options import SearchOptions
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from bisect_harness.observe import host_state
 from bisect_harness.errors import UserError
+from bisect_harness.evidence import Finding, findings_to_json
 from bisect_harness.decide.verdict import NightRule
 from bisect_harness.observe.drift import host_drift
 from bisect_harness.run.scheduler import ConfigState, Scheduler
@@ -81,7 +82,12 @@ class NightlyOutcome:
     drift: tuple[str, ...]
     bisection: BisectOutcome | None
     reason: str
-    warnings: tuple[str, ...] = ()  # contention of either night's boots, noisy calibration, a busy preflight
+    findings: tuple[Finding, ...] = ()  # contention of either night's boots, noisy calibration, a busy preflight
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The findings' sentences, in order."""
+        return tuple(f.text for f in self.findings)
 
     @property
     def alert(self) -> bool:
@@ -96,7 +102,8 @@ class NightlyOutcome:
                 "test": "one-sided prediction t-test, each night one value" if s else None,
                 "df": s.df if s else None,
                 "drift": list(self.drift), "reason": self.reason,
-                "bisection": self.bisection.to_json() if self.bisection else None, "warnings": list(self.warnings)}
+                "bisection": self.bisection.to_json() if self.bisection else None, "warnings": list(self.warnings),
+                "findings": findings_to_json(self.findings)}
 
 
 def run_nightly(spec: Spec, ledger: Ledger, options: NightlyOptions, setup: MeasureSetup
@@ -150,11 +157,11 @@ def _judge(ex: Scheduler, st: ConfigState, arm: Arm, worse: Expect, options: Nig
     last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
     drift = tuple(d.message for d in host_drift(boot_records(last_boots), boot_records(st.good_boots)))
     thresholds = ex.spec.defaults.host_thresholds
-    warnings = tuple(host_state.contention_warnings({"last night": last_boots, "tonight": st.boots}, thresholds)
-                     + host_state.calibration_warnings([run], thresholds))
+    findings = tuple(host_state.contention_findings({"last night": last_boots, "tonight": st.boots}, thresholds)
+                     + host_state.calibration_findings([run], thresholds))
     if not shift.regressed:
         return NightlyOutcome(run.id, sha, metric, "ok", len(nights), shift, reference, drift, None, shift.reason,
-                              warnings)
+                              findings)
     outcome = None
     reason = shift.reason
     if options.bisect and reference and reference != sha:
@@ -166,4 +173,4 @@ def _judge(ex: Scheduler, st: ConfigState, arm: Arm, worse: Expect, options: Nig
     elif reference == sha:
         reason += "; same commit as the last night: the host or environment moved (see drift)"
     return NightlyOutcome(run.id, sha, metric, "regression", len(nights), shift, reference, drift, outcome, reason,
-                          warnings)
+                          findings)
