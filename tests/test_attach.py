@@ -5,6 +5,7 @@ the bearer token (``auth_engine.py``), through the real ``harness run``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -213,9 +214,11 @@ def test_two_attached_servers_with_a_key_that_is_never_written(tmp_path, servers
     assert len(samples) == 8 and all('"served_tokens": 24.0' in s[0] for s in samples)  # /metrics with the key
 
     # The verdict says what a boot was here.
-    warnings = query(db, "SELECT warnings FROM verdicts")[-1][0]
+    warnings, findings = query(db, "SELECT warnings, findings FROM verdicts")[-1]
     assert "attached server" in warnings and "not independent restarts" in warnings
     assert fast.url in warnings and slow.url in warnings
+    (attached,) = [f for f in json.loads(findings) if f["kind"] == "attached"]
+    assert attached["figures"] == {"endpoints": sorted([fast.url, slow.url])} and attached["text"] in json.loads(warnings)
     md = "\n".join(p.read_text() for p in journal.rglob("*.md"))
     assert "not independent restarts" in md
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from scipy import stats as st
@@ -142,3 +144,8 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path):
     journal = sorted((tmp_path / "exp").glob("*-run6.md"))[0].read_text()
     assert "## Nightly check: regression" in journal and "## Bisection" in journal
     assert out["bisection"]["culprit"] == regression
+    # the stored night and its bisection carry their findings beside the sentences
+    ((summary,),) = query(tmp_path / "r.db", "select summary from runs where kind = 'nightly' order by id desc limit 1")
+    stored = json.loads(summary)
+    for result in (stored, stored["bisection"]):
+        assert [f["text"] for f in result["findings"]] == result["warnings"]
