@@ -41,7 +41,8 @@ from bisect_harness.model import jsonable
 
 __all__ = ["EVIDENCE_VERSION", "VERSION_KEY", "NewerRecordError", "BootStatus", "BootEvidence",
            "BOOT_EVIDENCE_FIELDS", "FindingKind", "Finding", "findings_to_json", "findings_from_json",
-           "VerdictStats", "STAT_FIELDS", "HarnessProcess", "RunOptions", "ResumeRecord", "RunHost", "RUN_HOST_KEYS"]
+           "VerdictStats", "STAT_FIELDS", "HarnessProcess", "RunOptions", "ResumeRecord", "RunHost", "RUN_HOST_KEYS",
+           "evidence_of"]
 
 #: The version of every shape this module writes; a record without one is version 0.
 EVIDENCE_VERSION = 1
@@ -531,3 +532,14 @@ class RunHost:
 
 #: The keys of ``runs.host`` that are the run's own (the others are the host's facts).
 RUN_HOST_KEYS: tuple[str, ...] = tuple(RunHost.KEYS.values())
+
+
+def evidence_of(boot: Any) -> BootEvidence:
+    """The evidence of a boot as any room holds it: a ``boot.BootRecord`` (or anything
+    with an ``evidence`` field) gives its own; a row of the ledger is read from its
+    stored ``provenance`` here, not through the row's ``evidence`` property, which lives
+    in the record layer: the rooms below it that are handed rows (the host's state, the
+    engine's identity) must not call up into it."""
+    if hasattr(boot, "_sa_instance_state"):  # a mapped row of the ledger (SQLAlchemy's instance state)
+        return BootEvidence.from_json(boot.provenance)
+    return boot.evidence
