@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import httpx
 
-from bisect_harness.evidence import Finding, FindingKind
+from bisect_harness.evidence import Finding, FindingKind, evidence_of
 from bisect_harness.measure.bodies import ServerReplyError, bounded_get
 
 __all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion", "read_reported_version",
@@ -85,7 +85,7 @@ def _groups(boots: Sequence) -> dict[str, list[int]]:
     """Boot ids by what they reported, in boot order; boots that reported nothing are left out."""
     groups: dict[str, list[int]] = {}
     for b in boots:
-        rep = ReportedVersion.from_dict(b.evidence.engine_version)
+        rep = ReportedVersion.from_dict(evidence_of(b).engine_version)
         if rep.values:
             groups.setdefault(rep.label, []).append(b.id)
     return groups
@@ -97,7 +97,7 @@ def _boots(ids: Sequence[int]) -> str:
 
 def mixed_versions(side: str, boots: Sequence) -> Finding | None:
     """An ``engine_versions`` finding when the boots of one config (``boots`` with
-    ``.id`` and ``.evidence``) reported different code; None when they agree or said
+    ``.id`` and evidence: ``evidence.evidence_of``) reported different code; None when they agree or said
     nothing. Its boots are those that reported, its figures ``versions``: each label
     reported and the boots that reported it, in boot order."""
     groups = _groups(boots)

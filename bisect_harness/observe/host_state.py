@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from bisect_harness.evidence import Finding, FindingKind
+from bisect_harness.evidence import Finding, FindingKind, evidence_of
 from bisect_harness.observe.calibration import Measurement, judged_spread, percent_beyond
 from bisect_harness.observe.contention import Thresholds, Window, judge, summary_line
 
@@ -37,9 +37,9 @@ class BootContention:
 
     @classmethod
     def of(cls, boot) -> "BootContention | None":
-        """The record of ``boot`` (a ``BootRecord`` or a ledger row: anything with
-        ``evidence``), or None where its contention was not measured."""
-        rec = boot.evidence.contention
+        """The record of ``boot`` (a ``BootRecord`` or a ledger row:
+        ``evidence.evidence_of``), or None where its contention was not measured."""
+        rec = evidence_of(boot).contention
         if not rec or "window" not in rec:
             return None
         return cls(Window.from_dict(rec["window"]), tuple(rec.get("crossed", ())), tuple(rec.get("samples", ())))
@@ -50,7 +50,7 @@ def quiet_samples(boot) -> tuple[bool, ...] | None:
     threshold (the boot's own thresholds, as recorded); None where the boot has no
     window per sample that lines up with its samples (not measured, an older ledger).
     The first sample's window holds the warm-up before it too."""
-    rec = boot.evidence.contention or {}
+    rec = evidence_of(boot).contention or {}
     windows = rec.get("samples")
     if not windows or len(windows) != len(boot.samples) or "window" not in rec:
         return None
