@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.observe import mechanisms
 from bisect_harness.observe.mechanisms import (
     Counter, Gauge, InfoField, LogLine, Mechanism, StartupLine, Window, check,
@@ -151,7 +152,7 @@ def test_the_words_are_the_same_everywhere():
         status, env_report, flag_report = "ok", {}, {}
 
         def __init__(self, state):
-            self.provenance = {"mechanisms": [{"state": state}]}
+            self.evidence = BootEvidence(mechanisms=({"state": state},))
 
     assert checks_done([_B(s) for s in mechanisms.STATES])["mechanisms"] == 3
     assert checks_done([_B("not_observable"), _B("unknown")])["mechanisms"] == 0

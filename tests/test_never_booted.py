@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from bisect_harness.evidence import BootEvidence
 from bisect_harness.observe import mechanisms
 from bisect_harness.observe.mechanisms import InfoField, Mechanism, StartupLine, Window
 from bisect_harness.measure.sources.prometheus import parse_prometheus
@@ -183,7 +184,7 @@ def _flag_boot(i, *checks, env_vars=()):
 
     rep = FlagReport(tuple(FlagCheck(*c) for c in checks)).to_dict()
     env = {"vars": [{"name": v} for v in env_vars], "state": "ok"} if env_vars else None
-    return SimpleNamespace(id=i, status="ok", env_report=env, flag_report=rep, provenance={})
+    return SimpleNamespace(id=i, status="ok", env_report=env, flag_report=rep, evidence=BootEvidence())
 
 
 def test_a_flag_the_server_does_not_report_is_never_ok():

@@ -28,7 +28,7 @@ import shlex
 from typing import Callable, Mapping, Sequence
 
 from bisect_harness.boot import BootRecord, BootValues
-from bisect_harness.evidence import Finding, FindingKind, VerdictStats
+from bisect_harness.evidence import Finding, FindingKind, VerdictStats, evidence_of
 from bisect_harness.observe import engine_identity
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.observe.mechanisms import ANSWERED
@@ -268,7 +268,7 @@ def checks_done(boots: Sequence[BootRecord]) -> dict:
         missing |= {c.get("flag") for c in flag_checks if c.get("status") not in ("matched", "mismatched")}
         if flag_checks and len(answered) == len(flag_checks):
             out["flags"] += 1
-        if any(m.get("state") in ANSWERED for m in (b.provenance or {}).get("mechanisms", [])):
+        if any(m.get("state") in ANSWERED for m in evidence_of(b).mechanisms or ()):
             out["mechanisms"] += 1
     out.update(flags_compared=len(compared), flags_not_reported=len(missing), not_reported=sorted(map(str, missing)))
     return out
@@ -276,7 +276,7 @@ def checks_done(boots: Sequence[BootRecord]) -> dict:
 
 def _block(boot: BootRecord) -> str | None:
     """The device set (and node) a boot ran on, as recorded by its backend."""
-    d = (boot.provenance or {}).get("devices")
+    d = evidence_of(boot).devices
     if not isinstance(d, Mapping):
         return None
     return str(d.get("label") or d.get("slot"))

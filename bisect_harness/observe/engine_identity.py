@@ -21,15 +21,13 @@ import httpx
 from bisect_harness.evidence import Finding, FindingKind, evidence_of
 from bisect_harness.measure.bodies import ServerReplyError, bounded_get
 
-__all__ = ["IDENTITY_KEYS", "VERSION_PATH", "WARNING_PREFIX", "ReportedVersion", "read_reported_version",
+__all__ = ["IDENTITY_KEYS", "VERSION_PATH", "ReportedVersion", "read_reported_version",
            "mixed_versions", "describe"]
 
 #: Top-level server-info keys that name the running code.
 IDENTITY_KEYS = ("version", "commit", "git_commit", "git_sha", "build_info")  # build_info: llama.cpp /props
 #: vLLM's version endpoint (and any server that answers it with ``{"version": ...}``).
 VERSION_PATH = "/version"
-#: The finding's opening words (the journal of an older branch still sorts sentences by them).
-WARNING_PREFIX = "engine version"
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,7 @@ def mixed_versions(side: str, boots: Sequence) -> Finding | None:
     if len(groups) < 2:
         return None
     parts = "; ".join(f"{label} in {_boots(ids)}" for label, ids in groups.items())
-    text = (f"{WARNING_PREFIX}: {side} boots report different code ({parts}): this config did not run one "
+    text = (f"engine version: {side} boots report different code ({parts}): this config did not run one "
             "build; give each commit its own environment (engine.environment: venv) and check the build")
     return Finding(FindingKind.ENGINE_VERSIONS, text, side=side,
                    boots=tuple(sorted(i for ids in groups.values() for i in ids)),

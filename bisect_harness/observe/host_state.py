@@ -19,7 +19,7 @@ from bisect_harness.evidence import Finding, FindingKind, evidence_of
 from bisect_harness.observe.calibration import Measurement, judged_spread, percent_beyond
 from bisect_harness.observe.contention import Thresholds, Window, judge, summary_line
 
-PREFLIGHT_BUSY = "host busy at the start"  # the preflight's words, said by the run and matched by the journal
+PREFLIGHT_BUSY = "host busy at the start"  # the preflight's words: the run says them, and its finding
 
 
 
