@@ -385,11 +385,6 @@ class BootRecord:
         """Whether this boot's samples count (its status is ``ok``)."""
         return self.status == BootStatus.OK
 
-    @property
-    def provenance(self) -> Mapping[str, Any]:
-        """The evidence as stored (transitional: readers move to :attr:`evidence`)."""
-        return self.evidence.to_json()
-
 
 @dataclass(frozen=True)
 class BootValues:

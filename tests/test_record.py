@@ -259,6 +259,7 @@ def test_version_and_shell_completion():
 def test_experiment_names_and_the_run_command_from_ledger_rows():
     from types import SimpleNamespace as NS
 
+    from bisect_harness.record.ledger import VerdictRow
     from bisect_harness.report.reproduce import experiment_name, run_command
 
     assert experiment_name("experiments/sglang-eagle3/hypotheses.yaml") == "sglang-eagle3"
@@ -266,7 +267,7 @@ def test_experiment_names_and_the_run_command_from_ledger_rows():
     assert experiment_name("hypotheses.yaml") == "hypotheses"
 
     def hyp(hid, family):
-        return NS(hid=hid, verdicts=[NS(stats={"family_size": family})])
+        return NS(hid=hid, verdicts=[VerdictRow(stats={"family_size": family})])
 
     whole = NS(kind="run", spec_path="exp/hypotheses.yaml", summary=None, hypotheses=[hyp("a", 2), hyp("b", 2)])
     assert run_command(whole) == "harness run exp/hypotheses.yaml"

@@ -198,6 +198,10 @@ def evaluate(baseline: Sequence[Sequence[float]], treatment: Sequence[Sequence[f
     ...              expect=Expect.INCREASE, min_effect=0.10)
     >>> v.outcome.value, v.final
     ('confirmed', True)
+
+    Long because it is the one place a look becomes an answer: the arms' summaries, the
+    analysis' estimate and look, the kernel's code and the reason share a dozen figures
+    of the look, which functions would only pass back and forth.
     """
     if not isinstance(expect, Expect):
         raise ValueError(f"expect must be Expect.INCREASE or Expect.DECREASE, got {expect!r}")

@@ -235,7 +235,11 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
     slots, and boots fed from the ledger raise its own budget by as many. Finished
     boots of the same configs on this host, from earlier runs, feed the posterior
     (never the paired tests) unless ``start.fresh``. Before the first boot it says its
-    plan (``start``: its stage, the budget it is a share of, the step expected)."""
+    plan (``start``: its stage, the budget it is a share of, the step expected).
+
+    Long because it is the search's one story, read top to bottom: the commits' builds,
+    the search stepped round by round through the one measuring call, the reused boots,
+    the stop, the answer; its steps share the search and the scheduler's state."""
     metric, expect, env, flags, releases = target.metric, target.expect, target.env, target.flags, target.releases
     max_boots = options.max_boots
     spec, ledger = sched.spec, sched.ledger
@@ -488,7 +492,10 @@ def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: Meas
     what is left of the budget, in the same run. The release stage may use its share
     of ``request.search.max_boots`` only (``bisect_budget.release_share``), so the
     commit stage keeps what it plans to need. ``request.search.min_effect``: the least
-    relative change that counts, for both stages."""
+    relative change that counts, for both stages.
+
+    Long because it is ``harness bisect`` as one story: the spec read, the range
+    resolved (releases first, then commits), each stage searched, the answer recorded."""
     good, bad, metric, first_parent = request.good, request.bad, request.metric, request.first_parent
     options = request.search
     max_boots = options.max_boots
@@ -616,11 +623,11 @@ def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow
 
 def verdict_rounds(verdict) -> list[dict[str, int]]:
     """The paired rounds behind a verdict, as {"baseline": boot id, "treatment": boot id}:
-    the boots it used, matched by their round (``stats["rounds"]``: a boot's place among
-    its config's good boots), so a boot left out on one side leaves its round out."""
+    the boots it used, matched by their round (``VerdictStats.rounds``: a boot's place
+    among its config's good boots), so a boot left out on one side leaves its round out."""
     if verdict is None:
         return []
     ids = (list(verdict.baseline_boot_ids or []), list(verdict.treatment_boot_ids or []))
-    rounds = (verdict.stats or {}).get("rounds") or [list(range(len(x))) for x in ids]
+    rounds = verdict.figures.rounds or [list(range(len(x))) for x in ids]
     by_round = [dict(zip(r, x)) for r, x in zip(rounds, ids)]
     return [{"baseline": by_round[0][r], "treatment": by_round[1][r]} for r in sorted(set(by_round[0]) & set(by_round[1]))]

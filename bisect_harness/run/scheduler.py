@@ -55,7 +55,7 @@ from typing import Iterator, Mapping, Sequence
 from bisect_harness import __version__
 from bisect_harness.engines import attach
 from bisect_harness.decide import allocation
-from bisect_harness.observe import calibration, contention
+from bisect_harness.observe import calibration, contention, provenance
 from bisect_harness.observe import host_state
 from bisect_harness.record import liveness, runlock
 from bisect_harness.run import resume
@@ -217,11 +217,8 @@ class Scheduler:
         attach.api_key(self.spec.engine.api_key_env)
         host, self.host_fp = this_host()
         self.host = dict(host)
-
-    @property
-    def host_name(self) -> str | None:
-        """This host's name, as its description says it (``HostInfo.hostname``)."""
-        return self.host["hostname"] if "hostname" in self.host else None
+        #: this host's name, as its description says it (``HostInfo.hostname``)
+        self.host_name: str | None = provenance.HostInfo.from_dict(host).hostname if host else None
 
     def start_run(self, kind: str = "run") -> Run:
         """Write a new run row, held by this process (``runlock``), and open it."""
