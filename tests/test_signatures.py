@@ -22,8 +22,6 @@ MAX_PARAMETERS = 8
 
 #: (module, qualified name) -> parameters: over the limit, in rooms whose change is under way
 WAITING = {
-    ("bisect_harness.decide.verdict", "look"): 12,
-    ("bisect_harness.decide.verdict", "judge"): 11,
     ("bisect_harness.decide.evaluate", "evaluate"): 9,
     ("bisect_harness.decide.simulate", "simulate"): 10,
     ("bisect_harness.engines.server", "ServerProcess.__init__"): 13,
