@@ -338,7 +338,7 @@ class VerdictStats:
     """How each side's boots spread over device sets, when over more than one."""
     layers: Mapping[str, Any] | None = None
     """A mechanism hypothesis' three layers (flag accepted, mechanism engaged, outcome
-    moved: ``decide.mechanism.layers``)."""
+    moved: ``decide.layers.layers``)."""
     cost: Mapping[str, Any] | None = None
     """What the verdict cost: boots, samples and node time per side."""
     extra: Mapping[str, Any] = field(default_factory=dict)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bisect_harness.decide.mechanism import flag_layer, layers
+from bisect_harness.decide.layers import flag_layer, layers
 from bisect_harness.decide.verdict import Verdict
 from bisect_harness.observe.provenance import FlagReport
 from bisect_harness.observe.provenance.flags import FlagCheck

@@ -192,7 +192,7 @@ def test_a_flag_the_server_does_not_report_is_never_ok():
     planned, listed as not reported, and every word a verdict shows (the checks column,
     --json, the boot table, the mechanism layer) says so, never "ok" or "yes" for it."""
     from bisect_harness.decide.verdict import checks_done
-    from bisect_harness.decide.mechanism import flag_layer
+    from bisect_harness.decide.layers import flag_layer
     from bisect_harness.observe.provenance import NOT_REPORTED, flag_report
     from bisect_harness.cli.summary import _checks_json
     from bisect_harness.evidence import Finding, FindingKind

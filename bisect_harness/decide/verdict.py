@@ -38,7 +38,7 @@ from bisect_harness.decide.prior import NoisePrior
 from bisect_harness.decide.evaluate import evaluate
 from bisect_harness.decide.multiplicity import adjust_alpha
 from bisect_harness.decide.shift import Shift, detect_shift
-from bisect_harness.decide.mechanism import layers
+from bisect_harness.decide.layers import layers
 from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import drift_findings
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
@@ -121,7 +121,7 @@ class Question:
     """What a hypothesis claims of its two sides: ``metric`` moves in the direction
     ``expect`` by at least ``min_effect`` (a fraction: 0.05 is 5%); ``mechanism``: the
     further claims (each a :class:`Question`) that must hold for the claim's mechanism
-    to count as engaged (``decide.mechanism``), judged by :func:`look` on the same boots."""
+    to count as engaged (``decide.layers``), judged by :func:`look` on the same boots."""
 
     metric: str
     expect: Expect

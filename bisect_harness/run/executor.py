@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Mapping
 
 from bisect_harness.decide import allocation
-from bisect_harness.decide import verdict as decide
+from bisect_harness.decide import verdict as verdict_rule
 from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.prior import NoisePrior, prior_from_runs
 from bisect_harness.decide.power import noise_floor
@@ -184,12 +184,12 @@ class Executor:
             else:
                 pending.append(h)
         self.priors = self._noise_priors()
-        # A noise prior brings the first look to 2 rounds (decide.verdict.prior_design):
+        # A noise prior brings the first look to 2 rounds (``decide.verdict.prior_design``):
         # the rounds start there for every hypothesis, the others' first looks say
         # "before the first look". --resume: continue at the first look not yet
         # recorded; a hypothesis that had its look at that round before the
         # interruption skips it (not looked at twice).
-        first = min([d.boots_per_arm, *(decide.prior_design(self.rules.design, p).min_boots
+        first = min([d.boots_per_arm, *(verdict_rule.prior_design(self.rules.design, p).min_boots
                                         for p in self.priors.values())])
         done = {h.id: earlier.get(h.id, (None, 0))[1] for h in pending}
         target = first + min(done.values(), default=0)
@@ -335,11 +335,11 @@ class Executor:
 
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
-        sides = [decide.Side(name, boot_records(st.boots), st.failed)
+        sides = [verdict_rule.Side(name, boot_records(st.boots), st.failed)
                  for name, st in (("baseline", b), ("treatment", t))]
-        question = decide.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
-            decide.Question(m.metric, m.expect, m.min_effect) for m in h.spec.mechanism))
-        v = decide.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
+        question = verdict_rule.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
+            verdict_rule.Question(m.metric, m.expect, m.min_effect) for m in h.spec.mechanism))
+        v = verdict_rule.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
                         config_findings=attach.verdict_findings([b.planned, t.planned]), prior=self.priors.get(h.id))
         return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))
 
