@@ -1,4 +1,6 @@
 """``harness doctor`` on recorded figures: an idle H200 whose own probe power-caps it is ok,
+an idle H100 whose probe's repetitions the power cap spreads by 9-14% is ok judged per SM
+clock (its own records), a GPU shared with a second process still warns,
 with the cap said as a fact of the probe; what the probe does not cause stays a warning;
 every figure beside its limit prints with the digits that show it crossed.
 
@@ -16,6 +18,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 from bisect_harness.observe import contention
 from bisect_harness.observe.calibration import (Calibration, Measurement, RepReading, judged_spread, percent_beyond,
@@ -179,3 +182,40 @@ def test_a_cap_the_probe_did_not_cause_is_judged_on_throughput():
         assert not judged.per_clock and judged.value == judged.throughput > 0.10 and why in judged.why, judged
     plain = Measurement.of("matmul", "cuda:0", "GFLOP/s", H100_CAPPED["values"])  # no readings (an older record)
     assert judged_spread(plain).basis == "throughput" and judged_spread(plain).why == ""
+
+
+#: ``harness doctor``'s own records (``Doctor.to_dict``) from an idle H100 80GB HBM3 (700 W,
+#: 1980 MHz), four in a row, and three while a second process ran bf16 matrix products on
+#: the same GPU (tests/fixtures/doctor; made with doctor_report on that machine)
+RECORDED = Path(__file__).parent / "fixtures" / "doctor"
+
+
+def _recorded(name: str) -> tuple[Doctor, list]:
+    """The recorded report, and its figures judged again by today's rule."""
+    d = Doctor.from_dict(json.loads((RECORDED / f"{name}.json").read_text()))
+    window = contention.Window.from_dict(d.contention)
+    again = judge(d.host, d.calibration, d.samples, d.idle_samples, contention.judge(window, contention.Thresholds()))
+    return d, again
+
+
+def test_an_idle_h100_whose_probe_power_caps_it_reads_ok_judged_per_clock():
+    raw_over = 0
+    for i in range(4):
+        d, again = _recorded(f"h100-idle-{i}")
+        assert [w for w in again if w.severity.value != "info"] == [], again
+        m = d.calibration.get("matmul")
+        judged = judged_spread(m)
+        assert judged.per_clock and judged.value <= 0.10, judged
+        assert all("sw_power_cap" in r.reasons for r in m.reps[1:]), m.reps
+        raw_over += judged.throughput > 0.10
+        # the copy is judged on its throughput: its work per cycle is not fixed
+        assert not judged_spread(d.calibration.get("memcpy")).per_clock
+    assert raw_over == 3  # judged on the throughput, three of the four would have warned
+
+
+def test_a_gpu_shared_with_a_second_process_still_warns():
+    for i in range(3):
+        d, again = _recorded(f"h100-shared-{i}")
+        warned = [w.message for w in again if w.severity.value != "info"]
+        assert any("other processes on the server's GPUs" in w for w in warned), warned
+        assert not d.ok

@@ -58,6 +58,11 @@ GPU_COPY_BYTES = 1024 * 2**20
 ALLREDUCE_BYTES = 256 * 2**20
 CPU_ALLREDUCE_BYTES = 16 * 2**20
 
+#: The probes whose work per SM clock cycle is fixed (compute-bound): only their spread may be
+#: judged per clock. A copy is bound by memory, not the SM clock: on an idle H100 a capped
+#: memcpy's throughput spread 0.1% and its throughput per SM clock 4.6%.
+PER_CLOCK_PROBES = frozenset({"matmul"})
+
 #: Clock-event reasons a full-load probe causes by itself (NVML names, as decoded by
 #: ``provenance.decode_throttle_reasons``): the driver holding the board at its power limit.
 PROBE_REASONS = frozenset({"sw_power_cap"})
@@ -187,9 +192,10 @@ def judged_spread(m: "Measurement", cap_fraction: float = POWER_CAP_FRACTION) ->
     change and which another process sharing the GPU (time-sliced: fewer cycles for
     the probe) still lowers. Anything else (no readings, a thermal or hardware
     slowdown, ``sw_power_cap`` well below the limit: something else capped it) is
-    judged on the throughput, as before."""
+    judged on the throughput, as before; so is a probe whose work per cycle is not fixed
+    (a memory copy: :data:`PER_CLOCK_PROBES`)."""
     raw = steady_spread(m.values)
-    if not m.reps or len(m.reps) != len(m.values):
+    if not m.reps or len(m.reps) != len(m.values) or m.name not in PER_CLOCK_PROBES:
         return JudgedSpread(raw, "throughput", raw)
     settled = list(range(1, len(m.values))) if len(m.values) >= 4 else list(range(len(m.values)))
     reps = [m.reps[i] for i in settled]
