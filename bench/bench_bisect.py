@@ -118,8 +118,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from noise import ALL_MODELS, MODELS, SAMPLES_PER_BOOT, Host  # noqa: E402
 
 from bisect_harness.decide.allocation import CostModel, node_time  # noqa: E402
-from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
-from bisect_harness.decide.bisection import BisectionSearch, run_search  # noqa: E402
+from bisect_harness.decide.bisect.options import SearchOptions  # noqa: E402
+from bisect_harness.decide.bisect.search import BisectionSearch, run_search  # noqa: E402
 from bisect_harness.defaults import DEFAULT_VERIFY_ALPHA  # noqa: E402
 from bisect_harness.model import Expect  # noqa: E402
 

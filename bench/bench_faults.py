@@ -77,7 +77,7 @@ from bisect_harness.boot import BootOutcome, SampleOutcome  # noqa: E402
 from bisect_harness.errors import HarnessError  # noqa: E402
 from bisect_harness.spec import load_spec  # noqa: E402
 from bisect_harness.run import scheduler as _scheduler  # noqa: E402
-from bisect_harness.decide.bisect_options import SearchOptions  # noqa: E402
+from bisect_harness.decide.bisect.options import SearchOptions  # noqa: E402
 from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range  # noqa: E402
 from bisect_harness.run.explain_runner import ExplainOptions, explain_file  # noqa: E402
 from bisect_harness.record.ledger import Ledger  # noqa: E402

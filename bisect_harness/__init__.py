@@ -12,7 +12,7 @@ is small on purpose::
             print(h.hid, h.verdict.outcome, h.verdict.ratio)
 
 The statistics (``bisect_harness.decide``: ``design``, ``evaluate`` and their kin) and the bisection search
-(``bisect_harness.decide.bisection``) are pure and usable on their own.
+(``bisect_harness.decide.bisect.search``) are pure and usable on their own.
 """
 
 __version__ = "0.1.0"
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 # Exports load on first use, so `harness --help` and `import bisect_harness` stay fast
 # and a missing optional tool (git, a GPU) only matters to the part that needs it.
 _EXPORTS = {
-    "BisectionSearch": "decide.bisection", "BisectResult": "decide.bisect_result",
+    "BisectionSearch": "decide.bisect.search", "BisectResult": "decide.bisect.result",
     "BootFailed": "errors", "BootTimeout": "errors", "BuildFailed": "errors", "CommitError": "errors",
     "ConfigFailure": "errors", "HarnessError": "errors", "InfrastructureError": "errors",
     "SpecError": "errors", "UserError": "errors",

@@ -29,7 +29,7 @@ from bisect_harness.observe.contention import Thresholds, Window, judge, record
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.report import journal
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor
 from bisect_harness.run.explain_runner import ExplainOptions, explain_file

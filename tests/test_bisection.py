@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bisect_harness.decide.bisect_result import BisectResult, Candidate, Probe, StopReason
-from bisect_harness.decide.bisection import BisectionSearch, run_search
+from bisect_harness.decide.bisect.result import BisectResult, Candidate, Probe, StopReason
+from bisect_harness.decide.bisect.search import BisectionSearch, run_search
 from bisect_harness.decide.paired_sequential import look_schedule, paired_sequential_test
 from bisect_harness.model import Expect
 

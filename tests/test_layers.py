@@ -36,7 +36,7 @@ import pytest
 import bisect_harness
 from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import SampleOutcome
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.spec import load_spec
 from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor

@@ -18,7 +18,7 @@ from bisect_harness.model import Arm
 from bisect_harness.plan.build import make_plan
 from bisect_harness.record.ledger import Ledger
 from bisect_harness.report.progress import LinesObserver, config_labels
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
 from bisect_harness.run.executor import Executor
 from bisect_harness.spec import load_spec

@@ -13,7 +13,7 @@ from bisect_harness.backends.mock import MockBackend
 from bisect_harness.boot import BootOutcome, SampleOutcome
 from bisect_harness.spec import load_spec
 from bisect_harness.model import Expect
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.run.bisect_runner import SearchTarget, search_commits
 from bisect_harness.run.scheduler import Scheduler
 from bisect_harness.plan.build import Plan

@@ -262,7 +262,7 @@ def bisect(
         least = None if min_effect.strip().lower() == "any" else _effect(min_effect)
     except UserError as exc:
         raise UserError(f"{exc}; or 'any' to count every change") from None
-    from bisect_harness.decide.bisect_options import SearchOptions
+    from bisect_harness.decide.bisect.options import SearchOptions
 
     search = _options(SearchOptions, "--confidence, --max-boots or --min-effect", confidence=confidence,
                       max_boots=max_boots, min_effect=least)

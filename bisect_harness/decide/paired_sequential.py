@@ -8,7 +8,7 @@ at ``alpha / looks`` (Bonferroni over the looks), with Yuen's trimmed t (20%
 trimmed mean over its winsorised standard error; Yuen, Biometrika 1974; the plain
 t below 8 pairs), decided by the decision kernel
 (:mod:`bisect_harness.decide.kernel`). Used by
-:class:`~bisect_harness.decide.bisection.BisectionSearch`.
+:class:`~bisect_harness.decide.bisect.search.BisectionSearch`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from bisect_harness.decide.bisect_result import StopReason
+from bisect_harness.decide.bisect.result import StopReason
 from bisect_harness.model import reused_from
 from bisect_harness.report import plots, warnings_view
 from bisect_harness.report.cells import apart, fmt, md, probability

@@ -14,10 +14,10 @@ exists only because that verdict confirmed; the head-to-head test is always boot
 fresh, so the boots that selected a regression never confirm its culprit.
 
 Before each search starts the run says what it plans to need and what it has
-(``bisect_budget``: at least so many boots to name a culprit, about so many at the
+(``decide.bisect.budget``: at least so many boots to name a culprit, about so many at the
 step expected) and, where it has fewer than the least, that it cannot finish and
 by how much to raise ``--max-boots``. A search over releases is given its share
-of the budget only (``bisect_budget.release_share``: what the commit stage plans
+of the budget only (``decide.bisect.budget.release_share``: what the commit stage plans
 to need is kept for it); the commit stage gets what the release stage left, and
 is not started where that is below its least (the descent note says so).
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from bisect_harness.observe import host_state
-from bisect_harness.decide.bisect_budget import StagePlan, plan_stage, release_share
-from bisect_harness.decide.bisect_result import BisectResult, SearchTest, StopReason
-from bisect_harness.decide.bisect_options import SearchOptions
-from bisect_harness.decide.bisection import BisectionSearch
+from bisect_harness.decide.bisect.budget import StagePlan, plan_stage, release_share
+from bisect_harness.decide.bisect.result import BisectResult, SearchTest, StopReason
+from bisect_harness.decide.bisect.options import SearchOptions
+from bisect_harness.decide.bisect.search import BisectionSearch
 from bisect_harness.decide.paired_sequential import PairedTest
 from bisect_harness.backends import Backend
 from bisect_harness.defaults import DEFAULT_MAX_BOOTS
@@ -490,7 +490,7 @@ def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: Meas
     releases between them are searched first, then (``engine.releases.tag`` and
     ``engine.repo``) the commits between the culprit release and the one before it, on
     what is left of the budget, in the same run. The release stage may use its share
-    of ``request.search.max_boots`` only (``bisect_budget.release_share``), so the
+    of ``request.search.max_boots`` only (``decide.bisect.budget.release_share``), so the
     commit stage keeps what it plans to need. ``request.search.min_effect``: the least
     relative change that counts, for both stages.
 

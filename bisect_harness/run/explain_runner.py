@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS
 from bisect_harness.decide.design import Design
 from bisect_harness.decide.explain import Difference, ExplainSearch, Explanation, Unmeasured

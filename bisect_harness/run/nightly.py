@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bisect_harness.run.bisect_runner import BisectOutcome, MeasureSetup, SearchTarget, engine_plan, search_commits
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, NIGHTLY_MAX_BOOTS
 from bisect_harness.observe import host_state
 from bisect_harness.errors import UserError

@@ -2,7 +2,7 @@
 ``--max-boots`` between its two stages.
 
 A search of ``n`` revisions has ``c = n - 1`` candidate culprits. Its boots go to
-three parts (:mod:`bisect_harness.decide.bisection`), each priced by the search's
+three parts (:mod:`bisect_harness.decide.bisect.search`), each priced by the search's
 own rules:
 
 * **the endpoint check**: paired rounds (2 boots each) of the good and bad
@@ -10,7 +10,7 @@ own rules:
 * **the probes**: one bit a probe round at most, so ``ceil(log2 c + log2(confidence
   / (1 - confidence)))`` rounds take the posterior from ``1/c`` on one commit to
   ``confidence`` (with ``w`` probes a round, a ``(w+1)``-ary search: the same bits
-  over ``log2(w + 1)`` a round), each probe of :func:`~bisect_harness.decide.bisection.probe_boots`
+  over ``log2(w + 1)`` a round), each probe of :func:`~bisect_harness.decide.bisect.search.probe_boots`
   boots (what calls its side right 90% of the time), and an anchor boot every
   ``anchor_every``-th round;
 * **the head-to-head test**: paired rounds of the culprit and its parent until the
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from bisect_harness.decide.bisect_options import SearchOptions
-from bisect_harness.decide.bisection import GATE_SHARES, probe_boots
+from bisect_harness.decide.bisect.options import SearchOptions
+from bisect_harness.decide.bisect.search import GATE_SHARES, probe_boots
 from bisect_harness.decide.paired_sequential import look_schedule
 
 __all__ = ["NOMINAL_STEP_SD", "StagePlan", "plan_stage", "release_share"]

@@ -2,11 +2,11 @@
 whose confident answers are checked head to head.
 
 The model is a single step change, or none: the posterior over where the step is
-(or that there is none) comes from :class:`~bisect_harness.decide.bisect_model.StepModel`
+(or that there is none) comes from :class:`~bisect_harness.decide.bisect.model.StepModel`
 (its module tells the likelihoods, the slow mode, the drift and the priors). The
 search's settings are one frozen value,
-:class:`~bisect_harness.decide.bisect_options.SearchOptions`; what it hands back are
-the frozen values of :mod:`bisect_harness.decide.bisect_result`; its paired tests
+:class:`~bisect_harness.decide.bisect.options.SearchOptions`; what it hands back are
+the frozen values of :mod:`bisect_harness.decide.bisect.result`; its paired tests
 are :mod:`bisect_harness.decide.paired_sequential`'s.
 
 The search runs in *rounds*: the caller boots a round's probes in the order given
@@ -86,9 +86,9 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy import stats
 
-from bisect_harness.decide.bisect_model import StepModel
-from bisect_harness.decide.bisect_options import SearchOptions
-from bisect_harness.decide.bisect_result import BisectResult, Candidate, Probe, SearchTest, StopReason
+from bisect_harness.decide.bisect.model import StepModel
+from bisect_harness.decide.bisect.options import SearchOptions
+from bisect_harness.decide.bisect.result import BisectResult, Candidate, Probe, SearchTest, StopReason
 from bisect_harness.decide.paired_sequential import PairedTest, paired_sequential_test
 from bisect_harness.model import Expect
 
@@ -111,7 +111,7 @@ class BisectionSearch:
     accept any commit at any time (boots from a ledger, say): they feed the
     posterior but not the paired tests.
 
-    ``options`` is a :class:`~bisect_harness.decide.bisect_options.SearchOptions`, or
+    ``options`` is a :class:`~bisect_harness.decide.bisect.options.SearchOptions`, or
     its fields come as keywords (``confidence``, ``max_boots``, ``seed``,
     ``verify_alpha``, ...), checked when the search is made; either way it is kept as
     :attr:`options`.
@@ -262,7 +262,7 @@ class BisectionSearch:
 
     def _posterior(self):
         """Posterior over the culprit index (entry 0 is always 0), P(no step), split stats
-        (see :meth:`StepModel.posterior <bisect_harness.decide.bisect_model.StepModel.posterior>`)."""
+        (see :meth:`StepModel.posterior <bisect_harness.decide.bisect.model.StepModel.posterior>`)."""
         return StepModel(self._commits, self._expect, self.options, self._values, self._obs_i,
                          self._obs_x).posterior()
 

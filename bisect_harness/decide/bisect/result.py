@@ -1,7 +1,7 @@
 """What a bisection search hands back: the probes of a round (:class:`Probe`), where
 it stands (:class:`BisectResult`, with its :class:`Candidate` commits and every
 paired test it ran, :class:`SearchTest`) and why it stopped (:class:`StopReason`).
-Frozen values; :class:`~bisect_harness.decide.bisection.BisectionSearch` makes them.
+Frozen values; :class:`~bisect_harness.decide.bisect.search.BisectionSearch` makes them.
 """
 
 from __future__ import annotations

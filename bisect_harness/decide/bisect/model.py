@@ -41,7 +41,7 @@ the level and the drift, which cancel (the second noise sd costs the step model
 spreads the rest evenly over the commits.
 
 Pure: :class:`StepModel` is made from the observations so far and answers once;
-:class:`~bisect_harness.decide.bisection.BisectionSearch` makes one whenever its
+:class:`~bisect_harness.decide.bisect.search.BisectionSearch` makes one whenever its
 observations changed.
 """
 
@@ -53,7 +53,7 @@ from typing import Sequence
 import numpy as np
 from scipy import special, stats
 
-from bisect_harness.decide.bisect_options import SearchOptions
+from bisect_harness.decide.bisect.options import SearchOptions
 from bisect_harness.model import Expect
 
 __all__ = ["StepModel"]

@@ -2,8 +2,8 @@
 
 What each setting does is told where it acts: the model's (``likelihood``,
 ``drift``, ``no_step_prior``, ``step_scale``, ``unequal_variances``) in
-:mod:`bisect_harness.decide.bisect_model`, the search's in
-:mod:`bisect_harness.decide.bisection`.
+:mod:`bisect_harness.decide.bisect.model`, the search's in
+:mod:`bisect_harness.decide.bisect.search`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ LIKELIHOODS = ("slow-mode", "student-t", "gaussian")
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """How a :class:`~bisect_harness.decide.bisection.BisectionSearch` searches.
+    """How a :class:`~bisect_harness.decide.bisect.search.BisectionSearch` searches.
 
     ``confidence``: the posterior mass that makes an answer (and ``1 -
     confidence`` the endpoint check's level). ``max_boots``: the search's boot
