@@ -125,7 +125,7 @@ def one_run(goal_s: float, first_goal_s: float, keep: Path | None = None) -> dic
             "checks": {k: v["checks"]["word"] for k, v in hyps.items()},
             "env_scrub_flagged": any("env_missing" in w for w in hyps["comm-tuning"]["warnings"]),
             "culprit_correct": bis.get("culprit") == planted,
-            "culprit_probability": bis.get("probability"),
+            "culprit_probability": bis.get("leader_probability") if bis.get("culprit") else None,
             "explanation_members": sorted(members),
             "explanation_interactions": [sorted(p) for p in pairs],
             "explanation_exact": (members == EXPLANATION and EXPLANATION in pairs
