@@ -26,7 +26,6 @@ WAITING = {
     ("bisect_harness.decide.simulate", "simulate"): 10,
     ("bisect_harness.engines.server", "ServerProcess.__init__"): 13,
     ("bisect_harness.measure.sources.collector", "SourceCollector.__init__"): 11,
-    ("bisect_harness.observe.doctor", "doctor_report"): 9,
     ("bisect_harness.run.executor", "Executor.__init__"): 11,
 }
 

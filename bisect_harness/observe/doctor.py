@@ -175,8 +175,7 @@ def _spread_findings(m, spread_limit: float) -> list[Drift]:
 
 
 def doctor_report(*, seconds_budget: float = 3.0, device: str = "auto",
-                  engine_repo: Path | None = None, run_calibration: bool = True,
-                  sample_interval_s: float = 0.25, contention_s: float = 2.0,
+                  engine_repo: Path | None = None, sample_interval_s: float = 0.25, contention_s: float = 2.0,
                   thresholds: Any | None = None, nvml: Any | None = None,
                   probe: Callable[[str, float], Calibration] = calibrate) -> Doctor:
     """Snapshot the host, watch it for ``contention_s`` seconds (foreign CPU, pressure,
@@ -189,15 +188,14 @@ def doctor_report(*, seconds_budget: float = 3.0, device: str = "auto",
 
     thresholds = thresholds or contention.Thresholds()
     host = collect_host(engine_repo, nvml=nvml)
-    cal = samples = idle = window = None
+    idle = window = None
     if contention_s > 0:
         with GpuSampler(sample_interval_s, nvml=nvml) as idle_sampler:
             window = contention.sample_host(contention_s)
         idle = idle_sampler.summary()
-    if run_calibration:
-        with GpuSampler(sample_interval_s, nvml=nvml) as sampler:
-            cal = probe(device, seconds_budget)
-        samples = sampler.summary()
+    with GpuSampler(sample_interval_s, nvml=nvml) as sampler:
+        cal = probe(device, seconds_budget)
+    samples = sampler.summary()
     crossings = contention.judge(window, thresholds) if window is not None else ()
     warnings = judge(host, cal, samples, idle, crossings, spread_limit=thresholds.calibration_spread)
     note = "" if host.gpus else host.gpu_note
