@@ -76,15 +76,17 @@ class Planted:
         return out
 
 
-def harness_here(*args: Any, handler, cwd: Path) -> subprocess.CompletedProcess:
-    """The real ``harness ARGS --backend NAME`` in this process, in ``cwd``, its boots answered by
-    ``handler`` (a :class:`Planted`, or any handler with a ``backend``): exit code, stdout and
-    stderr as :func:`helpers.harness` gives them. The backend is lent for the call only."""
+def harness_in_process(*args: Any, cwd: Path, backend=None) -> subprocess.CompletedProcess:
+    """The real ``harness ARGS`` run in this process in ``cwd`` (``cli.main``): its exit code,
+    stdout and stderr as :func:`helpers.harness` gives them. With ``backend`` (a mock
+    backend), that backend is lent under its name for the call only and ``--backend`` names it."""
     from bisect_harness import cli
 
-    backend = handler.backend
+    argv = [*map(str, args)]
+    if backend is not None:
+        BACKENDS.add(backend.as_kind())
+        argv += ["--backend", backend.name]
     out, err = io.StringIO(), io.StringIO()
-    BACKENDS.add(backend.as_kind())
     try:
         with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit) as stop:
             mp.setenv("COLUMNS", "1000")  # a message is one line; nothing wraps it
@@ -92,8 +94,14 @@ def harness_here(*args: Any, handler, cwd: Path) -> subprocess.CompletedProcess:
             mp.chdir(cwd)
             mp.setattr("sys.stdout", out)
             mp.setattr("sys.stderr", err)
-            cli.main([*map(str, args), "--backend", backend.name])
+            cli.main(argv)
     finally:
-        BACKENDS.discard(backend.name)
-    return subprocess.CompletedProcess(["harness", *map(str, args)], stop.value.code or 0, out.getvalue(),
-                                       err.getvalue())
+        if backend is not None:
+            BACKENDS.discard(backend.name)
+    return subprocess.CompletedProcess(["harness", *argv], stop.value.code or 0, out.getvalue(), err.getvalue())
+
+
+def harness_here(*args: Any, handler, cwd: Path) -> subprocess.CompletedProcess:
+    """The real ``harness ARGS --backend NAME`` in this process, in ``cwd``, its boots answered by
+    ``handler`` (a :class:`Planted`, or any handler with a ``backend``)."""
+    return harness_in_process(*args, cwd=cwd, backend=handler.backend)

@@ -12,15 +12,15 @@ of metrics), the least of the boot API a later harness must still take.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import random
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from mock_boots import harness_in_process
 
 FIXTURE = Path(__file__).parent / "fixtures" / "old_ledger"
 LEDGER = FIXTURE / "results.db"
@@ -59,33 +59,6 @@ def query(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
         return con.execute(sql, params).fetchall()
     finally:
         con.close()
-
-
-def harness_in_process(*args: Any, cwd: Path, backend=None) -> subprocess.CompletedProcess:
-    """The real ``harness ARGS`` run in this process in ``cwd`` (``cli.main``), its exit
-    code, stdout and stderr as a finished subprocess gives them. With ``backend`` (a
-    mock backend), that backend is lent under its name for the call and ``--backend``
-    names it."""
-    from bisect_harness import cli
-    from bisect_harness.backends import BACKENDS
-
-    argv = [*map(str, args)]
-    if backend is not None:
-        BACKENDS.add(backend.as_kind())
-        argv += ["--backend", backend.name]
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit) as stop:
-            mp.setenv("COLUMNS", "1000")  # a message is one line; nothing wraps it
-            mp.setattr("bisect_harness.engines.server.install_signal_handlers", lambda: None)
-            mp.chdir(cwd)
-            mp.setattr("sys.stdout", out)
-            mp.setattr("sys.stderr", err)
-            cli.main(argv)
-    finally:
-        if backend is not None:
-            BACKENDS.discard(backend.name)
-    return subprocess.CompletedProcess(["harness", *argv], stop.value.code or 0, out.getvalue(), err.getvalue())
 
 
 def empty_png(figure, fname, **kwargs) -> None:
