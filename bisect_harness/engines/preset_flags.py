@@ -6,7 +6,7 @@ llama.cpp ``server`` stops with ``error: unknown argument: --metrics`` and exit 
 Such an option is named in the preset (``Preset.optional_flags``); where the launch
 is the preset's own, each boot reads the build's ``--help`` first
 (:func:`adapt_launch`) and launches without the options the help does not name,
-saying so (the boot's ``provenance["preset_flags"]``). A build whose help cannot be
+saying so (the boot's ``BootEvidence.preset_flags``). A build whose help cannot be
 read keeps them, and a boot the build then refuses over one says plainly which
 (:func:`refused_preset_flag`). ``harness run --dry-run --check-flags`` reads the same
 help and says the same before any boot.

@@ -14,7 +14,7 @@ reason, never a failed boot::
 
     profiler = get_profiler(preset.profiler)          # the preset names its kind
     argv += profiler.launch_args(profile_dir(log))    # vLLM: enabled at launch
-    record = capture(req, profiler, bench, endpoint, log)   # provenance["profile"]
+    record = capture(req, profiler, bench, endpoint, log)   # BootEvidence.profile
 
 How each engine is asked (one registered class per kind, :data:`PROFILERS`):
 
@@ -70,7 +70,7 @@ from bisect_harness.measure.deadline import deadline_client
 __all__ = ["Profiler", "PROFILERS", "get_profiler", "NoProfilerEndpoint", "ProfileFailed", "Stopped",
            "profile_dir", "kept_trace_path", "capture", "refused_at_launch", "STATES"]
 
-#: What a profiled sample gave (``provenance["profile"]["state"]``).
+#: What a profiled sample gave (``BootEvidence.profile["state"]``, read as ``BootEvidence.profile_state``).
 STATES = ("taken", "no_profiler", "failed")
 
 START_S = 60.0        # the start request, answered once the engine's profiler runs
@@ -258,7 +258,7 @@ def kept_trace_path(log_path: Path | str) -> Path:
 def capture(req, profiler: Profiler, bench, endpoint, log_path: Path | str, *,
             launched_with: tuple[str, ...] = ()) -> dict:
     """Take the boot's profiled sample: after its measured samples, on its server, through
-    its sample runner (``bench``); returns ``provenance["profile"]``. Never raises for a
+    its sample runner (``bench``); returns ``BootEvidence.profile``. Never raises for a
     profile that could not be taken (an interrupt goes on)::
 
         {"state": "taken" | "no_profiler" | "failed", "why": "", "profiler": "vllm",
@@ -292,7 +292,7 @@ def capture(req, profiler: Profiler, bench, endpoint, log_path: Path | str, *,
 
 
 def refused_at_launch(profiler: Profiler, launched_with: tuple[str, ...], engine_message: str) -> dict:
-    """``provenance["profile"]`` of a boot whose engine refused the profiler's launch
+    """``BootEvidence.profile`` of a boot whose engine refused the profiler's launch
     setting (a vLLM older than its ``--profiler-config``): no profiler there, and the
     boot failed for the profile, not for its config (the next boot goes without it)."""
     return {"state": "no_profiler", "profiler": profiler.kind, "trace": None, "trace_bytes": 0, "kept": False,

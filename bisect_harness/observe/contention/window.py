@@ -127,7 +127,7 @@ HOST_BUSY = "host_busy"
 
 
 def record(window: Window, samples: Sequence[Window], crossed: Sequence[Crossing], thresholds: Thresholds) -> dict:
-    """The JSON stored with a boot (``provenance["contention"]``): its window, one
+    """The JSON stored with a boot (``BootEvidence.contention``): its window, one
     window per sample, what crossed and the thresholds applied."""
     return {"window": window.to_dict(), "samples": [{k: round(v, 5) for k, v in w.figures.items()} for w in samples],
             "crossed": [c.to_dict() for c in crossed], "thresholds": thresholds.to_dict()}

@@ -3,7 +3,7 @@
 The harness launches every server on 127.0.0.1. An engine that binds all
 interfaces anyway (``0.0.0.0``, ``::``; a launch template with a fixed host, a
 metrics exporter on a side port) is reachable from the network while it is
-measured: the boot says so (``provenance["listening"]``, mark
+measured: the boot says so (``BootEvidence.listening``, mark
 ``listens_beyond_loopback``). The sockets are read from every process of the tree,
 those that left the server's session included (they are the supervisor's
 descendants).
