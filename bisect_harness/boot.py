@@ -165,6 +165,7 @@ class SampleOutcome:
     duration_s: float
     errors: int = 0
     seq: int = 0
+    point: str | None = None  # the load point's label (workload.LoadPoint.label); None: the benchmark's one point
 
 
 @dataclass(frozen=True)
@@ -364,15 +365,18 @@ class BootRecord:
     quiet: tuple[bool, ...] | None = None
     run: RunRecord | None = None
 
-    def values(self, metric: str, *, quiet: bool = False) -> tuple[float, ...]:
+    def values(self, metric: str, *, quiet: bool = False, point: str | None = None) -> tuple[float, ...]:
         """The values of ``metric`` in this boot's samples that have a finite one, in
         order: the one reduction of a boot's samples to its values, read by the verdict,
         the searches, the scheduler and the report. ``quiet``: only the samples whose own
         contention window crossed no threshold (every sample where the boot has no
-        window per sample)."""
+        window per sample). ``point``: only the samples of that load point (its label);
+        None: the samples of the benchmark's one point (those with no point)."""
         mask = self.quiet if quiet and self.quiet is not None and len(self.quiet) == len(self.samples) else None
         out = []
         for k, s in enumerate(self.samples):
+            if s.point != point:
+                continue
             v = s.metrics.get(metric) if isinstance(s.metrics, Mapping) else None
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 continue
@@ -394,10 +398,12 @@ class BootValues:
     values: tuple[tuple[float, ...], ...]  # per boot, the sample values
 
     @classmethod
-    def of(cls, boots: Sequence[BootRecord], metric: str, *, quiet: bool = False) -> "BootValues":
-        """The sample values of ``metric`` per usable (``ok``) boot (:meth:`BootRecord.values`);
-        boots without any are left out."""
-        kept = [(b.id, vals) for b in boots if b.measured for vals in (b.values(metric, quiet=quiet),) if vals]
+    def of(cls, boots: Sequence[BootRecord], metric: str, *, quiet: bool = False,
+           point: str | None = None) -> "BootValues":
+        """The sample values of ``metric`` (at load point ``point``) per usable (``ok``) boot
+        (:meth:`BootRecord.values`); boots without any are left out."""
+        kept = [(b.id, vals) for b in boots if b.measured
+                for vals in (b.values(metric, quiet=quiet, point=point),) if vals]
         return cls(tuple(i for i, _ in kept), tuple(v for _, v in kept))
 
     def means(self) -> list[float]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
 from bisect_harness.secrets import redact_env
+from bisect_harness.workload import Capacity, LoadPoint, SloTerm, Workload
 
 FlagValue = Union[str, int, float, bool, list, dict, None]
 
@@ -249,6 +250,26 @@ class BenchmarkSpec:
     tool: str | None = None  # the engine's own client (benchtools: vllm-bench-serve | sglang-bench-serving)
     tool_args: tuple[str, ...] = ()  # more options for the tool, after ours (e.g. --tokenizer PATH)
     limits: Limits = Limits()  # from the spec's top-level ``limits:``; not part of a config's identity
+    # --- the workload (``workload``): open loop, lengths, how long a sample lasts, the SLO
+    request_rate: float | None = None  # requests a second, open loop; None: closed loop at ``concurrency``
+    arrival: str = "poisson"           # workload.ARRIVALS: how open-loop requests are spaced (seeded)
+    burstiness: float = 1.0            # the gamma law's shape (``arrival: gamma``); 1 is Poisson
+    prompt_tokens_max: int | None = None  # a seeded length per request in [prompt_tokens, this]
+    output_tokens_max: int | None = None  # a seeded length per request in [output_tokens, this]
+    sample_seconds: float | None = None   # a sample lasts this long (requests sent until then); None: by count
+    workload: Workload = None          # a dataset file or a generator (shared prefixes, multi-turn sessions)
+    slo: tuple[SloTerm, ...] = ()      # limits on latency percentiles: goodput_rps and capacity_rps
+    capacity: Capacity | None = None   # the bracketing search behind capacity_rps
+    max_lag_ms: float = 50.0  # open loop: a sample whose p99 send lag exceeds this is marked client-bound
+    # the points every boot measures, set by the plan from the sweeps of the config's hypotheses;
+    # () is the one point the keys above describe
+    points: tuple[LoadPoint, ...] = ()
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether requests are sent at arrival times (``request_rate``) rather than as
+        ``concurrency`` workers finish."""
+        return self.request_rate is not None
 
 
 def utcnow() -> _dt.datetime:

@@ -36,6 +36,7 @@ from bisect_harness.engines.rejection import FLAG_NOT_ACCEPTED
 from bisect_harness.errors import BootFailed, BuildFailed, ConfigFailure, FlagNotAccepted
 from bisect_harness.model import jsonable, utcnow
 from bisect_harness.measure.sources import SourceCollector
+from bisect_harness.workload import boot_order
 from bisect_harness.boot import (BootOutcome, BootRequest, Event, Finished, Message, SampleOutcome, Sampled, Sink,
                                  Started)
 from bisect_harness.boot import deliver
@@ -379,7 +380,8 @@ def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
         info = _ready(b, req, server, endpoint, launch.places, t0)
         if b.status is BootStatus.FATAL:
             raise _Stop()
-        bench.warmup()
+        order = boot_order(req.benchmark.points, req.boot_id, req.benchmark.seed)
+        bench.warmup(order[0])
         if req.sources_not_applicable:
             b.note(sources_not_applicable=tuple(req.sources_not_applicable))
         collector = SourceCollector(req.metric_sources, endpoint.base_url, log_path, server_info=info,
@@ -390,7 +392,7 @@ def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
                 contention.Monitor(server_pid=server.pid, interval_s=0.5) as monitor, \
                 bench.session():  # one HTTP client per boot, opened outside every sample window
             window = checks.MechanismWindow(req, endpoint.base_url, endpoint.headers, log_path).open()  # after warm-up
-            yield from _samples(b, req, bench, collector, monitor, cancel)
+            yield from _samples(b, req, bench, order, collector, monitor, cancel)
             window.close()  # the measured samples' window ends here
         b.note(**bench.provenance())
         checks.mechanism_check(b, window)
@@ -423,23 +425,32 @@ def _ready(b: _Boot, req: BootRequest, server, endpoint, places: Mapping[str, st
     return _verify(b, req, server, endpoint.base_url, endpoint.headers, places)
 
 
-def _samples(b: _Boot, req: BootRequest, bench, collector: SourceCollector, monitor: contention.Monitor,
-             cancel: threading.Event | None) -> Generator[Event, None, None]:
-    """The measured samples, each handed back the moment it is taken (numbered from 1),
-    each in its own contention window; ``cancel`` set stops before the next one."""
-    for i in range(req.samples):
-        if cancel is not None and cancel.is_set():
-            raise KeyboardInterrupt
-        if i:
-            monitor.split()  # one contention window per sample, and one for the boot
-        collector.begin_sample()
-        detail = bench.sample(i)
-        result = detail.result
-        extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
-        s = dataclasses.replace(result, seq=i + 1, metrics=jsonable({**dict(result.metrics), **extra}))
-        checks.usage_check(b, detail.requests)
-        checks.retry_check(b, detail.requests, i + 1)
-        yield Sampled(req, s)
+def _samples(b: _Boot, req: BootRequest, bench, order: tuple, collector: SourceCollector,
+             monitor: contention.Monitor, cancel: threading.Event | None) -> Generator[Event, None, None]:
+    """The measured samples, each handed back the moment it is taken (numbered from 1
+    across the boot), each in its own contention window; ``req.samples`` at each load
+    point of ``order`` (``workload.boot_order``), a warm-up at each point after the
+    first (whose warm-up ran before the window opened); ``cancel`` set stops before the
+    next one."""
+    seq = 0
+    for nth, point in enumerate(order):
+        if nth:
+            bench.warmup(point, nth)
+        for _ in range(req.samples):
+            if cancel is not None and cancel.is_set():
+                raise KeyboardInterrupt
+            if seq:
+                monitor.split()  # one contention window per sample, and one for the boot
+            collector.begin_sample()
+            detail = bench.sample(seq, point)
+            seq += 1
+            result = detail.result
+            extra = collector.end_sample(detail.responses, result.duration_s, detail.last_chunks)
+            s = dataclasses.replace(result, seq=seq, metrics=jsonable({**dict(result.metrics), **extra}),
+                                    point=point.label if point is not None else None)
+            checks.usage_check(b, detail.requests)
+            checks.retry_check(b, detail.requests, seq)
+            yield Sampled(req, s)
 
 
 def _sources_check(b: _Boot, collector: SourceCollector) -> None:

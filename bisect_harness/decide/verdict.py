@@ -127,6 +127,7 @@ class Question:
     expect: Expect
     min_effect: float
     mechanism: tuple["Question", ...] = ()
+    point: str | None = None  # the load point (workload.LoadPoint.label) whose samples answer it; None: the one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +187,8 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     the_design = prior_design(rules.design, prior)
     prior = prior if the_design.prior_dof else None
     findings = tuple(side_findings(rules, baseline, treatment, config_findings))
-    bv = BootValues.of(bgood, metric)
-    tv = BootValues.of(tgood, metric)
+    bv = BootValues.of(bgood, metric, point=question.point)
+    tv = BootValues.of(tgood, metric, point=question.point)
     alpha = rules.alpha_each
     undecided = Verdict(outcome=Outcome.INCONCLUSIVE, final=True, test="none", alpha=alpha, reason="",
                         findings=findings, stats=VerdictStats(family_size=rules.family_size, checks=checks_all))

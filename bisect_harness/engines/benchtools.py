@@ -44,6 +44,7 @@ from bisect_harness.measure import client, prompt_size
 from bisect_harness.measure.client import SampleFailed as SampleToolError
 from bisect_harness.errors import UserError
 from bisect_harness.model import BenchmarkSpec
+from bisect_harness.workload import LoadPoint
 from bisect_harness.boot import SampleOutcome
 from bisect_harness.secrets import redact_argv, redact_text
 
@@ -246,14 +247,33 @@ class ClientRunner:
         self.bench, self.endpoint, self.boot = bench, endpoint, boot
         self._http = None
         self.prompt: prompt_size.PromptSize | None = None  # sized once a boot, before its warm-up
+        self._sized: dict[int, prompt_size.PromptSize] = {}  # per prompt length asked: a sweep's points
 
-    def warmup(self) -> None:
-        """Size the prompts (the server's tokenizer), then warm up with prompts that long."""
+    def _at(self, point: LoadPoint | None) -> BenchmarkSpec:
+        return point.apply(self.bench) if point is not None else self.bench
+
+    def _prompt_for(self, http, bench: BenchmarkSpec) -> prompt_size.PromptSize:
+        """The prompts' size at ``bench.prompt_tokens``, fitted once a boot per length."""
+        if bench.prompt_tokens not in self._sized:
+            self._sized[bench.prompt_tokens] = prompt_size.size_prompts(http, self.endpoint.base_url, bench,
+                                                                         boot=self.boot)
+        if bench.prompt_tokens == self.bench.prompt_tokens or self.prompt is None:
+            self.prompt = self._sized[bench.prompt_tokens]
+        return self._sized[bench.prompt_tokens]
+
+    def warmup(self, point: LoadPoint | None = None, nth: int = 0) -> None:
+        """Size the prompts (the server's tokenizer), then warm up with prompts that long,
+        at ``point`` (the ``nth`` point of the boot's order: each warm-up's prompts its own)."""
         url = self.endpoint.base_url
+        if self._http is not None:  # a later point's warm-up, inside the boot's session
+            bench = self._at(point)
+            client.warmup(url, bench, client=self._http, prompt=self._prompt_for(self._http, bench), boot=self.boot,
+                          sample=-nth)
+            return
         with client.boot_session(url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self.bench = bench
-            self.prompt = prompt_size.size_prompts(http, url, bench, boot=self.boot)
-            client.warmup(url, bench, client=http, prompt=self.prompt, boot=self.boot)
+            at = self._at(point)
+            client.warmup(url, at, client=http, prompt=self._prompt_for(http, at), boot=self.boot, sample=-nth)
 
     @contextlib.contextmanager
     def session(self):
@@ -262,16 +282,19 @@ class ClientRunner:
         with client.boot_session(self.endpoint.base_url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self._http, self.bench = http, bench
             if self.prompt is None:
-                self.prompt = prompt_size.size_prompts(http, self.endpoint.base_url, bench, boot=self.boot)
+                self._prompt_for(http, bench)
             try:
                 yield self
             finally:
                 self._http = None
 
-    def sample(self, index: int) -> client.SampleDetail:
-        return client.measure_sample_detail(self.endpoint.base_url, self.bench, client=self._http,
-                                            headers=self.endpoint.headers, prompt=self.prompt, boot=self.boot,
-                                            sample=index + 1)
+    def sample(self, index: int, point: LoadPoint | None = None) -> client.SampleDetail:
+        """Sample ``index`` (from 0, numbered across the boot's points) at ``point``."""
+        bench = self._at(point)
+        return client.measure_sample_detail(self.endpoint.base_url, bench, client=self._http,
+                                            headers=self.endpoint.headers,
+                                            prompt=self._prompt_for(self._http, bench) if self._http else self.prompt,
+                                            boot=self.boot, sample=index + 1)
 
     def provenance(self) -> dict:
         """How long the prompts were (``prompt_size.PromptSize``: tokens, or words where the
@@ -306,8 +329,9 @@ class ToolRunner:
         self.runs: list[dict] = []
         self._warmups = bench.warmup_requests
 
-    def warmup(self) -> None:
-        """The tool warms up inside its first run (vLLM --num-warmups, SGLang --warmup-requests)."""
+    def warmup(self, point: LoadPoint | None = None, nth: int = 0) -> None:
+        """The tool warms up inside each point's first run (vLLM --num-warmups, SGLang --warmup-requests)."""
+        self._warmups = self.bench.warmup_requests
 
     @contextlib.contextmanager
     def session(self):
@@ -318,12 +342,13 @@ class ToolRunner:
         waves = math.ceil((self.bench.requests_per_sample + self._warmups) / max(1, self.bench.concurrency))
         return 300.0 + self.bench.request_timeout_s * waves
 
-    def sample(self, index: int) -> client.SampleDetail:
+    def sample(self, index: int, point: LoadPoint | None = None) -> client.SampleDetail:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         suffix = ".jsonl" if isinstance(self.tool, SglangBenchServing) else ".json"
         result = self.results_dir / f"sample-{index + 1}{suffix}"
         result.unlink(missing_ok=True)
-        bench = dataclasses.replace(self.bench, seed=tool_seed(self.bench, self.boot, index + 1))
+        at = point.apply(self.bench) if point is not None else self.bench
+        bench = dataclasses.replace(at, seed=tool_seed(self.bench, self.boot, index + 1))
         argv = self.tool.argv(bench, self.endpoint, self.python, result, self._warmups)
         self._warmups = 0  # later samples of the boot are warm
         rc, wall = run_owned(argv, env=self.env, cwd=self.cwd, log_path=self.log_path, timeout_s=self.deadline_s())

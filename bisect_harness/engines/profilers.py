@@ -313,7 +313,7 @@ def _take(rec: dict, req, profiler: Profiler, bench, endpoint, log_path: Path, o
         failed = None
         t0 = time.monotonic()
         try:
-            detail = bench.sample(req.samples)  # its index follows the measured samples'
+            detail = bench.sample(req.samples * max(1, len(req.benchmark.points)))  # after the measured samples
         except Exception as exc:  # noqa: BLE001 - said below, after the profiler is stopped
             failed = exc
         took = time.monotonic() - t0

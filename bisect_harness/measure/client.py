@@ -306,9 +306,11 @@ def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, s
 
 
 def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
-           headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0) -> int:
+           headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0,
+           sample: int = 0) -> int:
     """Send ``bench.warmup_requests`` requests like a sample's and discard them. Their
-    prompts are sample 0's of ``boot``: as long as a sample's, shared with none (with
+    prompts are sample ``sample``'s of ``boot`` (0, or below 0 for the warm-ups of a
+    sweep's later points): as long as a sample's, shared with none (with
     ``benchmark.prompt_reuse``, the samples' own first prompts).
 
     Returns how many failed; raises :class:`SampleFailed` when all of them did.
@@ -316,7 +318,7 @@ def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None =
     if bench.warmup_requests <= 0:
         return 0
     records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers,
-                        prompt.words if prompt is not None else None, boot, 0)
+                        prompt.words if prompt is not None else None, boot, sample)
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from bisect_harness.engines import presets
 from bisect_harness.engines.preset_flags import without
@@ -24,7 +24,7 @@ from bisect_harness.decide.verdict import Rules
 from bisect_harness.engines.checkout import Workspace, default_cache_dir
 from bisect_harness.engines.envs import resolve_python
 from bisect_harness.errors import CommitError, UserError
-from bisect_harness.model import Arm, Metric
+from bisect_harness.model import Arm, BenchmarkSpec, Metric
 from bisect_harness.spec import HypothesisSpec, Spec
 
 TP_FLAGS = presets.TP_FLAGS  # canonical spellings of the tensor parallel degree
@@ -218,7 +218,7 @@ class Plan:
             server_info_paths=tuple(engine.server_info), metrics_path=preset.metrics_path,
             endpoint=arm.endpoint, api_key_env=engine.api_key_env,
             metric_sources=tuple(wanted), sources_not_applicable=tuple(s.name for s in skipped),
-            benchmark=spec.benchmark, samples=d.samples_per_boot,
+            benchmark=replace(spec.benchmark, points=spec.points), samples=d.samples_per_boot,
             checks=Checks(env_check=d.env_check, flag_check=d.flag_check, host_check=d.host_check,
                           thresholds=d.host_thresholds),
             log_path=str(Path(os.devnull)), devices_needed=devices, checkout=engine.checkout,
@@ -230,13 +230,20 @@ class Plan:
         return self.recipe(config).request.for_boot(boot_id=boot_id, seq=seq, log_path=log_path)
 
 
+#: The benchmark's workload keys (``workload``): part of the key only where set, so files
+#: written before them keep the config keys their ledgers hold.
+_WORKLOAD_KEYS = ("request_rate", "arrival", "burstiness", "prompt_tokens_max", "output_tokens_max", "sample_seconds",
+                  "workload", "slo", "capacity", "max_lag_ms", "points")
+
+
 def engine_fingerprint(spec: Spec) -> str:
     """What besides the arm changes a measurement: launch, build, benchmark, samples per boot."""
     e = spec.engine
     # Keys added later count only when set, so older files keep the config keys their ledgers hold.
     # limits decide what is refused, not what is measured: never part of the key
     bench = {k: v for k, v in spec.benchmark.__dict__.items()
-             if k not in ("limits", "prompt_reuse") and not (k in ("tool", "tool_args") and not v)}
+             if k not in ("limits", "prompt_reuse") and not (k in ("tool", "tool_args") and not v)
+             and not (k in _WORKLOAD_KEYS and v == BenchmarkSpec.__dataclass_fields__[k].default)}
     # Unique prompts per sample (the default since they were made so) measure another thing than
     # the prompts every sample used to repeat: their configs get keys of their own, and a file
     # with prompt_reuse: true, which measures as the older files did, keeps the keys they hold.

@@ -33,7 +33,7 @@ from bisect_harness.record import legacy, liveness, runlock
 if TYPE_CHECKING:  # only read: the ledger need not load the statistics to open
     from bisect_harness.decide.verdict import Verdict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Seconds a SQLite connection waits for another process's write before giving up.
 BUSY_TIMEOUT_S = 60.0
 
@@ -45,6 +45,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: ("ALTER TABLE bisect_probes ADD COLUMN purpose VARCHAR(16)",  # probe, anchor, endpoints, verify, reused
         "ALTER TABLE bisect_probes ADD COLUMN boot_ids JSON"),      # every boot the step booted, failed ones too
     4: ("ALTER TABLE verdicts ADD COLUMN findings JSON",),  # typed findings (evidence.Finding); NULL: read the warnings
+    5: ("ALTER TABLE samples ADD COLUMN point VARCHAR(200)",),  # the load point (workload.LoadPoint.label); NULL: the one
 }
 
 
@@ -150,6 +151,8 @@ class SampleRow(Base):
     output_tokens: Mapped[int] = mapped_column(Integer)
     duration_s: Mapped[float] = mapped_column(Float)
     errors: Mapped[int] = mapped_column(Integer, default=0)
+    #: the load point the sample measured (``workload.LoadPoint.label``); NULL: the benchmark's one point
+    point: Mapped[str | None] = mapped_column(String(200), nullable=True)
     boot: Mapped[Boot] = relationship(back_populates="samples")
 
 
@@ -299,7 +302,8 @@ def boot_records(boots: Iterable[Boot]) -> list[BootRecord]:
             marks=tuple(b.marks or ()), run=runs.get(run.id) if run is not None else None,
             quiet=host_state.quiet_samples(b),
             samples=tuple(SampleOutcome(metrics=s.metrics, requests=s.requests, output_tokens=s.output_tokens,
-                                        duration_s=s.duration_s, errors=s.errors, seq=s.seq) for s in b.samples)))
+                                        duration_s=s.duration_s, errors=s.errors, seq=s.seq, point=s.point)
+                          for s in b.samples)))
     return out
 
 

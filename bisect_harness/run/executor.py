@@ -337,8 +337,9 @@ class Executor:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         sides = [verdict_rule.Side(name, boot_records(st.boots), st.failed)
                  for name, st in (("baseline", b), ("treatment", t))]
+        at = h.spec.point_label
         question = verdict_rule.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
-            verdict_rule.Question(m.metric, m.expect, m.min_effect) for m in h.spec.mechanism))
+            verdict_rule.Question(m.metric, m.expect, m.min_effect, point=at) for m in h.spec.mechanism), point=at)
         v = verdict_rule.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
                         config_findings=attach.verdict_findings([b.planned, t.planned]), prior=self.priors.get(h.id))
         return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))

@@ -639,7 +639,8 @@ class _Recorder(Sink):
     def sample(self, req: BootRequest, s: SampleOutcome) -> None:
         boot, st = self.boots[req.boot_id]
         self.ledger.add(SampleRow(boot_id=boot.id, seq=s.seq, metrics=dict(s.metrics), requests=s.requests,
-                                  output_tokens=s.output_tokens, duration_s=s.duration_s, errors=s.errors))
+                                  output_tokens=s.output_tokens, duration_s=s.duration_s, errors=s.errors,
+                                  point=s.point))
         self.sched.obs.sample_done(st.planned, s.seq, dict(s.metrics))
 
     def finished(self, req: BootRequest, out: BootOutcome) -> None:

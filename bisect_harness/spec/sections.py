@@ -38,7 +38,12 @@ _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_
            "env", "flags", "metrics", "python", "environment", "base_url", "api_key_env", "checkout", "build_env",
            "releases")
 _RELEASES = ("package", "index", "versions", "tag", "launch", "image", "runtime", "runtime_args")
-_BENCH = tuple(BenchmarkSpec.__dataclass_fields__)
+#: ``benchmark:`` keys read by the plain loop of ``_benchmark``; the workload's own keys
+#: (``workload.py``) are read by their own readers, ``points`` is the plan's
+_BENCH_PLAIN = ("api", "model", "prompt_tokens", "output_tokens", "concurrency", "requests_per_sample",
+                "warmup_requests", "temperature", "ignore_eos", "request_timeout_s", "seed", "prompt_reuse",
+                "tool", "tool_args")
+_BENCH = _BENCH_PLAIN
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
 _HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
         "explain", "mechanism", "profile")
@@ -278,7 +283,7 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
     b = r.mapping(value, "benchmark", _BENCH)
     kwargs: dict[str, Any] = {}
     for name, f in BenchmarkSpec.__dataclass_fields__.items():
-        if name not in b:
+        if name not in b or name not in _BENCH_PLAIN:
             continue
         v, path = b[name], f"benchmark.{name}"
         if name == "tool_args":  # an argv list, never run by a shell

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.errors import SpecError
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec, Expect, FlagValue, Metric
+from bisect_harness.workload import LoadPoint
 
 __all__ = ["ArmSpec", "BackendSpec", "Defaults", "EngineSpec", "HypothesisSpec", "MechanismSpec", "ReleasesSpec",
            "Spec", "ENV_CHECK_MODES", "HOST_CHECK_MODES", "SEARCH_SAMPLES"]
@@ -143,6 +144,15 @@ class HypothesisSpec:
     explain: bool = False  # after a confirmed verdict, find which differences between the arms cause it
     mechanism: tuple = ()  # MechanismSpec each: further metrics that must move for the claim to hold
     profile: bool = False  # one extra sample per arm under the engine's profiler (boot.profilers)
+    # a point of a sweep (``sweep:``, the file's or the hypothesis'): the hypothesis is decided on
+    # that point's samples, and ``curve`` is the id of the curve it belongs to (the id before "@")
+    point: LoadPoint | None = None
+    curve: str | None = None
+
+    @property
+    def point_label(self) -> str | None:
+        """The label of the load point whose samples decide this hypothesis (None: the one point)."""
+        return self.point.label if self.point is not None else None
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,7 @@ class Spec:
     hypotheses: tuple[HypothesisSpec, ...]
     family_size: int = 0  # hypotheses in the file (after matrix expansion), kept by select()
     backend: "BackendSpec" = field(default_factory=lambda: BackendSpec())
+    kept_points: tuple[LoadPoint, ...] = ()  # the file's points, kept by select() (:attr:`points`)
 
     @property
     def spec_dir(self) -> Path:
@@ -196,6 +207,21 @@ class Spec:
             out[source.metric.name] = source.metric
         return out
 
+    @property
+    def points(self) -> tuple[LoadPoint, ...]:
+        """The load points every boot measures: those of every hypothesis of the file (the
+        file's ``benchmark.sweep`` and each hypothesis' ``sweep``), in the order first
+        written; () where no hypothesis names one (the benchmark's one point). Every
+        config measures them all, so boots stay comparable across hypotheses, nights and
+        searches."""
+        if self.kept_points:
+            return self.kept_points
+        seen: dict[str, LoadPoint] = {}
+        for h in self.hypotheses:
+            if h.point is not None:
+                seen.setdefault(h.point.label, h.point)
+        return tuple(seen.values())
+
     def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
         """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
         if not only:
@@ -207,4 +233,4 @@ class Spec:
                 f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
                 + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
         keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
-        return replace(self, hypotheses=keep)
+        return replace(self, hypotheses=keep, kept_points=self.points)
