@@ -60,7 +60,8 @@ from bisect_harness.measure.deadline import deadline_client, require_deadline_cl
 from bisect_harness.measure.percentiles import percentile_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
-from bisect_harness.measure.request import MAX_RETRIES, RequestRecord, run_request
+from bisect_harness.measure.jobs import Job, RequestJob
+from bisect_harness.measure.request import MAX_RETRIES, RequestRecord
 from bisect_harness.boot import SampleOutcome
 
 __all__ = [
@@ -130,11 +131,22 @@ def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
     return base_url.rstrip("/") + api.path, body
 
 
+def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None,
+          boot: int = 0, sample: int = 1) -> list[Job]:
+    """The ``n`` jobs of a sample (``jobs``): one request each, request ``i``'s prompt its own."""
+    api = get_api(bench.api)
+    out: list[Job] = []
+    for i in range(n):
+        url, payload = _request(bench, base_url, model, i, words, boot, sample)
+        out.append(RequestJob(url, payload, api, bench.request_timeout_s, bench.output_tokens,
+                              bench.limits.stream_line_bytes))
+    return out
+
+
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
                n: int, words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[list[RequestRecord], float]:
-    api = get_api(bench.api)
-    reqs = [_request(bench, base_url, model, i, words, boot, sample) for i in range(n)]
-    results: list[RequestRecord | None] = [None] * n
+    jobs = _jobs(bench, base_url, model, n, words, boot, sample)
+    results: list[list[RequestRecord] | None] = [None] * n
     indices: Iterator[int] = iter(range(n))
     lock = threading.Lock()
     sample_t0 = time.perf_counter()
@@ -145,9 +157,7 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
                 i = next(indices, None)
             if i is None:
                 return
-            url, payload = reqs[i]
-            results[i] = run_request(http, url, payload, api, bench.request_timeout_s, bench.output_tokens,
-                                      sample_t0, bench.limits.stream_line_bytes)
+            results[i] = jobs[i].run(http, sample_t0)
 
     workers = max(1, min(bench.concurrency, n))
     if workers == 1:
@@ -159,7 +169,7 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
         for t in threads:
             t.join()
     wall = time.perf_counter() - sample_t0
-    return [r for r in results if r is not None], wall
+    return [r for rs in results if rs is not None for r in rs], wall
 
 
 def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
