@@ -120,7 +120,7 @@ class Executor:
                 treatment_config_id=self.states[h.treatment.key].row.id,
                 spec={"baseline": _arm_dict(h.spec.baseline), "treatment": _arm_dict(h.spec.treatment),
                       "matrix_point": dict(h.spec.matrix_point), "bisect": h.spec.bisect,
-                      "is_aa": h.is_aa, "line": h.spec.line,
+                      "is_aa": h.is_aa, "line": h.spec.line, **_point_dict(h.spec),
                       "metric_def": {"unit": h.metric.unit, "better": h.metric.better.value,
                                      "description": h.metric.description}}))
         return rows
@@ -343,6 +343,14 @@ class Executor:
         v = verdict_rule.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
                         config_findings=attach.verdict_findings([b.planned, t.planned]), prior=self.priors.get(h.id))
         return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))
+
+
+def _point_dict(h) -> dict:
+    """A point hypothesis' curve and load point, as the report reads them (``report.curve_view``):
+    ``{"curve": id, "point": {"label": ..., "settings": {...}}}``; {} for a hypothesis of one point."""
+    if h.point is None:
+        return {}
+    return {"curve": h.curve, "point": {"label": h.point.label, "settings": dict(h.point.settings)}}
 
 
 def _arm_dict(arm) -> dict:

@@ -421,7 +421,8 @@ class Scheduler:
     # ------------------------------------------------------------------ boots
 
     def measure(self, states: Sequence[ConfigState], n: int | Sequence[int] = 1, *, metric: str | None = None,
-                budget: int | None = None, shuffle: bool = False, cap: int | None = None) -> list[Measurement]:
+                budget: int | None = None, shuffle: bool = False, cap: int | None = None,
+                point: str | None = None) -> list[Measurement]:
         """Boot each config until it has ``n`` more usable boots (``n`` may be one per
         config), under the failure policy of this module; the one loop of boots that
         every command uses.
@@ -429,7 +430,8 @@ class Scheduler:
         One boot of each config per pass, in the order given (``shuffle``: a seeded
         random order per pass, ``order_seed``), a pass's boots at once where the
         backend has slots. ``metric`` names the metric whose boot means fill
-        ``values`` (a usable boot without it is left out). ``budget`` caps the boots
+        ``values`` (a usable boot without it is left out), read at load point
+        ``point`` (its label; None: the benchmark's one point). ``budget`` caps the boots
         of this call; ``cap`` caps a config's boots in the run (the hypothesis
         loop's ``max_boots_per_arm + boot_retries + 1``): a config that reaches it
         short of its usable boots is unmeasurable. Never raises for a failed boot;
@@ -473,19 +475,19 @@ class Scheduler:
                 self._wait_if_busy()
                 for k, boot in zip(batch, self._run_batch([states[k] for k in batch])):
                     booked += 1
-                    self._count(out[k], boot, metric)
+                    self._count(out[k], boot, metric, point)
         for k, m in enumerate(out):
             if m.usable < want[k] and m.unmeasurable is None and m.short is None:
                 m.short = f"the call's budget of {budget} boots was spent"
         return out
 
-    def _count(self, m: Measurement, boot: Boot, metric: str | None) -> None:
-        """File one finished boot under its measurement."""
+    def _count(self, m: Measurement, boot: Boot, metric: str | None, point: str | None = None) -> None:
+        """File one finished boot under its measurement (its values of ``metric`` at ``point``)."""
         if boot.status == BootStatus.OK:
             if metric is None:
                 m.boot_ids.append(boot.id)
                 return
-            values = self._values(m, boot, metric)
+            values = self._values(m, boot, metric, point)
             if values:
                 m.boot_ids.append(boot.id)
                 m.values.append(BootValues((boot.id,), (values,)).means()[0])
@@ -497,22 +499,23 @@ class Scheduler:
         else:
             m.left_out_ids.append(boot.id)
 
-    def _values(self, m: Measurement, boot: Boot, metric: str) -> tuple[float, ...]:
-        """The values of ``metric`` an ok boot gives a search (``BootRecord.values``, the one
-        reduction): its quiet samples (``defaults.search_samples``), so a burst that covered
+    def _values(self, m: Measurement, boot: Boot, metric: str, point: str | None = None) -> tuple[float, ...]:
+        """The values of ``metric`` at load point ``point`` an ok boot gives a search
+        (``BootRecord.values``, the one reduction): its quiet samples
+        (``defaults.search_samples``), so a burst that covered
         a sample costs that sample, and only a boot busy throughout is booted again, unless
         the host is busy all the time (``busy_host``): then such a boot counts whole. The
         samples left out as busy are counted on ``m``."""
         (record,) = boot_records([boot])
         if self.spec.defaults.search_samples != "quiet":
-            return record.values(metric)
-        values = record.values(metric, quiet=True)
-        busy = len(record.values(metric)) - len(values)
+            return record.values(metric, point=point)
+        values = record.values(metric, quiet=True, point=point)
+        busy = len(record.values(metric, point=point)) - len(values)
         if busy or values:
             if said := self.busy_host.observe(boot.id, not values):
                 self.obs.message(said)
             if not values and self.busy_host.all_the_time:
-                values, busy = record.values(metric), 0
+                values, busy = record.values(metric, point=point), 0
                 m.whole_busy_ids.append(boot.id)
         m.busy_samples += busy
         return values
