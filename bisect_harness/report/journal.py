@@ -4,12 +4,14 @@ Everything on the page is read back from the database, so a journal can be
 rendered again at any time (``harness journal RUN``) and every number in it
 traces to rows: verdict -> boots -> samples, with each boot's evidence.
 
-:func:`render` puts three kinds of section on the page, each made by a short
+:func:`render` puts four kinds of section on the page, each made by a short
 function over the ledger's rows into a frozen record the template reads: the run
 section (:class:`RunSection`: the head, the summary, the searches, the
 calibration), one section per hypothesis (:class:`HypothesisSection`: its
 verdict, what it found grouped by kind, its boots and their values, the host
-drift between its sides) and one per config (``config_view.ConfigSection``).
+drift between its sides), one per load curve before its points' hypotheses
+(``curve_view.CurveSection``: the curve's answer as stored, its points' table and
+plot) and one per config (``config_view.ConfigSection``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from bisect_harness.observe import host_state
 from bisect_harness.decide.evaluate import OUTCOME_FOOTNOTE
 from bisect_harness.evidence import Finding, FindingKind, RunHost, VerdictStats
 from bisect_harness.spec import metric_defs
-from bisect_harness.report import (bisection_view, config_view, explain_view, profile_view, summary_view, warnings_view,
-                                   window_view)
+from bisect_harness.report import (bisection_view, config_view, curve_view, explain_view, profile_view, summary_view,
+                                   warnings_view, window_view)
 from bisect_harness.report.cells import boots_per_arm, effect, fmt as _fmt, md as _md
 from bisect_harness.record.ledger import Bisection, Boot, Ledger, Run, boot_records
 from bisect_harness.observe.drift import host_drift
@@ -184,6 +186,7 @@ class _Page:
     boot_of: Callable[[int], Boot | None]   # a finding's boot, for its stored figures
     later: Callable[[Boot], str | None]     # a boot's label when the run's searches booted it
     before_resume: frozenset[int]           # ok boots counted before a resume of the run
+    points: Mapping[int, str] = field(default_factory=dict)  # hypothesis row id -> its load point's label
     logs: dict = field(default_factory=dict)  # (commits, releases) -> the commits between them
 
 
@@ -204,12 +207,27 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
                  declared=metric_defs.declared_metrics(run.spec_text),  # engine.metrics, read once for the window view
                  bisections=bisection_rows, boot_of=lambda boot_id: session.get(Boot, boot_id),
                  later=_after_rounds(run, bisection_rows),
-                 before_resume=frozenset(i for r in _resume.resumes(run) for i in r.counted_ok_boot_ids))
+                 before_resume=frozenset(i for r in _resume.resumes(run) for i in r.counted_ok_boot_ids),
+                 points={row: label for row, (_, label, _) in curve_view.memberships(run).items()})
     hyps = [_hypothesis_section(h, page) for h in run.hypotheses]
+    curves = curve_view.curves_of(run)
+    curves_at = _curve_sections(curves, page)
     configs = [config_view.config_section(c) for c in run.configs]
     run_boots = session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all()
-    head = _run_section(page, hyps, run_boots)
-    return _tidy(env.get_template("journal.md.j2").render(**vars(head), hypotheses=hyps, configs=configs))
+    head = _run_section(page, hyps, run_boots, curves)
+    return _tidy(env.get_template("journal.md.j2").render(**vars(head), hypotheses=hyps, configs=configs,
+                                                          curves_at=curves_at))
+
+
+def _curve_sections(curves: Sequence[curve_view.Curve], page: _Page) -> dict[str, curve_view.CurveSection]:
+    """Each curve's block, by the id of the hypothesis it goes before (the curve's first
+    point as the run lists its hypotheses)."""
+    out = {}
+    for curve in curves:
+        first = next(h for h in page.run.hypotheses if h.hid in {p.hypothesis for p in curve.points})
+        out[first.hid] = curve_view.section(curve, plots_dir=page.plots_dir, stem=page.stem,
+                                            unit=_unit(first, page.run.spec_text), file_part=reproduce.file_part)
+    return out
 
 
 # --------------------------------------------------------------------------- the run section
@@ -238,7 +256,8 @@ class RunSection:
     footnote: str = OUTCOME_FOOTNOTE
 
 
-def _run_section(page: _Page, hyps: Sequence["HypothesisSection"], run_boots: Sequence[Boot]) -> RunSection:
+def _run_section(page: _Page, hyps: Sequence["HypothesisSection"], run_boots: Sequence[Boot],
+                 curves: Sequence[curve_view.Curve] = ()) -> RunSection:
     run = page.run
     run_command, resume_command = reproduce.run_command(run, page.bisections), reproduce.resume_command(run)
     bisections = [{**bisection_view.view(bis, boot_of=page.boot_of, plots_dir=page.plots_dir, stem=page.stem),
@@ -249,7 +268,7 @@ def _run_section(page: _Page, hyps: Sequence["HypothesisSection"], run_boots: Se
         run=run, title=Path(run.spec_path).name, spec_name=run.spec_path, host_line=_host_line(RunHost.from_json(run.host).machine),
         resumes=[_md(_resume.run_line(r)) for r in _resume.resumes(run)],
         run_command=run_command, resume_command=resume_command,
-        summary=_summary_lines(run, hyps, bisections), changepoint_lines=_changepoint_lines(run),
+        summary=_summary_lines(run, hyps, bisections, curves), changepoint_lines=_changepoint_lines(run),
         bisections=bisections,
         explanations=explain_view.views(run.summary, run_boots, again=resume_command or run_command),
         calibrations=cals, calibration_figures=cal_figures)
@@ -417,8 +436,10 @@ def _verdict_part(v, drift: int, page: _Page) -> VerdictPart:
 
 def _side_boots(h, page: _Page) -> SideBoots:
     """The boots of ``h``'s two configs that this run booted or its verdict used, each
-    with its values of the metric (``BootRecord.values``, the one reduction)."""
+    with its values of the metric at ``h``'s load point (``BootRecord.values``, the one
+    reduction)."""
     v = h.verdict
+    point = page.points.get(h.id)
     rows, points = [], []
     used_boots: dict[str, list[Boot]] = {side: [] for side in SIDES}
     first_used: dict[str, Boot] = {}
@@ -427,7 +448,7 @@ def _side_boots(h, page: _Page) -> SideBoots:
         used = (v.baseline_boot_ids if side == "baseline" else v.treatment_boot_ids) if v else []
         shown = [b for b in cfg.boots if b.run_id == page.run.id or b.id in used]
         for boot, rec in zip(shown, boot_records(shown)):
-            vals = rec.values(h.metric)
+            vals = rec.values(h.metric, point=point)
             if boot.status == "ok" and boot.id in used:
                 used_boots[side].append(boot)
             if vals:
@@ -484,12 +505,20 @@ def _tidy(text: str) -> str:
     return "\n".join(out)
 
 
-def _summary_lines(run: Run, hyps: Sequence["HypothesisSection"], bisections: Sequence[dict]) -> list[str]:
+def _summary_lines(run: Run, hyps: Sequence["HypothesisSection"], bisections: Sequence[dict],
+                   curves: Sequence[curve_view.Curve] = ()) -> list[str]:
     """The journal's first lines: one per hypothesis, with the answers of the searches that
-    followed it, then one per search of its own (``summary_view``)."""
+    followed it, a curve's line (its answer as stored) before its points' lines, then
+    one per search of its own (``summary_view``)."""
     records = (run.summary or {}).get("explain") or [] if isinstance(run.summary, dict) else []
     lines, told = [], set()
+    curve_first = {}
+    for curve in curves:
+        first = next(h.id for h in hyps if h.id in {p.hypothesis for p in curve.points})
+        curve_first[first] = curve_view.curve_line(curve)
     for h in hyps:
+        if h.id in curve_first:
+            lines.append(curve_first[h.id])
         searches = []
         for b in bisections:
             if b["hypothesis_id"] == h.row_id:

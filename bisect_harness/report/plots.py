@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["BootPoint", "PlotNotWritten", "plot_bisection", "plot_hypothesis", "save_figure"]
+__all__ = ["BootPoint", "CurvePlotPoint", "PlotNotWritten", "plot_bisection", "plot_curve", "plot_hypothesis",
+           "save_figure"]
 
 
 class PlotNotWritten(OSError):
@@ -174,3 +175,92 @@ def plot_bisection(bis, plots_dir: Path, stem: str) -> str | None:
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path).name
+
+
+@dataclass(frozen=True)
+class CurvePlotPoint:
+    """One load point of a curve, as its plot needs it: its tick (the axis' value, or the
+    whole label where the points are placed in their order), where it sits on the swept
+    axis (``x``; None: placed in order), each arm's boot means at the point (the boots its
+    verdict used), and the verdict's ratio, interval and outcome."""
+
+    tick: str
+    x: float | None
+    baseline: tuple[float, ...]
+    treatment: tuple[float, ...]
+    ratio: float | None
+    ci: tuple[float, float] | None
+    outcome: str
+
+
+#: How a point's verdict is drawn on the ratio panel: (face colour, edge colour, marker).
+VERDICT_STYLE = {"confirmed": ("tab:green", "tab:green", "o"), "refuted": ("tab:red", "tab:red", "X"),
+                 "inconclusive": ("white", "0.4", "o")}
+
+
+def plot_curve(points: Sequence[CurvePlotPoint], path: Path, *, title: str, metric: str, unit: str,
+               axis: str | None, log: bool, threshold: float | None) -> Path | None:
+    """A curve's two panels over its swept ``axis`` (``log``: a log scale): each arm's boot
+    means at each point with the mean of them joined, and each point's ratio (treatment /
+    baseline) with its interval, drawn by its verdict, beside no change (1) and the
+    claim's ``threshold`` (1 + or - min_effect). Where two neighbouring points' verdicts
+    differ, a dotted line between them marks it on both panels. None when no point has
+    a boot mean; :class:`PlotNotWritten` when it could not be written."""
+    points = list(points)
+    if not any(p.baseline or p.treatment for p in points):
+        return None
+    plt = _pyplot()
+    xs = [p.x if axis is not None and p.x is not None else float(i) for i, p in enumerate(points)]
+    ylabel = f"{metric} ({unit})" if unit else metric
+    fig, (arms, ratios) = plt.subplots(1, 2, figsize=(10, 3.9), dpi=110, facecolor="white")
+
+    def nudged(x: float, side: int) -> float:  # the two arms side by side at a point
+        if axis is not None and log:
+            return x * (1.0 + 0.04 * side)
+        span = (max(xs) - min(xs)) or 1.0
+        return x + side * 0.012 * span
+
+    for side, (name, (color, marker)) in zip((-1, 1), SIDE_STYLE.items()):
+        at = [(x, getattr(p, name)) for x, p in zip(xs, points) if getattr(p, name)]
+        arms.scatter([nudged(x, side) for x, vals in at for _ in vals], [v for _, vals in at for v in vals],
+                     marker=marker, s=22, facecolors="white", edgecolors=color, linewidths=1.2, zorder=3,
+                     label=f"{name}: a boot's mean")
+        arms.plot([x for x, _ in at], [sum(vals) / len(vals) for _, vals in at], color=color, linewidth=1.4,
+                  zorder=2, label=f"{name}: mean of its boots")
+    for p, x in zip(points, xs):
+        face, edge, marker = VERDICT_STYLE.get(p.outcome, ("white", "0.6", "s"))
+        if p.ratio is None:
+            continue
+        if p.ci is not None:
+            ratios.errorbar([x], [p.ratio], yerr=[[p.ratio - p.ci[0]], [p.ci[1] - p.ratio]], color=edge,
+                            capsize=4, linewidth=1.2, zorder=2)
+        ratios.scatter([x], [p.ratio], s=52, marker=marker, facecolors=face, edgecolors=edge, linewidths=1.5,
+                       zorder=3)
+    for outcome, (face, edge, marker) in VERDICT_STYLE.items():  # one legend entry per verdict drawn
+        if any(p.outcome == outcome and p.ratio is not None for p in points):
+            ratios.scatter([], [], s=52, marker=marker, facecolors=face, edgecolors=edge, label=outcome)
+    ratios.axhline(1.0, color="0.3", linewidth=0.9, label="no change")
+    if threshold is not None:
+        ratios.axhline(threshold, color="0.3", linewidth=0.9, linestyle="--", label="the claim's size")
+    changed = [k for k in range(1, len(points)) if points[k].outcome != points[k - 1].outcome]
+    for k in changed:
+        between = (xs[k - 1] * xs[k]) ** 0.5 if axis is not None and log else (xs[k - 1] + xs[k]) / 2
+        for ax in (arms, ratios):
+            ax.axvline(between, color="tab:purple", linestyle=":", linewidth=1.3, zorder=1,
+                       label="the verdict differs" if ax is ratios and k == changed[0] else None)
+    for ax in (arms, ratios):
+        if axis is not None and log:
+            ax.set_xscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([p.tick for p in points], fontsize=7, rotation=0 if axis is not None else 30)
+        ax.minorticks_off()
+        ax.set_xlabel(axis if axis is not None else "load point")
+        ax.grid(axis="y", color="0.85", linewidth=0.6)
+        ax.legend(loc="best", fontsize=7, framealpha=0.9)
+    arms.set_ylabel(f"boot mean {ylabel}")
+    arms.set_title("each arm's boots at each point (the verdicts' boots)", fontsize=9)
+    ratios.set_ylabel("treatment / baseline")
+    ratios.set_title("each point's ratio and interval, by its verdict", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, facecolor="white")
