@@ -17,7 +17,7 @@ from rich.console import Console
 from bisect_harness.cli.outputs import emit
 from bisect_harness.cli.common import (BACKEND_OPT, JOURNAL_OPT, LEDGER_OPT, RESUME_NEWEST, SLOTS_OPT, WAIT_QUIET_OPT,
                                        _backend, _console, _effect, _write_journal)
-from bisect_harness.cli.summary import _verdict_table, run_summary
+from bisect_harness.cli.summary import _verdict_table, curve_lines, run_summary
 from bisect_harness.defaults import DEFAULT_CONFIDENCE, DEFAULT_MAX_BOOTS, NIGHTLY_MAX_BOOTS
 from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import NOT_MEASURED
@@ -93,6 +93,8 @@ def run(
             raise
         _write_journal(led, the_run, journal_dir, console, ledger)
         console.print(_verdict_table(the_run))
+        for line in curve_lines(the_run):
+            console.print(line, markup=False)
         console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
         if json_out:
             emit("run", run_summary(the_run))

@@ -15,6 +15,14 @@ name). An output without ``schema_version`` is from a harness before versions.
 - ``explain``, ``bisect``, ``nightly``, ``compare``, ``doctor``;
 - ``ledger-list``, ``cache-list``, ``cache-prune``.
 
+``run`` 3 (from 2): a hypothesis swept over load points is one entry of
+``hypotheses`` per point (``<id>@<label>``, with ``curve`` and ``point``), and
+``curves`` (always there, ``[]`` without a sweep) groups them: per curve its
+points' verdicts and its answer as the run stored it (``words``, ``shape``,
+``crossing``, ``largest``; ``answer`` null and ``answer_note`` "curve answer not
+recorded" where the run stored none). A reader that counted ``hypotheses`` as the
+file's claims counts a curve's points since.
+
 In a bisection's answer (``bisect``; ``nightly``'s ``bisection``), ``culprit`` is the
 commit the search named, or null where it named none (its ``stopped`` says why);
 ``leader`` and ``leader_probability`` are the search's most probable commit (the
@@ -33,7 +41,7 @@ __all__ = ["KINDS", "VERSIONS", "emit", "output_schema"]
 
 #: The version of each output's shape. ``doctor``'s is its stored record's
 #: (``observe.provenance``' ``SCHEMA_VERSION``), which the report already carries.
-VERSIONS: dict[str, int] = {"run": 2, "plan": 1, "explain": 1, "bisect": 1, "nightly": 1, "compare": 1,
+VERSIONS: dict[str, int] = {"run": 3, "plan": 1, "explain": 1, "bisect": 1, "nightly": 1, "compare": 1,
                             "doctor": 1, "ledger-list": 1, "cache-list": 1, "cache-prune": 1}
 KINDS = tuple(VERSIONS)
 
@@ -114,13 +122,24 @@ _DEFS = {
                                               "stopped": STR_N}),
                                       "not": {"required": ["probability"]}},
                         "explanation": OBJ, "profile": OBJ, "mechanisms": OBJ, "failed_requests": OBJ,
-                        "cost": OBJ_N, "noise_prior": OBJ_N, "window_metrics": {"type": "array"}}),
+                        "cost": OBJ_N, "noise_prior": OBJ_N, "window_metrics": {"type": "array"},
+                        "curve": STR_N, "point": STR_N}),
+    # a load curve (``report.curve_view.curve_json``): its points' verdicts and its answer as stored
+    "curve": _obj({"curve": STR, "metric": STR, "expect": {"enum": ["increase", "decrease"]}, "min_effect": NUM,
+                   "points": _list(_obj({"label": STR, "hypothesis": STR, "verdict": STR, "effect": NUM_N,
+                                         "ci": CI_N, "baseline_mean": NUM_N, "treatment_mean": NUM_N})),
+                   "answer": {"anyOf": [_obj({"words": STR, "shape": STR,
+                                              "crossing": {"type": ["array", "null"], "items": STR,
+                                                           "minItems": 2, "maxItems": 2},
+                                              "largest": STR_N}), {"type": "null"}]},
+                   "answer_note": STR_N}),
     "cache_entry": _obj({"kind": STR, "repo": STR, "commit": STR, "path": STR, "size_bytes": INT,
                          "last_used": NUM, "age_s": NUM}),
 }
 
 _SCHEMAS: dict[str, dict] = {
-    "run": _obj({"run_id": INT, "status": STR, "hypotheses": _list(_ref("hypothesis"))}),
+    "run": _obj({"run_id": INT, "status": STR, "hypotheses": _list(_ref("hypothesis")),
+                 "curves": _list(_ref("curve"))}),
     "plan": _obj({"spec": STR, "configs": _list(_obj({"key": STR, "commit": STR_N, "env": OBJ, "flags": OBJ,
                                                       "argv": _list(STR), "hypotheses": _list(STR)})),
                   "hypotheses": _list(_obj({"id": STR, "metric": STR, "expect": {"enum": ["increase", "decrease"]},

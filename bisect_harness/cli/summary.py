@@ -8,7 +8,7 @@ from rich.table import Table
 from bisect_harness.evidence import FindingKind, VerdictStats
 from bisect_harness.model import NOT_MEASURED, shown_outcome
 
-__all__ = ["run_summary"]
+__all__ = ["curve_lines", "run_summary"]
 
 
 def _verdict_table(run) -> Table:
@@ -26,6 +26,16 @@ def _verdict_table(run) -> Table:
                   f"{len(v.baseline_boot_ids)}/{len(v.treatment_boot_ids)}",
                   escape(_checks_word(v)))
     return t
+
+
+def curve_lines(run) -> list[str]:
+    """Each load curve's answer under the verdict table, a line each, as the run stored
+    it (``curve answer not recorded`` where it stored none)."""
+    from bisect_harness.report import curve_view
+
+    return [f"curve {c.id} ({c.metric}, {len(c.points)} points): "
+            + (c.answer.words if c.answer is not None else curve_view.NOT_RECORDED)
+            for c in curve_view.curves_of(run)]
 
 
 def _checks_word(v) -> str:
@@ -143,7 +153,11 @@ def run_summary(run) -> dict:
     (``window_metrics``), and each arm's failed requests (``failed_requests``), and
     what the verdict cost (``cost``: every boot of its two configs in the run, their
     samples and node seconds, and the cost model that priced a boot; None for a
-    verdict recorded before costs were kept)."""
+    verdict recorded before costs were kept). A hypothesis of a load curve says its
+    ``curve`` and ``point`` (null for one of one point); ``curves`` groups the points'
+    verdicts per curve with the curve's answer as the run stored it
+    (``report.curve_view.curve_json``)."""
+    from bisect_harness.report import curve_view
     from bisect_harness.spec.metric_defs import declared_metrics
     from bisect_harness.report.profile_view import hypothesis_json
     from bisect_harness.report.window_view import hypothesis_json as window_json
@@ -151,11 +165,13 @@ def run_summary(run) -> dict:
     out = []
     searches = _follow_ups_json(run)
     declared = declared_metrics(run.spec_text)
+    points = curve_view.memberships(run)
     for h in run.hypotheses:
         v = h.verdict
         profile = hypothesis_json(h, run)  # where a boot of either arm was profiled
         out.append({**searches.get(h.id, {}), **({"profile": profile} if profile else {}),
             "id": h.hid, "verdict": shown_outcome(v) if v else "inconclusive", "metric": h.metric,
+            "curve": points[h.id][0] if h.id in points else None, "point": points[h.id][1] if h.id in points else None,
             "measured": bool(v) and v.test != NOT_MEASURED,
             "effect": v.ratio if v else None,
             "ci": [v.ci_low, v.ci_high] if v and v.ci_low is not None else None,
@@ -170,4 +186,5 @@ def run_summary(run) -> dict:
             "noise_prior": _prior_json(v),
             "window_metrics": (window_json(h, declared) or {}).get("metrics", []),
             "warnings": list(v.warnings or []) if v else []})
-    return {"run_id": run.id, "status": run.status, "hypotheses": out}
+    return {"run_id": run.id, "status": run.status, "hypotheses": out,
+            "curves": [curve_view.curve_json(c) for c in curve_view.curves_of(run)]}
