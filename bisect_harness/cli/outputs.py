@@ -109,7 +109,7 @@ _DEFS = {
                                      "boot_ids": _list(INT)})),
                 "reused_runs": _list(INT), "undetermined": OBJ_N, "warnings": _list(STR), "plan": OBJ_N,
                 "verdict_rounds": _list(_list(INT))},
-               {"revisions": {"const": "releases"},
+               {"revisions": {"const": "releases"}, "point": STR_N,
                 "descent": {"anyOf": [_ref("bisection"), {"type": "null"}]}, "descent_note": STR_N}),
         # the leader's posterior has its own name: "probability" beside a null culprit read as an answer
         "not": {"required": ["probability"]},

@@ -191,7 +191,9 @@ def view(bis, *, boot_of: Callable[[int], object | None], plots_dir: Path | None
             plot = plots.plot_bisection(bis, plots_dir, stem)
         except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing
             plot_missing = md(str(exc))
-    return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12], "metric": bis.metric,
+    point = result.get("point")  # a search of a load curve reads one point's values (``--at``)
+    return {"id": bis.id, "good": bis.good[:12], "bad": bis.bad[:12],
+            "metric": f"{bis.metric} at {point}" if point else bis.metric,
             "lead": md(_lead(bis, result, subjects)), "facts": _facts(bis, result, busy),
             "answer": md(answer(bis, busy)), "hypothesis_id": bis.hypothesis_id,
             "commits": _by_commit(bis, result.get("culprit")), "probes": steps,

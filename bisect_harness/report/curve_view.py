@@ -76,14 +76,16 @@ def memberships(run, answers: Mapping[str, CurveAnswer] | None = None) -> dict[i
 class CurvePoint:
     """One point of a curve as its verdict row holds it: the point's ``label`` and
     ``settings``, the hypothesis (id and row) that holds it, its verdict (``outcome``
-    as the verdict table shows it, ``ratio`` treatment / baseline, ``ci``), and each
-    arm's boot means at the point over the boots the verdict used."""
+    as the verdict table shows it, whether it is ``final``, ``ratio`` treatment /
+    baseline, ``ci``), and each arm's boot means at the point over the boots the
+    verdict used."""
 
     label: str
     settings: Mapping[str, Any]
     hypothesis: str
     row_id: int
     outcome: str
+    final: bool
     ratio: float | None
     ci: tuple[float, float] | None
     baseline: tuple[float, ...]
@@ -138,6 +140,7 @@ def _point(h, label: str, settings: Mapping[str, Any]) -> CurvePoint:
         means[side] = tuple(sum(x) / len(x) for x in vals if x)
     ci = (v.ci_low, v.ci_high) if v is not None and v.ci_low is not None and v.ci_high is not None else None
     return CurvePoint(label=label, settings=dict(settings), hypothesis=h.hid, row_id=h.id, outcome=shown_outcome(v),
+                      final=bool(v is not None and v.final),
                       ratio=v.ratio if v is not None else None, ci=ci, baseline=means["baseline"],
                       treatment=means["treatment"])
 
@@ -145,11 +148,12 @@ def _point(h, label: str, settings: Mapping[str, Any]) -> CurvePoint:
 def default_point(curve: Curve) -> str | None:
     """The point a search looks at on ``curve`` without ``--at``: the stored answer's
     ``largest`` (None where it confirmed no point); where no answer is stored, the
-    confirmed point whose ratio lies farthest in the claimed direction, as its verdict
-    row holds it; None where no point is confirmed."""
+    point whose final verdict is confirmed with its ratio farthest in the claimed
+    direction, as its verdict row holds it; None where no point is confirmed."""
     if curve.answer is not None:
         return curve.answer.largest
-    confirmed = [p for p in curve.points if p.outcome == Outcome.CONFIRMED.value and p.ratio is not None]
+    confirmed = [p for p in curve.points
+                 if p.final and p.outcome == Outcome.CONFIRMED.value and p.ratio is not None]
     if not confirmed:
         return None
     sign = 1.0 if curve.expect == "increase" else -1.0

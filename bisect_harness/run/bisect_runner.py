@@ -40,6 +40,7 @@ from bisect_harness.backends import Backend
 from bisect_harness.defaults import DEFAULT_MAX_BOOTS
 from bisect_harness.errors import UserError
 from bisect_harness.evidence import Finding, findings_to_json
+from bisect_harness.run import points
 from bisect_harness.run.scheduler import Observer, Scheduler
 from bisect_harness.record.ledger import Bisection, Boot, HypothesisRow, Ledger, Probe
 from bisect_harness.model import Arm, Expect, Metric, reused_from
@@ -80,6 +81,7 @@ class BisectOutcome:
     descent: "BisectOutcome | None" = None  # then the commits between the culprit release and the one before
     descent_note: str | None = None    # why there was no descent into commits, where there was none
     descent_owed: bool = False         # a descent was possible but the budget left could not finish it
+    point: str | None = None           # the load point whose values it compared (None: the one point)
     plan: dict | None = None           # what the search planned to need, and the boots it was given
     step_sd: float | None = None       # the step it measured over the boots' noise sd (plans the next stage)
     verdict_rounds: tuple[tuple[int, int], ...] = ()  # a verdict's paired rounds (good, bad boot) that opened the endpoint check
@@ -121,7 +123,7 @@ class BisectOutcome:
                 "verify_test": self.verify_test, "tests": list(self.tests), "reused_runs": list(self.reused_runs),
                 "undetermined": self.undetermined, "warnings": list(self.warnings),
                 "findings": findings_to_json(self.findings), "plan": self.plan,
-                "verdict_rounds": [list(r) for r in self.verdict_rounds],
+                "verdict_rounds": [list(r) for r in self.verdict_rounds], "point": self.point,
                 **({"revisions": "releases", "descent": descent,
                     "descent_note": self.descent_note} if self.releases else {})}
 
@@ -170,7 +172,10 @@ class BisectRequest:
     command's budget of new boots, both stages of a release search together) and
     ``min_effect``; the runner sets its width from the backend's slots.
     ``first_parent``: follow only the first parent of merges. ``fresh``: new boots only
-    (boots of earlier runs do not feed the posterior)."""
+    (boots of earlier runs do not feed the posterior). ``at``: on a file that sweeps
+    load points, the point whose values are compared (``--at concurrency=32``); None:
+    the point of the largest confirmed effect of the file's curves on ``metric``
+    (``run.points.search_point``)."""
 
     good: str
     bad: str
@@ -178,6 +183,7 @@ class BisectRequest:
     search: SearchOptions = SearchOptions(max_boots=DEFAULT_MAX_BOOTS)
     first_parent: bool = False
     fresh: bool = False
+    at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,8 @@ class SearchTarget:
     it moved from the good end to the bad, the ``env`` and ``flags`` of every
     revision's arm; ``releases``: the revisions are versions of ``engine.releases``
     (each its installed build), not commits; ``hypothesis_id``: the hypothesis the
-    search belongs to (None: a search of its own)."""
+    search belongs to (None: a search of its own); ``point``: the load point whose
+    values it reads (its label; None: the benchmark's one point)."""
 
     metric: str
     expect: Expect
@@ -194,6 +201,7 @@ class SearchTarget:
     flags: Mapping[str, str] = field(default_factory=dict)
     releases: bool = False
     hypothesis_id: int | None = None
+    point: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +249,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
     the search stepped round by round through the one measuring call, the reused boots,
     the stop, the answer; its steps share the search and the scheduler's state."""
     metric, expect, env, flags, releases = target.metric, target.expect, target.env, target.flags, target.releases
+    point = target.point
     max_boots = options.max_boots
     spec, ledger = sched.spec, sched.ledger
     bis = ledger.add(Bisection(run_id=sched.run.id, hypothesis_id=target.hypothesis_id, good=commits[0],
@@ -259,7 +268,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
     sched.obs.search_started("bisection", max_boots, reference=arm(commits[0]))  # its configs: their commits
     configs = {sha: make_config(spec, arm(sha)) for sha in commits}
     quiet = spec.defaults.search_samples == "quiet"
-    opening = _opening_rounds(ledger, start.endpoint_rounds, metric, quiet)
+    opening = _opening_rounds(ledger, start.endpoint_rounds, metric, quiet, point)
     in_rounds = {i for ids, _ in opening for i in ids}
     reused_total = 0
     observed: dict[str, tuple[list[float], list[Boot]]] = {}
@@ -267,7 +276,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
         if start.fresh:
             break
         found = [b for b in ledger.reusable_boots(pc.key, sched.host_fp) if b.id not in in_rounds]
-        got = ledger.boot_values(found, metric, quiet=quiet)
+        got = ledger.boot_values(found, metric, quiet=quiet, point=point)
         if got.boot_ids:
             by_id = {b.id: b for b in found}
             observed[sha] = list(got.means()), [by_id[i] for i in got.boot_ids]
@@ -299,7 +308,8 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
     if opening:
         sched.obs.message(f"bisection: the verdict's {len(opening)} paired rounds of the two endpoints open its "
                           "endpoint check (it boots more rounds only where they do not decide it)")
-    stop, new_boots, searched = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots)
+    stop, new_boots, searched = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
+                                             point)
     res: BisectResult = search.result()
     stopped = stop or res.stopped
     undetermined = None
@@ -317,25 +327,25 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
         verify_test=_test_json(res.verify_test), tests=_tests_json(res.tests, test_boots),
         reused_runs=tuple(sorted(reused_runs)), undetermined=undetermined, releases=releases,
         plan={**stage_plan.to_json(), "budget": max_boots}, step_sd=_step_sd(res),
-        verdict_rounds=tuple(ids for ids, _ in opening))
+        verdict_rounds=tuple(ids for ids, _ in opening), point=point)
     bis.status = "done" if stopped != StopReason.RUNNING else "running"
     bis.result = outcome.to_record()
     ledger.commit()
     return outcome
 
 
-def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: str, quiet: bool
-                    ) -> list[tuple[tuple[int, int], tuple[float, float]]]:
+def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: str, quiet: bool,
+                    point: str | None = None) -> list[tuple[tuple[int, int], tuple[float, float]]]:
     """The rounds that open an endpoint check: ((good id, bad id), (good value, bad
-    value)) per round whose two boots both have a value of ``metric`` as the search
-    counts it (their quiet samples where ``quiet``); a round with a side without one is
-    left out."""
+    value)) per round whose two boots both have a value of ``metric`` (at load point
+    ``point``) as the search counts it (their quiet samples where ``quiet``); a round
+    with a side without one is left out."""
     out = []
     for good_id, bad_id in rounds:
         boots = [ledger.session.get(Boot, good_id), ledger.session.get(Boot, bad_id)]
         if any(b is None for b in boots):
             continue
-        got = ledger.boot_values(boots, metric, quiet=quiet)
+        got = ledger.boot_values(boots, metric, quiet=quiet, point=point)
         if got.boot_ids == (good_id, bad_id):
             means = got.means()
             out.append(((good_id, bad_id), (float(means[0]), float(means[1]))))
@@ -343,9 +353,11 @@ def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: s
 
 
 def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, metric: str,
-                 max_boots: int, test_boots: dict[int, list[int]]) -> tuple[StopReason | None, int, set[int]]:
+                 max_boots: int, test_boots: dict[int, list[int]], point: str | None = None
+                 ) -> tuple[StopReason | None, int, set[int]]:
     """The search's rounds until it stops: each round's probes booted, recorded as
-    probe rows and observed (each paired test's boots added to ``test_boots``). Returns
+    probe rows and observed (each paired test's boots added to ``test_boots``), each
+    boot's values those of ``metric`` at load point ``point``. Returns
     (the stop the loop made itself, or None where the search stopped on its own; boots
     booked; every boot it booked)."""
     ledger = sched.ledger
@@ -362,7 +374,8 @@ def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisect
         # (on 8 single-GPU slots, 8 commits are probed together). The measuring call
         # owns retries and the failure policy; the budget counts every boot.
         states = [sched.state_for(configs[probe.commit]) for probe in rnd]
-        got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots)
+        got = sched.measure(states, [probe.boots for probe in rnd], metric=metric, budget=max_boots - new_boots,
+                            point=point)
         booked = sum(m.booted for m in got)
         new_boots += booked
         results: list[list[float] | None] = []
@@ -502,6 +515,7 @@ def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: Meas
     rel = spec.engine.releases
     released = rel is not None and good in rel.source().versions() and bad in rel.source().versions()
     m, plan = engine_plan(spec, metric, setup.cache_dir, "bisection", need_repo=not released)
+    at = points.search_point(spec, ledger, metric, request.at)  # refused before any boot where none can be chosen
     if released:
         revisions = rel.source().between(good, bad)
     else:
@@ -512,6 +526,8 @@ def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: Meas
         revisions = plan.ws.commits_between(good_sha, bad_sha, first_parent=first_parent)
     sched = setup.scheduler(plan, ledger)
     with sched.recording("bisect"):
+        if at.label is not None:
+            sched.obs.message(f"bisection at {at.label} ({at.why}): the search compares that load point's values")
         # One search, or two: a search over releases may add the descent into the commits
         # of its culprit release, searched in turn on what is left of the budget.
         first = max_boots
@@ -521,7 +537,8 @@ def bisect_range(spec: Spec, ledger: Ledger, request: BisectRequest, setup: Meas
         outcomes: list[BisectOutcome] = []
         note, owed = None, False
         for revs, releases, budget, step_sd in searches:
-            target = SearchTarget(metric, m.worse, env=spec.engine.env, flags=spec.engine.flags, releases=releases)
+            target = SearchTarget(metric, m.worse, env=spec.engine.env, flags=spec.engine.flags, releases=releases,
+                                  point=at.label)
             start = SearchStart(fresh=request.fresh, total_boots=max_boots, step_sd=step_sd,
                                 stage="release stage" if releases else "commit stage" if released else "bisection")
             outcomes.append(search_commits(sched, revs, target, dataclasses.replace(options, max_boots=budget), start))
@@ -615,7 +632,8 @@ def bisect_hypothesis(sched: Scheduler, h: PlannedHypothesis, row: HypothesisRow
     b, t = h.baseline.arm, h.treatment.arm
     check_bisectable(h.spec, b, t, sched.ws)  # the plan refused such a file already; the rule is one function
     commits = sched.ws.commits_between(b.commit, t.commit)
-    target = SearchTarget(h.metric.name, h.spec.expect, env=t.env, flags=t.flags, hypothesis_id=row.id)
+    target = SearchTarget(h.metric.name, h.spec.expect, env=t.env, flags=t.flags, hypothesis_id=row.id,
+                          point=h.spec.point_label)
     rounds = tuple((p["baseline"], p["treatment"]) for p in verdict_rounds(verdict))
     return search_commits(sched, commits, target, dataclasses.replace(options, min_effect=h.spec.min_effect),
                           SearchStart(endpoint_rounds=rounds))
