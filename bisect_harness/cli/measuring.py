@@ -194,6 +194,11 @@ def _print_explanation(console: Console, out) -> None:
         console.print(line, markup=False, emoji=False)
 
 
+#: ``--at`` of the commands that search one load point of a file that sweeps several.
+AT_OPT = typer.Option(None, "--at", metavar="LABEL", help="On a file that sweeps load points: the point to search "
+                      "at, as its label reads (e.g. concurrency=32). Default: the point of the largest confirmed "
+                      "effect in the newest run of the file in the ledger.")
+
 def explain(
     file: Path = typer.Argument(..., help="hypotheses.yaml: its arms name the two configs"),
     fast: str = typer.Option(..., "--fast", help="The fast config: HID.baseline or HID.treatment."),
@@ -202,6 +207,7 @@ def explain(
                                              "0.05 or 5% (default: the slow arm's hypothesis' min_effect)."),
     alpha: float = typer.Option(0.01, "--alpha", help="Error of the slowdown test, and of the whole set: the "
                                 "leave-out decisions share it (Bonferroni over tests and looks)."),
+    at: Optional[str] = AT_OPT,
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
@@ -223,7 +229,7 @@ def explain(
             _backend(spec, backend, slots, journal_dir) as boots:
         setup = MeasureSetup(journal_dir / "logs", cache_dir=cache_dir, observer=obs, wait_quiet_s=wait_quiet,
                              backend=boots)
-        out, sched = explain_file(spec, led, fast, slow, options, setup)
+        out, sched = explain_file(spec, led, fast, slow, options, setup, at=at)
         _write_journal(led, sched.run, journal_dir, console, ledger)
         _print_explanation(console, out)
         if json_out:
@@ -248,6 +254,7 @@ def bisect(
     min_effect: str = typer.Option("5%", "--min-effect", help="Smallest relative change that counts (0.05 or 5%): "
                                    "endpoints shown to differ by less end the search as not reproduced; 'any' "
                                    "counts every change."),
+    at: Optional[str] = AT_OPT,
     ledger: str = LEDGER_OPT,
     journal_dir: Path = JOURNAL_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
@@ -271,7 +278,7 @@ def bisect(
     spec = load_spec(file)
     from bisect_harness.run.bisect_runner import BisectRequest, MeasureSetup, bisect_range
     from bisect_harness.record.ledger import Ledger
-    request = BisectRequest(good, bad, metric, search, first_parent=first_parent, fresh=fresh)
+    request = BisectRequest(good, bad, metric, search, first_parent=first_parent, fresh=fresh, at=at)
     with Ledger(ledger) as led, observer_for(console, budget=max_boots) as obs, \
             _backend(spec, backend, slots, journal_dir) as boots:
         setup = MeasureSetup(journal_dir / "logs", cache_dir=cache_dir, observer=obs, wait_quiet_s=wait_quiet,

@@ -98,7 +98,8 @@ def views(summary: dict | None, boots=(), *, again: str = "") -> list[dict]:
             b = rec["bisection"]
             notes.append(f"the commit is a member: bisection {b['id']} found "
                          f"{'`' + b['culprit'][:12] + '`' if b.get('culprit') else 'no single culprit'}.")
-        out.append({"fast": rec["fast"], "slow": rec["slow"], "metric": rec["metric"],
+        out.append({"fast": rec["fast"], "slow": rec["slow"],
+                    "metric": f"{rec['metric']} at {rec['point']}" if rec.get("point") else rec["metric"],
                     "differences": [f"`{d['name']}`: {d['fast']!r} -> {d['slow']!r}" for d in rec["differences"]],
                     "summary": summary_line, "notes": notes, "rows": rows, "boots": rec["boots"],
                     "alpha": rec["alpha_per_test"], "unfinished": False})

@@ -30,6 +30,7 @@ from bisect_harness.engines import attach
 from bisect_harness.record.ledger import Bisection, HypothesisRow, Ledger, Run, VerdictRow, boot_records, verdict_row
 from bisect_harness.model import Outcome
 from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, verdict_rules
+from bisect_harness.run import points
 from bisect_harness.run import resume as resume_mod
 from bisect_harness.run.bisect_runner import bisect_hypothesis
 from bisect_harness.run.explain_runner import explain_hypothesis, explanation_lines
@@ -268,14 +269,18 @@ class Executor:
         true`` explained, inside the run: their boots are the run's, held by it, judged
         by its calibration after, and an interruption in them marks the run interrupted
         (so ``--resume`` takes it up). After ``--resume`` a search that ended before the
-        interruption is not made again."""
+        interruption is not made again. A load curve is searched once, at the point of
+        its largest confirmed effect (``run.points.default_points``), not at each point."""
         bisected = {b.hypothesis_id for b in self.ledger.session.query(Bisection).filter_by(run_id=self.run.id)
                     if b.status == "done"}
         explained = {e.get("hypothesis_id") for e in (self.run.summary or {}).get("explain", [])}
+        at = points.default_points(self.run)
         for h in self.plan.hypotheses:
             row, verdict = rows[h.id], self.verdicts.get(h.id)
             if verdict is None or verdict.outcome != Outcome.CONFIRMED.value:
                 continue
+            if h.spec.curve is not None and at.get(h.spec.curve) != h.spec.point_label:
+                continue  # its curve is searched at another point
             if h.spec.bisect and row.id not in bisected:
                 self.obs.message(f"bisecting {h.id} between {h.baseline.arm.commit[:12]} and "
                                  f"{h.treatment.arm.commit[:12]}")

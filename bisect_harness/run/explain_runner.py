@@ -34,6 +34,7 @@ from bisect_harness.plan.build import Plan, PlannedHypothesis, make_config, make
 from bisect_harness.spec import Spec
 from bisect_harness.record.ledger import Boot, Ledger
 from bisect_harness.run.bisect_runner import MeasureSetup, SearchTarget, search_commits, verdict_rounds
+from bisect_harness.run.points import PointChoice, curve_hypothesis
 from bisect_harness.run.scheduler import Scheduler
 
 __all__ = ["parse_arm", "differences", "arm_with", "explain_arms", "explain_file", "explain_hypothesis",
@@ -58,9 +59,11 @@ class ExplainOptions:
 
 def parse_arm(text: str, spec: Spec, *, option: str) -> tuple[str, str]:
     """``HID.baseline`` or ``HID.treatment`` (HID a hypothesis id of the file, matrix
-    points included) -> (hid, side), or a UserError naming the option and the choices."""
+    and load points included, or a load curve's id) -> (hid, side), or a UserError
+    naming the option and the choices."""
     hid, dot, side = text.rpartition(".")
     ids = [h.id for h in spec.hypotheses]
+    ids += sorted({h.curve for h in spec.hypotheses if h.curve is not None} - set(ids))
     if not dot or side not in SIDES:
         raise UserError(f"{option} {text!r}: write HID.baseline or HID.treatment (HID one of: {', '.join(ids)})")
     if hid not in ids:
@@ -108,12 +111,13 @@ class ExplainOutcome:
 
 def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, str], metric: Metric,
                  options: ExplainOptions = ExplainOptions(), hypothesis_id: int | None = None,
-                 rounds: Sequence[tuple[int, int]] = ()) -> ExplainOutcome:
+                 rounds: Sequence[tuple[int, int]] = (), point: str | None = None) -> ExplainOutcome:
     """Run the search between two resolved arms with ``sched`` (a run is open).
     ``names``: how the fast and the slow arm are called (``HID.side``). ``options``:
     its ``min_effect`` as given (None: any change) and ``alpha``. ``rounds``: (fast boot
     id, slow boot id) of paired rounds the run already has of the two arms (a confirmed
-    hypothesis' verdict): the slowdown test judges them first."""
+    hypothesis' verdict): the slowdown test judges them first. ``point``: the load
+    point whose values every test reads (its label; None: the benchmark's one point)."""
     (fast_name, slow_name), min_effect, alpha = names, options.min_effect, options.alpha
     spec, ledger = sched.spec, sched.ledger
     diffs = differences(fast, slow)
@@ -125,14 +129,16 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, st
     # in it says so in its journal (which search, from which boot), and --resume makes it again.
     run = sched.run
     search = {"fast": fast_name, "slow": slow_name, "metric": metric.name, "min_effect": min_effect,
-              "alpha_per_test": alpha, "hypothesis_id": hypothesis_id, "differences": [x.to_json() for x in diffs]}
+              "alpha_per_test": alpha, "hypothesis_id": hypothesis_id, "differences": [x.to_json() for x in diffs],
+              "point": point}
     after_boot = max((b.id for st in sched.states.values() for b in st.boots), default=0)
     run.summary = {**(run.summary or {}), "explaining": {**search, "after_boot": after_boot}}
     ledger.commit()
     calls: list[tuple[frozenset, int]] = []
     given = []  # the run's rounds, with each boot's samples of the metric
     for f_id, s_id in rounds:
-        f, sl = (ledger.boot_values([ledger.session.get(Boot, i)], metric.name).values for i in (f_id, s_id))
+        f, sl = (ledger.boot_values([ledger.session.get(Boot, i)], metric.name, point=point).values
+                 for i in (f_id, s_id))
         if not (f and sl):  # a boot without the metric ends the rounds that can be used
             break
         given.append((list(f[0]), list(sl[0])))
@@ -144,7 +150,7 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, st
                            alpha=alpha, seed=sched.order_seed, rounds=given)
     while (subset := finder.next_config()) is not None:  # the search says what to boot; this loop boots it
         st = sched.state_for(make_config(spec, arm_with(fast, slow, diffs, subset)))
-        m, = sched.measure([st], 1, metric=metric.name)  # retried under the one failure policy
+        m, = sched.measure([st], 1, metric=metric.name, point=point)  # retried under the one failure policy
         if m.samples:
             calls.append((subset, m.boot_ids[0]))
             finder.record(list(m.samples[0]))
@@ -165,7 +171,8 @@ def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, st
         except CommitError:
             commits = sched.ws.commits_between(slow.commit, fast.commit)
             expect = Expect.INCREASE if metric.worse is Expect.DECREASE else Expect.DECREASE
-        target = SearchTarget(metric.name, expect, env=slow.env, flags=slow.flags, hypothesis_id=hypothesis_id)
+        target = SearchTarget(metric.name, expect, env=slow.env, flags=slow.flags, hypothesis_id=hypothesis_id,
+                              point=point)
         bis = search_commits(sched, commits, target, dataclasses.replace(options.bisection, min_effect=min_effect))
         # Rows written before "leader" held the leader's posterior as "probability", beside a null culprit.
         record["bisection"] = {"id": bis.bisection_id, "culprit": bis.culprit, "leader": bis.leader,
@@ -201,25 +208,55 @@ def _side(h: PlannedHypothesis, side: str) -> Arm:
 
 
 def explain_file(spec: Spec, ledger: Ledger, fast: str, slow: str, options: ExplainOptions,
-                 setup: MeasureSetup) -> tuple[ExplainOutcome, Scheduler]:
+                 setup: MeasureSetup, *, at: str | None = None) -> tuple[ExplainOutcome, Scheduler]:
     """``harness explain FILE --fast HID.side --slow HID.side``: the metric and min_effect
     of the slow arm's hypothesis (``options.min_effect`` overrides). ``setup.order_seed``
-    seeds the order of boots (and the search's; default: a fresh one, stored with the run)."""
+    seeds the order of boots (and the search's; default: a fresh one, stored with the run).
+    A HID that is a load curve's id is its point hypothesis at ``at`` (``--at
+    concurrency=32``), or without it at the point of the curve's largest confirmed
+    effect (``run.points``); both arms read one point."""
     (fh, fs), (sh, ss) = parse_arm(fast, spec, option="--fast"), parse_arm(slow, spec, option="--slow")
+    sh, where = _at_point(spec, ledger, sh, at)
+    fh, _ = _at_point(spec, ledger, fh, where.label if where is not None else at)
     plan: Plan = make_plan(spec, cache_dir=setup.cache_dir)
     by_id = {h.id: h for h in plan.hypotheses}
     fast_arm, slow_h = _side(by_id[fh], fs), by_id[sh]
     if by_id[fh].metric.name != slow_h.metric.name:
         raise UserError(f"--fast {fast} and --slow {slow} measure different metrics "
                         f"({by_id[fh].metric.name} vs {slow_h.metric.name}); pick arms of hypotheses on one metric")
+    if by_id[fh].spec.point_label != slow_h.spec.point_label:
+        raise UserError(f"--fast {fast} and --slow {slow} read different load points ({by_id[fh].spec.point_label} "
+                        f"vs {slow_h.spec.point_label}); name arms of one point (or their curves, with --at)")
     if options.min_effect is None:
         options = dataclasses.replace(options, min_effect=slow_h.spec.min_effect)
     sched = setup.scheduler(plan, ledger)
     with sched.recording("explain"):
+        if where is not None:
+            sched.obs.message(f"explanation at {where.label} ({where.why}): every test compares that load "
+                              "point's values")
         out = explain_arms(sched, fast_arm, _side(slow_h, ss), names=(fast, slow), metric=slow_h.metric,
-                           options=options)
+                           options=options, point=slow_h.spec.point_label)
     sched.finish_run("done")
     return out, sched
+
+
+def _at_point(spec: Spec, ledger: Ledger, hid: str, at: str | None) -> tuple[str, PointChoice | None]:
+    """The hypothesis an arm's HID names and the load point it reads: a curve's id is its
+    point hypothesis at ``at`` (or its default point, ``run.points``); a point
+    hypothesis' id is itself, where ``at`` (if given) is its point; (hid, None) for a
+    hypothesis of one point, which ``at`` cannot move."""
+    h = next((x for x in spec.hypotheses if x.id == hid), None)
+    if h is None:  # parse_arm let it through: a curve's id
+        found, choice = curve_hypothesis(spec, ledger, hid, at)
+        return found.id, choice
+    if h.point is None:
+        if at is not None:
+            raise UserError(f"--at {at}: {hid} is a hypothesis of one load point; drop --at, or name a curve")
+        return hid, None
+    if at is not None and at != h.point_label:
+        raise UserError(f"--at {at}: {hid} is the point {h.point_label} of curve {h.curve}; name the curve "
+                        f"({h.curve}.baseline, {h.curve}.treatment) with --at, or drop --at")
+    return hid, PointChoice(h.point_label, f"the point of {hid}")
 
 
 def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None) -> ExplainOutcome:
@@ -231,4 +268,4 @@ def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None
     fast, slow = ("baseline", "treatment") if slow_is_treatment else ("treatment", "baseline")
     return explain_arms(sched, _side(h, fast), _side(h, slow), names=(f"{h.id}.{fast}", f"{h.id}.{slow}"),
                         metric=h.metric, options=ExplainOptions(min_effect=h.spec.min_effect), hypothesis_id=row.id,
-                        rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)])
+                        rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)], point=h.spec.point_label)

@@ -16,10 +16,20 @@ few boots stalled together does not alert. A regression is bisected at once betw
 last good night's commit and tonight's, reusing every boot the ledger already
 holds, and the run ends with status ``alert`` so the CI job can fail loudly. A
 commit that no longer builds or boots is an alert too.
+
+A file that sweeps load points measures them all in every boot, and each point is a
+series of its own (``report.series.point_series``: the config's series and the
+point's label): each is judged against its own earlier nights (from its own last
+alert), at ``alpha`` shared by Bonferroni over the points, so a night's false-alert
+rate stays ``alpha`` however many points it watches. The night names the point that
+regressed most (``NightlyOutcome.point``: its figures are the outcome's), says each
+point's answer (``points``), and bisects at that point.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from bisect_harness.run.bisect_runner import BisectOutcome, MeasureSetup, SearchTarget, engine_plan, search_commits
@@ -36,6 +46,7 @@ from bisect_harness.model import Arm, Expect
 from bisect_harness.plan.build import make_config, series_key
 from bisect_harness.spec import Spec
 from bisect_harness.decide.shift import Shift
+from bisect_harness.report.series import alerted_at, point_series
 
 
 @dataclass(frozen=True)
@@ -68,9 +79,35 @@ class NightlyOptions:
 
 
 @dataclass(frozen=True)
+class PointNight:
+    """One load point's night: its ``point`` (label; None: the benchmark's one point),
+    its ``series`` (``report.series.point_series``), its ``status`` (``first-night``,
+    ``ok`` or ``regression``), the earlier nights it was compared with, its shift and
+    the sentence that says it."""
+
+    point: str | None
+    series: str
+    status: str
+    nights_compared: int
+    shift: Shift | None
+    reason: str
+    reference_commit: str | None = None
+
+    def to_json(self) -> dict:
+        s = self.shift
+        return {"point": self.point, "series": self.series, "status": self.status,
+                "nights_compared": self.nights_compared, "reference_commit": self.reference_commit,
+                "ratio": s.ratio if s else None, "ci": list(s.ci) if s else None,
+                "p_value": s.p_value if s else None, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class NightlyOutcome:
     """What one night found. ``status``: ``first-night`` (nothing to compare yet),
-    ``ok``, ``regression`` or ``broken`` (tonight's commit failed to build or boot)."""
+    ``ok``, ``regression`` or ``broken`` (tonight's commit failed to build or boot).
+    On a file that sweeps load points, ``point`` is the point the night names (the one
+    that regressed most, else the nearest to alerting) whose figures these are, and
+    ``points`` each point's night."""
 
     run_id: int
     commit: str
@@ -83,6 +120,8 @@ class NightlyOutcome:
     bisection: BisectOutcome | None
     reason: str
     findings: tuple[Finding, ...] = ()  # contention of either night's boots, noisy calibration, a busy preflight
+    point: str | None = None
+    points: tuple[PointNight, ...] = ()
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -103,7 +142,8 @@ class NightlyOutcome:
                 "df": s.df if s else None,
                 "drift": list(self.drift), "reason": self.reason,
                 "bisection": self.bisection.to_json() if self.bisection else None, "warnings": list(self.warnings),
-                "findings": findings_to_json(self.findings)}
+                "findings": findings_to_json(self.findings), "point": self.point,
+                "points": [p.to_json() for p in self.points]}
 
 
 def run_nightly(spec: Spec, ledger: Ledger, options: NightlyOptions, setup: MeasureSetup
@@ -131,46 +171,91 @@ def run_nightly(spec: Spec, ledger: Ledger, options: NightlyOptions, setup: Meas
 
 def _judge(ex: Scheduler, st: ConfigState, arm: Arm, worse: Expect, options: NightlyOptions) -> NightlyOutcome:
     ledger, sha, metric = ex.ledger, arm.commit, options.metric
-    min_effect, alpha, window = options.min_effect, options.alpha, options.window
     run = ex.run
     if st.failed:
         return NightlyOutcome(run.id, sha, metric, "broken", 0, None, None, (), None,
                               f"tonight's commit {sha[:12]} could not be measured: {st.failed}")
-    history = ledger.nightly_history(series_key(ex.spec, arm), before_run=run.id)
-    # After an alert the level it found is the new normal: compare with that night onwards.
-    last_alert = max((i for i, (r, _, _) in enumerate(history) if r.status == "alert"), default=0)
-    history = history[last_alert:]
-    nights = [(r, c, [list(v) for v in ledger.boot_values(boots, metric).values]) for r, c, boots in history]
-    nights = [n for n in nights if n[2]][-window:]
-    newest = [list(v) for v in ledger.boot_values(st.good_boots, metric).values]
-    if len(nights) < 2 or not newest:
-        return NightlyOutcome(run.id, sha, metric, "first-night", len(nights), None, None, (), None,
-                              f"{len(nights)} earlier night(s) of this series to compare with; the test needs 2 "
-                              "(the spread between nights is its noise); tonight is recorded as a reference")
-    rule = NightRule([n[2] for n in nights], newest, worse=worse, min_effect=min_effect, alpha=alpha, window=window)
-    if rule.wants_fresh_boots:  # an alert must survive fresh boots of tonight's commit, up to the budget
+    series = series_key(ex.spec, arm)
+    history = ledger.nightly_history(series, before_run=run.id)
+    labels = [p.label for p in ex.spec.points] or [None]
+    alpha = options.alpha / len(labels)  # Bonferroni over the points: a night's false-alert rate stays alpha
+    looks = {label: _look(ledger, st, history, label, worse, options, alpha) for label in labels}
+    wanting = [label for label, (rule, _) in looks.items() if rule is not None and rule.wants_fresh_boots]
+    if wanting:  # an alert must survive fresh boots of tonight's commit, up to the budget (shared by the points)
         budget = ex.spec.defaults.max_boots_per_arm
-        ex.measure([st], max(0, budget - len(st.good_boots)), metric=metric, budget=max(0, budget - len(st.boots)))
-        rule.record([list(v) for v in ledger.boot_values(st.good_boots, metric).values])
-    shift = rule.shift
-    reference = nights[-1][1]
-    last_boots = [b for r, c, boots in history if r.id == nights[-1][0].id for b in boots]
+        ex.measure([st], max(0, budget - len(st.good_boots)), metric=metric, budget=max(0, budget - len(st.boots)),
+                   point=wanting[0])
+        for label in wanting:
+            looks[label][0].record([list(v) for v in ledger.boot_values(st.good_boots, metric, point=label).values])
+    nights = tuple(_point_night(series, label, rule, found, len(labels)) for label, (rule, found) in looks.items())
+    named = _named(nights)
+    swept = labels != [None]
+    _, last_night, _ = looks[named.point][1]
+    last_boots = [b for r, c, boots in history if r.id == last_night for b in boots]
     drift = tuple(d.message for d in host_drift(boot_records(last_boots), boot_records(st.good_boots)))
     thresholds = ex.spec.defaults.host_thresholds
     findings = tuple(host_state.contention_findings({"last night": last_boots, "tonight": st.boots}, thresholds)
                      + host_state.calibration_findings([run], thresholds))
-    if not shift.regressed:
-        return NightlyOutcome(run.id, sha, metric, "ok", len(nights), shift, reference, drift, None, shift.reason,
-                              findings)
-    outcome = None
-    reason = shift.reason
+    reason = named.reason
+    if swept:
+        others = [f"{p.point} {p.status}" for p in nights if p is not named]
+        reason = f"at {named.point}: {reason}" + (f" (the other points: {', '.join(others)})" if others else "")
+    outcome = NightlyOutcome(run.id, sha, metric, named.status, named.nights_compared, named.shift,
+                             named.reference_commit, drift if named.shift else (), None, reason,
+                             findings if named.shift else (), point=named.point if swept else None,
+                             points=nights if swept else ())
+    if named.status != "regression":
+        return outcome
+    reference = named.reference_commit
+    bisection = None
     if options.bisect and reference and reference != sha:
         commits = ex.ws.commits_between(reference, sha)
-        outcome = search_commits(ex, commits, SearchTarget(metric, worse, env=arm.env, flags=arm.flags),
-                                 options.search())
-        reason += (f"; culprit {outcome.culprit[:12]} (p={outcome.leader_probability:.2f})" if outcome.culprit
-                   else f"; bisection ended {outcome.stopped}")
+        bisection = search_commits(ex, commits, SearchTarget(metric, worse, env=arm.env, flags=arm.flags,
+                                                             point=named.point), options.search())
+        reason += (f"; culprit {bisection.culprit[:12]} (p={bisection.leader_probability:.2f})" if bisection.culprit
+                   else f"; bisection ended {bisection.stopped}")
     elif reference == sha:
         reason += "; same commit as the last night: the host or environment moved (see drift)"
-    return NightlyOutcome(run.id, sha, metric, "regression", len(nights), shift, reference, drift, outcome, reason,
-                          findings)
+    return dataclasses.replace(outcome, bisection=bisection, reason=reason)
+
+
+def _look(ledger: Ledger, st: ConfigState, history, label: str | None, worse: Expect, options: NightlyOptions,
+          alpha: float) -> tuple[NightRule | None, tuple]:
+    """One point's first look: its rule (None where it has fewer than two earlier nights or
+    no value tonight) and (the nights compared, the last one's run id and commit)."""
+    metric = options.metric
+    # After an alert at this point the level it found is the new normal: compare with that night onwards.
+    last_alert = max((i for i, (r, _, _) in enumerate(history) if alerted_at(r, label)), default=0)
+    nights = [(r, c, [list(v) for v in ledger.boot_values(boots, metric, point=label).values])
+              for r, c, boots in history[last_alert:]]
+    nights = [n for n in nights if n[2]][-options.window:]
+    newest = [list(v) for v in ledger.boot_values(st.good_boots, metric, point=label).values]
+    found = (len(nights), nights[-1][0].id if nights else None, nights[-1][1] if nights else None)
+    if len(nights) < 2 or not newest:
+        return None, found
+    return NightRule([n[2] for n in nights], newest, worse=worse, min_effect=options.min_effect, alpha=alpha,
+                     window=options.window), found
+
+
+def _point_night(series: str, label: str | None, rule: NightRule | None, found: tuple, points: int) -> PointNight:
+    n, _, reference = found
+    key = point_series(series, label)
+    if rule is None:
+        return PointNight(label, key, "first-night", n, None,
+                          f"{n} earlier night(s) of this series to compare with; the test needs 2 (the spread "
+                          "between nights is its noise); tonight is recorded as a reference")
+    shift = rule.shift
+    reason = shift.reason + (f" (alpha shared by {points} load points)" if points > 1 else "")
+    return PointNight(label, key, "regression" if shift.regressed else "ok", n, shift, reason, reference)
+
+
+def _named(nights) -> PointNight:
+    """The point a night names: the one that regressed most, else the one nearest to
+    alerting (the smallest p-value), else the first (every point a first night)."""
+    regressed = [p for p in nights if p.status == "regression"]
+    if regressed:
+        return max(regressed, key=lambda p: abs(math.log(p.shift.ratio)) if p.shift.ratio > 0 else 0.0)
+    compared = [p for p in nights if p.shift is not None]
+    if compared:
+        return min(compared, key=lambda p: p.shift.p_value)
+    return nights[0]
