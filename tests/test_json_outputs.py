@@ -150,3 +150,44 @@ def test_harness_schema_prints_each_output_schema(tmp_path):
     assert hypotheses.returncode == 0 and "hypotheses" in json.loads(hypotheses.stdout)["properties"]
     unknown = here("schema", "--output", "nope")
     assert unknown.returncode == 2 and "--output 'nope'" in unknown.stderr and "bisect" in unknown.stderr
+
+
+def test_a_curve_run_prints_each_point_grouped_under_its_curve(tmp_path, monkeypatch):
+    """``harness run --json`` (and ``ledger show --json``) of a hypothesis swept over four
+    concurrencies (``curve_boots.swept``: as the spec's ``sweep:`` expands it) whose
+    treatment wins at low load and loses at high: one entry per point with its curve and
+    point, and the curve's points' verdicts under ``curves``, with the answer the run
+    stored (null where it stored none, with the note that says so)."""
+    from bisect_harness import spec as spec_module
+    from curve_boots import Curved, swept
+
+    path = write_spec(tmp_path / "curve.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
+                      defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
+                                "host_preflight_s": 0},
+                      hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
+                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%"}])
+    load = spec_module.load_spec
+    monkeypatch.setattr(spec_module, "load_spec", lambda file: swept(load(file), "spec-wins"))
+    drafting = Curved(lambda r, c: {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}[c] if dict(r.flags).get("spec") else 1.0)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    ran = _json(harness_here("run", path, "--no-calibration", "--json", "--ledger", url, "--journal-dir",
+                             tmp_path / "exp", handler=drafting, cwd=tmp_path))
+    shown = _json(here("ledger", "show", ran["run_id"], "--ledger", url, "--json"))
+    validator = Draft202012Validator(output_schema("run"))
+    for out in (ran, shown):
+        validator.validate(out)
+        assert out["schema_version"] == VERSIONS["run"] == 3
+        labels = [f"concurrency={c}" for c in (1, 4, 16, 32)]
+        assert [(h["id"], h["curve"], h["point"]) for h in out["hypotheses"]] == [
+            (f"spec-wins@{x}", "spec-wins", x) for x in labels]
+        (curve,) = out["curves"]
+        assert curve["curve"] == "spec-wins" and [p["label"] for p in curve["points"]] == labels
+        assert [p["verdict"] for p in curve["points"]] == [h["verdict"] for h in out["hypotheses"]]
+        assert [p["verdict"] for p in curve["points"]][:2] == ["confirmed", "confirmed"]
+        assert [p["effect"] for p in curve["points"]] == [h["effect"] for h in out["hypotheses"]]
+        if curve["answer"] is None:  # the run stored no answer: said, never made up
+            assert curve["answer_note"] == "curve answer not recorded"
+        else:  # the answer the executor stored from the points' verdicts
+            assert curve["answer_note"] is None and curve["answer"]["largest"] == "concurrency=1"
+    with pytest.raises(ValidationError):  # a run's output without curves is an older version's
+        validator.validate({k: v for k, v in ran.items() if k != "curves"})

@@ -217,7 +217,8 @@ def explain_file(spec: Spec, ledger: Ledger, fast: str, slow: str, options: Expl
     effect (``run.points``); both arms read one point."""
     (fh, fs), (sh, ss) = parse_arm(fast, spec, option="--fast"), parse_arm(slow, spec, option="--slow")
     sh, where = _at_point(spec, ledger, sh, at)
-    fh, _ = _at_point(spec, ledger, fh, where.label if where is not None else at)
+    fast_curve = all(h.id != fh for h in spec.hypotheses)  # a curve's id: at the slow arm's point
+    fh, _ = _at_point(spec, ledger, fh, where.label if where is not None and fast_curve else at)
     plan: Plan = make_plan(spec, cache_dir=setup.cache_dir)
     by_id = {h.id: h for h in plan.hypotheses}
     fast_arm, slow_h = _side(by_id[fh], fs), by_id[sh]
