@@ -77,7 +77,8 @@ def test_the_context_a_server_was_given_is_compared_with_its_slot(case, slot, sl
     if "parallel" in flags:
         assert statuses(rep)["parallel"] == MATCHED
     # what /props does not say stays not reported, never matched
-    assert {f for f, s in statuses(rep).items() if s == NOT_REPORTED} == {"kv-unified", "kv-unified-per-slot"} & set(flags)
+    unreported = {f for f, s in statuses(rep).items() if s == NOT_REPORTED}
+    assert unreported == {"kv-unified", "kv-unified-per-slot"} & set(flags)
     assert FlagReport.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
 
 
@@ -217,6 +218,11 @@ def test_slot_bounds_and_what_cannot_be_told():
 ])
 def test_values_match_float32_and_one_of(a, b, mode, eq):
     assert values_match(a, b, mode) is eq
+
+
+def test_the_slot_context_is_no_value_to_value_comparison():
+    with pytest.raises(ValueError, match="flag_report"):
+        values_match(1024, 512, "slot_context")
 
 
 # --------------------------------------------------------------------------- vLLM without /server_info

@@ -174,6 +174,9 @@ def values_match(requested: Any, effective: Any, mode: str = "equal") -> bool:
         return values_equal(requested, effective) if a is None or b is None else a == b
     if mode == "one_of":
         return _one_of(requested, effective)
+    if mode == "slot_context":
+        raise ValueError("compare mode 'slot_context' reads the slot count and the other flags as well: "
+                         "compare such a flag through flag_report")
     if mode != "equal":
         raise ValueError(f"unknown compare mode {mode!r}")
     return values_equal(requested, effective)
@@ -281,5 +284,5 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     return FlagReport(tuple(checks), note)
 
 
-__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "MODEL_CARD_FLAGS", "NOT_REPORTED",
-           "NO_KEY", "flag_report", "normalise_flag", "values_match"]
+__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "MODEL_CARD_FLAGS",
+           "NOT_REPORTED", "NO_KEY", "flag_report", "normalise_flag", "values_match"]
