@@ -183,8 +183,8 @@ def values_match(requested: Any, effective: Any, mode: str = "equal") -> bool:
 
 
 #: The flags an OpenAI model list answers (``GET /v1/models``: ``{"object": "list", "data":
-#: [card]}``), by the field of its one card: vLLM's and SGLang's ModelCard carry the served
-#: name (``id``), the model it was loaded from (``root``) and ``max_model_len``
+#: [card]}``), by the field of its one card: vLLM's ModelCard carries the served name
+#: (``id``), the model it was loaded from (``root``) and ``max_model_len``
 #: (vllm/entrypoints/openai/models/serving.py show_available_models, vLLM 0.32).
 MODEL_CARD_FLAGS: Mapping[str, str] = {"id": "served_model_name", "root": "model", "max_model_len": "max_model_len"}
 
