@@ -29,7 +29,8 @@ from bisect_harness.workload import (ARRIVALS, POINT_KEYS, SWEEP_AXES, Capacity,
                                      SharedPrefix, SloTerm, requests_for_percentile)
 
 __all__ = ["KEYS", "DATASET_MODES", "GOODPUT", "CAPACITY", "WORKLOAD_SOURCES", "percentile_of", "read_workload",
-           "read_sweep", "check_benchmark", "check_points_and_sizes", "slo_named", "tool_cannot"]
+           "read_sweep", "check_benchmark", "check_points_and_sizes", "is_slo_metric", "slo_named",
+           "tool_cannot"]
 
 #: ``benchmark:`` keys of the workload, read here (each a field of ``BenchmarkSpec`` but
 #: ``sweep``, which expands the hypotheses)
@@ -150,11 +151,11 @@ def _slo(r: _Reader, value) -> tuple[SloTerm, ...]:
     if not value:
         raise r.doc.error("benchmark.slo", "an empty SLO: name at least one limit, e.g. {ttft_p99_ms: 500}, or "
                           "remove the key")
-    allowed = [name for name in CLIENT_METRICS if _slo_metric(name)]
+    allowed = [name for name in CLIENT_METRICS if is_slo_metric(name)]
     out = []
     for name, limit in value.items():
         path = f"benchmark.slo.{name}"
-        if not _slo_metric(name):
+        if not is_slo_metric(name):
             raise r.doc.error(path, f"an SLO bounds a percentile of a latency every request has; known: "
                               f"{', '.join(allowed)}")
         out.append(SloTerm(metric=name, limit=r.number(limit, path, "a limit in milliseconds", maximum=_MAX_MS,
@@ -162,7 +163,7 @@ def _slo(r: _Reader, value) -> tuple[SloTerm, ...]:
     return tuple(out)
 
 
-def _slo_metric(name: str) -> bool:
+def is_slo_metric(name: str) -> bool:
     """Whether an SLO may bound ``name``: an exact percentile metric of the client
     (``ttft_p99_ms``, no interval bound) whose per-request quantity (``ttft_ms``) is a
     client metric too, so a request can meet it on its own (goodput)."""
