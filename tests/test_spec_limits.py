@@ -184,8 +184,8 @@ def test_the_documented_caps_are_in_the_format_doc():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "hypotheses-format.md").read_text()
-    for name in ("MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS", "MAX_HYPOTHESES", "MAX_COUNT",
-                 "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT"):
+    for name in ("MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS", "MAX_HYPOTHESES", "MAX_SWEEP_POINTS",
+                 "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT"):
         assert f"{getattr(reader, name):,}" in doc, name
 
 

@@ -20,7 +20,8 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import FlagValue
 
 __all__ = ["effect_value", "parse_effect", "MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS",
-           "MAX_HYPOTHESES", "MAX_SWEEP_POINTS", "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT", "MAX_SECONDS", "MAX_SEED"]
+           "MAX_HYPOTHESES", "MAX_SWEEP_POINTS", "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT", "MAX_SECONDS",
+           "MAX_SEED"]
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")

@@ -397,7 +397,8 @@ def _slo_metric_fits(r: _Reader, at: BenchmarkSpec, h, metric: str, key: str) ->
         for term in at.slo:
             need = requests_for_percentile(term.percentile)
             if at.capacity.trial_requests < need:
-                raise r.doc.error("benchmark.capacity.trial_requests", f"hypothesis {h.id}: each capacity trial is a sample of "
+                raise r.doc.error("benchmark.capacity.trial_requests",
+                                  f"hypothesis {h.id}: each capacity trial is a sample of "
                                   f"{at.capacity.trial_requests} requests, and the SLO term {term.describe()} (a "
                                   f"p{term.percentile:g}) needs at least {need}: write capacity: {{trial_requests: "
                                   f"{need}}}")
