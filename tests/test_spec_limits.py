@@ -205,7 +205,7 @@ trees = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                       st.dictionaries(st.text(max_size=8), kids, max_size=4)),
                      max_leaves=12)
 SECTIONS = ("engine", "benchmark", "defaults", "hypotheses")
-HYP_KEYS = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
+HYP_KEYS = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "sweep", "bisect")
 
 
 @st.composite

@@ -353,9 +353,9 @@ def check_points_and_sizes(r: _Reader, bench: BenchmarkSpec, hyps, paths: Mappin
     if swept:
         for h in hyps:
             if h.point is None:
-                raise r.doc.error(f"{paths[h.id]}", f"hypothesis {h.id} has no sweep, and {swept[0].id}'s makes "
-                                  "every boot measure its points only: the benchmark's own point is not among "
-                                  "them. Give this hypothesis a sweep of its own (e.g. sweep: [{concurrency: "
+                raise r.doc.error(paths[h.id], f"hypothesis {h.id} has no sweep, and the sweep of "
+                                  f"{swept[0].curve} makes every boot measure its points only: the benchmark's own "
+                                  "point is not among them. Give this hypothesis a sweep of its own (e.g. sweep: [{concurrency: "
                                   f"{bench.concurrency}}}]), or write the sweep once as benchmark.sweep")
     open_somewhere = bench.open_loop or bench.capacity is not None or any(
         h.point.apply(bench).open_loop for h in swept)
@@ -372,7 +372,7 @@ def check_points_and_sizes(r: _Reader, bench: BenchmarkSpec, hyps, paths: Mappin
                 _slo_metric_fits(r, at, h, metric, key)
             q = percentile_of(metric)
             if q is not None:
-                _sized(r, at, h, metric, f"{metric}, a p{q:g}", requests_for_percentile(q), written)
+                _sized(r, at, h, f"{metric}, a p{q:g}", requests_for_percentile(q))
 
 
 def slo_named(r: _Reader, metric, key: str, bench: BenchmarkSpec) -> None:
@@ -404,11 +404,11 @@ def _slo_metric_fits(r: _Reader, at: BenchmarkSpec, h, metric: str, key: str) ->
                                   f"{need}}}")
         return
     for term in at.slo:
-        _sized(r, at, h, metric, f"{metric} under the SLO term {term.describe()} (a p{term.percentile:g})",
-               requests_for_percentile(term.percentile), set())
+        _sized(r, at, h, f"{metric} under the SLO term {term.describe()} (a p{term.percentile:g})",
+               requests_for_percentile(term.percentile))
 
 
-def _sized(r: _Reader, at: BenchmarkSpec, h, metric: str, what: str, need: int, written: set[str]) -> None:
+def _sized(r: _Reader, at: BenchmarkSpec, h, what: str, need: int) -> None:
     """Refuse a sample of ``at`` that holds fewer than ``need`` requests (or cannot say)."""
     point = f" at {h.point.label}" if h.point is not None else ""
 
