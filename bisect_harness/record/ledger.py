@@ -461,10 +461,9 @@ class Ledger:
 
     def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False,
                     point: str | None = None) -> BootValues:
-        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out.
-        ``quiet``: only the samples whose own contention window crossed no threshold;
-        ``point``: only those of that load point (``BootRecord.values``, the one reduction
-        of a boot's samples)."""
+        """The sample values of ``metric`` (at load point ``point``) per usable (``ok``) boot;
+        boots without any are left out. ``quiet``: only the samples whose own contention
+        window crossed no threshold (``BootRecord.values``, the one reduction of a boot's samples)."""
         return BootValues.of(boot_records(boots), metric, quiet=quiet, point=point)
 
     def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:

@@ -21,8 +21,13 @@ __all__ = ["COMPARE_MODES", "FALSE_STYLES", "PRESETS", "Preset", "get_preset", "
 #: How a requested flag value is compared with the value the server reports:
 #: ``equal`` (type-tolerant equality), ``dtype`` (``torch.bfloat16`` == ``bfloat16``
 #: == ``bf16``), ``subset`` (a requested mapping's keys must be reported with equal
-#: values; the server may report more keys, as vLLM's speculative config does).
-COMPARE_MODES = ("equal", "dtype", "subset")
+#: values; the server may report more keys, as vLLM's speculative config does),
+#: ``float32`` (equal as C floats: llama.cpp reports ``--temp 0.8`` as
+#: ``0.800000011920929``), ``one_of`` (one of the requested names is reported:
+#: llama.cpp's ``--alias b,a`` as ``a``), ``slot_context`` (the context of one slot,
+#: reported beside the slot count, against the asked total: llama.cpp's ``--ctx-size``;
+#: :mod:`bisect_harness.observe.provenance.slot_context`).
+COMPARE_MODES = ("equal", "dtype", "subset", "float32", "one_of", "slot_context")
 
 #: How a YAML ``false`` becomes argv: ``"omit"`` (store_true engines) or
 #: ``"no-prefix"`` (``--no-KEY``, argparse.BooleanOptionalAction engines).

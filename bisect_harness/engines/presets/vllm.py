@@ -4,7 +4,8 @@ vLLM (``vllm serve MODEL``): the model is positional (``--model`` is
 deprecated for ``vllm serve``); ``/health``, ``/version``, ``/v1/models``,
 ``/metrics`` always exist; ``/server_info`` exists only with
 ``VLLM_SERVER_DEV_MODE=1`` and with ``?config_format=json`` returns
-``{"vllm_config": {...nested config...}}``. Booleans use
+``{"vllm_config": {...nested config...}}``; without it, ``/v1/models`` answers the
+model, the served name and ``max_model_len``. Booleans use
 ``BooleanOptionalAction``: ``false`` becomes ``--no-KEY``. ``--speculative-config``
 takes one JSON argument. ``dtype`` comes back as ``torch.bfloat16`` and the
 speculative config with every field it resolved (0.33.0), hence the preset's
@@ -30,7 +31,9 @@ _VLLM = register_preset(Preset(
     health_path="/health",
     ready_timeout_s=1800.0,
     health_request_timeout_s=10.0,
-    server_info_paths=("/server_info?config_format=json", "/version"),
+    # /v1/models where /server_info is off (a server started without VLLM_SERVER_DEV_MODE):
+    # its one card answers the model (root), the served name (id) and max_model_len
+    server_info_paths=("/server_info?config_format=json", "/v1/models", "/version"),
     # vllm/entrypoints/openai/completion/serving.py (0.33.0): per-request metrics ride on the
     # final usage chunk, sent only with stream_options.include_usage and the server's flag
     source_notes={"last_chunk": "vLLM sends per-request metrics in its final usage chunk only with "
@@ -50,6 +53,7 @@ _VLLM = register_preset(Preset(
     positional_after="serve",
     info_keys={
         "model": "vllm_config.model_config.model",
+        "served-model-name": "vllm_config.model_config.served_model_name",
         "tensor-parallel-size": "vllm_config.parallel_config.tensor_parallel_size",
         "pipeline-parallel-size": "vllm_config.parallel_config.pipeline_parallel_size",
         "data-parallel-size": "vllm_config.parallel_config.data_parallel_size",
@@ -67,7 +71,8 @@ _VLLM = register_preset(Preset(
     # (vllm/entrypoints/serve/dev/server_info/api_router.py in 0.33.0): a torch dtype
     # comes back as "torch.bfloat16", and the speculative config with every field it
     # resolved, not only the ones requested.
-    info_compare={"dtype": "dtype", "speculative-config": "subset"},
+    # A list of served names is reported as its first (vllm/config/model.py get_served_model_name).
+    info_compare={"dtype": "dtype", "speculative-config": "subset", "served-model-name": "one_of"},
     # `vllm serve --help` lists config groups only; --help=all lists every flag.
     help_args=("--help=all",),
     # Other flags live somewhere in the nested config; guessing would report
