@@ -1,15 +1,12 @@
-"""Load curves for the tests of what a user sees of them, answered by the mock backend.
+"""The mock backend's handler for the tests of what a user sees of a load curve.
 
-:func:`swept` expands a hypothesis of a loaded file into one hypothesis per load
-point, as the spec's ``sweep:`` does (ids ``<id>@<label>``, ``curve`` the id,
-``point`` the point), so these tests need no spec reader of sweeps. :class:`Curved`
-is the mock backend's handler: each boot answers at every load point of its
-request, each sample carrying its point's label, as ``backends.procedure`` does.
+:class:`Curved` answers each boot at every load point of its request
+(``benchmark.points``, from the file's ``sweep:``), each sample carrying its point's
+label, as ``backends.procedure`` does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
 from typing import Callable
@@ -19,17 +16,6 @@ from bisect_harness.boot import SampleOutcome
 from bisect_harness.workload import LoadPoint
 
 POINTS = tuple(LoadPoint.of(concurrency=c) for c in (1, 4, 16, 32))
-
-
-def swept(spec, hid: str, points=POINTS):
-    """``spec`` with hypothesis ``hid`` expanded into one hypothesis per point."""
-    out = []
-    for h in spec.hypotheses:
-        if h.id != hid:
-            out.append(h)
-            continue
-        out += [dataclasses.replace(h, id=f"{hid}@{p.label}", point=p, curve=hid) for p in points]
-    return dataclasses.replace(spec, hypotheses=tuple(out), family_size=len(out))
 
 
 class Curved:

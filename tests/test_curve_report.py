@@ -4,11 +4,11 @@ table of points, the plot), ``--json``'s curves, ``--at`` for ``harness bisect``
 true`` on a curve, and nightly's series per point.
 
 The runs are the real library calls on a real SQLite ledger (and, where commits are
-searched, a real git history); the boots are the mock backend's
-(``curve_boots.Curved``: every boot answers at every load point). Until the spec
-reads ``sweep:``, a curve is made as the reader will make it (``curve_boots.swept``).
-Where a test needs the curve's answer stored, it writes ``runs.summary["curves"]``
-as the executor does (``CurveAnswer.to_json``).
+searched, a real git history), each file's curve a hypothesis with a ``sweep:``; the
+boots are the mock backend's (``curve_boots.Curved``: every boot answers at every
+load point). Where a test needs the curve's answer stored, or not, it writes
+``runs.summary["curves"]`` as the executor does (``CurveAnswer.to_json``), or takes it
+out.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ from bisect_harness.run.explain_runner import ExplainOptions, explain_file
 from bisect_harness.run.nightly import NightlyOptions, run_nightly
 from bisect_harness.spec import load_spec
 from bisect_harness.workload import LoadPoint
-from curve_boots import POINTS, Curved, swept
+from curve_boots import POINTS, Curved
 from helpers import write_spec
 from journal_scenarios import history
 
 ENGINE = {"preset": "openai", "launch": ["my-server", "--port", "{port}"]}
 DEFAULTS = {"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2, "host_preflight_s": 0}
+SWEEP = {"concurrency": [1, 4, 16, 32]}
 #: treatment / baseline at each concurrency: drafting wins while the GPU idles, loses once batches fill
 RATIOS = {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}
 LABELS = tuple(p.label for p in POINTS)
@@ -50,12 +51,11 @@ def drafting(r, c: int) -> float:
     return RATIOS[c] if dict(r.flags).get("spec") else 1.0
 
 
-def curve_spec(tmp: Path, **extra):
+def curve_spec(tmp: Path):
     hyps = [{"id": "spec-wins", "statement": "Drafting makes decode at least 10% faster.", "baseline": {},
              "treatment": {"flags": {"spec": 1}}, "metric": "tok_s", "expect": "increase", "min_effect": "10%",
-             **extra}]
-    return swept(load_spec(write_spec(tmp / "hypotheses.yaml", engine=ENGINE, hypotheses=hyps, defaults=DEFAULTS)),
-                 "spec-wins")
+             "sweep": SWEEP}]
+    return load_spec(write_spec(tmp / "hypotheses.yaml", engine=ENGINE, hypotheses=hyps, defaults=DEFAULTS))
 
 
 def run_curve(tmp: Path, spec, handler, db: Path) -> int:
@@ -249,9 +249,9 @@ def capped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("capped")
     order = regressed_history(tmp)
     hyps = [{"id": "capped", "baseline": {"commit": order[0]}, "treatment": {"commit": order[-1]},
-             "metric": "tok_s", "expect": "decrease", "min_effect": "10%", "bisect": True}]
-    spec = swept(load_spec(write_spec(tmp / "capped.yaml", engine={**ENGINE, "repo": str(tmp / "engine")},
-                                      hypotheses=hyps, defaults=DEFAULTS)), "capped")
+             "metric": "tok_s", "expect": "decrease", "min_effect": "10%", "bisect": True, "sweep": SWEEP}]
+    spec = load_spec(write_spec(tmp / "capped.yaml", engine={**ENGINE, "repo": str(tmp / "engine")},
+                                hypotheses=hyps, defaults=DEFAULTS))
     db = tmp / "capped.db"
     handler = Curved(batch_cap(order))
     with Ledger(f"sqlite:///{db}") as led:
@@ -301,9 +301,11 @@ def test_an_unknown_point_is_refused_naming_the_points(capped, tmp_path):
                                         "concurrency=1, concurrency=4, concurrency=16, concurrency=32"):
         search(tmp, spec, order, db, at="concurrency=8")
     # a file that sweeps nothing takes no --at
-    one = dataclasses.replace(spec, hypotheses=tuple(dataclasses.replace(h, id="one", point=None, curve=None)
-                                                     for h in spec.hypotheses[:1]))
-    with pytest.raises(UserError, match="sweeps no load points.*drop --at"):
+    one = load_spec(write_spec(tmp_path / "one.yaml", engine={**ENGINE, "repo": str(tmp / "engine")},
+                               defaults=DEFAULTS, hypotheses=[{"id": "one", "baseline": {}, "treatment": {},
+                                                               "metric": "tok_s", "expect": "decrease",
+                                                               "min_effect": "10%"}]))
+    with pytest.raises(UserError, match="one.yaml sweeps no load points.*drop --at"):
         search(tmp, one, order, db, at="concurrency=8")
     # no run recorded a confirmed point: nothing to default to
     with pytest.raises(UserError, match="no run of it in the ledger .* confirmed a point of a curve on "
@@ -313,9 +315,8 @@ def test_an_unknown_point_is_refused_naming_the_points(capped, tmp_path):
 
 def test_harness_explain_takes_a_curve_at_a_point(tmp_path):
     hyps = [{"id": "tuned", "baseline": {}, "treatment": {"env": {"A": "1", "B": "1"}}, "metric": "tok_s",
-             "expect": "decrease", "min_effect": "10%"}]
-    spec = swept(load_spec(write_spec(tmp_path / "tuned.yaml", engine=ENGINE, hypotheses=hyps, defaults=DEFAULTS)),
-                 "tuned")
+             "expect": "decrease", "min_effect": "10%", "sweep": SWEEP}]
+    spec = load_spec(write_spec(tmp_path / "tuned.yaml", engine=ENGINE, hypotheses=hyps, defaults=DEFAULTS))
     a_caps = Curved(lambda r, c: {16: 0.8, 32: 0.6}.get(c, 1.0) if dict(r.arm_env).get("A") == "1" else 1.0)
     db = tmp_path / "explain.db"
 
@@ -351,9 +352,9 @@ def test_harness_explain_takes_a_curve_at_a_point(tmp_path):
 def test_nightly_tracks_each_point_as_its_own_series_and_names_the_point(tmp_path):
     order = regressed_history(tmp_path)
     hyps = [{"id": "watch", "baseline": {}, "treatment": {}, "metric": "tok_s", "expect": "decrease",
-             "min_effect": "10%"}]
-    spec = swept(load_spec(write_spec(tmp_path / "nightly.yaml", engine={**ENGINE, "repo": str(tmp_path / "engine")},
-                                      hypotheses=hyps, defaults=DEFAULTS)), "watch")
+             "min_effect": "10%", "sweep": SWEEP}]
+    spec = load_spec(write_spec(tmp_path / "nightly.yaml", engine={**ENGINE, "repo": str(tmp_path / "engine")},
+                                hypotheses=hyps, defaults=DEFAULTS))
     handler = Curved(batch_cap(order))
     db = tmp_path / "nights.db"
 
@@ -399,9 +400,9 @@ def test_change_points_are_found_per_point_and_say_which(tmp_path):
     search in between: the pass finds the step at 32, and none at 1."""
     order = regressed_history(tmp_path)
     hyps = [{"id": "watch", "baseline": {}, "treatment": {}, "metric": "tok_s", "expect": "decrease",
-             "min_effect": "10%"}]
-    spec = swept(load_spec(write_spec(tmp_path / "nightly.yaml", engine={**ENGINE, "repo": str(tmp_path / "engine")},
-                                      hypotheses=hyps, defaults=DEFAULTS)), "watch", points=(POINTS[0], POINTS[-1]))
+             "min_effect": "10%", "sweep": {"concurrency": [1, 32]}}]
+    spec = load_spec(write_spec(tmp_path / "nightly.yaml", engine={**ENGINE, "repo": str(tmp_path / "engine")},
+                                hypotheses=hyps, defaults=DEFAULTS))
     handler = Curved(batch_cap(order))
     db = tmp_path / "nights.db"
     with Ledger(f"sqlite:///{db}") as led:

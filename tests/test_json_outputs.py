@@ -152,22 +152,20 @@ def test_harness_schema_prints_each_output_schema(tmp_path):
     assert unknown.returncode == 2 and "--output 'nope'" in unknown.stderr and "bisect" in unknown.stderr
 
 
-def test_a_curve_run_prints_each_point_grouped_under_its_curve(tmp_path, monkeypatch):
+def test_a_curve_run_prints_each_point_grouped_under_its_curve(tmp_path):
     """``harness run --json`` (and ``ledger show --json``) of a hypothesis swept over four
-    concurrencies (``curve_boots.swept``: as the spec's ``sweep:`` expands it) whose
-    treatment wins at low load and loses at high: one entry per point with its curve and
+    concurrencies whose treatment wins at low load and loses at high (the mock backend's
+    ``curve_boots.Curved``): one entry per point with its curve and
     point, and the curve's points' verdicts under ``curves``, with the answer the run
     stored (null where it stored none, with the note that says so)."""
-    from bisect_harness import spec as spec_module
-    from curve_boots import Curved, swept
+    from curve_boots import Curved
 
     path = write_spec(tmp_path / "curve.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
                       defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
                                 "host_preflight_s": 0},
                       hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
-                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%"}])
-    load = spec_module.load_spec
-    monkeypatch.setattr(spec_module, "load_spec", lambda file: swept(load(file), "spec-wins"))
+                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%",
+                                   "sweep": {"concurrency": [1, 4, 16, 32]}}])
     drafting = Curved(lambda r, c: {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}[c] if dict(r.flags).get("spec") else 1.0)
     url = f"sqlite:///{tmp_path / 'r.db'}"
     ran = _json(harness_here("run", path, "--no-calibration", "--json", "--ledger", url, "--journal-dir",
