@@ -390,6 +390,10 @@ def test_nightly_tracks_each_point_as_its_own_series_and_names_the_point(tmp_pat
     assert [n.value / (100 * 32 ** 0.5) for n in at_32[:7]] == pytest.approx([1] * 6 + [0.6], rel=0.05)
     assert [n.value / 100 for n in at_1[:7]] == pytest.approx([1] * 7, rel=0.05)
     assert at_32[6].status == "alert" and at_1[6].status == "done"  # tonight alerted at 32, not at 1
+    with Ledger(f"sqlite:///{db}") as led:
+        text = journal.render(led, led.run(run_id))
+    row = next(line for line in text.splitlines() if line.startswith("| concurrency=32 |"))
+    assert row.startswith("| concurrency=32 | **regression** | 6 | 0.") and f"`{series}@concurrency=32`" in row
     json_out = {"schema_version": VERSIONS["nightly"], **tonight.to_json()}
     Draft202012Validator(output_schema("nightly")).validate(json_out)
     assert json_out["point"] == "concurrency=32" and [p["point"] for p in json_out["points"]] == list(LABELS)
