@@ -31,10 +31,10 @@ from typing import Any, Mapping, Sequence
 from bisect_harness.decide.curve import CurveAnswer
 from bisect_harness.model import Outcome, shown_outcome
 from bisect_harness.record.ledger import boot_records
-from bisect_harness.report import plots
+from bisect_harness.report import plots, reproduce
 from bisect_harness.report.cells import effect, fmt, md
 
-__all__ = ["NOT_RECORDED", "Curve", "CurvePoint", "CurveRow", "CurveSection", "curve_json", "curve_line",
+__all__ = ["NOT_RECORDED", "Curve", "CurvePoint", "CurveRow", "CurveSection", "axis_of", "curve_json", "curve_line",
            "curves_of", "default_point", "memberships", "section", "stored_answers"]
 
 #: What the page and ``--json`` say of a curve whose answer the run did not store.
@@ -195,9 +195,9 @@ class CurveSection:
     plot_missing: str | None
 
 
-def section(curve: Curve, *, plots_dir: Path | None, stem: str, unit: str, file_part) -> CurveSection:
+def section(curve: Curve, *, plots_dir: Path | None, stem: str, unit: str) -> CurveSection:
     """The journal's block of ``curve``; its plot written into ``plots_dir`` (None: no
-    plot) as ``<stem>-curve-<id>.png`` (``file_part`` makes the id a file name's part)."""
+    plot) as ``<stem>-curve-<id>.png``."""
     rows, before = [], None
     for p in curve.points:
         rows.append(CurveRow(point=md(p.label), hypothesis=md(p.hypothesis), baseline=_mean_cell(p.baseline, unit),
@@ -205,7 +205,7 @@ def section(curve: Curve, *, plots_dir: Path | None, stem: str, unit: str, file_
                              ratio=effect(p.ratio, *(p.ci or (None, None))), verdict=p.outcome,
                              changes=before is not None and p.outcome != before))
         before = p.outcome
-    plot, missing = _plot(curve, plots_dir, stem, unit, file_part)
+    plot, missing = _plot(curve, plots_dir, stem, unit)
     return CurveSection(id=curve.id, metric=curve.metric, claim=_claim(curve), words=md(_words(curve)),
                         recorded=curve.answer is not None, largest=curve.answer.largest if curve.answer else None,
                         rows=tuple(rows), plot=plot, plot_missing=missing)
@@ -251,7 +251,7 @@ def axis_of(points: Sequence[CurvePoint]) -> tuple[str | None, tuple[float | Non
     return axis, xs, log
 
 
-def _plot(curve: Curve, plots_dir: Path | None, stem: str, unit: str, file_part) -> tuple[str | None, str | None]:
+def _plot(curve: Curve, plots_dir: Path | None, stem: str, unit: str) -> tuple[str | None, str | None]:
     if plots_dir is None:
         return None, None
     axis, xs, log = axis_of(curve.points)
@@ -261,7 +261,7 @@ def _plot(curve: Curve, plots_dir: Path | None, stem: str, unit: str, file_part)
     size = curve.min_effect
     threshold = (1.0 + size if curve.expect == "increase" else 1.0 - size) if size else None
     try:
-        drawn = plots.plot_curve(drawn_points, Path(plots_dir) / f"{stem}-curve-{file_part(curve.id)}.png",
+        drawn = plots.plot_curve(drawn_points, Path(plots_dir) / f"{stem}-curve-{reproduce.file_part(curve.id)}.png",
                                  title=f"curve {curve.id}: {curve.metric} ({_claim(curve)}) at each load point",
                                  metric=curve.metric, unit=unit, axis=axis, log=log, threshold=threshold)
     except plots.PlotNotWritten as exc:  # a full disk: the journal says what is missing

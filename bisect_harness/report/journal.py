@@ -226,7 +226,7 @@ def _curve_sections(curves: Sequence[curve_view.Curve], page: _Page) -> dict[str
     for curve in curves:
         first = next(h for h in page.run.hypotheses if h.hid in {p.hypothesis for p in curve.points})
         out[first.hid] = curve_view.section(curve, plots_dir=page.plots_dir, stem=page.stem,
-                                            unit=_unit(first, page.run.spec_text), file_part=reproduce.file_part)
+                                            unit=_unit(first, page.run.spec_text))
     return out
 
 
