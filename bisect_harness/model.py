@@ -117,7 +117,7 @@ CLIENT_METRICS: dict[str, Metric] = {
 #: Percentiles of the client's per-request timings, one value per sample (see
 #: ``percentiles.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions),
 #: each with the ends of its distribution-free 95% interval (``_lo``, ``_hi``: NaN where the
-#: sample has too few values for that end, e.g. a p99's upper end below 367 requests).
+#: sample has too few values for that end, e.g. a p99's upper end below 368 requests).
 PERCENTILES = (50, 90, 99)
 CLIENT_METRICS.update({
     m.name: m

@@ -26,7 +26,7 @@ Conover, *Practical Nonparametric Statistics*, 1999). Each end is also a one-sid
 bound at 1 - (1 - confidence) / 2 on its own.
 
 An end is NaN where the sample is too small to have it: a p99's upper end needs
-0.99^n <= 0.025, n >= 367 requests (a p50's, n >= 6); below that no order statistic
+0.99^n <= 0.025, n >= 368 requests (a p50's, n >= 6); below that no order statistic
 of the sample is, at that confidence, above the true p99, which is what a "p99 of 100
 requests" hides. The interval assumes the values independent: a sample's requests
 nearly are (they share the server's state), its ITL values are not (the tokens of one
