@@ -246,3 +246,41 @@ def test_a_sample_under_an_slo_carries_goodput_and_slo_met():
         m = measure_sample_detail(srv.base_url, bench).result.metrics
     assert m["slo_met"] == 0.0 and m["goodput_rps"] == 0.0  # no request ends within 1 ms
     assert "send_lag_p99_ms" not in m  # closed loop
+
+
+# --------------------------------------------------------------------------- in a boot
+
+
+def demo_boot_request(tmp_path, **bench):
+    """The request of one boot of the demo engine (2 samples) with ``bench`` laid over the
+    small benchmark: what the plan would hand the backend for such a spec."""
+    from bisect_harness.plan.build import make_plan
+    from bisect_harness.spec import load_spec
+    from helpers import SMALL_BENCH, write_spec
+
+    spec_ = load_spec(write_spec(tmp_path / "h.yaml", engine={"preset": "demo"}, benchmark=SMALL_BENCH,
+                                 hypotheses=[{"id": "h", "baseline": {"commit": "HEAD"},
+                                              "treatment": {"commit": "HEAD", "env": {"DEMO_X": "1"}},
+                                              "metric": "tok_s", "expect": "decrease", "min_effect": "5%"}],
+                                 defaults={"samples_per_boot": 2, "host_preflight_s": 0}))
+    plan = make_plan(spec_)
+    req = plan.boot_request(plan.configs[0], boot_id=7, seq=3, log_path=tmp_path / "boot-7.log")
+    return dataclasses.replace(req, benchmark=dataclasses.replace(req.benchmark, **bench))
+
+
+@pytest.mark.slow
+def test_a_boot_marks_the_open_loop_samples_whose_client_fell_behind(tmp_path):
+    from bisect_harness.backends.procedure import run_boot
+
+    # a limit of 0 ms: every send is late by some microseconds, so every sample is behind
+    req = demo_boot_request(tmp_path, request_rate=4.0, requests_per_sample=4, max_lag_ms=0.0,
+                            output_tokens=8, output_tokens_max=16)
+    out = run_boot(req)
+    assert out.status == "ok", (out.failure, out.log_tail)
+    assert "client_behind" in out.marks
+    behind = out.evidence.client_behind["samples"]
+    assert set(behind) == {"1", "2"} and all(s["max_lag_ms"] == 0.0 and s["sends"] == 4 for s in behind.values())
+    for s in out.samples:
+        assert s.metrics["client_behind"] == 1.0 and s.metrics["send_lag_p99_ms"] > 0.0
+        assert behind[str(s.seq)]["lag_p99_ms"] == s.metrics["send_lag_p99_ms"]
+        assert 8 * 4 <= s.output_tokens <= 16 * 4  # the seeded lengths, as the demo engine counted them
