@@ -7,9 +7,11 @@
 - **Open loop** (:func:`open_loop`): each job starts at its arrival time
   (``arrivals.arrival_times``), whether or not the jobs before it have ended, so the
   pace is the arrival process's and a slow server builds a queue, as real traffic
-  does. The calling thread sleeps until each time and hands the job to an idle thread
-  of the sample's crew, or, where none is idle, to a new one: no job ever waits for
-  another to end.
+  does. The calling thread hands each job, :data:`LEAD_S` before its time, to an idle
+  thread of the sample's crew, or where none is idle to a new one, and that thread
+  sleeps until the time and sends: no job ever waits for another to end, and a send
+  waits on one thread's wake-up, not on two (the dispatcher's, then a worker's), which
+  on a busy host is what a send's lag is mostly made of.
 
 A job's *send lag* is how late it started: the time its thread began it less its
 arrival time. A client that cannot keep up (a busy host, a GIL held by stream parsing)
@@ -33,7 +35,11 @@ import httpx
 from bisect_harness.measure.jobs import Job
 from bisect_harness.measure.request import RequestRecord
 
-__all__ = ["Dispatched", "closed_loop", "open_loop"]
+__all__ = ["LEAD_S", "Dispatched", "closed_loop", "open_loop"]
+
+#: How long before its arrival time an open-loop job is handed to the thread that sends
+#: it (which then sleeps until the time itself).
+LEAD_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,9 @@ class _Crew:
             if item is None:
                 return
             i, job, at = item
+            wait = self.t0 + at - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
             self.out.run(i, job, self.http, self.t0, at)
             with self.lock:
                 self.idle += 1
@@ -159,16 +168,16 @@ class _Crew:
 
 def open_loop(http: httpx.Client, jobs: Sequence[Job], times: Sequence[float]) -> Dispatched:
     """Start job i at ``times[i]`` seconds from the sample's start (ascending), each on a
-    thread of its own for as long as it runs (module docstring); ``Dispatched.lags_s``
-    says how late each began."""
+    thread of its own for as long as it runs, handed to it :data:`LEAD_S` ahead (module
+    docstring); ``Dispatched.lags_s`` says how late each began."""
     if len(jobs) != len(times):
         raise ValueError(f"{len(jobs)} jobs for {len(times)} arrival times")
     out = _Results()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() + LEAD_S  # the sample starts at its first arrival, which gets its lead too
     crew = _Crew(out, http, t0)
     try:
         for i, (job, at) in enumerate(zip(jobs, times)):
-            wait = t0 + at - time.perf_counter()
+            wait = t0 + at - LEAD_S - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
             crew.send(i, job, at)
