@@ -60,20 +60,36 @@ def quantile_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[in
     interval for the ``q``-quantile (0 < q < 1) at ``confidence`` (module docstring):
     ``l`` the largest rank with P(B <= l - 1) <= alpha / 2 and ``u`` the smallest with
     P(B >= u) <= alpha / 2, B ~ Binomial(n, q), alpha = 1 - confidence. An end that no
-    rank in 1..n reaches is None."""
-    from scipy.stats import binom
+    rank in 1..n reaches is None. Each is found by bisection over the ranks (both tails
+    are monotone in the rank), with the binomial law's CDF and survival function from
+    ``scipy.special`` (``bdtr``, ``bdtrc``: the regularised incomplete beta function)."""
+    from scipy.special import bdtr, bdtrc
 
     if not (0.0 < q < 1.0) or not (0.0 < confidence < 1.0):
         raise ValueError(f"a quantile and a confidence are in (0, 1), got q={q!r}, confidence={confidence!r}")
     if n <= 0:
         return None, None
     tail = (1.0 - confidence) / 2.0
-    # the smallest k with P(B <= k) >= tail; l - 1 is the largest k with P(B <= k) <= tail
-    k = int(binom.ppf(tail, n, q))
-    lo = k + 1 if binom.cdf(k, n, q) <= tail else k
-    # the smallest k with P(B <= k) >= 1 - tail is u - 1
-    hi = int(binom.ppf(1.0 - tail, n, q)) + 1
-    return (lo if lo >= 1 else None), (hi if hi <= n else None)
+
+    def first(true_from) -> int | None:
+        """The smallest k in 0..n-1 where ``true_from(k)`` holds (it holds from some k on), or None."""
+        if not true_from(n - 1):
+            return None
+        a, b = 0, n - 1
+        while a < b:
+            mid = (a + b) // 2
+            if true_from(mid):
+                b = mid
+            else:
+                a = mid + 1
+        return a
+
+    # l - 1 is the largest k with P(B <= k) <= tail: one below the first k past it
+    past = first(lambda k: bdtr(k, n, q) > tail)
+    lo = n if past is None else past  # as a rank: (past - 1) + 1
+    # u - 1 is the smallest k with P(B > k) <= tail
+    k_hi = first(lambda k: bdtrc(k, n, q) <= tail)
+    return (lo if lo >= 1 else None), (k_hi + 1 if k_hi is not None else None)
 
 
 def quantile_interval(values: Sequence[float], q: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
