@@ -39,7 +39,7 @@ Reported per rate and client, from each client's own per-request records:
 
 The last line printed is one JSON object.
 
-    python bench/bench_client_rate.py [--rates 2,8,32] [--seconds 8] [--vllm ~/.cache/bisect-harness/vllm-venv]
+    python bench/bench_client_rate.py [--rates 2,8,32] [--seconds 8] [--pin] [--vllm ~/.cache/bisect-harness/vllm-venv]
 """
 
 from __future__ import annotations
@@ -283,6 +283,9 @@ def main() -> None:
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--vllm", type=Path, default=Path.home() / ".cache/bisect-harness/vllm-venv",
                     help="a venv with vLLM (.ci/install-vllm DIR)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the server to one core and the clients to another (off: the host's scheduler places "
+                         "them; on a shared host a pinned client waits for its one core, and its lag shows it)")
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--server-cpu", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -296,7 +299,7 @@ def main() -> None:
 
     rates = [float(r) for r in args.rates.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
-    client_cpu, server_cpu = (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
+    client_cpu, server_cpu = (cpus[0], cpus[1]) if len(cpus) >= 2 and args.pin else (None, None)
     port = free_port()
     argv = [sys.executable, str(Path(__file__).resolve()), "--serve", str(port), "--ttft-ms", str(args.ttft_ms),
             "--itl-ms", str(args.itl_ms)]
