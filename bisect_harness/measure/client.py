@@ -61,6 +61,7 @@ from bisect_harness.measure.percentiles import percentile_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
 from bisect_harness.measure.jobs import Job, RequestJob
+from bisect_harness.measure.workloads import workload_jobs
 from bisect_harness.measure.request import MAX_RETRIES, RequestRecord
 from bisect_harness.boot import SampleOutcome
 
@@ -133,7 +134,11 @@ def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
 
 def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None,
           boot: int = 0, sample: int = 1) -> list[Job]:
-    """The ``n`` jobs of a sample (``jobs``): one request each, request ``i``'s prompt its own."""
+    """The ``n`` jobs of a sample (``jobs``): one request each, request ``i``'s prompt its own;
+    for a ``benchmark.workload``, its jobs (``workloads``: a dataset's conversations, shared
+    prefixes, multi-turn sessions, each session one job of several requests)."""
+    if bench.workload is not None:
+        return workload_jobs(bench, base_url, model, n, words, boot=boot, sample=sample)
     api = get_api(bench.api)
     out: list[Job] = []
     for i in range(n):
@@ -146,8 +151,9 @@ def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words:
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
                n: int, words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[list[RequestRecord], float]:
     jobs = _jobs(bench, base_url, model, n, words, boot, sample)
-    results: list[list[RequestRecord] | None] = [None] * n
-    indices: Iterator[int] = iter(range(n))
+    # a job per request, or a session of several: as many jobs as there are
+    results: list[list[RequestRecord] | None] = [None] * len(jobs)
+    indices: Iterator[int] = iter(range(len(jobs)))
     lock = threading.Lock()
     sample_t0 = time.perf_counter()
 
@@ -159,7 +165,7 @@ def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: s
                 return
             results[i] = jobs[i].run(http, sample_t0)
 
-    workers = max(1, min(bench.concurrency, n))
+    workers = max(1, min(bench.concurrency, len(jobs)))
     if workers == 1:
         worker()
     else:
@@ -231,7 +237,8 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
 
     ``result.metrics`` has the keys of ``model.CLIENT_METRICS`` (those of the prompt,
     ``prompt_tokens``, ``cached_prompt_tokens`` and ``prompt_tokens_evaluated``, where the
-    server reports them, means over the requests that did): ``tok_s`` (output
+    server reports them, means over the requests that did, and ``prefix_cache_hit_share``,
+    the cached tokens over the prompt tokens of the requests whose server said both): ``tok_s`` (output
     tokens of the successful requests / the sample's wall time), ``decode_tok_s``
     (their tokens after the first chunk / their first-to-last-chunk times), and the means of
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
@@ -268,6 +275,9 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         counted = [getattr(r, field) for r in ok if getattr(r, field) is not None]
         if counted:
             metrics[name] = _mean(counted)
+    both = [(r.cached_tokens, r.prompt_tokens) for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    if both:  # of the prompt tokens, the share the server's prefix cache served (where it said both)
+        metrics["prefix_cache_hit_share"] = sum(c for c, _ in both) / sum(p for _, p in both)
     result = SampleOutcome(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
     return SampleDetail(result=result, requests=tuple(records))
