@@ -54,7 +54,7 @@ def parse_spec(text: str, path: Path) -> Spec:
         bench = replace(bench, limits=_limits(r, top["limits"]))
     defaults = _defaults(r, top.get("defaults"))
     metrics = dict(CLIENT_METRICS)
-    for s in engine.metrics:
+    for s in engine.sources:  # the file's and the preset's own
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
     from bisect_harness.engines import presets
