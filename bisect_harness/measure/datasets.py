@@ -17,14 +17,15 @@ A file that is not JSON, or an entry or a message of the wrong shape, is a
 :class:`~bisect_harness.errors.DatasetError` that names the file, the line (JSONL) or the index
 (JSON), and the shape a usable entry has; so is a file with no usable conversation.
 
-A draw (:func:`draw`) walks the file's conversations in an order fixed by the benchmark's
-seed, the boot and the sample, keeps those that pass the length filters, measured by
-:class:`Lengths` (the server's tokenizer where it has one, else words), and stops once it has
-enough for the sample's requests: ``first_turn`` one conversation a request (its first user
-turn the prompt, its reply's length the output), ``conversation`` whole conversations, a
-request a turn. The same key draws the same conversations on any server with the same
-tokenizer, so both arms of a round that pass the same key send the same traffic; samples of
-one boot draw apart.
+A draw (:func:`draw`) takes a sample's conversations from its boot's queue: the file's
+conversations in an order fixed by the benchmark's seed and the boot, those that pass the
+length filters kept, measured by :class:`Lengths` (the server's tokenizer where it has one,
+else words); each sample from its own place in the queue, so the samples of a boot send
+conversations of their own while the file lasts. ``first_turn``: one conversation a request
+(its first user turn the prompt, its reply's length the output); ``conversation``: whole
+conversations, a request a turn. The same numbers draw the same conversations on any server
+with the same tokenizer, so both arms of a round that pass the same numbers send the same
+traffic.
 """
 
 from __future__ import annotations
@@ -242,31 +243,50 @@ def _conversation(path: str, where: str, entry: Any) -> Conversation | str:
 # --------------------------------------------------------------------------- drawing
 
 def draw(ds: Dataset, requests: int, lengths: Lengths, *, seed: int, boot: int, sample: int) -> tuple[Drawn, ...]:
-    """The conversations sample ``sample`` of boot ``boot`` sends, for ``requests`` requests:
-    a walk over ``ds``'s file in an order drawn from ``(seed, boot, sample)``, keeping those
-    that pass the filters (:func:`_fit`) until they make ``requests`` requests (``first_turn``:
-    one each; ``conversation``: whole conversations, one request a turn, the last may go past).
-    No conversation twice in one sample: a :class:`DatasetError` where the file has too few
-    that pass, saying how many did and why the others did not."""
+    """The conversations sample ``sample`` of boot ``boot`` sends, for ``requests`` requests
+    (``first_turn``: one each; ``conversation``: whole conversations, one request a turn, the
+    last may go past).
+
+    The boot's queue: the file's conversations in an order drawn from ``(seed, boot)``, those
+    that pass the filters (:func:`_fit`) kept. Sample ``s`` (from 1) takes from place
+    ``(s - 1) * requests`` of the queue on, the warm-ups (``sample`` 0, -1, ...) from its far
+    end, so the samples of a boot send conversations of their own until the queue is spent,
+    and then come round it again (where the engine's cache serves those, its figures say so).
+    No conversation twice in one sample: a :class:`DatasetError` where too few pass, saying
+    how many did and why the others did not."""
     if ds.mode not in DATASET_MODES:
         raise DatasetError(f"dataset mode {ds.mode!r} is unknown: use one of {', '.join(DATASET_MODES)}")
     f = read_dataset(ds.path)
     order = list(range(len(f.conversations)))
-    random.Random(f"dataset:{seed}:{boot}:{sample}").shuffle(order)
+    random.Random(f"dataset:{seed}:{boot}").shuffle(order)
+    if sample < 1:  # a warm-up: from the far end
+        order.reverse()
+    start = (sample - 1 if sample >= 1 else -sample) * max(1, requests)
+    queue: list[Drawn] = []
+    left, first = Tally(), {}
     out: list[Drawn] = []
     sent = 0
-    left, first = Tally(), {}
-    for i in order:
+    for i in order:  # the queue as far as this sample's place in it, then the sample
         conv = f.conversations[i]
         got = _fit(conv, ds, lengths)
         if isinstance(got, str):
             left[got] += 1
             first.setdefault(got, conv.where)
             continue
-        out.append(got)
-        sent += len(got.turns)
-        if sent >= requests:
-            return tuple(out)
+        queue.append(got)
+        if len(queue) > start:
+            out.append(got)
+            sent += len(got.turns)
+            if sent >= requests:
+                return tuple(out)
+    if queue:  # the queue is spent: round it again from this sample's place
+        at = start % len(queue)
+        out, sent = [], 0
+        for got in queue[at:] + queue[:at]:
+            out.append(got)
+            sent += len(got.turns)
+            if sent >= requests:
+                return tuple(out)
     why = "; ".join(f"{n} {w} (first at {first[w]})" for w, n in left.items()) or "none left out"
     filters = ", ".join(f"{k}={getattr(ds, k)}" for k in ("min_prompt_tokens", "max_prompt_tokens",
                                                          "max_output_tokens") if getattr(ds, k) is not None)
