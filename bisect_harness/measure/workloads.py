@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 import httpx
@@ -144,30 +145,39 @@ def shared_prefix_prompts(workload: SharedPrefix, bench: BenchmarkSpec, n: int, 
 
 # --------------------------------------------------------------------------- lengths
 
-_LENGTHS: dict[tuple[str, str | None, int], tuple[Lengths, httpx.Client | None]] = {}
+#: The lengths of the latest boots, a boot's own (its server on its port), newest last: as
+#: many as boots that may run at once in one process, and more, so none in use is let go.
+_LENGTHS: "OrderedDict[tuple[str, str | None, int], tuple[Lengths, httpx.Client | None]]" = OrderedDict()
+_LENGTHS_KEPT = 16
 _LENGTHS_LOCK = threading.Lock()
 
 
 def dataset_lengths(base_url: str, model: str | None, boot: int) -> Lengths:
     """How boot ``boot``'s server at ``base_url`` measures a dataset's texts: its tokenizer
-    where it has one (each text counted once), else words. Kept for the latest boot alone: a
-    later boot may be another server on the same port."""
+    where it has one (each text counted once), else words. Kept per boot: a later boot may be
+    another server on the same port."""
     key = (base_url, model, boot)
     with _LENGTHS_LOCK:
         kept = _LENGTHS.get(key)
         if kept is not None:
+            _LENGTHS.move_to_end(key)
             return kept[0]
-        for _, http in _LENGTHS.values():
+    http: httpx.Client | None = deadline_client(headers={"Accept-Encoding": "identity"})
+    count, via = token_counter(http, base_url, model, "the river and the city")  # asked outside the lock
+    if count is None:
+        http.close()
+        lengths, http = Lengths.words(), None
+    else:
+        lengths = Lengths(_once(count), "tokens", via)
+    with _LENGTHS_LOCK:
+        if key in _LENGTHS:  # another thread of the boot asked first: its lengths stand
             if http is not None:
                 http.close()
-        _LENGTHS.clear()
-        http = deadline_client(headers={"Accept-Encoding": "identity"})
-        count, via = token_counter(http, base_url, model, "the river and the city")
-        if count is None:
-            http.close()
-            lengths, http = Lengths.words(), None
-        else:
-            lengths = Lengths(_once(count), "tokens", via)
+            return _LENGTHS[key][0]
+        while len(_LENGTHS) >= _LENGTHS_KEPT:  # the oldest boot's: long over
+            _, (_, old) = _LENGTHS.popitem(last=False)
+            if old is not None:
+                old.close()
         _LENGTHS[key] = (lengths, http)
         return lengths
 
