@@ -220,6 +220,13 @@ def test_a_samples_jobs_follow_its_workload(monkeypatch):
         assert job.payload["prompt"] == prompt and job.payload["max_tokens"] == job.most == out
         assert job.url == url + "/v1/completions" and job.payload["model"] == "m"
 
+    # drawn by the round: boots 5 and 6, the first boots of two arms, send the same conversations
+    arm = BenchmarkSpec(**{**bench.__dict__, "workload": Dataset(SHAREGPT)})
+    by_boot = {(b, seq): [j.payload["prompt"] for j in workload_jobs(arm, url, "m", 4, boot=b, sample=2,
+                                                                     boot_seq=seq)]
+               for b, seq in ((5, 1), (6, 1), (7, 2))}
+    assert by_boot[5, 1] == by_boot[6, 1] != by_boot[7, 2]
+
     sessions = workload_jobs(BenchmarkSpec(**{**bench.__dict__, "workload": MultiTurn(turns=3, think_s=0.5)}), url,
                              "m", 7, boot=1, sample=1)
     assert len(sessions) == 3 and all(isinstance(j, SessionJob) and len(j.turns) == 3 for j in sessions)

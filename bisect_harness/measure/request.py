@@ -20,7 +20,7 @@ from bisect_harness.measure.bodies import UnreadableBody, decoded, read_some
 from bisect_harness.measure.deadline import stream_within
 from bisect_harness.measure.sse import MAX_SSE_LINE, SSEDecoder, SSELineTooLong
 
-__all__ = ["MAX_REPLY_CHARS", "MAX_RETRIES", "RequestRecord", "run_request"]
+__all__ = ["MAX_REPLY_CHARS", "MAX_RETRIES", "Reading", "RequestRecord", "run_request"]
 
 
 @dataclass(frozen=True)
@@ -197,13 +197,23 @@ _NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, http
 MAX_RETRIES = 3
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a request's stream is read: at most ``max_line`` bytes a line
+    (``limits.stream_line_bytes``), and whether the output's text is kept in the record
+    (``RequestRecord.text``: a session's turns carry it into the next)."""
+
+    max_line: int = MAX_SSE_LINE
+    keep_text: bool = False
+
+
 def run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-                 sample_t0: float, max_line: int = MAX_SSE_LINE, *, keep_text: bool = False) -> RequestRecord:
+                sample_t0: float, reading: Reading = Reading()) -> RequestRecord:
     """Send one request (again where it produced nothing, :data:`MAX_RETRIES`) and read its
-    stream; ``keep_text``: keep the output's text in the record (``RequestRecord.text``)."""
+    stream as ``reading`` says."""
     retries, why = 0, None
     while True:
-        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0, max_line, keep_text)
+        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0, reading)
         if again is None or retries >= MAX_RETRIES:
             return dataclasses.replace(rec, retries=retries, retry_reason=why) if retries else rec
         retries += 1
@@ -212,10 +222,10 @@ def run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s
 
 
 def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-          sample_t0: float, max_line: int = MAX_SSE_LINE, keep_text: bool = False) -> tuple[RequestRecord, str | None]:
+          sample_t0: float, reading: Reading) -> tuple[RequestRecord, str | None]:
     """One try of a request: its record, and why to send it again (None: do not)."""
-    st = _Stream(api, most, keep_text)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
-    dec = SSEDecoder(max_line)  # ``limits.stream_line_bytes``
+    st = _Stream(api, most, reading.keep_text)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
+    dec = SSEDecoder(reading.max_line)  # ``limits.stream_line_bytes``
     t0 = time.perf_counter()
     start = t0 - sample_t0
     head = b""  # the body's first bytes: what a server that streamed nothing said instead

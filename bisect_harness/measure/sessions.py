@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from bisect_harness.measure.apis import Api
-from bisect_harness.measure.request import MAX_SSE_LINE, RequestRecord, run_request
+from bisect_harness.measure.request import MAX_SSE_LINE, Reading, RequestRecord, run_request
 
 __all__ = ["SessionJob", "Turn"]
 
@@ -68,7 +68,7 @@ class SessionJob:
                                                  temperature=self.temperature, ignore_eos=self.ignore_eos,
                                                  model=self.model, seed=self.seed)
             rec = run_request(http, self.url, body, self.api, self.timeout_s, turn.max_tokens, sample_t0,
-                              self.max_line, keep_text=True)
+                              Reading(self.max_line, keep_text=True))
             records.append(rec)
             if not rec.ok:
                 start = time.perf_counter() - sample_t0

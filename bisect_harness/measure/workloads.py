@@ -31,8 +31,12 @@ Lengths. A prompt of ``prompt_tokens`` has the words the boot's prompts were fit
 a prefix as many in proportion. A dataset's lengths are counted by the server's tokenizer
 where it has one (``prompt_size.token_counter``, once per text and boot), else in words.
 
-Draws are fixed by the benchmark's seed, the boot and the sample the client passes: the same
-numbers give the same conversations and texts.
+Draws are fixed by the benchmark's seed and the sample's :class:`Place`: a dataset's
+conversations by the round (the boot's number in its config), so both arms of a round send
+the same conversations, and the lengths that come with them; texts of the harness's own (a
+shared prefix, a suffix, a user turn) by the boot, as ``prompts`` draws them. (Two arms that
+share one attached server would find a round's conversations in its cache the second time:
+the engine's cache figures say so.)
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import functools
 import math
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import httpx
@@ -55,29 +60,45 @@ from bisect_harness.measure.sessions import SessionJob, Turn
 from bisect_harness.model import BenchmarkSpec
 from bisect_harness.workload import Dataset, MultiTurn, SharedPrefix
 
-__all__ = ["dataset_lengths", "shared_prefix_prompts", "workload_jobs"]
+__all__ = ["Place", "dataset_lengths", "shared_prefix_prompts", "workload_jobs"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a sample sits: its ``boot`` (the ledger's number: what is fresh per boot, a shared
+    prefix, a prompt's text), its ``round`` (the boot's number in its config, ``BootRequest.seq``:
+    what both arms of a round share, a dataset's draws) and its number in the boot, ``sample``
+    (0 or below: a warm-up)."""
+
+    boot: int = 0
+    round: int = 0
+    sample: int = 1
 
 
 def workload_jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None, *,
-                  boot: int = 0, sample: int = 1) -> list[Job]:
-    """The jobs of sample ``sample`` (0 or below: a warm-up) of boot ``boot`` for ``bench.workload``,
-    ``n`` requests (module docstring); ``words``: the words of a ``prompt_tokens`` prompt
-    (``prompt_size.PromptSize.words``; None: ``prompt_tokens``)."""
-    return _jobs(bench.workload, bench, base_url, model, n, words, boot, sample)
+                  boot: int = 0, sample: int = 1, boot_seq: int | None = None) -> list[Job]:
+    """The jobs of sample ``sample`` (0 or below: a warm-up) of boot ``boot``, the ``boot_seq``-th
+    of its config (None: as many as ``boot``), for ``bench.workload``, ``n`` requests (module
+    docstring); ``words``: the words of a ``prompt_tokens`` prompt (``prompt_size.PromptSize.words``;
+    None: ``prompt_tokens``)."""
+    place = Place(boot, boot_seq if boot_seq is not None else boot, sample)
+    return _jobs(bench.workload, bench, base_url, model, n, words, place)
 
 
 @functools.singledispatch
-def _jobs(workload, bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None, boot: int,
-          sample: int) -> list[Job]:
+def _jobs(workload, bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None,
+          place: Place) -> list[Job]:
     raise TypeError(f"benchmark.workload {workload!r} is not a workload the client knows: "
                     "a dataset, shared_prefix or multi_turn")
 
 
 @_jobs.register
-def _(workload: Dataset, bench, base_url, model, n, words, boot, sample) -> list[Job]:
+def _(workload: Dataset, bench, base_url, model, n, words, place) -> list[Job]:
     api = get_api(bench.api)
     url = base_url.rstrip("/") + api.path
-    drawn = draw(workload, n, dataset_lengths(base_url, model, boot), seed=bench.seed, boot=boot, sample=sample)
+    # drawn by the round: both arms of a round send the same conversations
+    drawn = draw(workload, n, dataset_lengths(base_url, model, place.boot), seed=bench.seed, boot=place.round,
+                 sample=place.sample)
     if workload.mode == "first_turn":
         out: list[Job] = []
         for d in drawn:
@@ -92,11 +113,11 @@ def _(workload: Dataset, bench, base_url, model, n, words, boot, sample) -> list
 
 
 @_jobs.register
-def _(workload: SharedPrefix, bench, base_url, model, n, words, boot, sample) -> list[Job]:
+def _(workload: SharedPrefix, bench, base_url, model, n, words, place) -> list[Job]:
     api = get_api(bench.api)
     url = base_url.rstrip("/") + api.path
     out: list[Job] = []
-    for prompt in shared_prefix_prompts(workload, bench, n, words, boot=boot, sample=sample):
+    for prompt in shared_prefix_prompts(workload, bench, n, words, boot=place.boot, sample=place.sample):
         body = api.payload(prompt=prompt, max_tokens=bench.output_tokens, temperature=bench.temperature,
                            ignore_eos=bench.ignore_eos, model=model, seed=bench.seed)
         out.append(RequestJob(url, body, api, bench.request_timeout_s, bench.output_tokens,
@@ -105,11 +126,12 @@ def _(workload: SharedPrefix, bench, base_url, model, n, words, boot, sample) ->
 
 
 @_jobs.register
-def _(workload: MultiTurn, bench, base_url, model, n, words, boot, sample) -> list[Job]:
+def _(workload: MultiTurn, bench, base_url, model, n, words, place) -> list[Job]:
     api = get_api(bench.api)
     url = base_url.rstrip("/") + api.path
     turns = max(1, workload.turns)
-    return [SessionJob(url, api, tuple(Turn(request_prompt(bench, s * turns + t, words, boot=boot, sample=sample),
+    return [SessionJob(url, api, tuple(Turn(request_prompt(bench, s * turns + t, words, boot=place.boot,
+                                                           sample=place.sample),
                                             bench.output_tokens) for t in range(turns)),
                        bench.request_timeout_s, temperature=bench.temperature, ignore_eos=bench.ignore_eos,
                        model=model, seed=bench.seed, think_s=workload.think_s, max_line=bench.limits.stream_line_bytes)
