@@ -332,3 +332,55 @@ def test_a_dataset_and_multi_turn_sessions_on_the_real_llama_server(tmp_path):
             k += len(t)
     for f in figures["multi_turn"]:  # two of every three turns carry the ones before them
         assert f["prefix_cache_hit_share"] > 0.4, figures["multi_turn"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", [{"multi_turn": {"turns": 3}},
+                                      {"dataset": {"path": "sharegpt.json", "mode": "conversation",
+                                                   "max_output_tokens": 200}}], ids=["multi_turn", "dataset"])
+def test_a_run_on_the_real_llama_server_records_its_cache_hits_per_sample(tmp_path, workload):
+    """``harness run`` of a workload on llama-server, end to end: every sample holds the
+    server's own cache figures (``timings.cache_n`` over its prompt tokens), and the journal
+    shows them per sample for a hypothesis on them. The arms differ by a variable nothing
+    reads: a multi-turn session's share of cached prompt tokens does not move."""
+    if not LLAMA_SERVER.exists():
+        msg = f"no llama-server at {LLAMA_SERVER} (build it with .ci/install-llamacpp {LLAMACPP})"
+        if os.environ.get("BISECT_HARNESS_REQUIRE_REAL_ENGINES") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    import shutil
+
+    from helpers import harness, last_json, query, write_spec
+    from tinygguf import build_tiny_gguf
+
+    build_tiny_gguf(tmp_path / "tiny.gguf", layers=4, ctx=4096)
+    shutil.copy(DATASET, tmp_path / "sharegpt.json")
+    spec = write_spec(
+        tmp_path / "h.yaml",
+        engine={"preset": "llamacpp", "ready_timeout_s": 60,
+                "flags": {"model": "{spec_dir}/tiny.gguf", "ctx-size": 4096, "threads": 1, "parallel": 1}},
+        benchmark={"api": "llamacpp", "prompt_tokens": 32, "output_tokens": 8, "requests_per_sample": 6,
+                   "warmup_requests": 1, "workload": workload},
+        hypotheses=[{"id": "inert", "baseline": {}, "treatment": {"env": {"BH_INERT": "1"}},
+                     "metric": "prefix_cache_hit_share", "expect": "decrease", "min_effect": "10%"}],
+        defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 2, "boot_retries": 0,
+                  "host_preflight_s": 0})
+    db = tmp_path / "r.db"
+    env = {**os.environ, "PATH": f"{LLAMA_SERVER.parent}{os.pathsep}{os.environ['PATH']}"}
+    r = harness("run", spec, "--json", "--no-calibration", "--ledger", f"sqlite:///{db}", "--journal-dir",
+                tmp_path / "exp", cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (verdict,) = last_json(r.stdout)["hypotheses"]
+    rows = query(db, "SELECT json_extract(metrics, '$.prefix_cache_hit_share'), "
+                     "json_extract(metrics, '$.cached_prompt_tokens'), requests, errors FROM samples")
+    assert len(rows) == 8 and all(share is not None and cached is not None and n >= 6 and not errors
+                                  for share, cached, n, errors in rows), rows
+    shares = [share for share, *_ in rows]
+    print(json.dumps({"workload": workload, "verdict": verdict["verdict"], "prefix_cache_hit_share": shares}))
+    (journal,) = (tmp_path / "exp").glob("*-run1.md")
+    text = journal.read_text()
+    assert "| side | boot | status | prefix_cache_hit_share per sample | boot mean | marks |" in text
+    assert f"{shares[0]:.2f}" in text
+    if "multi_turn" in workload:  # two of every three turns carry the turns before them
+        assert all(share > 0.4 for share in shares), shares
+        assert verdict["verdict"] != "confirmed", verdict
