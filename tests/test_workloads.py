@@ -142,8 +142,8 @@ def test_first_turn_draws_are_fixed_by_seed_boot_and_sample():
     assert picks(boot=2) != picks(boot=1) and picks(seed=5) != picks(seed=0)
     # first_turn: the prompt is the first user turn, the output the reply's length, no system prompt
     (d,) = [d for d in draw(ds, 10, WORDS, seed=0, boot=1, sample=1) if d.where == "index 7"]
-    assert d.system is None and d.turns == (("Why do cities grow near water?",
-                                             words("Water brings trade, food and travel, so people settle where it is.")),)
+    reply = "Water brings trade, food and travel, so people settle where it is."
+    assert d.system is None and d.turns == (("Why do cities grow near water?", words(reply)),)
 
 
 def test_length_filters_keep_the_conversations_within_them():

@@ -71,7 +71,7 @@ class Reader(Protocol):
     prev_text: str
 
     def output(self, now: float, k: int | None) -> None: ...     # a chunk carried output (k tokens; None: unknown)
-    def said(self, text: str, *, whole: bool = False) -> None: ...  # the output's text: more of it, or (whole) all so far
+    def said(self, text: str, *, whole: bool = False) -> None: ...  # more of the output's text (whole: all so far)
     def count(self, value: Any, where: str) -> int | None: ...  # the server's running count, checked: tokens since
                                                                  # its last count (None where it sent none)
 
