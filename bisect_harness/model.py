@@ -194,6 +194,11 @@ CLIENT_METRICS.update({
         Metric("prompt_tokens_evaluated", "tokens", Better.LOWER,
                "mean of the prompt's tokens the server computed, not cached (llama.cpp timings.prompt_n), "
                "where it said"),
+        Metric("prefix_cache_hit_share", "", Better.HIGHER,
+               "the share of the prompt tokens the server took from its prefix cache: the sum of the cached "
+               "tokens over the sum of the prompt tokens, over the requests whose server said both "
+               "(llama.cpp timings.cache_n, SGLang meta_info.cached_tokens, OpenAI "
+               "usage.prompt_tokens_details.cached_tokens)"),
     )
 })
 

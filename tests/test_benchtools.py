@@ -97,7 +97,7 @@ def test_spec_checks_the_tool(tmp_path):
         return parse_spec(textwrap.dedent(f"""\
             engine: {{launch: [srv], metrics: {metrics}}}
             benchmark: {bench}
-            hypotheses: [{{id: h, baseline: {{}}, treatment: {{}}, metric: ttft_p99_ms, expect: decrease,
+            hypotheses: [{{id: h, baseline: {{}}, treatment: {{}}, metric: ttft_p50_ms, expect: decrease,
                           min_effect: 10%}}]
             """), tmp_path / "h.yaml")
 
@@ -222,7 +222,7 @@ def test_vllm_tool_measures_real_demo_boots(tmp_path):
         tmp_path / "hypotheses.yaml", engine={"preset": "demo"},
         benchmark={**SMALL_BENCH, "tool": "vllm-bench-serve", "requests_per_sample": 3, "concurrency": 1},
         defaults={"samples_per_boot": 2, "boots_per_arm": 2, "max_boots_per_arm": 2, "host_preflight_s": 0},
-        hypotheses=[{"id": "a-a", "baseline": {}, "treatment": {}, "metric": "ttft_p90_ms", "expect": "decrease",
+        hypotheses=[{"id": "a-a", "baseline": {}, "treatment": {}, "metric": "ttft_p50_ms", "expect": "decrease",
                      "min_effect": "30%"}])
     db = tmp_path / "r.db"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

@@ -54,8 +54,9 @@ def _env() -> dict[str, str]:
 
 
 def _engine(target: Path | str) -> dict:
+    # ctx-size: the tiny model's training context (a larger one is capped there: a flag mismatch)
     return {"preset": "llamacpp", "ready_timeout_s": 60,
-            "flags": {"model": str(target), "ctx-size": 1024, "threads": 1, "parallel": 1},
+            "flags": {"model": str(target), "ctx-size": 512, "threads": 1, "parallel": 1},
             "metrics": [
                 # the server's own decode rate, from the timings of each stream's last chunk
                 {"name": "server_decode_tok_s", "from": "response", "chunk": "last",
@@ -98,9 +99,11 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
         by_kind[kind].append((marks, prov, flag_rep))
         # the engine's version per boot: /props build_info
         assert prov["engine_version"]["values"].get("server_info.build_info"), prov["engine_version"]
-        # the model's path compared as the server got it ({spec_dir} rendered), and the slots
+        # the model's path compared as the server got it ({spec_dir} rendered), the slots, and
+        # the context against the context of a slot /props reports
         checked = {c["flag"]: c["status"] for c in flag_rep["checks"]}
         assert checked.get("model") == "matched" and checked.get("parallel") == "matched", flag_rep
+        assert checked.get("ctx-size") == "matched", flag_rep
         assert "flag_mismatch" not in marks
     assert all(len(v) == 2 for v in by_kind.values()), {k: len(v) for k, v in by_kind.items()}
     for marks, prov, _ in by_kind["plain"]:
@@ -126,15 +129,18 @@ def test_the_draft_trap_is_caught_and_real_drafting_is_seen(models, tmp_path):
     assert out["md-simple"]["mechanisms"]["treatment"] == {"speculative decoding": {"engaged": 2},
                                                            "flash attention": {"not_observable": 2}}
     assert out["md-simple"]["checks"]["counts"]["mechanisms"] == 2
-    # /props echoes the model and the slots, not the rest: those are named, never read as checked
+    # /props answers for the model, the slots and the context, not the rest: those are
+    # named, never read as checked
     for h in out.values():
         word, counts = h["checks"]["word"], h["checks"]["counts"]
         assert "ok (flags" not in word and "ok (env, flags" not in word, word
-        assert counts["flags"] == 0 and counts["flags_compared"] == 2, counts  # model, parallel
-        assert {"ctx-size", "threads", "model-draft"} <= set(counts["not_reported"]), counts
-        assert "not reported (" in word and "model-draft" in word, word
+        assert counts["flags"] == 0 and counts["flags_compared"] == 3, counts  # model, ctx-size, parallel
+        assert {"threads", "model-draft"} <= set(counts["not_reported"]), counts
+        assert "ctx-size" not in counts["not_reported"], counts
+        assert "flags: 3 compared, " in word and "not reported (" in word and "model-draft" in word, word
+        assert "ctx-size" not in word, word
     journal = next((tmp_path / "experiments").glob("*-run1.md")).read_text()
-    assert "**not reported**: ctx-size, threads" in journal
+    assert "**not reported**: threads" in journal and "**not reported**: ctx-size" not in journal
     assert "speculative decoding: **set up at start, not seen in the window**" in journal
     assert "speculative decoding: engaged in the window, flash attention: not observable" in journal
     # the window line llama-server prints when a slot that drafted finishes matches the preset's pattern
@@ -345,3 +351,50 @@ def test_a_boots_warm_ups_are_sized_like_its_samples(models, tmp_path, monkeypat
     evaluated = [int(n) for n in re.findall(r"prompt eval time = +[0-9.]+ ms / +(\d+) tokens", log.read_text())]
     assert len(evaluated) == 4, evaluated  # two warm-ups, then the sample's two requests
     assert all(abs(n - 40) <= per_word + 2 for n in evaluated), (evaluated, size)
+
+
+def test_a_ctx_size_is_compared_with_the_slots_the_real_server_reports(models, tmp_path, monkeypatch):
+    """``--ctx-size`` is the server's total, ``/props`` the context of one slot beside the
+    slot count: one boot of each config, through the plan and the boot procedure as a run
+    makes them. 512 on the model trained at 512 is what the server holds; 1024 there is
+    not (llama-server caps every slot at the training context, saying so in its log): a
+    flag mismatch, the boot marked. 1000 over three slots of a model trained at 4096 is
+    slots of 512 (1000 padded to 1024, a third padded to 512): what the total gives."""
+    from bisect_harness.backends.procedure import run_boot
+    from bisect_harness.plan.build import make_plan
+    from bisect_harness.spec import load_spec
+
+    target, _ = models
+    wide = build_tiny_gguf(tmp_path / "wide.gguf", layers=2, ctx=4096)
+    monkeypatch.setenv("PATH", _env()["PATH"])
+    hyps = [{"id": "capped", "baseline": {}, "treatment": {"flags": {"ctx-size": 1024}},
+             "metric": "tok_s", "expect": "increase", "min_effect": "10%"},
+            {"id": "slots", "baseline": {"flags": {"model": str(wide), "ctx-size": 1000, "parallel": 3}},
+             "treatment": {"flags": {"model": str(wide), "ctx-size": 1000, "parallel": 3, "threads": 2}},
+             "metric": "tok_s", "expect": "increase", "min_effect": "10%"}]
+    spec = write_spec(tmp_path / "hypotheses.yaml", engine=_engine(target),
+                      benchmark={"prompt_tokens": 8, "output_tokens": 4, "requests_per_sample": 1,
+                                 "warmup_requests": 0},
+                      defaults={"samples_per_boot": 1}, hypotheses=hyps)
+    plan = make_plan(load_spec(spec), cache_dir=tmp_path / "cache")
+    seen = {}
+    for i, config in enumerate(plan.configs, start=1):
+        key = (config.arm.flags["ctx-size"], config.arm.flags["parallel"])
+        if key in seen:  # the same context and slots with another thread count: booted once
+            continue
+        log = tmp_path / f"boot{i}.log"
+        out = run_boot(plan.boot_request(config, boot_id=i, seq=i, log_path=log))
+        assert out.status == "ok", (out.failure, out.log_tail)
+        (ctx,) = [c for c in out.flag_report["checks"] if c["flag"] == "ctx-size"]
+        seen[key] = (ctx, out.marks, log.read_text(errors="replace"))
+    assert set(seen) == {(512, 1), (1024, 1), (1000, 3)}, seen
+    ctx, marks, _ = seen[(512, 1)]
+    assert ctx["status"] == "matched" and ctx["effective"] == {"n_ctx": 512, "total_slots": 1}, ctx
+    assert "flag_mismatch" not in marks
+    ctx, marks, log = seen[(1024, 1)]
+    assert ctx["status"] == "mismatched" and ctx["effective"] == {"n_ctx": 512, "total_slots": 1}, ctx
+    assert "flag_mismatch" in marks, marks
+    assert "the slot context (1024) exceeds the training context of the model (512) - capping" in log
+    ctx, marks, _ = seen[(1000, 3)]
+    assert ctx["status"] == "matched" and ctx["effective"] == {"n_ctx": 512, "total_slots": 3}, ctx
+    assert "flag_mismatch" not in marks

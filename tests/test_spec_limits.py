@@ -184,8 +184,8 @@ def test_the_documented_caps_are_in_the_format_doc():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "hypotheses-format.md").read_text()
-    for name in ("MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS", "MAX_HYPOTHESES", "MAX_COUNT",
-                 "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT"):
+    for name in ("MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS", "MAX_HYPOTHESES", "MAX_SWEEP_POINTS",
+                 "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT"):
         assert f"{getattr(reader, name):,}" in doc, name
 
 
@@ -205,7 +205,7 @@ trees = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                       st.dictionaries(st.text(max_size=8), kids, max_size=4)),
                      max_leaves=12)
 SECTIONS = ("engine", "benchmark", "defaults", "hypotheses")
-HYP_KEYS = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect")
+HYP_KEYS = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "sweep", "bisect")
 
 
 @st.composite

@@ -6,16 +6,20 @@ held across the points. This module reads the points' verdicts, in the sweep's
 order, and says what they show together:
 
 - ``tok_s lower at every point``;
-- ``tok_s lower from concurrency=16 up`` (and undecided below);
+- ``tok_s lower from concurrency=16 up (undecided at concurrency=4)``;
 - ``tok_s higher up to concurrency=4, lower from concurrency=16: it crosses between
   concurrency=4 and concurrency=16``;
+- ``tok_s not higher by the claimed size up to concurrency=1, higher from
+  concurrency=4: it crosses between concurrency=1 and concurrency=4``;
 - ``no point decided``.
 
-A point *shows* a direction only where its verdict says so: confirmed (the claimed
-direction, by at least the claimed size), or refuted with its whole interval on the
-other side of no change (the opposite direction). A refuted point whose interval
-holds no change shows nothing, and neither does an inconclusive one: the words never
-claim more than a point's verdict.
+Each point is in one of four states, read from its verdict alone: *claim*
+(confirmed: the claimed direction, by at least the claimed size), *opposite*
+(refuted, its whole interval on the other side of no change), *short* (refuted
+otherwise: confidently less than the claimed size) and *undecided* (inconclusive).
+The curve crosses between two neighbouring decided points of different states when
+the decided points make exactly two runs; an undecided point is named as such and
+never counted on either side: the words never claim more than a point's verdict.
 
 Pure: no I/O; the executor stores the answer (:meth:`CurveAnswer.to_json`) and the
 report reads it back.
@@ -110,57 +114,60 @@ def _largest(points: Sequence[PointVerdict], expect: Expect) -> str | None:
     return best.label
 
 
+def _state(p: PointVerdict, expect: Expect) -> str:
+    """``claim`` (confirmed), ``opposite`` (refuted, its interval wholly the other side
+    of 1), ``short`` (refuted otherwise: confidently less than the claimed size) or
+    ``undecided`` (inconclusive)."""
+    shows = p.shows(expect)
+    if shows:
+        return "claim" if shows > 0 else "opposite"
+    return "short" if p.outcome is Outcome.REFUTED else "undecided"
+
+
 def answer(curve: str, metric: str, expect: Expect, points: Sequence[PointVerdict]) -> CurveAnswer:
     """The curve's answer from its points' verdicts, ``points`` in the sweep's order
     (its axis ascending). See the module docstring for the words."""
     pts = tuple(points)
-    signs = [p.shows(expect) for p in pts]
+    states = [_state(p, expect) for p in pts]
     largest = _largest(pts, expect)
+    said = {"claim": f"{_way(expect, 1)}", "opposite": f"{_way(expect, -1)}",
+            "short": f"not {_way(expect, 1)} by the claimed size"}
 
     def made(words: str, shape: str, crossing: tuple[str, str] | None = None) -> CurveAnswer:
         return CurveAnswer(curve, metric, expect, pts, words, shape, crossing, largest)
 
-    claim, other = _way(expect, 1), _way(expect, -1)
-    if not pts or not any(signs):
+    decided = [(i, s) for i, s in enumerate(states) if s != "undecided"]
+    undecided = [p.label for p, s in zip(pts, states) if s == "undecided"]
+    tail = f" (undecided at {', '.join(undecided)})" if undecided else ""
+    if not decided:
         return made("no point decided", "none")
-    if all(s == 1 for s in signs):
-        return made(f"{metric} {claim} at every point", "every")
-    if all(s == -1 for s in signs):
-        return made(f"{metric} {other} at every point", "every")
-    decided = [(i, s) for i, s in enumerate(signs) if s]
-    runs: list[tuple[int, int, int]] = []  # (sign, first index, last index) of the decided points, in order
+    runs: list[tuple[str, int, int]] = []  # (state, first index, last index) of the decided points, in order
     for i, s in decided:
         if runs and runs[-1][0] == s:
             runs[-1] = (s, runs[-1][1], i)
         else:
             runs.append((s, i, i))
-    n = len(pts)
     if len(runs) == 1:
-        s, first, last = runs[0]
-        way = _way(expect, s)
-        undecided = [p.label for p, x in zip(pts, signs) if not x]
-        gaps = [k for k in range(first, last + 1) if not signs[k]]
-        if not gaps and last == n - 1:
-            return made(f"{metric} {way} from {pts[first].label} up (undecided at {', '.join(undecided)})", "from")
-        if not gaps and first == 0:
-            return made(f"{metric} {way} up to {pts[last].label} (undecided at {', '.join(undecided)})", "up_to")
+        s = runs[0][0]
+        if not undecided:
+            return made(f"{metric} {said[s]} at every point", "every")
+        first, last = runs[0][1], runs[0][2]
+        inside = [k for k in range(first, last + 1) if states[k] == "undecided"]
+        if not inside and last == len(pts) - 1 and first > 0:
+            return made(f"{metric} {said[s]} from {pts[first].label} up{tail}", "from")
+        if not inside and first == 0 and last < len(pts) - 1:
+            return made(f"{metric} {said[s]} up to {pts[last].label}{tail}", "up_to")
+        return made(f"{metric} {said[s]} at {_labels(pts, [i for i, x in decided])}{tail}", "some")
     if len(runs) == 2:
         (s1, a1, b1), (s2, a2, b2) = runs
-        if not any(signs[k] for k in range(b1 + 1, a2)):  # two runs of opposite sign, nothing between
-            low = pts[b1].label
-            high = pts[a2].label
-            head = f"{_way(expect, s1)} up to {low}" if a1 == 0 else f"{_way(expect, s1)} at {_labels(pts, a1, b1)}"
-            tail = f"{_way(expect, s2)} from {high}" if b2 == n - 1 else f"{_way(expect, s2)} at {_labels(pts, a2, b2)}"
-            return made(f"{metric} {head}, {tail}: it crosses between {low} and {high}", "crosses", (low, high))
-    parts = []
-    for s in (1, -1):
-        at = [p.label for p, x in zip(pts, signs) if x == s]
-        if at:
-            parts.append(f"{_way(expect, s)} at {', '.join(at)}")
-    undecided = [p.label for p, x in zip(pts, signs) if not x]
-    tail = f"; undecided at {', '.join(undecided)}" if undecided else ""
+        low, high = pts[b1].label, pts[a2].label
+        head = f"{said[s1]} up to {low}" if a1 == 0 else f"{said[s1]} at {_labels(pts, range(a1, b1 + 1))}"
+        rest = f"{said[s2]} from {high}" if b2 == len(pts) - 1 else f"{said[s2]} at {_labels(pts, range(a2, b2 + 1))}"
+        return made(f"{metric} {head}, {rest}: it crosses between {low} and {high}{tail}", "crosses", (low, high))
+    parts = [f"{said[s]} at {_labels(pts, [i for i, x in decided if x == s])}"
+             for s in ("claim", "opposite", "short") if any(x == s for _, x in decided)]
     return made(f"{metric} " + "; ".join(parts) + tail, "mixed")
 
 
-def _labels(pts: Sequence[PointVerdict], first: int, last: int) -> str:
-    return ", ".join(p.label for p in pts[first:last + 1])
+def _labels(pts: Sequence[PointVerdict], indices) -> str:
+    return ", ".join(pts[i].label for i in indices if pts[i] is not None)

@@ -79,6 +79,9 @@ class BenchTool:
     install_hint: ClassVar[str] = ""
     #: our metric name -> the key of the tool's result JSON
     keys: ClassVar[Mapping[str, str]] = {}
+    #: the benchmark's workload keys (``spec.workloads.KEYS``) its argv carries; the spec refuses a
+    #: file or a sweep point that sets another (both tools send ``--request-rate inf``: closed loop)
+    workload_keys: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

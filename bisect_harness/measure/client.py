@@ -76,6 +76,7 @@ from bisect_harness.measure.slo import check_slo, slo_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
 from bisect_harness.measure.jobs import Job, RequestJob
+from bisect_harness.measure.workloads import workload_jobs
 from bisect_harness.measure.request import MAX_RETRIES, RequestRecord
 from bisect_harness.boot import SampleOutcome
 
@@ -156,15 +157,22 @@ def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: 
             http.close()
 
 
+def _round(boot: int, boot_seq: int | None) -> int:
+    """What seeds a sample's traffic (``arrivals``): the boot's number in its config, or
+    where none is given its id."""
+    return boot if boot_seq is None else boot_seq
+
+
 def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
-             words: int | None = None, boot: int = 0, sample: int = 1, boot_seq: int = 0) -> tuple[str, dict, int]:
+             words: int | None = None, boot: int = 0, sample: int = 1,
+             boot_seq: int | None = None) -> tuple[str, dict, int]:
     """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``),
     and its most output tokens. Its prompt (:func:`request_prompt`) is ``words`` long
     (:class:`PromptSize`; None: ``prompt_tokens`` words), scaled to the request's own
     length where ``prompt_tokens_max`` draws one (``arrivals.request_lengths``, as its
     output length where ``output_tokens_max`` does)."""
     api = get_api(bench.api)
-    prompt_tokens, output_tokens = request_lengths(bench, index, boot_seq=boot_seq, sample=sample)
+    prompt_tokens, output_tokens = request_lengths(bench, index, boot_seq=_round(boot, boot_seq), sample=sample)
     if prompt_tokens != bench.prompt_tokens:  # the words fitted to prompt_tokens, scaled to this one
         words = max(1, round((words if words is not None else bench.prompt_tokens) * prompt_tokens
                              / max(1, bench.prompt_tokens)))
@@ -175,11 +183,17 @@ def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
 
 
 def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None,
-          boot: int = 0, sample: int = 1, *, boot_seq: int = 0, first: int = 0) -> list[Job]:
+          boot: int = 0, sample: int = 1, *, boot_seq: int | None = None, first: int = 0) -> list[Job]:
     """The ``n`` jobs of a sample (``jobs``) from request ``first`` on: one request each,
-    request ``i``'s prompt its own. Job ``i`` is the same whatever ``n`` and ``first``
-    (a sample with a window takes them in blocks; a capacity search's trials take
-    their own indices)."""
+    request ``i``'s prompt its own; for a ``benchmark.workload``, its jobs (``workloads``: a
+    dataset's conversations, shared prefixes, multi-turn sessions, each session one job of
+    several requests). Job ``i`` is the same whatever ``n`` and ``first`` (a sample with a
+    window takes them in blocks; a capacity search's trials take their own indices).
+    ``boot_seq``: the boot's number in its config, which seeds the lengths and a
+    dataset's draws (None: the boot's id, ``boot``)."""
+    if bench.workload is not None:  # the workload's first + n jobs, from job ``first`` on
+        return workload_jobs(bench, base_url, model, first + n, words, boot=boot, sample=sample,
+                             boot_seq=boot_seq)[first:]
     api = get_api(bench.api)
     out: list[Job] = []
     for i in range(first, first + n):
@@ -193,15 +207,15 @@ _BLOCK = 64
 
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
-               n: int | None, words: int | None = None, boot: int = 0, sample: int = 1, *, boot_seq: int = 0,
-               trial: int = 0) -> Dispatched:
+               n: int | None, words: int | None = None, boot: int = 0, sample: int = 1, *,
+               boot_seq: int | None = None, trial: int = 0) -> Dispatched:
     """Send a sample's jobs, open loop where ``bench.request_rate`` is set (at the times of
     ``arrivals.arrival_times``) and closed loop otherwise: ``n`` of them, or where ``n`` is
     None for ``bench.sample_seconds``. ``trial`` numbers a capacity search's trials, each
     with its own requests (from ``trial * n``) and arrival times."""
     first = trial * (n or 0)
     if bench.open_loop:
-        times = arrival_times(bench, boot_seq=boot_seq, sample=sample, trial=trial, count=n,
+        times = arrival_times(bench, boot_seq=_round(boot, boot_seq), sample=sample, trial=trial, count=n,
                               within_s=bench.sample_seconds if n is None else None)
         jobs = _jobs(bench, base_url, model, len(times), words, boot, sample, boot_seq=boot_seq, first=first)
         return open_loop(http, jobs, times)
@@ -280,20 +294,22 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
                           client: httpx.Client | None = None,
                           headers: Mapping[str, str] | None = None,
                           prompt: "PromptSize | None" = None, boot: int = 0, sample: int = 1,
-                          boot_seq: int = 0) -> SampleDetail:
+                          boot_seq: int | None = None) -> SampleDetail:
     """Send a sample's streamed requests and measure them: ``bench.requests_per_sample``
     of them (or those of ``bench.sample_seconds``), ``bench.concurrency`` in flight, or
     open loop at ``bench.request_rate`` (module docstring). Their prompts are sample
     ``sample``'s of boot ``boot`` (:func:`request_prompt`): a boot numbers its samples
     so that no prefix cache serves one from another; their arrival times and lengths
-    are those of sample ``sample`` of the config's ``boot_seq``-th boot (``arrivals``),
-    the same in both arms of a round. With ``bench.capacity`` the sample is a capacity
+    are those of sample ``sample`` of the config's ``boot_seq``-th boot (``arrivals``; None:
+    of boot ``boot``), the same in both arms of a round. With ``bench.capacity`` the sample is a capacity
     search (:func:`measure_capacity`).
 
     ``result.metrics`` has the keys of ``model.CLIENT_METRICS`` that apply (those of the
     prompt, ``prompt_tokens``, ``cached_prompt_tokens`` and ``prompt_tokens_evaluated``,
-    where the server reports them, means over the requests that did; those of open
-    loop and of the SLO where the benchmark asks them): ``tok_s`` (output
+    where the server reports them, means over the requests that did, and
+    ``prefix_cache_hit_share``, the cached tokens over the prompt tokens of the requests
+    whose server said both; those of open loop and of the SLO where the benchmark asks
+    them): ``tok_s`` (output
     tokens of the successful requests / the sample's wall time), ``decode_tok_s``
     (their tokens after the first chunk / their first-to-last-chunk times), the means of
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
@@ -342,6 +358,9 @@ def _measured(base_url: str, bench: BenchmarkSpec, sent: Dispatched) -> SampleDe
         counted = [getattr(r, field) for r in ok if getattr(r, field) is not None]
         if counted:
             metrics[name] = _mean(counted)
+    both = [(r.cached_tokens, r.prompt_tokens) for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    if both:  # of the prompt tokens, the share the server's prefix cache served (where it said both)
+        metrics["prefix_cache_hit_share"] = sum(c for c, _ in both) / sum(p for _, p in both)
     behind = None
     if bench.open_loop:
         lag = _p99_ms(sent.lags_s)
@@ -375,7 +394,7 @@ def _p99_ms(lags_s: tuple[float, ...]) -> float:
 
 def measure_capacity(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
                      headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0,
-                     sample: int = 1, boot_seq: int = 0) -> SampleDetail:
+                     sample: int = 1, boot_seq: int | None = None) -> SampleDetail:
     """One sample that is a capacity search (``measure.capacity``): the highest arrival
     rate at which every term of ``bench.slo`` held, each trial an open-loop sample of
     ``bench.capacity.trial_requests`` requests at the trial's rate (``bench.arrival``,
@@ -436,7 +455,7 @@ def measure_capacity(base_url: str, bench: BenchmarkSpec, *, client: httpx.Clien
 
 def _batch(base_url: str, bench: BenchmarkSpec, n: int | None, client: httpx.Client | None,
            headers: Mapping[str, str] | None = None, words: int | None = None, boot: int = 0, sample: int = 1, *,
-           boot_seq: int = 0) -> Dispatched:
+           boot_seq: int | None = None) -> Dispatched:
     """A sample's requests as it sends them (:func:`_run_batch`), on ``client`` or a client of
     our own (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None

@@ -459,11 +459,12 @@ class Ledger:
             raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
         return run
 
-    def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False) -> BootValues:
-        """The sample values of ``metric`` per usable (``ok``) boot; boots without any are left out.
-        ``quiet``: only the samples whose own contention window crossed no threshold
-        (``BootRecord.values``, the one reduction of a boot's samples)."""
-        return BootValues.of(boot_records(boots), metric, quiet=quiet)
+    def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False,
+                    point: str | None = None) -> BootValues:
+        """The sample values of ``metric`` (at load point ``point``) per usable (``ok``) boot;
+        boots without any are left out. ``quiet``: only the samples whose own contention
+        window crossed no threshold (``BootRecord.values``, the one reduction of a boot's samples)."""
+        return BootValues.of(boot_records(boots), metric, quiet=quiet, point=point)
 
     def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:
         """Finished boots of the same config on the same host (any earlier run)."""

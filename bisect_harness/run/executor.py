@@ -132,11 +132,11 @@ class Executor:
         the noise, and refuse to claim effects smaller than the run can resolve."""
         d = self.spec.defaults
         design, alpha_each = self.rules.design, self.rules.alpha_each
-        groups: dict[tuple[str, str], list[PlannedHypothesis]] = {}
+        groups: dict[tuple[str, str, str | None], list[PlannedHypothesis]] = {}
         for h in self.plan.hypotheses:
             if not h.is_aa:
-                groups.setdefault((h.baseline.key, h.metric.name), []).append(h)
-        for (key, metric), hyps in groups.items():
+                groups.setdefault((h.baseline.key, h.metric.name, h.spec.point_label), []).append(h)
+        for (key, metric, point), hyps in groups.items():
             base = self.states[key]
             replica = self.sched.state_for(make_config(self.spec, base.planned.arm, replica=2))
             self.sched.boot_round([base, replica], d.boots_per_arm)
@@ -144,8 +144,8 @@ class Executor:
                 self.obs.message(f"A/A check of {base.planned.label}: could not be measured")
                 continue
             # The check's own boots: the first of each side (after --resume the baseline holds more).
-            a = self.ledger.boot_values(base.good_boots[:d.boots_per_arm], metric).values
-            b = self.ledger.boot_values(replica.good_boots[:d.boots_per_arm], metric).values
+            a = self.ledger.boot_values(base.good_boots[:d.boots_per_arm], metric, point=point).values
+            b = self.ledger.boot_values(replica.good_boots[:d.boots_per_arm], metric, point=point).values
             if len(a) < 2 or len(b) < 2:
                 continue
             noise = noise_floor([list(x) for x in a], [list(x) for x in b], design=design, alpha=alpha_each)
@@ -311,7 +311,7 @@ class Executor:
         by_metric: dict[str, list] = {}
         for h in pending:
             b, t = self.states[h.baseline.key], self.states[h.treatment.key]
-            bv, tv = (self.ledger.boot_values(st.boots, h.metric.name) for st in (b, t))
+            bv, tv = (self.ledger.boot_values(st.boots, h.metric.name, point=h.spec.point_label) for st in (b, t))
             by_metric.setdefault(h.metric.name, []).extend(zip(bv.values, tv.values))
         comps = [allocation.round_components(pairs) for pairs in by_metric.values()] or [None]
         return max(allocation.samples_per_boot(cost, c, min_samples=d.samples_per_boot,

@@ -18,8 +18,8 @@ from pathlib import Path
 from bisect_harness.errors import SpecError
 from bisect_harness.model import CLIENT_METRICS
 from bisect_harness.spec.reader import _Doc, _Reader
-from bisect_harness.spec.sections import (_TOP, _backend, _benchmark, _defaults, _engine, _hypotheses, _limits,
-                                          _tool_fits)
+from bisect_harness.spec.sections import (_TOP, FileBench, _backend, _benchmark, _defaults, _engine, _hypotheses, _limits,
+                                          _sweep, _tool_fits)
 from bisect_harness.spec.types import Defaults, EngineSpec, Spec
 
 __all__ = ["SPEC_VERSION", "load_spec", "parse_spec"]
@@ -49,20 +49,22 @@ def parse_spec(text: str, path: Path) -> Spec:
         raise doc.error("version", f"this harness reads version {SPEC_VERSION} files, got {version!r}; "
                         "upgrade bisect-harness or rewrite the file")
     engine = _engine(r, top["engine"], path.parent)
-    bench = _benchmark(r, top.get("benchmark"))
+    bench = _benchmark(r, top.get("benchmark"), path.parent)
     if top.get("limits") is not None:
         bench = replace(bench, limits=_limits(r, top["limits"]))
     defaults = _defaults(r, top.get("defaults"))
     metrics = dict(CLIENT_METRICS)
-    for s in engine.metrics:
+    for s in engine.sources:  # the file's and the preset's own
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
     from bisect_harness.engines import presets
 
     has_repo = engine.base_url is None and (
         engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
+    written = tuple(top.get("benchmark") or ())
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None,
-                       has_releases=engine.releases is not None)
+                       has_releases=engine.releases is not None,
+                       file_bench=FileBench(bench, _sweep(r, top.get("benchmark"), bench), written))
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
     backend = _backend(r, top.get("backend"))

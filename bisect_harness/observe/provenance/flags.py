@@ -5,12 +5,15 @@ and compare modes. Values compare by :func:`~bisect_harness.measure.values.value
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from bisect_harness.observe.provenance._schema import SCHEMA_VERSION, _check_schema
-from bisect_harness.measure.values import _as_bool, _as_mapping, lookup, values_equal
+from bisect_harness.measure.values import _as_bool, _as_mapping, _as_number, lookup, values_equal
 from bisect_harness.model import jsonable
+from bisect_harness.observe.provenance.slot_context import slot_context_matches
 
 #: Where a server commonly reports a flag under another name (normalised keys).
 DEFAULT_FLAG_ALIASES: Mapping[str, tuple[str, ...]] = {
@@ -131,19 +134,70 @@ def _subset(requested: Any, effective: Any) -> bool:
     return all(str(k) in em_s and _subset(v, em_s[str(k)]) for k, v in rm.items())
 
 
+def _float32(v: Any) -> float | None:
+    """``v`` as the C ``float`` a server holds it in: ``0.8`` -> ``0.800000011920929``; None
+    for what is not a finite number."""
+    n = _as_number(v)
+    if n is None or not math.isfinite(n) or abs(n) > 3.4e38:
+        return None
+    return struct.unpack("f", struct.pack("f", n))[0]
+
+
+def _one_of(requested: Any, effective: Any) -> bool:
+    """The reported value is one of the requested names (a list, or comma-separated:
+    ``a,b``), or equal to the request."""
+    if isinstance(requested, str) and "," in requested:
+        requested = [name.strip() for name in requested.split(",") if name.strip()]
+    if isinstance(requested, (list, tuple)) and requested and not isinstance(effective, (list, tuple)):
+        return any(values_equal(name, effective) for name in requested)
+    return values_equal(requested, effective)
+
+
 def values_match(requested: Any, effective: Any, mode: str = "equal") -> bool:
     """Compare a requested flag value with a reported one by ``mode``: ``equal``
     (:func:`values_equal`), ``dtype`` (torch spellings: ``torch.bfloat16`` ==
-    ``bfloat16`` == ``bf16``) or ``subset`` (every requested key of a mapping is
-    reported with an equal value, recursively; the server may report more)."""
+    ``bfloat16`` == ``bf16``), ``subset`` (every requested key of a mapping is
+    reported with an equal value, recursively; the server may report more),
+    ``float32`` (equal once both are rounded to a C ``float``, as llama.cpp holds its
+    sampling settings: ``0.8`` is reported as ``0.800000011920929``) or ``one_of``
+    (the reported value is one of the requested comma-separated names: llama.cpp's
+    ``--alias b,a`` is reported as ``a``). ``slot_context`` needs the rest of the
+    server info: :func:`flag_report` compares it
+    (:func:`~bisect_harness.observe.provenance.slot_context.slot_context_matches`)."""
     if mode == "dtype":
         a, b = _dtype_name(requested), _dtype_name(effective)
         return values_equal(requested, effective) if a is None or b is None else a == b
     if mode == "subset":
         return _subset(requested, effective)
+    if mode == "float32":
+        a, b = _float32(requested), _float32(effective)
+        return values_equal(requested, effective) if a is None or b is None else a == b
+    if mode == "one_of":
+        return _one_of(requested, effective)
+    if mode == "slot_context":
+        raise ValueError("compare mode 'slot_context' reads the slot count and the other flags as well: "
+                         "compare such a flag through flag_report")
     if mode != "equal":
         raise ValueError(f"unknown compare mode {mode!r}")
     return values_equal(requested, effective)
+
+
+#: The flags an OpenAI model list answers (``GET /v1/models``: ``{"object": "list", "data":
+#: [card]}``), by the field of its one card: vLLM's ModelCard carries the served name
+#: (``id``), the model it was loaded from (``root``) and ``max_model_len``
+#: (vllm/entrypoints/openai/models/serving.py show_available_models, vLLM 0.32).
+MODEL_CARD_FLAGS: Mapping[str, str] = {"id": "served_model_name", "root": "model", "max_model_len": "max_model_len"}
+
+
+def _model_card(server_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags a server info that is an OpenAI model list of one model answers, by
+    :data:`MODEL_CARD_FLAGS` (normalised names); empty for any other server info, or a
+    list of several models (which of them a flag is about is not known)."""
+    data = server_info.get("data")
+    if server_info.get("object") != "list" or not isinstance(data, list) or len(data) != 1 \
+            or not isinstance(data[0], Mapping):
+        return {}
+    return {flag: data[0][field] for field, flag in MODEL_CARD_FLAGS.items() if data[0].get(field) is not None}
 
 
 def _reported(server_info: Mapping[str, Any], flat: Mapping[str, Any], key: str) -> tuple[bool, Any]:
@@ -174,12 +228,18 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     has no info endpoint) reports every flag as not reported, with a note. A flag whose
     entry in ``aliases`` is None has no server-info key the preset knows (llama.cpp's
     ``/props`` echoes few launch arguments): it is not reported (key ``""``), never
-    looked up by its name.
+    looked up by its name. A flag in mode ``slot_context`` (llama.cpp's ``ctx-size``,
+    the total over the slots) is compared with the context of one slot by
+    :func:`~bisect_harness.observe.provenance.slot_context.slot_context_matches`, and
+    its ``effective`` is the slot and the slot count the server reported. A server info
+    that is an OpenAI model list of one model (vLLM's ``/v1/models``, where
+    ``/server_info`` is off) answers the flags of :data:`MODEL_CARD_FLAGS`.
     """
     aliases = dict(aliases or {})
     compare = dict(compare or {})
     checks: list[FlagCheck] = []
-    info = {normalise_flag(k): v for k, v in server_info.items()} if server_info is not None else None
+    info = {**_model_card(server_info), **{normalise_flag(k): v for k, v in server_info.items()}} \
+        if server_info is not None else None
     for flag, want in requested.items():
         norm = normalise_flag(flag)
         if flag in aliases and aliases[flag] is None:
@@ -212,6 +272,11 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
         if key is None:
             checks.append(FlagCheck(flag, candidates[0], want, None, NOT_REPORTED))
             continue
+        if mode == "slot_context":  # a slot's share of the asked total: read with the slot count
+            took, shown = slot_context_matches(want, got, server_info, requested)
+            status = NOT_REPORTED if took is None else MATCHED if took else MISMATCHED
+            checks.append(FlagCheck(flag, key, want, shown, status))
+            continue
         status = MATCHED if values_match(want, got, mode) else MISMATCHED
         checks.append(FlagCheck(flag, key, want, got, status))
     note = "" if server_info is not None else \
@@ -219,5 +284,5 @@ def flag_report(requested: Mapping[str, Any], server_info: Mapping[str, Any] | N
     return FlagReport(tuple(checks), note)
 
 
-__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "NOT_REPORTED", "NO_KEY",
-           "flag_report", "normalise_flag", "values_match"]
+__all__ = ["DEFAULT_FLAG_ALIASES", "FlagCheck", "FlagReport", "MATCHED", "MISMATCHED", "MODEL_CARD_FLAGS",
+           "NOT_REPORTED", "NO_KEY", "flag_report", "normalise_flag", "values_match"]
