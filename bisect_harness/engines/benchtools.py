@@ -245,12 +245,13 @@ def get_tool(name: str) -> BenchTool:
 class ClientRunner:
     """The harness's own streaming client (``client``). ``boot`` numbers the boot's
     prompts (``prompts.request_prompt``): unique to each boot, sample and request;
-    ``boot_seq``, the boot's number in its config, seeds its arrival times and lengths
-    (``arrivals``), so the k-th boots of two arms see the same traffic. A benchmark with
+    ``boot_seq``, the boot's number in its config, seeds its arrival times, lengths and a
+    dataset's draws (``arrivals``, ``workloads``; None: the boot's id), so the k-th boots of
+    two arms see the same traffic. A benchmark with
     ``capacity`` makes each sample a capacity search (``client.measure_capacity``),
     whose trials the boot's provenance keeps (:meth:`provenance`)."""
 
-    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0, boot_seq: int = 0):
+    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0, boot_seq: int | None = None):
         self.bench, self.endpoint, self.boot, self.boot_seq = bench, endpoint, boot, boot_seq
         self._http = None
         self.prompt: prompt_size.PromptSize | None = None  # sized once a boot, before its warm-up
@@ -276,12 +277,13 @@ class ClientRunner:
         if self._http is not None:  # a later point's warm-up, inside the boot's session
             bench = self._at(point)
             client.warmup(url, bench, client=self._http, prompt=self._prompt_for(self._http, bench), boot=self.boot,
-                          sample=-nth)
+                          sample=-nth, boot_seq=self.boot_seq)
             return
         with client.boot_session(url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self.bench = bench
             at = self._at(point)
-            client.warmup(url, at, client=http, prompt=self._prompt_for(http, at), boot=self.boot, sample=-nth)
+            client.warmup(url, at, client=http, prompt=self._prompt_for(http, at), boot=self.boot, sample=-nth,
+                          boot_seq=self.boot_seq)
 
     @contextlib.contextmanager
     def session(self):
@@ -408,7 +410,7 @@ _FOUND: set[tuple] = set()
 
 
 def sample_runner(bench: BenchmarkSpec, endpoint: Endpoint, *, python: str, env: Mapping[str, str], cwd: Path,
-                  log_path: Path, boot: int = 0, boot_seq: int = 0):
+                  log_path: Path, boot: int = 0, boot_seq: int | None = None):
     """The runner for this benchmark: the tool's (checked to be installed) or our client.
     ``boot`` (the boot's ledger id) keeps its prompts apart from every other boot's;
     ``boot_seq`` (its number in its config) seeds our client's arrival times and lengths."""

@@ -498,11 +498,12 @@ def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, s
 
 def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
            headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0,
-           sample: int = 0) -> int:
+           sample: int = 0, boot_seq: int | None = None) -> int:
     """Send ``bench.warmup_requests`` requests like a sample's, closed loop, and discard them. Their
     prompts are sample ``sample``'s of ``boot`` (0, or below 0 for the warm-ups of a
     sweep's later points): as long as a sample's, shared with none (with
-    ``benchmark.prompt_reuse``, the samples' own first prompts).
+    ``benchmark.prompt_reuse``, the samples' own first prompts); their lengths and a
+    dataset's draws those of the ``boot_seq``-th boot, as its samples' are.
 
     Returns how many failed; raises :class:`SampleFailed` when all of them did.
     """
@@ -511,7 +512,7 @@ def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None =
     # closed loop at the benchmark's concurrency, whatever the point's arrivals: it warms the server
     closed = dataclasses.replace(bench, request_rate=None, sample_seconds=None)
     records = _batch(base_url, closed, bench.warmup_requests, client, headers,
-                     prompt.words if prompt is not None else None, boot, sample).records
+                     prompt.words if prompt is not None else None, boot, sample, boot_seq=boot_seq).records
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)
