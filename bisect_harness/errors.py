@@ -5,7 +5,9 @@
     HarnessError                 base of everything we raise on purpose
     ├── UserError                fatal: the input is wrong; fix it and re-run (exit 2)
     │   ├── SpecError            hypotheses.yaml: names the key and the line
-    │   └── CommitError          a revision that does not resolve in the engine repo
+    │   ├── CommitError          a revision that does not resolve in the engine repo
+    │   └── DatasetError         a dataset file (benchmark.workload) that cannot be read as
+    │                            conversations: names the file, the entry and the fix
     ├── InfrastructureError      fatal for the run: the machine or a tool failed (exit 3)
     │   └── LaunchError          a command could not start (not found, not executable, bad cwd);
     │                            an OSError too (process/supervised): a boot's launch becomes
@@ -69,6 +71,12 @@ class SpecError(UserError):
 
 class CommitError(UserError):
     """A revision that does not resolve in the engine's repository."""
+
+
+class DatasetError(UserError):
+    """A dataset file of conversations (``benchmark.workload``) that cannot be used: unreadable,
+    malformed (the message names the line or index), or with no conversation the workload
+    can send (the message counts why each was left out)."""
 
 
 class InfrastructureError(HarnessError):

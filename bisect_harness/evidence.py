@@ -160,6 +160,13 @@ class BootEvidence:
     request_retries: Mapping[str, Any] | None = None
     """Requests that produced nothing and were sent again, or failed in the end: counts,
     examples and per-sample counts."""
+    client_behind: Mapping[str, Any] | None = None
+    """Open-loop samples whose client fell behind its schedule (the mark ``client_behind``):
+    per sample, its p99 send lag, the limit, the sends, the asked and achieved rates."""
+    capacity: Mapping[str, Any] | None = None
+    """Each capacity search of the boot (``measure.capacity.CapacitySearch.to_json``, by
+    the sample's number): its trials' rates, whether each held, their percentiles, why
+    it ended."""
     usage_offset: Mapping[str, Any] | None = None
     """A server's steady off-by-one between its text chunks and its token count."""
     usage_mismatch: Mapping[str, Any] | None = None

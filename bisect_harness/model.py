@@ -115,16 +115,71 @@ CLIENT_METRICS: dict[str, Metric] = {
 
 
 #: Percentiles of the client's per-request timings, one value per sample (see
-#: ``percentiles.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions).
+#: ``percentiles.percentile_metrics`` and docs/hypotheses-format.md for the exact definitions),
+#: each with the ends of its distribution-free 95% interval (``_lo``, ``_hi``: NaN where the
+#: sample has too few values for that end, e.g. a p99's upper end below 368 requests).
 PERCENTILES = (50, 90, 99)
 CLIENT_METRICS.update({
     m.name: m
     for what, label in (("ttft", "time to first token, per request"),
                         ("itl", "inter-token latency, per output token after the first"),
-                        ("tpot", "time per output token after the first, per request"))
+                        ("tpot", "time per output token after the first, per request"),
+                        ("e2e", "end-to-end latency, request sent to the stream's end, per request"))
     for q in PERCENTILES
-    for m in (Metric(f"{what}_p{q}_ms", "ms", Better.LOWER, f"p{q} of the {label}, over a sample's requests"),)
+    for m in (Metric(f"{what}_p{q}_ms", "ms", Better.LOWER, f"p{q} of the {label}, over a sample's requests"),
+              Metric(f"{what}_p{q}_ms_lo", "ms", Better.LOWER,
+                     f"lower end of the 95% order-statistic interval of {what}_p{q}_ms in a sample (the "
+                     f"order statistic below which the true p{q} lies with probability at most 2.5%; NaN where "
+                     "the sample is too small)"),
+              Metric(f"{what}_p{q}_ms_hi", "ms", Better.LOWER,
+                     f"upper end of the 95% order-statistic interval of {what}_p{q}_ms in a sample (the "
+                     f"order statistic above which the true p{q} lies with probability at most 2.5%; NaN where "
+                     "the sample is too small)"))
 })
+
+
+#: How the sample's requests left (``client``, ``dispatch``): every sample has
+#: ``achieved_rps``; an open-loop sample (``benchmark.request_rate``) also the metrics of
+#: :data:`OPEN_LOOP_METRICS`.
+CLIENT_METRICS.update({
+    m.name: m
+    for m in (
+        Metric("achieved_rps", "req/s", Better.HIGHER,
+               "the rate the sample's requests were sent at: the sends after the first over the time from the "
+               "first send to the last ((n - 1) / span); open loop, set beside the asked request_rate to see "
+               "that the client kept up; closed loop, the request throughput the workers reached"),
+        Metric("send_lag_p99_ms", "ms", Better.LOWER,
+               "open loop: p99 of how late each request left after its scheduled arrival time (the client's "
+               "own delay, not the server's); above benchmark.max_lag_ms the sample is marked client_behind"),
+        Metric("client_behind", "flag", Better.LOWER,
+               "open loop: 1.0 where the sample's send_lag_p99_ms was over benchmark.max_lag_ms (the client "
+               "did not send at the asked rate; the boot is marked client_behind), else 0.0"),
+    )
+})
+
+#: The metrics only an open-loop sample carries.
+OPEN_LOOP_METRICS = ("send_lag_p99_ms", "client_behind")
+
+#: Latency under an SLO (``benchmark.slo``; ``measure.slo``, ``measure.capacity``).
+CLIENT_METRICS.update({
+    m.name: m
+    for m in (
+        Metric("goodput_rps", "req/s", Better.HIGHER,
+               "requests a second that met every term of benchmark.slo, each by its own value (its TTFT, "
+               "TPOT, mean ITL or end-to-end latency at most the term's limit), over the sample's wall time"),
+        Metric("slo_met", "flag", Better.HIGHER,
+               "1.0 where every percentile term of benchmark.slo held in the sample, 0.0 where one did not, "
+               "NaN where one could not be judged (no request had its value)"),
+        Metric("capacity_rps", "req/s", Better.HIGHER,
+               "the highest arrival rate at which every term of benchmark.slo held, found in the boot by a "
+               "bracketing search of open-loop trials (benchmark.capacity); 0 where no rate tried held"),
+    )
+})
+
+#: The metrics only a sample under ``benchmark.slo`` carries (a capacity search's carries
+#: ``capacity_rps`` and ``client_behind`` alone).
+SLO_METRICS = ("goodput_rps", "slo_met")
+CAPACITY_METRICS = ("capacity_rps",)
 
 
 #: The prompt as the server counted it, per sample (a mean over the requests whose stream
@@ -139,6 +194,11 @@ CLIENT_METRICS.update({
         Metric("prompt_tokens_evaluated", "tokens", Better.LOWER,
                "mean of the prompt's tokens the server computed, not cached (llama.cpp timings.prompt_n), "
                "where it said"),
+        Metric("prefix_cache_hit_share", "", Better.HIGHER,
+               "the share of the prompt tokens the server took from its prefix cache: the sum of the cached "
+               "tokens over the sum of the prompt tokens, over the requests whose server said both "
+               "(llama.cpp timings.cache_n, SGLang meta_info.cached_tokens, OpenAI "
+               "usage.prompt_tokens_details.cached_tokens)"),
     )
 })
 

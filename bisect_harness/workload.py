@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, TypeVar, Union
 
-if TYPE_CHECKING:
-    from bisect_harness.model import BenchmarkSpec
+#: a ``model.BenchmarkSpec`` (this module sits beneath ``model``, which holds its values)
+Bench = TypeVar("Bench")
 
 __all__ = ["ARRIVALS", "POINT_KEYS", "SWEEP_AXES", "Capacity", "Dataset", "LoadPoint", "MultiTurn", "SharedPrefix",
            "SloTerm", "Workload", "requests_for_percentile"]
@@ -155,7 +155,7 @@ class LoadPoint:
     def get(self, key: str, default: Any = None) -> Any:
         return dict(self.settings).get(key, default)
 
-    def apply(self, bench: "BenchmarkSpec") -> "BenchmarkSpec":
+    def apply(self, bench: Bench) -> Bench:
         """``bench`` at this point: its keys replaced by the point's (a point that sets a
         ``request_rate`` makes the benchmark open loop; one that sets ``concurrency``
         closed loop)."""

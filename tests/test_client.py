@@ -23,7 +23,7 @@ from bisect_harness.measure.deadline import deadline_client
 from bisect_harness.measure.client import SampleFailed, boot_session, measure_sample, measure_sample_detail, warmup
 from bisect_harness.measure.prompts import request_prompt, synthetic_prompt
 from bisect_harness.measure.sse import SSEDecoder
-from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
+from bisect_harness.model import CAPACITY_METRICS, CLIENT_METRICS, OPEN_LOOP_METRICS, SLO_METRICS, BenchmarkSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "streams"
 
@@ -194,8 +194,11 @@ def test_vllm_completions_timing_and_usage():
         detail = measure_sample_detail(srv.base_url, spec())
     r = detail.result
     # every client metric, the prompt's real length where the server's usage says it; no
-    # cached count: vLLM sends usage.prompt_tokens_details only with --enable-prompt-tokens-details
-    assert set(r.metrics) == set(CLIENT_METRICS) - {"cached_prompt_tokens", "prompt_tokens_evaluated"}
+    # cached count: vLLM sends usage.prompt_tokens_details only with --enable-prompt-tokens-details;
+    # closed loop without an SLO: none of the open loop's or the SLO's
+    assert set(r.metrics) == set(CLIENT_METRICS) - {"cached_prompt_tokens", "prompt_tokens_evaluated",
+                                                    "prefix_cache_hit_share", *OPEN_LOOP_METRICS, *SLO_METRICS,
+                                                    *CAPACITY_METRICS}
     assert r.metrics["prompt_tokens"] == detail.requests[0].prompt_tokens == detail.requests[0].usage["prompt_tokens"]
     assert (r.requests, r.errors, r.output_tokens) == (1, 0, 8)
     req = detail.requests[0]
@@ -303,6 +306,7 @@ def test_the_servers_cached_and_computed_prompt_tokens_are_recorded_per_sample()
     with Replay(now, delay=0.001) as srv:
         r = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=2)).result
     assert r.metrics["cached_prompt_tokens"] == 3 and r.metrics["prompt_tokens_evaluated"] == 1
+    assert r.metrics["prefix_cache_hit_share"] == 3 / 4  # of the prompt's 4 tokens (tokens_evaluated), 3 cached
     cut = [e.replace(b'"prompt_n":4,', b'"prompt_n":1,"cache_n":99,') for e in fixture_events("llamacpp_completion.sse")]
     with Replay(cut, delay=0.001) as srv:  # more cached than the prompt has: not believed
         r = measure_sample_detail(srv.base_url, spec(api="llamacpp", requests_per_sample=1)).result

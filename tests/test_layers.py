@@ -49,7 +49,8 @@ from helpers import SMALL_BENCH, git, query, write_spec
 PACKAGE = Path(bisect_harness.__file__).parent
 
 #: the layers, lowest first (design.md's picture, read upwards)
-LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init__", "boot", "evidence"}, {"demo"}, {"process"},
+LAYERS = [{"model", "secrets", "errors", "places", "defaults", "kinds", "__init__", "boot", "evidence",
+           "workload"}, {"demo"}, {"process"},
           {"measure"}, {"observe"}, {"engines"}, {"decide"}, {"backends"}, {"spec"}, {"plan"}, {"record"},
           {"report"}, {"run"}, {"cli"}]
 

@@ -36,6 +36,10 @@ BASE = {
                     "metric": "tok_s", "expect": "increase", "min_effect": "10%"}],
 }
 
+#: a dataset file of one usable conversation (``measure.datasets``)
+CONVERSATION = json.dumps([{"conversations": [{"from": "human", "value": "What is the capital of France?"},
+                                             {"from": "gpt", "value": "Paris."}]}])
+
 
 def doc(bench: dict | None = None, **hyp) -> dict:
     """BASE with ``bench`` merged into ``benchmark`` and ``hyp`` into its one hypothesis."""
@@ -202,7 +206,8 @@ def test_the_workload_keys_fill_the_benchmarks_fields(tmp_path):
 
 def test_a_dataset_path_is_read_from_the_files_folder(tmp_path):
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "chats.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "data" / "chats.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                                                   '{"role": "assistant", "content": "hello"}]}\n')
     spec = load(doc({"workload": {"dataset": {"path": "data/chats.jsonl", "mode": "conversation",
                                               "max_prompt_tokens": 900}}}), tmp_path)
     assert spec.benchmark.workload == Dataset(path=str((tmp_path / "data" / "chats.jsonl").resolve()),
@@ -211,6 +216,10 @@ def test_a_dataset_path_is_read_from_the_files_folder(tmp_path):
     assert err.key == "benchmark.workload.dataset.path" and "relative to the hypotheses file's folder" in err.message
     err = refused(doc({"workload": {"dataset": {"path": "data/chats.jsonl", "mode": "all"}}}), tmp_path)
     assert err.key == "benchmark.workload.dataset.mode" and "first_turn, conversation" in err.message
+    # the file is read when the spec is: a malformed one stops the run before its first boot
+    (tmp_path / "data" / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n[1]\n')
+    err = refused(doc({"workload": {"dataset": {"path": "data/bad.jsonl"}}}), tmp_path)
+    assert err.key == "benchmark.workload.dataset.path" and "bad.jsonl line 2: the entry is list" in err.message
 
 
 def test_generators_and_a_capacity_search_of_its_own(tmp_path):
@@ -268,7 +277,7 @@ def test_a_bad_workload_key_names_itself(tmp_path, bench, key, words):
 
 
 def test_a_dataset_gives_the_lengths(tmp_path):
-    (tmp_path / "d.json").write_text("[]")
+    (tmp_path / "d.json").write_text(CONVERSATION)
     data = {"workload": {"dataset": {"path": "d.json"}}}
     err = refused(doc({**data, "prompt_tokens_max": 256}), tmp_path)
     assert err.key == "benchmark.prompt_tokens_max" and "workload.dataset.max_prompt_tokens" in err.message
@@ -427,7 +436,7 @@ def test_the_dry_run_says_what_each_point_asks_and_each_curve(tmp_path):
 
 
 def test_the_dry_run_of_one_point_prices_seconds_long_samples(tmp_path):
-    (tmp_path / "chats.json").write_text("[]")
+    (tmp_path / "chats.json").write_text(CONVERSATION)
     spec = load(doc({"request_rate": 4, "sample_seconds": 30,
                      "workload": {"dataset": {"path": "chats.json", "max_prompt_tokens": 512}}}), tmp_path)
     text, obj = describe_plan(spec, cache_dir=tmp_path / "cache")

@@ -174,6 +174,21 @@ def retry_check(b, requests, seq: int) -> None:
         b.marks.append("requests_failed")
 
 
+def lag_check(b, behind, seq: int) -> None:
+    """An open-loop sample whose client fell behind its schedule (``client.ClientBehind``:
+    its p99 send lag over ``benchmark.max_lag_ms``) did not send at the rate asked: the
+    boot is marked ``client_behind`` and ``evidence.client_behind`` holds each such
+    sample's figures (``samples``: ``{seq: {lag_p99_ms, max_lag_ms, sends, asked_rps,
+    achieved_rps}}``). Its samples stay, each carrying ``client_behind: 1.0``."""
+    if behind is None:
+        return
+    samples = dict((b.evidence.client_behind or {}).get("samples", {}))
+    samples[str(seq)] = behind.to_json()
+    b.note(client_behind={"samples": samples})
+    if "client_behind" not in b.marks:
+        b.marks.append("client_behind")
+
+
 class Retries:
     """Requests sent again or failed in the end, over the boot's samples so far
     (``evidence.request_retries``, :func:`retry_check`)."""

@@ -368,7 +368,7 @@ def _serve(b: _Boot, req: BootRequest, launch: _Launch, log_path: Path,
     judged, stopped; then the checks that read it stopped."""
     endpoint = launch.source.endpoint(launch.cfg, launch.port)  # base_url and auth headers (never stored)
     bench = benchtools.sample_runner(req.benchmark, endpoint, python=launch.cenv.python, env=launch.env,
-                                     cwd=launch.cwd, log_path=log_path, boot=req.boot_id)
+                                     cwd=launch.cwd, log_path=log_path, boot=req.boot_id, boot_seq=req.seq)
     t0 = time.monotonic()
     limits = req.benchmark.limits
     with launch.source.open(launch.argv, env=launch.env, cwd=launch.cwd, log_path=log_path,
@@ -450,6 +450,7 @@ def _samples(b: _Boot, req: BootRequest, bench, order: tuple, collector: SourceC
                                     point=point.label if point is not None else None)
             checks.usage_check(b, detail.requests)
             checks.retry_check(b, detail.requests, seq)
+            checks.lag_check(b, detail.behind, seq)
             yield Sampled(req, s)
 
 

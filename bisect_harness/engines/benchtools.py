@@ -244,13 +244,19 @@ def get_tool(name: str) -> BenchTool:
 
 class ClientRunner:
     """The harness's own streaming client (``client``). ``boot`` numbers the boot's
-    prompts (``prompts.request_prompt``): unique to each boot, sample and request."""
+    prompts (``prompts.request_prompt``): unique to each boot, sample and request;
+    ``boot_seq``, the boot's number in its config, seeds its arrival times, lengths and a
+    dataset's draws (``arrivals``, ``workloads``; None: the boot's id), so the k-th boots of
+    two arms see the same traffic. A benchmark with
+    ``capacity`` makes each sample a capacity search (``client.measure_capacity``),
+    whose trials the boot's provenance keeps (:meth:`provenance`)."""
 
-    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0):
-        self.bench, self.endpoint, self.boot = bench, endpoint, boot
+    def __init__(self, bench: BenchmarkSpec, endpoint: Endpoint, boot: int = 0, boot_seq: int | None = None):
+        self.bench, self.endpoint, self.boot, self.boot_seq = bench, endpoint, boot, boot_seq
         self._http = None
         self.prompt: prompt_size.PromptSize | None = None  # sized once a boot, before its warm-up
         self._sized: dict[int, prompt_size.PromptSize] = {}  # per prompt length asked: a sweep's points
+        self.searches: dict[str, dict] = {}  # the capacity searches, by the sample's number in the boot
 
     def _at(self, point: LoadPoint | None) -> BenchmarkSpec:
         return point.apply(self.bench) if point is not None else self.bench
@@ -271,12 +277,13 @@ class ClientRunner:
         if self._http is not None:  # a later point's warm-up, inside the boot's session
             bench = self._at(point)
             client.warmup(url, bench, client=self._http, prompt=self._prompt_for(self._http, bench), boot=self.boot,
-                          sample=-nth)
+                          sample=-nth, boot_seq=self.boot_seq)
             return
         with client.boot_session(url, self.bench, headers=self.endpoint.headers) as (http, bench):
             self.bench = bench
             at = self._at(point)
-            client.warmup(url, at, client=http, prompt=self._prompt_for(http, at), boot=self.boot, sample=-nth)
+            client.warmup(url, at, client=http, prompt=self._prompt_for(http, at), boot=self.boot, sample=-nth,
+                          boot_seq=self.boot_seq)
 
     @contextlib.contextmanager
     def session(self):
@@ -294,15 +301,23 @@ class ClientRunner:
     def sample(self, index: int, point: LoadPoint | None = None) -> client.SampleDetail:
         """Sample ``index`` (from 0, numbered across the boot's points) at ``point``."""
         bench = self._at(point)
-        return client.measure_sample_detail(self.endpoint.base_url, bench, client=self._http,
-                                            headers=self.endpoint.headers,
-                                            prompt=self._prompt_for(self._http, bench) if self._http else self.prompt,
-                                            boot=self.boot, sample=index + 1)
+        detail = client.measure_sample_detail(self.endpoint.base_url, bench, client=self._http,
+                                              headers=self.endpoint.headers,
+                                              prompt=self._prompt_for(self._http, bench) if self._http else self.prompt,
+                                              boot=self.boot, sample=index + 1, boot_seq=self.boot_seq)
+        if detail.capacity is not None:
+            self.searches[str(index + 1)] = {"point": point.label if point is not None else None,
+                                             **detail.capacity.to_json()}
+        return detail
 
     def provenance(self) -> dict:
         """How long the prompts were (``prompt_size.PromptSize``: tokens, or words where the
-        server cannot count them), and whether each sample's were its own."""
-        return {"prompt": self.prompt.to_dict()} if self.prompt is not None else {}
+        server cannot count them), and whether each sample's were its own; each capacity
+        search's trials (``capacity``: by the sample's number in the boot)."""
+        out: dict = {"prompt": self.prompt.to_dict()} if self.prompt is not None else {}
+        if self.searches:
+            out["capacity"] = {"samples": dict(self.searches)}
+        return out
 
 
 def tool_seed(bench: BenchmarkSpec, boot: int, sample: int) -> int:
@@ -395,11 +410,12 @@ _FOUND: set[tuple] = set()
 
 
 def sample_runner(bench: BenchmarkSpec, endpoint: Endpoint, *, python: str, env: Mapping[str, str], cwd: Path,
-                  log_path: Path, boot: int = 0):
+                  log_path: Path, boot: int = 0, boot_seq: int | None = None):
     """The runner for this benchmark: the tool's (checked to be installed) or our client.
-    ``boot`` (the boot's ledger id) keeps its prompts apart from every other boot's."""
+    ``boot`` (the boot's ledger id) keeps its prompts apart from every other boot's;
+    ``boot_seq`` (its number in its config) seeds our client's arrival times and lengths."""
     if bench.tool is None:
-        return ClientRunner(bench, endpoint, boot)
+        return ClientRunner(bench, endpoint, boot, boot_seq)
     tool = get_tool(bench.tool)
     found = (tool.name, python, env.get("PATH"), env.get("PYTHONPATH"))
     if found not in _FOUND:  # once per interpreter and PATH, not per boot

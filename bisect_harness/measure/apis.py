@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Sequence
 
 from bisect_harness.errors import ServerReplyError
 from bisect_harness.kinds import Registry
 
-__all__ = ["Api", "APIS", "ReadyProbe", "StreamError", "get_api"]
+__all__ = ["Api", "APIS", "ROLES", "ReadyProbe", "StreamError", "flatten", "get_api"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,7 @@ class Reader(Protocol):
     prev_text: str
 
     def output(self, now: float, k: int | None) -> None: ...     # a chunk carried output (k tokens; None: unknown)
+    def said(self, text: str, *, whole: bool = False) -> None: ...  # more of the output's text (whole: all so far)
     def count(self, value: Any, where: str) -> int | None: ...  # the server's running count, checked: tokens since
                                                                  # its last count (None where it sent none)
 
@@ -112,6 +113,15 @@ class Api:
                 seed: int) -> dict:
         raise NotImplementedError
 
+    def conversation_payload(self, messages: Sequence[tuple[str, str]], *, max_tokens: int, temperature: float,
+                             ignore_eos: bool, model: str | None, seed: int) -> dict:
+        """The request that continues a conversation: ``messages`` are ``(role, text)`` pairs
+        (``system``, ``user``, ``assistant``), the last a user turn. An API that takes a prompt
+        gets the conversation flattened into one (:func:`flatten`), so each turn's prompt starts
+        with the whole of the previous turn's prompt and reply, as a prefix cache wants it."""
+        return self.payload(prompt=flatten(messages), max_tokens=max_tokens, temperature=temperature,
+                            ignore_eos=ignore_eos, model=model, seed=seed)
+
     def read(self, st: Reader, obj: dict, now: float) -> None:
         raise NotImplementedError
 
@@ -147,6 +157,28 @@ class Api:
         said: llama.cpp's ``timings.prompt_n`` in the last object of either of its APIs."""
         timings = (st.last or {}).get("timings")
         return _count(timings.get("prompt_n")) if isinstance(timings, dict) else None
+
+
+#: The roles of a conversation's messages (:meth:`Api.conversation_payload`), as the chat
+#: API names them, and how :func:`flatten` writes each into a prompt.
+ROLES = {"system": "System: ", "user": "User: ", "assistant": "Assistant:"}
+
+
+def flatten(messages: Sequence[tuple[str, str]]) -> str:
+    """A conversation as one prompt: each message after its role (``User: ``, ``Assistant:``,
+    ``System: ``), a blank line between them, and ``Assistant:`` last, where the reply goes.
+    A reply is written as the server sent it, right after ``Assistant:``, so the prompt of
+    turn k+1 begins with the whole prompt of turn k and its reply.
+
+        >>> flatten([("user", "hi"), ("assistant", " hello"), ("user", "more")])
+        'User: hi\n\nAssistant: hello\n\nUser: more\n\nAssistant:'
+    """
+    parts = []
+    for role, text in messages:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r} in a conversation: use one of {', '.join(ROLES)}")
+        parts.append(ROLES[role] + text)
+    return "\n\n".join(parts + [ROLES["assistant"]])
 
 
 def _count(*values: Any) -> int | None:
@@ -190,8 +222,10 @@ class Completions(Api):
             st.usage = usage
             k = st.count(usage.get("completion_tokens"), "usage.completion_tokens")  # continuous usage: exact
         for choice in choices or ():
-            if self._text(choice):
+            text = self._text(choice)
+            if text:
                 st.output(now, k)
+                st.said(text)
                 return
 
 
@@ -203,6 +237,12 @@ class Chat(Completions):
                                ignore_eos=ignore_eos, model=model, seed=seed)
         del body["prompt"]
         body["messages"] = [{"role": "user", "content": prompt}]
+        return body
+
+    def conversation_payload(self, messages, *, max_tokens, temperature, ignore_eos, model, seed):
+        body = self.payload(prompt="", max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
+                            model=model, seed=seed)
+        body["messages"] = [{"role": role, "content": text} for role, text in messages]
         return body
 
     def _text(self, choice):
@@ -236,6 +276,8 @@ class Generate(Api):
                 st.output(now, k)
         elif text and text != st.prev_text:
             st.output(now, None)
+        if text:  # cumulative: the whole output so far
+            st.said(text, whole=True)
         st.prev_text = text
 
 
@@ -268,6 +310,7 @@ class LlamaCpp(Api):
             st.count(obj.get("tokens_predicted"), "tokens_predicted")
         if content:  # one token or several a chunk: the split is the server's count, at the end
             st.output(now, None)
+            st.said(content)
 
     def prompt_tokens(self, st):
         # the prompt's length, a prefix taken from the cache included: tokens_evaluated is
@@ -318,6 +361,7 @@ class Tgi(Api):
             st.count(details.get("generated_tokens"), "details.generated_tokens")
         if text and not token.get("special"):
             st.output(now, 1)  # an event is a token
+            st.said(text)
 
 
 #: name -> API (``benchmark.api``), in the order defined.

@@ -27,7 +27,20 @@ after each first chunk over the first-to-last-chunk times, 1000 / ``itl_ms``).
 docs/hypotheses-format.md ("What each number means") sets them beside the
 server's counter rate and the engine's in-process timing.
 
-Percentiles (``ttft_p50_ms`` ... ``tpot_p99_ms``) per sample: ``measure.percentiles``.
+Percentiles (``ttft_p50_ms`` ... ``e2e_p99_ms``) per sample, each with its
+order-statistic interval (``ttft_p99_ms_lo`` / ``_hi``): ``measure.percentiles``.
+
+How a sample's requests are sent (``measure.dispatch``): closed loop, ``concurrency``
+workers each sending its next request as its last ends; or open loop
+(``benchmark.request_rate``), each request at its seeded arrival time
+(``measure.arrivals``), late or not, with its send lag recorded: ``achieved_rps``
+(the rate the sends kept), ``send_lag_p99_ms``, and ``client_behind`` (1.0 where the
+p99 lag was over ``benchmark.max_lag_ms``; the sample's :attr:`SampleDetail.behind`
+says so to the boot, which is marked). A sample lasts ``requests_per_sample``
+requests, or ``sample_seconds`` (open loop: the arrivals inside the window; closed
+loop: no request is started after it). Under ``benchmark.slo`` a sample carries
+``goodput_rps`` and ``slo_met`` (``measure.slo``); with ``benchmark.capacity`` a
+sample is a capacity search (:func:`measure_capacity`, ``measure.capacity``).
 
 Output tokens are the server's own count (final ``usage.completion_tokens`` or
 ``meta_info.completion_tokens``) where it sends one, else the count of chunks.
@@ -45,8 +58,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -57,16 +68,21 @@ from bisect_harness.model import BenchmarkSpec
 from bisect_harness.measure.apis import APIS as _APIS, get_api
 from bisect_harness.measure.bodies import bounded_get
 from bisect_harness.measure.deadline import deadline_client, require_deadline_client
+from bisect_harness.measure import capacity as capacity_search
+from bisect_harness.measure.arrivals import arrival_times, request_lengths
+from bisect_harness.measure.dispatch import Dispatched, closed_loop, open_loop
 from bisect_harness.measure.percentiles import percentile_metrics
+from bisect_harness.measure.slo import check_slo, slo_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
 from bisect_harness.measure.jobs import Job, RequestJob
+from bisect_harness.measure.workloads import workload_jobs
 from bisect_harness.measure.request import MAX_RETRIES, RequestRecord
 from bisect_harness.boot import SampleOutcome
 
 __all__ = [
-    "SampleDetail", "SampleFailed", "boot_session", "measure_sample", "measure_sample_detail", "resolve_model",
-    "warmup",
+    "ClientBehind", "SampleDetail", "SampleFailed", "boot_session", "measure_capacity", "measure_sample",
+    "measure_sample_detail", "resolve_model", "warmup",
 ]
 
 APIS = tuple(_APIS)  # benchmark.api: the names of ``apis.APIS``
@@ -81,11 +97,33 @@ class SampleFailed(ConfigFailure):
 
 
 @dataclass(frozen=True)
+class ClientBehind:
+    """An open-loop sample whose client fell behind its schedule: the p99 of its sends'
+    lags (ms) was over ``benchmark.max_lag_ms``, so the rate it was asked for is not the
+    rate it sent. The boot is marked ``client_behind`` (``backends.checks``)."""
+
+    lag_p99_ms: float
+    max_lag_ms: float
+    sends: int
+    asked_rps: float
+    achieved_rps: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"lag_p99_ms": self.lag_p99_ms, "max_lag_ms": self.max_lag_ms, "sends": self.sends,
+                "asked_rps": self.asked_rps, "achieved_rps": self.achieved_rps}
+
+
+@dataclass(frozen=True)
 class SampleDetail:
-    """A sample's :class:`SampleOutcome` with the per-request records behind it."""
+    """A sample's :class:`SampleOutcome` with the per-request records behind it; open
+    loop, each job's send lag (seconds, in job order) and, where the client fell behind,
+    :class:`ClientBehind`; for a capacity search, the search and its trials."""
 
     result: SampleOutcome
     requests: tuple[RequestRecord, ...]
+    lags_s: tuple[float, ...] = ()
+    behind: ClientBehind | None = None
+    capacity: capacity_search.CapacitySearch | None = None
 
     @property
     def responses(self) -> list[dict[str, Any]]:
@@ -119,61 +157,93 @@ def resolve_model(base_url: str, client: httpx.Client | None = None, timeout_s: 
             http.close()
 
 
+def _round(boot: int, boot_seq: int | None) -> int:
+    """What seeds a sample's traffic (``arrivals``): the boot's number in its config, or
+    where none is given its id."""
+    return boot if boot_seq is None else boot_seq
+
+
 def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
-             words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[str, dict]:
-    """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``);
-    its prompt (:func:`request_prompt`) ``words`` long (:class:`PromptSize`; None:
-    ``prompt_tokens`` words)."""
+             words: int | None = None, boot: int = 0, sample: int = 1,
+             boot_seq: int | None = None) -> tuple[str, dict, int]:
+    """The URL and body of request ``index`` of a sample, in ``bench.api``'s form (``apis``),
+    and its most output tokens. Its prompt (:func:`request_prompt`) is ``words`` long
+    (:class:`PromptSize`; None: ``prompt_tokens`` words), scaled to the request's own
+    length where ``prompt_tokens_max`` draws one (``arrivals.request_lengths``, as its
+    output length where ``output_tokens_max`` does)."""
     api = get_api(bench.api)
+    prompt_tokens, output_tokens = request_lengths(bench, index, boot_seq=_round(boot, boot_seq), sample=sample)
+    if prompt_tokens != bench.prompt_tokens:  # the words fitted to prompt_tokens, scaled to this one
+        words = max(1, round((words if words is not None else bench.prompt_tokens) * prompt_tokens
+                             / max(1, bench.prompt_tokens)))
     prompt = request_prompt(bench, index, words, boot=boot, sample=sample)
-    body = api.payload(prompt=prompt, max_tokens=bench.output_tokens,
+    body = api.payload(prompt=prompt, max_tokens=output_tokens,
                        temperature=bench.temperature, ignore_eos=bench.ignore_eos, model=model, seed=bench.seed)
-    return base_url.rstrip("/") + api.path, body
+    return base_url.rstrip("/") + api.path, body, output_tokens
 
 
 def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None,
-          boot: int = 0, sample: int = 1) -> list[Job]:
-    """The ``n`` jobs of a sample (``jobs``): one request each, request ``i``'s prompt its own."""
+          boot: int = 0, sample: int = 1, *, boot_seq: int | None = None, first: int = 0) -> list[Job]:
+    """The ``n`` jobs of a sample (``jobs``) from request ``first`` on: one request each,
+    request ``i``'s prompt its own; for a ``benchmark.workload``, its jobs (``workloads``: a
+    dataset's conversations, shared prefixes, multi-turn sessions, each session one job of
+    several requests). Job ``i`` is the same whatever ``n`` and ``first`` (a sample with a
+    window takes them in blocks; a capacity search's trials take their own indices).
+    ``boot_seq``: the boot's number in its config, which seeds the lengths and a
+    dataset's draws (None: the boot's id, ``boot``)."""
+    if bench.workload is not None:  # the workload's first + n jobs, from job ``first`` on
+        return workload_jobs(bench, base_url, model, first + n, words, boot=boot, sample=sample,
+                             boot_seq=boot_seq)[first:]
     api = get_api(bench.api)
     out: list[Job] = []
-    for i in range(n):
-        url, payload = _request(bench, base_url, model, i, words, boot, sample)
-        out.append(RequestJob(url, payload, api, bench.request_timeout_s, bench.output_tokens,
-                              bench.limits.stream_line_bytes))
+    for i in range(first, first + n):
+        url, payload, most = _request(bench, base_url, model, i, words, boot, sample, boot_seq)
+        out.append(RequestJob(url, payload, api, bench.request_timeout_s, most, bench.limits.stream_line_bytes))
     return out
 
 
+#: Jobs built at a time for a closed-loop sample that lasts ``sample_seconds``.
+_BLOCK = 64
+
+
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
-               n: int, words: int | None = None, boot: int = 0, sample: int = 1) -> tuple[list[RequestRecord], float]:
-    jobs = _jobs(bench, base_url, model, n, words, boot, sample)
-    results: list[list[RequestRecord] | None] = [None] * n
-    indices: Iterator[int] = iter(range(n))
-    lock = threading.Lock()
-    sample_t0 = time.perf_counter()
+               n: int | None, words: int | None = None, boot: int = 0, sample: int = 1, *,
+               boot_seq: int | None = None, trial: int = 0) -> Dispatched:
+    """Send a sample's jobs, open loop where ``bench.request_rate`` is set (at the times of
+    ``arrivals.arrival_times``) and closed loop otherwise: ``n`` of them, or where ``n`` is
+    None for ``bench.sample_seconds``. ``trial`` numbers a capacity search's trials, each
+    with its own requests (from ``trial * n``) and arrival times."""
+    first = trial * (n or 0)
+    if bench.open_loop:
+        times = arrival_times(bench, boot_seq=_round(boot, boot_seq), sample=sample, trial=trial, count=n,
+                              within_s=bench.sample_seconds if n is None else None)
+        jobs = _jobs(bench, base_url, model, len(times), words, boot, sample, boot_seq=boot_seq, first=first)
+        return open_loop(http, jobs, times)
+    if n is None:
+        def stream():
+            start = 0
+            while True:
+                yield from _jobs(bench, base_url, model, _BLOCK, words, boot, sample, boot_seq=boot_seq, first=start)
+                start += _BLOCK
 
-    def worker() -> None:
-        while True:
-            with lock:
-                i = next(indices, None)
-            if i is None:
-                return
-            results[i] = jobs[i].run(http, sample_t0)
+        return closed_loop(http, stream(), max(1, bench.concurrency), until_s=bench.sample_seconds)
+    jobs = _jobs(bench, base_url, model, n, words, boot, sample, boot_seq=boot_seq, first=first)
+    return closed_loop(http, jobs, max(1, min(bench.concurrency, n)))
 
-    workers = max(1, min(bench.concurrency, n))
-    if workers == 1:
-        worker()
-    else:
-        threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{k}") for k in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    wall = time.perf_counter() - sample_t0
-    return [r for rs in results if rs is not None for r in rs], wall
+
+def _connections(bench: BenchmarkSpec) -> int | None:
+    """The connections a boot's client may hold: closed loop, as many as the most
+    workers any of its points runs; open loop (at any point, or a capacity search), no
+    cap, since a capped pool would hold a request back until another ended, a lag that
+    the send times would not show."""
+    benches = [bench, *(p.apply(bench) for p in bench.points)]
+    if bench.capacity is not None or any(b.open_loop for b in benches):
+        return None
+    return max(1, *(b.concurrency for b in benches))
 
 
 def _client(bench: BenchmarkSpec, headers: Mapping[str, str] | None = None) -> httpx.Client:
-    conns = max(1, bench.concurrency)
+    conns = _connections(bench)
     return deadline_client(
         # identity: a compressed stream is held back by the server's compressor (and a bomb
         # would be decoded in memory); the measured bytes are the server's own
@@ -223,27 +293,46 @@ def _keeps_failing(base_url: str, records: list[RequestRecord]) -> SampleFailed 
 def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
                           client: httpx.Client | None = None,
                           headers: Mapping[str, str] | None = None,
-                          prompt: "PromptSize | None" = None, boot: int = 0, sample: int = 1) -> SampleDetail:
-    """Send ``bench.requests_per_sample`` streamed requests, ``bench.concurrency`` in
-    flight, and measure them. See the module docstring for what is measured. Their
-    prompts are sample ``sample``'s of boot ``boot`` (:func:`request_prompt`): a boot
-    numbers its samples so that no prefix cache serves one from another.
+                          prompt: "PromptSize | None" = None, boot: int = 0, sample: int = 1,
+                          boot_seq: int | None = None) -> SampleDetail:
+    """Send a sample's streamed requests and measure them: ``bench.requests_per_sample``
+    of them (or those of ``bench.sample_seconds``), ``bench.concurrency`` in flight, or
+    open loop at ``bench.request_rate`` (module docstring). Their prompts are sample
+    ``sample``'s of boot ``boot`` (:func:`request_prompt`): a boot numbers its samples
+    so that no prefix cache serves one from another; their arrival times and lengths
+    are those of sample ``sample`` of the config's ``boot_seq``-th boot (``arrivals``; None:
+    of boot ``boot``), the same in both arms of a round. With ``bench.capacity`` the sample is a capacity
+    search (:func:`measure_capacity`).
 
-    ``result.metrics`` has the keys of ``model.CLIENT_METRICS`` (those of the prompt,
-    ``prompt_tokens``, ``cached_prompt_tokens`` and ``prompt_tokens_evaluated``, where the
-    server reports them, means over the requests that did): ``tok_s`` (output
+    ``result.metrics`` has the keys of ``model.CLIENT_METRICS`` that apply (those of the
+    prompt, ``prompt_tokens``, ``cached_prompt_tokens`` and ``prompt_tokens_evaluated``,
+    where the server reports them, means over the requests that did, and
+    ``prefix_cache_hit_share``, the cached tokens over the prompt tokens of the requests
+    whose server said both; those of open loop and of the SLO where the benchmark asks
+    them): ``tok_s`` (output
     tokens of the successful requests / the sample's wall time), ``decode_tok_s``
-    (their tokens after the first chunk / their first-to-last-chunk times), and the means of
+    (their tokens after the first chunk / their first-to-last-chunk times), the means of
     ``ttft_ms``, ``itl_ms`` (weighted per token), ``tpot_ms`` and ``e2e_ms`` (NaN
-    where no request had two tokens). ``result.requests`` counts the successful
+    where no request had two tokens), their percentiles with their intervals, and
+    ``achieved_rps``. ``result.requests`` counts the successful
     requests, ``result.errors`` the failed ones (HTTP error, disconnect, an error
     object in the stream, no output, a stream cut before its end; each after its
     retries, ``request.MAX_RETRIES``, counted in its record). Raises :class:`SampleFailed`
     when all fail, when one failed every try, or when more than
     :data:`MAX_FAILED_SHARE` of them failed.
     """
-    records, wall = _batch(base_url, bench, bench.requests_per_sample, client, headers,
-                           prompt.words if prompt is not None else None, boot, sample)
+    if bench.capacity is not None:
+        return measure_capacity(base_url, bench, client=client, headers=headers, prompt=prompt, boot=boot,
+                                sample=sample, boot_seq=boot_seq)
+    n = None if bench.sample_seconds is not None else bench.requests_per_sample
+    sent = _batch(base_url, bench, n, client, headers, prompt.words if prompt is not None else None, boot, sample,
+                  boot_seq=boot_seq)
+    return _measured(base_url, bench, sent)
+
+
+def _measured(base_url: str, bench: BenchmarkSpec, sent: Dispatched) -> SampleDetail:
+    """A sample's figures from what its jobs gave (:func:`measure_sample_detail`)."""
+    records, wall = list(sent.records), sent.wall_s
     ok = [r for r in records if r.ok]
     if not ok:
         raise _all_failed("benchmark", base_url, records)
@@ -260,6 +349,7 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         "itl_ms": 1e3 * sum(r.decode_s for r in ok) / decode_tokens if decode_tokens else math.nan,
         "tpot_ms": 1e3 * _mean([r.tpot_s for r in ok if r.tpot_s is not None]),
         "e2e_ms": 1e3 * _mean([r.e2e_s for r in ok]),
+        "achieved_rps": _achieved_rps(sent.started_s),
     }
     metrics.update(percentile_metrics(ok))
     for name, field in (("prompt_tokens", "prompt_tokens"), ("cached_prompt_tokens", "cached_tokens"),
@@ -268,22 +358,113 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         counted = [getattr(r, field) for r in ok if getattr(r, field) is not None]
         if counted:
             metrics[name] = _mean(counted)
+    both = [(r.cached_tokens, r.prompt_tokens) for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    if both:  # of the prompt tokens, the share the server's prefix cache served (where it said both)
+        metrics["prefix_cache_hit_share"] = sum(c for c, _ in both) / sum(p for _, p in both)
+    behind = None
+    if bench.open_loop:
+        lag = _p99_ms(sent.lags_s)
+        metrics["send_lag_p99_ms"] = lag
+        metrics["client_behind"] = float(lag > bench.max_lag_ms)
+        if lag > bench.max_lag_ms:
+            behind = ClientBehind(lag, bench.max_lag_ms, len(sent.lags_s), float(bench.request_rate),
+                                  metrics["achieved_rps"])
+    if bench.slo:
+        metrics.update(slo_metrics(check_slo(records, bench.slo), wall))
     result = SampleOutcome(metrics=metrics, requests=len(ok), output_tokens=tokens, duration_s=wall,
                           errors=len(records) - len(ok))
-    return SampleDetail(result=result, requests=tuple(records))
+    return SampleDetail(result=result, requests=tuple(records), lags_s=sent.lags_s, behind=behind)
 
 
-def _batch(base_url: str, bench: BenchmarkSpec, n: int, client: httpx.Client | None,
-           headers: Mapping[str, str] | None = None, words: int | None = None, boot: int = 0, sample: int = 1):
-    """``n`` requests as a sample sends them, on ``client`` or a client of our own
-    (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
+def _achieved_rps(started_s: tuple[float, ...]) -> float:
+    """The rate the sends kept: the gaps between the first and the last send, over the time
+    between them ((n - 1) / span; NaN for fewer than two sends)."""
+    if len(started_s) < 2:
+        return math.nan
+    span = max(started_s) - min(started_s)
+    return (len(started_s) - 1) / span if span > 0 else math.inf
+
+
+def _p99_ms(lags_s: tuple[float, ...]) -> float:
+    """The p99 of the sends' lags in ms (linear interpolation, as every percentile here)."""
+    import numpy as np
+
+    return 1e3 * float(np.percentile(lags_s, 99)) if lags_s else math.nan
+
+
+def measure_capacity(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
+                     headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0,
+                     sample: int = 1, boot_seq: int | None = None) -> SampleDetail:
+    """One sample that is a capacity search (``measure.capacity``): the highest arrival
+    rate at which every term of ``bench.slo`` held, each trial an open-loop sample of
+    ``bench.capacity.trial_requests`` requests at the trial's rate (``bench.arrival``,
+    its own requests and arrival times). The sample's metrics are ``capacity_rps`` (0
+    where no rate held) and ``client_behind`` (1.0 where the search stopped because the
+    client fell behind); :attr:`SampleDetail.capacity` holds the search, every trial with
+    its rate, whether it held and its percentiles, and why it ended.
+
+    A trial whose requests failed (:class:`SampleFailed`: an overloaded server refusing
+    them) did not hold; where every trial failed so, the last failure is raised: the
+    server is not serving.
+    """
+    cap = bench.capacity
+    if cap is None or not bench.slo:
+        raise ValueError("a capacity search needs benchmark.capacity and benchmark.slo (the SLO whose highest "
+                         "rate it looks for)")
+    words = prompt.words if prompt is not None else None
+    own = client is None
+    http = client or _client(bench, headers)
+    measured: list[SampleDetail] = []
+    failures: list[SampleFailed] = []
+    try:
+        model = _model_for(base_url, bench, http)
+
+        def trial(rate: float) -> capacity_search.Trial:
+            at = dataclasses.replace(bench, request_rate=rate, requests_per_sample=cap.trial_requests,
+                                     sample_seconds=None)
+            k = len(measured) + len(failures)
+            try:
+                detail = _measured(base_url, at, _run_batch(http, base_url, at, model, cap.trial_requests, words, boot,
+                                                            sample, boot_seq=boot_seq, trial=k))
+            except SampleFailed as e:
+                failures.append(e)
+                return capacity_search.Trial(rate, held=False, failure=str(e))
+            measured.append(detail)
+            check = check_slo(detail.requests, bench.slo)
+            return capacity_search.Trial(rate, held=check.held is True,
+                                         achieved_rps=detail.result.metrics["achieved_rps"],
+                                         requests=detail.result.requests,
+                                         percentiles={t.term.metric: t.value_ms for t in check.terms},
+                                         behind=detail.behind is not None)
+
+        found = capacity_search.search(cap, trial)
+    finally:
+        if own:
+            http.close()
+    if not measured:
+        raise failures[-1]
+    behind = next((d.behind for d in measured if d.behind is not None), None)
+    metrics = {"capacity_rps": found.capacity_rps, "client_behind": float(found.stopped == "client_behind")}
+    result = SampleOutcome(metrics=metrics, requests=sum(d.result.requests for d in measured),
+                          output_tokens=sum(d.result.output_tokens for d in measured),
+                          duration_s=math.fsum(d.result.duration_s for d in measured),
+                          errors=sum(d.result.errors for d in measured))
+    return SampleDetail(result=result, requests=tuple(r for d in measured for r in d.requests),
+                        lags_s=tuple(lag for d in measured for lag in d.lags_s), behind=behind, capacity=found)
+
+
+def _batch(base_url: str, bench: BenchmarkSpec, n: int | None, client: httpx.Client | None,
+           headers: Mapping[str, str] | None = None, words: int | None = None, boot: int = 0, sample: int = 1, *,
+           boot_seq: int | None = None) -> Dispatched:
+    """A sample's requests as it sends them (:func:`_run_batch`), on ``client`` or a client of
+    our own (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
     if not own:
         require_deadline_client(client)
     http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)
-        return _run_batch(http, base_url, bench, model, n, words, boot, sample)
+        return _run_batch(http, base_url, bench, model, n, words, boot, sample, boot_seq=boot_seq)
     finally:
         if own:
             http.close()
@@ -317,18 +498,21 @@ def boot_session(base_url: str, bench: BenchmarkSpec, *, headers: Mapping[str, s
 
 def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None = None,
            headers: Mapping[str, str] | None = None, prompt: "PromptSize | None" = None, boot: int = 0,
-           sample: int = 0) -> int:
-    """Send ``bench.warmup_requests`` requests like a sample's and discard them. Their
+           sample: int = 0, boot_seq: int | None = None) -> int:
+    """Send ``bench.warmup_requests`` requests like a sample's, closed loop, and discard them. Their
     prompts are sample ``sample``'s of ``boot`` (0, or below 0 for the warm-ups of a
     sweep's later points): as long as a sample's, shared with none (with
-    ``benchmark.prompt_reuse``, the samples' own first prompts).
+    ``benchmark.prompt_reuse``, the samples' own first prompts); their lengths and a
+    dataset's draws those of the ``boot_seq``-th boot, as its samples' are.
 
     Returns how many failed; raises :class:`SampleFailed` when all of them did.
     """
     if bench.warmup_requests <= 0:
         return 0
-    records, _ = _batch(base_url, bench, bench.warmup_requests, client, headers,
-                        prompt.words if prompt is not None else None, boot, sample)
+    # closed loop at the benchmark's concurrency, whatever the point's arrivals: it warms the server
+    closed = dataclasses.replace(bench, request_rate=None, sample_seconds=None)
+    records = _batch(base_url, closed, bench.warmup_requests, client, headers,
+                     prompt.words if prompt is not None else None, boot, sample, boot_seq=boot_seq).records
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)

@@ -15,7 +15,7 @@ from typing import Protocol
 import httpx
 
 from bisect_harness.measure.apis import Api
-from bisect_harness.measure.request import MAX_SSE_LINE, RequestRecord, run_request
+from bisect_harness.measure.request import MAX_SSE_LINE, Reading, RequestRecord, run_request
 
 __all__ = ["Job", "RequestJob"]
 
@@ -42,4 +42,4 @@ class RequestJob:
 
     def run(self, http: httpx.Client, sample_t0: float) -> list[RequestRecord]:
         return [run_request(http, self.url, self.payload, self.api, self.timeout_s, self.most, sample_t0,
-                            self.max_line)]
+                            Reading(self.max_line))]

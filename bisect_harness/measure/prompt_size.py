@@ -12,7 +12,7 @@ from bisect_harness.measure.deadline import total_deadline
 from bisect_harness.measure.prompts import request_prompt
 from bisect_harness.model import BenchmarkSpec
 
-__all__ = ["PromptSize", "reuse_text", "size_prompts"]
+__all__ = ["PromptSize", "reuse_text", "size_prompts", "token_counter"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ _TOKENIZERS = (
 )
 
 
-def _token_counter(http: httpx.Client, base_url: str, model: str | None, probe: str):
+def token_counter(http: httpx.Client, base_url: str, model: str | None, probe: str):
     """A function text -> the server's token count, and its name; (None, None) where
     no tokenizer endpoint answers."""
     for path, body, read in _TOKENIZERS:
@@ -106,7 +106,7 @@ def size_prompts(http: httpx.Client, base_url: str, bench: BenchmarkSpec, *, boo
     def first(words: int, b: int = boot, sample: int = 1) -> str:
         return request_prompt(bench, 0, words, boot=b, sample=sample)
 
-    count, via = _token_counter(http, base_url, bench.model, first(asked))
+    count, via = token_counter(http, base_url, bench.model, first(asked))
     if count is None:
         return PromptSize(asked, asked, "words", unique=unique)
     best: tuple[int, int, int] | None = None  # (distance, words, tokens)

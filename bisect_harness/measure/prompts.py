@@ -10,7 +10,7 @@ import random
 
 from bisect_harness.model import BenchmarkSpec
 
-__all__ = ["request_prompt", "synthetic_prompt"]
+__all__ = ["draw_number", "numbered_prompt", "request_prompt", "synthetic_prompt"]
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her they this which "
@@ -69,14 +69,28 @@ def request_prompt(bench: BenchmarkSpec, index: int, words: int | None = None, *
     them: for measuring the cache itself.
     """
     n = max(1, words if words is not None else bench.prompt_tokens)
-    k = _tag_length(n)
     key = f"{bench.seed}:reuse:{index}" if bench.prompt_reuse else f"{bench.seed}:{boot}:{sample}:{index}"
-    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return numbered_prompt(n, draw_number(key), bench.seed, index, None if bench.prompt_reuse else key)
+
+
+def draw_number(key: str) -> int:
+    """A number fixed by ``key`` (a hash of it, 64 bits): a prompt's tag (:func:`numbered_prompt`)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+
+
+def numbered_prompt(words: int, number: int, seed: int, index: int, shuffle: str | None) -> str:
+    """``words`` words: a tag that spells ``number`` in base 32 with the tag words, its
+    lowest digit first (so numbers one apart differ in the first word, and any 32 numbers in
+    a row in it), then request ``index``'s body (:func:`synthetic_prompt`), its words in an
+    order drawn from ``shuffle`` (None: as drawn). The tag is :func:`_tag_length` words, so
+    up to ``32 ** 6`` numbers in a row give tags of their own."""
+    n = max(1, words)
+    k = _tag_length(n)
     tag = []
-    for _ in range(k):  # the hash's low bits first: the first word varies fastest
-        h, digit = divmod(h, len(_TAG_WORDS))
+    for _ in range(k):  # the low digits first: the first word varies fastest
+        number, digit = divmod(number, len(_TAG_WORDS))
         tag.append(_TAG_WORDS[digit])
-    body = synthetic_prompt(n - k, bench.seed, index).split() if n > k else []
-    if not bench.prompt_reuse:
-        random.Random(key).shuffle(body)
+    body = synthetic_prompt(n - k, seed, index).split() if n > k else []
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(body)
     return " ".join(tag + body)

@@ -20,7 +20,7 @@ from bisect_harness.measure.bodies import UnreadableBody, decoded, read_some
 from bisect_harness.measure.deadline import stream_within
 from bisect_harness.measure.sse import MAX_SSE_LINE, SSEDecoder, SSELineTooLong
 
-__all__ = ["MAX_RETRIES", "RequestRecord", "run_request"]
+__all__ = ["MAX_REPLY_CHARS", "MAX_RETRIES", "Reading", "RequestRecord", "run_request"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ class RequestRecord:
     cached_tokens: int | None = None
     evaluated_tokens: int | None = None
     server_tokens: int | None = None  # the server's own count of the output tokens, where it sent one
+    # the output's text, kept only where asked (a session's turns carry it into the next turn):
+    # its first MAX_REPLY_CHARS characters; None where not kept
+    text: str | None = None
 
     def response_fields(self) -> dict[str, Any]:
         """Per-response fields for ``from: response`` metric sources.
@@ -95,9 +98,9 @@ class _Stream:
     never a crash and never a number believed."""
 
     __slots__ = ("api", "most", "times", "ks", "usage", "meta", "prev_text", "prev_ct", "server_count", "done",
-                 "last")
+                 "last", "text", "text_chars")
 
-    def __init__(self, api: Api, most: int | None = None) -> None:
+    def __init__(self, api: Api, most: int | None = None, keep_text: bool = False) -> None:
         self.api = api
         self.most = most  # the request's max tokens: no true count exceeds it
         self.times: list[float] = []
@@ -109,6 +112,8 @@ class _Stream:
         self.server_count: int | None = None
         self.done = False
         self.last: dict | None = None
+        self.text: list[str] | None = [] if keep_text else None  # the output's text, where kept
+        self.text_chars = 0
 
     def handle(self, event: str | None, data: bytes, now: float) -> None:
         if data[:6] == b"[DONE]":
@@ -136,6 +141,19 @@ class _Stream:
         self.times.append(now)
         self.ks.append(k)
 
+    def said(self, text: str, *, whole: bool = False) -> None:
+        """More of the output's text (``whole``: all of it so far), kept where asked, up to
+        :data:`MAX_REPLY_CHARS` characters in all."""
+        if self.text is None:
+            return
+        if whole:
+            self.text.clear()
+            self.text_chars = 0
+        room = MAX_REPLY_CHARS - self.text_chars
+        if room > 0 and text:
+            self.text.append(text[:room])
+            self.text_chars += min(len(text), room)
+
     def count(self, value: Any, where: str) -> int | None:
         """The server's running count of output tokens, checked: the tokens since its
         last count, or None where it sent none; a :class:`StreamError` where the count
@@ -162,6 +180,10 @@ def _failed(start: float, error: str) -> RequestRecord:
                          tpot_s=None, output_tokens=0, counted_tokens=0, chunks=0)
 
 
+#: The most of a request's output text kept (``RequestRecord.text``), in characters: a reply
+#: of a few thousand tokens fits many times over; a server that sends more is not kept whole.
+MAX_REPLY_CHARS = 1 << 20
+
 #: Transport errors before any response: the request was not taken and may be sent again.
 _NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
 
@@ -175,11 +197,23 @@ _NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, http
 MAX_RETRIES = 3
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a request's stream is read: at most ``max_line`` bytes a line
+    (``limits.stream_line_bytes``), and whether the output's text is kept in the record
+    (``RequestRecord.text``: a session's turns carry it into the next)."""
+
+    max_line: int = MAX_SSE_LINE
+    keep_text: bool = False
+
+
 def run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-                 sample_t0: float, max_line: int = MAX_SSE_LINE) -> RequestRecord:
+                sample_t0: float, reading: Reading = Reading()) -> RequestRecord:
+    """Send one request (again where it produced nothing, :data:`MAX_RETRIES`) and read its
+    stream as ``reading`` says."""
     retries, why = 0, None
     while True:
-        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0, max_line)
+        rec, again = _send(http, url, payload, api, timeout_s, most, sample_t0, reading)
         if again is None or retries >= MAX_RETRIES:
             return dataclasses.replace(rec, retries=retries, retry_reason=why) if retries else rec
         retries += 1
@@ -188,10 +222,10 @@ def run_request(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s
 
 
 def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: float, most: int,
-          sample_t0: float, max_line: int = MAX_SSE_LINE) -> tuple[RequestRecord, str | None]:
+          sample_t0: float, reading: Reading) -> tuple[RequestRecord, str | None]:
     """One try of a request: its record, and why to send it again (None: do not)."""
-    st = _Stream(api, most)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
-    dec = SSEDecoder(max_line)  # ``limits.stream_line_bytes``
+    st = _Stream(api, most, reading.keep_text)  # ``most``: the request's max tokens (``benchmark.output_tokens``)
+    dec = SSEDecoder(reading.max_line)  # ``limits.stream_line_bytes``
     t0 = time.perf_counter()
     start = t0 - sample_t0
     head = b""  # the body's first bytes: what a server that streamed nothing said instead
@@ -261,7 +295,8 @@ def _send(http: httpx.Client, url: str, payload: dict, api: Api, timeout_s: floa
         decode_s=decode_s if has_itl else 0.0, decode_tokens=after_first if has_itl else 0,
         usage=st.usage, meta_info=st.meta, last_chunk=st.last,
         token_gaps_s=_token_gaps(times, ks, after_first) if has_itl else (), sent_at=t0,
-        usage_mismatch=mismatch, server_tokens=server, **_prompt_counts(api, st)), None
+        usage_mismatch=mismatch, server_tokens=server, text="".join(st.text) if st.text is not None else None,
+        **_prompt_counts(api, st)), None
 
 
 def _prompt_counts(api: Api, st: "_Stream") -> dict[str, int | None]:

@@ -166,7 +166,8 @@ class Plan:
         per_commit_env, python, base_python = self.per_commit_env, self.python_for(config), self.base_python
         flags = dict(arm.flags)
         preset = presets.get_preset(engine.preset)
-        wanted, skipped = sources.applicable(engine.metrics, flags, lambda f: presets.canonical_flag(f, preset))
+        # the file's sources and the preset's own; only the file's are part of the config's key
+        wanted, skipped = sources.applicable(engine.sources, flags, lambda f: presets.canonical_flag(f, preset))
         keys = {f: presets.info_key(f, preset) for f in flags}
         # every flag is planned for the check: one the preset has no server-info key for (key
         # None) is listed as not reported, never dropped, so no verdict reads it as compared

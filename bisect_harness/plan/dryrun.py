@@ -64,9 +64,9 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
     if repo is not None and any(c.arm.commit is not None and c.arm.release is None for c in plan.configs):
         mode = CHECKOUT_MODES[spec.engine.checkout]
         lines.append(f"checkout: {mode.name} ({mode.summary}), one per commit in the cache")
-    if spec.engine.metrics:  # each declared source says what it reads (sources.MetricSource.describe)
+    if spec.engine.sources:  # each source (the file's, the preset's) says what it reads (MetricSource.describe)
         lines.append("metric sources:")
-        lines.extend(f"  {m.describe()}" for m in spec.engine.metrics)
+        lines.extend(f"  {m.describe()}" for m in spec.engine.sources)
     points = _points(spec.benchmark, spec.points, d)
     lines.extend(_points_text(spec.benchmark, points))
     configs = []
@@ -134,7 +134,7 @@ def describe(plan: Plan, *, check_flags: bool = False, say=lambda text: None) ->
            "capacity": _capacity_json(spec.benchmark),
            "environment": {"mode": "venv" if plan.per_commit_env else "shared", "base_python": plan.base_python},
            "preset": get_preset(spec.engine.preset).describe(),
-           "metric_sources": [m.describe() for m in spec.engine.metrics],
+           "metric_sources": [m.describe() for m in spec.engine.sources],
            "defaults": {"boots_per_arm": d.boots_per_arm, "max_boots_per_arm": d.max_boots_per_arm,
                         "samples_per_boot": d.samples_per_boot, "max_samples_per_boot": d.max_samples_per_boot,
                         "boot_cost_s": d.boot_cost_s, "sample_cost_s": d.sample_cost_s, "alpha": d.alpha}}

@@ -18,7 +18,7 @@ from pathlib import Path
 from bisect_harness.errors import SpecError
 from bisect_harness.model import CLIENT_METRICS
 from bisect_harness.spec.reader import _Doc, _Reader
-from bisect_harness.spec.sections import (_TOP, _backend, _benchmark, _defaults, _engine, _hypotheses, _limits,
+from bisect_harness.spec.sections import (_TOP, FileBench, _backend, _benchmark, _defaults, _engine, _hypotheses, _limits,
                                           _sweep, _tool_fits)
 from bisect_harness.spec.types import Defaults, EngineSpec, Spec
 
@@ -54,7 +54,7 @@ def parse_spec(text: str, path: Path) -> Spec:
         bench = replace(bench, limits=_limits(r, top["limits"]))
     defaults = _defaults(r, top.get("defaults"))
     metrics = dict(CLIENT_METRICS)
-    for s in engine.metrics:
+    for s in engine.sources:  # the file's and the preset's own
         metrics[s.metric.name] = s.metric
     _tool_fits(r, bench, engine)
     from bisect_harness.engines import presets
@@ -63,8 +63,8 @@ def parse_spec(text: str, path: Path) -> Spec:
         engine.repo is not None or presets.get_preset(engine.preset).has_default_repo)
     written = tuple(top.get("benchmark") or ())
     hyps = _hypotheses(r, top["hypotheses"], metrics, has_repo=has_repo, attached=engine.base_url is not None,
-                       has_releases=engine.releases is not None, bench=bench,
-                       sweep=_sweep(r, top.get("benchmark"), bench), bench_written=written)
+                       has_releases=engine.releases is not None,
+                       file_bench=FileBench(bench, _sweep(r, top.get("benchmark"), bench), written))
     _check_when(engine, hyps, str(path))
     _register_secrets(engine, defaults, hyps)
     backend = _backend(r, top.get("backend"))

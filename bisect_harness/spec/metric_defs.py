@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from bisect_harness.errors import SpecError
+from bisect_harness.errors import SpecError, UserError
 from bisect_harness.model import CLIENT_METRICS, Metric
 from bisect_harness.measure.sources import parse_source, resolve_derived
 
@@ -34,8 +34,8 @@ def lookup_metric(name: str, spec_text: str) -> Metric | None:
 
 def declared_metrics(spec_text: str) -> dict[str, Metric]:
     """The metrics ``engine.metrics`` of ``spec_text`` declares, by name in the order
-    written; an entry that does not parse is left out (and so is every entry when the
-    text cannot be read)."""
+    written, then its preset's own (``Preset.sources``); an entry that does not parse is
+    left out (and so is every entry when the text cannot be read)."""
     try:
         doc = yaml.safe_load(spec_text or "")
     except yaml.YAMLError:
@@ -51,6 +51,12 @@ def declared_metrics(spec_text: str) -> dict[str, Metric]:
     try:  # a derived metric's definition names its inputs' (sources.resolve_derived)
         parsed = list(resolve_derived(parsed))
     except SpecError:
+        pass
+    try:  # the preset's own sources (vLLM's prefix-cache counters), where the file names a known preset
+        from bisect_harness.engines.presets import get_preset
+
+        parsed = list(get_preset(str(engine.get("preset", "openai"))).metric_sources(parsed))
+    except UserError:
         pass
     return {s.name: s.metric for s in parsed}
 

@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -471,12 +471,24 @@ def _arm(r: _Reader, value, path: str, has_repo: bool, attached: bool = False,
 
 
 
+@dataclass(frozen=True)
+class FileBench:
+    """The file's ``benchmark:`` as the hypotheses read it: its values (``spec``), its
+    ``sweep`` (the points of every hypothesis without a sweep of its own) and the keys
+    it wrote (``written``)."""
+
+    spec: BenchmarkSpec = BenchmarkSpec()
+    sweep: tuple[LoadPoint, ...] = ()
+    written: tuple[str, ...] = ()
+
+
 def _hypotheses(r: _Reader, value, metrics: Mapping[str, Metric], has_repo: bool,
-                attached: bool = False, has_releases: bool = False, bench: BenchmarkSpec = BenchmarkSpec(),
-                sweep: tuple[LoadPoint, ...] = (), bench_written: tuple[str, ...] = ()) -> tuple[HypothesisSpec, ...]:
-    """The hypotheses, each matrix expanded and then each sweep (its own, else ``sweep``,
-    the file's ``benchmark.sweep``): ``id[k=v]@concurrency=4``, one per point, in the
-    sweep's order; then what they ask of ``bench`` is checked (``spec.workloads``)."""
+                attached: bool = False, has_releases: bool = False,
+                file_bench: FileBench = FileBench()) -> tuple[HypothesisSpec, ...]:
+    """The hypotheses, each matrix expanded and then each sweep (its own, else the file's
+    ``benchmark.sweep``): ``id[k=v]@concurrency=4``, one per point, in the sweep's order;
+    then what they ask of the file's benchmark is checked (``spec.workloads``)."""
+    bench, sweep, bench_written = file_bench.spec, file_bench.sweep, file_bench.written
     r.typed(value, "hypotheses", (list,), "a list of hypotheses")
     if not value:
         raise r.doc.error("hypotheses", "no hypotheses: write at least one")

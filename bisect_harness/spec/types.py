@@ -73,6 +73,14 @@ class EngineSpec:
     releases: ReleasesSpec | None = None  # the engine as released builds (boot.releases)
 
     @property
+    def sources(self) -> tuple[Any, ...]:
+        """Every metric source a boot collects: the file's (``metrics``), then the preset's own
+        (``Preset.sources``: vLLM's prefix-cache counters) whose names the file does not use."""
+        from bisect_harness.engines import presets
+
+        return presets.get_preset(self.preset).metric_sources(self.metrics)
+
+    @property
     def environment_mode(self) -> str:
         """Where each commit's build installs: its own venv whenever there is a build."""
         if self.environment is not None:
@@ -201,9 +209,10 @@ class Spec:
         return max(self.family_size, len(self.hypotheses), 1)
 
     def metrics(self) -> dict[str, Metric]:
-        """Every metric a hypothesis may name: the client's and the declared sources'."""
+        """Every metric a hypothesis may name: the client's and the sources' (the file's and the
+        preset's, ``EngineSpec.sources``)."""
         out = dict(CLIENT_METRICS)
-        for source in self.engine.metrics:
+        for source in self.engine.sources:
             out[source.metric.name] = source.metric
         return out
 

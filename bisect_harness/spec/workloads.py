@@ -22,7 +22,9 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from bisect_harness.errors import SpecError
+from bisect_harness.errors import DatasetError, SpecError
+# how a dataset's conversations are replayed: the client's own modes
+from bisect_harness.measure.datasets import DATASET_MODES, read_dataset
 from bisect_harness.model import CLIENT_METRICS, BenchmarkSpec
 from bisect_harness.spec.reader import MAX_COUNT, MAX_SECONDS, MAX_SWEEP_POINTS, _Reader, _typename
 from bisect_harness.workload import (ARRIVALS, POINT_KEYS, SWEEP_AXES, Capacity, Dataset, LoadPoint, MultiTurn,
@@ -36,8 +38,6 @@ __all__ = ["KEYS", "DATASET_MODES", "GOODPUT", "CAPACITY", "WORKLOAD_SOURCES", "
 #: ``sweep``, which expands the hypotheses)
 KEYS = ("request_rate", "arrival", "burstiness", "prompt_tokens_max", "output_tokens_max", "sample_seconds",
         "max_lag_ms", "workload", "slo", "capacity", "sweep")
-#: how a dataset's conversations are replayed (``workload.Dataset``)
-DATASET_MODES = ("first_turn", "conversation")
 #: ``workload:``'s one key: the source of the prompts, and its own keys
 WORKLOAD_SOURCES: dict[str, type] = {"dataset": Dataset, "shared_prefix": SharedPrefix, "multi_turn": MultiTurn}
 #: the two metrics an SLO gives: they need ``slo:`` (and capacity its search, ``capacity:``)
@@ -140,6 +140,10 @@ def _dataset(r: _Reader, d: Mapping[str, Any], path: str, spec_dir: Path) -> Dat
     if lengths.get("max_prompt_tokens", low) < low:
         raise r.doc.error(f"{path}.max_prompt_tokens", f"{lengths['max_prompt_tokens']} is below min_prompt_tokens "
                           f"({low}): no conversation could pass; raise it or lower min_prompt_tokens")
+    try:  # read and checked now, so a malformed file stops the run before its first boot
+        read_dataset(str(where))
+    except DatasetError as exc:
+        raise r.doc.error(f"{path}.path", str(exc)) from None
     return Dataset(path=str(where), mode=mode, **lengths)
 
 

