@@ -16,6 +16,7 @@ import pytest
 
 from bisect_harness.measure import arrivals
 from bisect_harness.measure.client import _jobs, measure_sample_detail
+from bisect_harness.measure.jobs import Draw
 from bisect_harness.measure.deadline import deadline_client
 from bisect_harness.measure.dispatch import open_loop
 from bisect_harness.measure.percentiles import percentile_metrics, quantile_interval, quantile_ranks
@@ -80,7 +81,7 @@ def test_lengths_are_drawn_in_their_range_per_request_the_same_in_both_arms():
     bench = spec(prompt_tokens=10, prompt_tokens_max=40, output_tokens=4, output_tokens_max=12)
 
     def drawn(boot, boot_seq, sample=1):
-        jobs = _jobs(bench, "http://x", "m", 200, None, boot, sample, boot_seq=boot_seq)
+        jobs = _jobs(bench, "http://x", "m", 200, Draw(boot, sample, boot_seq))
         return [(len(j.payload["prompt"].split()), j.payload["max_tokens"], j.most) for j in jobs]
 
     arm_a, arm_b = drawn(boot=11, boot_seq=2), drawn(boot=12, boot_seq=2)

@@ -75,7 +75,7 @@ from bisect_harness.measure.percentiles import percentile_metrics
 from bisect_harness.measure.slo import check_slo, slo_metrics
 from bisect_harness.measure.prompt_size import PromptSize
 from bisect_harness.measure.prompts import request_prompt
-from bisect_harness.measure.jobs import Job, RequestJob
+from bisect_harness.measure.jobs import Draw, Job, RequestJob
 from bisect_harness.measure.workloads import workload_jobs
 from bisect_harness.measure.request import MAX_RETRIES, RequestRecord
 from bisect_harness.boot import SampleOutcome
@@ -182,15 +182,15 @@ def _request(bench: BenchmarkSpec, base_url: str, model: str | None, index: int,
     return base_url.rstrip("/") + api.path, body, output_tokens
 
 
-def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, words: int | None = None,
-          boot: int = 0, sample: int = 1, *, boot_seq: int | None = None, first: int = 0) -> list[Job]:
+def _jobs(bench: BenchmarkSpec, base_url: str, model: str | None, n: int, draw: Draw = Draw(), *,
+          first: int = 0) -> list[Job]:
     """The ``n`` jobs of a sample (``jobs``) from request ``first`` on: one request each,
     request ``i``'s prompt its own; for a ``benchmark.workload``, its jobs (``workloads``: a
     dataset's conversations, shared prefixes, multi-turn sessions, each session one job of
     several requests). Job ``i`` is the same whatever ``n`` and ``first`` (a sample with a
     window takes them in blocks; a capacity search's trials take their own indices).
-    ``boot_seq``: the boot's number in its config, which seeds the lengths and a
-    dataset's draws (None: the boot's id, ``boot``)."""
+    ``draw`` says whose requests they are (``jobs.Draw``)."""
+    words, boot, sample, boot_seq = draw.words, draw.boot, draw.sample, draw.boot_seq
     if bench.workload is not None:  # the workload's first + n jobs, from job ``first`` on
         return workload_jobs(bench, base_url, model, first + n, words, boot=boot, sample=sample,
                              boot_seq=boot_seq)[first:]
@@ -207,27 +207,26 @@ _BLOCK = 64
 
 
 def _run_batch(http: httpx.Client, base_url: str, bench: BenchmarkSpec, model: str | None,
-               n: int | None, words: int | None = None, boot: int = 0, sample: int = 1, *,
-               boot_seq: int | None = None, trial: int = 0) -> Dispatched:
+               n: int | None, draw: Draw = Draw(), *, trial: int = 0) -> Dispatched:
     """Send a sample's jobs, open loop where ``bench.request_rate`` is set (at the times of
     ``arrivals.arrival_times``) and closed loop otherwise: ``n`` of them, or where ``n`` is
     None for ``bench.sample_seconds``. ``trial`` numbers a capacity search's trials, each
     with its own requests (from ``trial * n``) and arrival times."""
     first = trial * (n or 0)
     if bench.open_loop:
-        times = arrival_times(bench, boot_seq=_round(boot, boot_seq), sample=sample, trial=trial, count=n,
-                              within_s=bench.sample_seconds if n is None else None)
-        jobs = _jobs(bench, base_url, model, len(times), words, boot, sample, boot_seq=boot_seq, first=first)
+        times = arrival_times(bench, boot_seq=_round(draw.boot, draw.boot_seq), sample=draw.sample, trial=trial,
+                              count=n, within_s=bench.sample_seconds if n is None else None)
+        jobs = _jobs(bench, base_url, model, len(times), draw, first=first)
         return open_loop(http, jobs, times)
     if n is None:
         def stream():
             start = 0
             while True:
-                yield from _jobs(bench, base_url, model, _BLOCK, words, boot, sample, boot_seq=boot_seq, first=start)
+                yield from _jobs(bench, base_url, model, _BLOCK, draw, first=start)
                 start += _BLOCK
 
         return closed_loop(http, stream(), max(1, bench.concurrency), until_s=bench.sample_seconds)
-    jobs = _jobs(bench, base_url, model, n, words, boot, sample, boot_seq=boot_seq, first=first)
+    jobs = _jobs(bench, base_url, model, n, draw, first=first)
     return closed_loop(http, jobs, max(1, min(bench.concurrency, n)))
 
 
@@ -325,8 +324,8 @@ def measure_sample_detail(base_url: str, bench: BenchmarkSpec, *,
         return measure_capacity(base_url, bench, client=client, headers=headers, prompt=prompt, boot=boot,
                                 sample=sample, boot_seq=boot_seq)
     n = None if bench.sample_seconds is not None else bench.requests_per_sample
-    sent = _batch(base_url, bench, n, client, headers, prompt.words if prompt is not None else None, boot, sample,
-                  boot_seq=boot_seq)
+    sent = _batch(base_url, bench, n, client, headers,
+                  Draw(boot, sample, boot_seq, prompt.words if prompt is not None else None))
     return _measured(base_url, bench, sent)
 
 
@@ -424,8 +423,8 @@ def measure_capacity(base_url: str, bench: BenchmarkSpec, *, client: httpx.Clien
                                      sample_seconds=None)
             k = len(measured) + len(failures)
             try:
-                detail = _measured(base_url, at, _run_batch(http, base_url, at, model, cap.trial_requests, words, boot,
-                                                            sample, boot_seq=boot_seq, trial=k))
+                detail = _measured(base_url, at, _run_batch(http, base_url, at, model, cap.trial_requests,
+                                                            Draw(boot, sample, boot_seq, words), trial=k))
             except SampleFailed as e:
                 failures.append(e)
                 return capacity_search.Trial(rate, held=False, failure=str(e))
@@ -454,8 +453,7 @@ def measure_capacity(base_url: str, bench: BenchmarkSpec, *, client: httpx.Clien
 
 
 def _batch(base_url: str, bench: BenchmarkSpec, n: int | None, client: httpx.Client | None,
-           headers: Mapping[str, str] | None = None, words: int | None = None, boot: int = 0, sample: int = 1, *,
-           boot_seq: int | None = None) -> Dispatched:
+           headers: Mapping[str, str] | None = None, draw: Draw = Draw()) -> Dispatched:
     """A sample's requests as it sends them (:func:`_run_batch`), on ``client`` or a client of
     our own (sending ``headers``, e.g. an attached server's ``Authorization``, with each request)."""
     own = client is None
@@ -464,7 +462,7 @@ def _batch(base_url: str, bench: BenchmarkSpec, n: int | None, client: httpx.Cli
     http = client or _client(bench, headers)
     try:
         model = _model_for(base_url, bench, http)
-        return _run_batch(http, base_url, bench, model, n, words, boot, sample, boot_seq=boot_seq)
+        return _run_batch(http, base_url, bench, model, n, draw)
     finally:
         if own:
             http.close()
@@ -512,7 +510,7 @@ def warmup(base_url: str, bench: BenchmarkSpec, *, client: httpx.Client | None =
     # closed loop at the benchmark's concurrency, whatever the point's arrivals: it warms the server
     closed = dataclasses.replace(bench, request_rate=None, sample_seconds=None)
     records = _batch(base_url, closed, bench.warmup_requests, client, headers,
-                     prompt.words if prompt is not None else None, boot, sample, boot_seq=boot_seq).records
+                     Draw(boot, sample, boot_seq, prompt.words if prompt is not None else None)).records
     failed = sum(1 for r in records if not r.ok)
     if failed == len(records):
         raise _all_failed("warmup", base_url, records)

@@ -17,7 +17,21 @@ import httpx
 from bisect_harness.measure.apis import Api
 from bisect_harness.measure.request import MAX_SSE_LINE, Reading, RequestRecord, run_request
 
-__all__ = ["Job", "RequestJob"]
+__all__ = ["Draw", "Job", "RequestJob"]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Which requests a sample sends: those of sample ``sample`` (0: the warm-up; below 0:
+    the warm-ups of a sweep's later points) of boot ``boot`` (its ledger id: every boot's
+    texts its own), whose lengths, arrival times and dataset draws are those of the
+    config's ``boot_seq``-th boot (None: of boot ``boot``), so both arms of a round send
+    the same traffic; prompts ``words`` words long (None: ``prompt_tokens`` words)."""
+
+    boot: int = 0
+    sample: int = 1
+    boot_seq: int | None = None
+    words: int | None = None
 
 
 class Job(Protocol):

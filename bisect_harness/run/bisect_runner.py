@@ -308,8 +308,7 @@ def search_commits(sched: Scheduler, commits: Sequence[str], target: SearchTarge
     if opening:
         sched.obs.message(f"bisection: the verdict's {len(opening)} paired rounds of the two endpoints open its "
                           "endpoint check (it boots more rounds only where they do not decide it)")
-    stop, new_boots, searched = _search_loop(sched, search, configs, bis, subject, metric, max_boots, test_boots,
-                                             point)
+    stop, new_boots, searched = _search_loop(sched, search, configs, bis, subject, target, max_boots, test_boots)
     res: BisectResult = search.result()
     stopped = stop or res.stopped
     undetermined = None
@@ -352,15 +351,15 @@ def _opening_rounds(ledger: Ledger, rounds: Sequence[tuple[int, int]], metric: s
     return out
 
 
-def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, metric: str,
-                 max_boots: int, test_boots: dict[int, list[int]], point: str | None = None
-                 ) -> tuple[StopReason | None, int, set[int]]:
+def _search_loop(sched: Scheduler, search: BisectionSearch, configs, bis: Bisection, subject, target: SearchTarget,
+                 max_boots: int, test_boots: dict[int, list[int]]) -> tuple[StopReason | None, int, set[int]]:
     """The search's rounds until it stops: each round's probes booted, recorded as
     probe rows and observed (each paired test's boots added to ``test_boots``), each
-    boot's values those of ``metric`` at load point ``point``. Returns
+    boot's values those of the target's metric at its load point. Returns
     (the stop the loop made itself, or None where the search stopped on its own; boots
     booked; every boot it booked)."""
     ledger = sched.ledger
+    metric, point = target.metric, target.point
     searched: set[int] = set()
     new_boots = step = 0
     stop: StopReason | None = None

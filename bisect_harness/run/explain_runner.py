@@ -50,11 +50,13 @@ class ExplainOptions:
     counts (None: the slow arm's hypothesis' ``min_effect``, resolved by
     :func:`explain_file`), and ``alpha``, the error of the slowdown test and of the
     whole set (the leave-out decisions share it). Its bisection, where the commit is a
-    member, uses ``bisection`` with ``min_effect`` as its least change."""
+    member, uses ``bisection`` with ``min_effect`` as its least change. ``point``: the
+    load point whose values every test reads (its label; None: the benchmark's one point)."""
 
     min_effect: float | None = None
     alpha: float = ALPHA_PER_TEST
     bisection: SearchOptions = SearchOptions(confidence=DEFAULT_CONFIDENCE, max_boots=DEFAULT_MAX_BOOTS)
+    point: str | None = None
 
 
 def parse_arm(text: str, spec: Spec, *, option: str) -> tuple[str, str]:
@@ -111,14 +113,14 @@ class ExplainOutcome:
 
 def explain_arms(sched: Scheduler, fast: Arm, slow: Arm, *, names: tuple[str, str], metric: Metric,
                  options: ExplainOptions = ExplainOptions(), hypothesis_id: int | None = None,
-                 rounds: Sequence[tuple[int, int]] = (), point: str | None = None) -> ExplainOutcome:
+                 rounds: Sequence[tuple[int, int]] = ()) -> ExplainOutcome:
     """Run the search between two resolved arms with ``sched`` (a run is open).
     ``names``: how the fast and the slow arm are called (``HID.side``). ``options``:
     its ``min_effect`` as given (None: any change) and ``alpha``. ``rounds``: (fast boot
     id, slow boot id) of paired rounds the run already has of the two arms (a confirmed
-    hypothesis' verdict): the slowdown test judges them first. ``point``: the load
-    point whose values every test reads (its label; None: the benchmark's one point)."""
+    hypothesis' verdict): the slowdown test judges them first."""
     (fast_name, slow_name), min_effect, alpha = names, options.min_effect, options.alpha
+    point = options.point
     spec, ledger = sched.spec, sched.ledger
     diffs = differences(fast, slow)
     if not diffs:
@@ -236,7 +238,7 @@ def explain_file(spec: Spec, ledger: Ledger, fast: str, slow: str, options: Expl
             sched.obs.message(f"explanation at {where.label} ({where.why}): every test compares that load "
                               "point's values")
         out = explain_arms(sched, fast_arm, _side(slow_h, ss), names=(fast, slow), metric=slow_h.metric,
-                           options=options, point=slow_h.spec.point_label)
+                           options=dataclasses.replace(options, point=slow_h.spec.point_label))
     sched.finish_run("done")
     return out, sched
 
@@ -268,5 +270,5 @@ def explain_hypothesis(sched: Scheduler, h: PlannedHypothesis, row, verdict=None
     slow_is_treatment = h.spec.expect == h.metric.worse
     fast, slow = ("baseline", "treatment") if slow_is_treatment else ("treatment", "baseline")
     return explain_arms(sched, _side(h, fast), _side(h, slow), names=(f"{h.id}.{fast}", f"{h.id}.{slow}"),
-                        metric=h.metric, options=ExplainOptions(min_effect=h.spec.min_effect), hypothesis_id=row.id,
-                        rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)], point=h.spec.point_label)
+                        metric=h.metric, options=ExplainOptions(min_effect=h.spec.min_effect, point=h.spec.point_label),
+                        hypothesis_id=row.id, rounds=[(p[fast], p[slow]) for p in verdict_rounds(verdict)])
