@@ -43,7 +43,7 @@ from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import drift_findings
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
 
-__all__ = ["Rules", "Question", "Verdict", "judge", "look", "side_findings", "marked_boots", "NightRule",
+__all__ = ["Rules", "Question", "Verdict", "judge", "look", "rejudge", "looks_used", "side_findings", "marked_boots", "NightRule",
            "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
 
 def never_booted(name: str, boots: Sequence[BootRecord], failed: str | None) -> str | None:
@@ -87,11 +87,19 @@ class Rules:
     design: Design
     family_size: int
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    #: the shares of the family's alpha a look may spend: 1 (Bonferroni), more where a curve's
+    #: step-down recycled the shares of its confirmed points (``decide.multiplicity.step_down``)
+    shares: float = 1.0
 
     @property
     def alpha_each(self) -> float:
-        """Each hypothesis' alpha: Bonferroni over the family."""
-        return adjust_alpha(self.design.alpha, self.family_size)
+        """Each hypothesis' alpha: Bonferroni over the family, times :attr:`shares`."""
+        return adjust_alpha(self.design.alpha, self.family_size) * self.shares
+
+    def at(self, alpha: float) -> "Rules":
+        """These rules with the shares that make :attr:`alpha_each` ``alpha`` (a curve's
+        step-down level: ``decide.multiplicity.step_down``)."""
+        return dataclasses.replace(self, shares=alpha / adjust_alpha(self.design.alpha, self.family_size))
 
 
 def prior_design(design: Design, prior: NoisePrior | None) -> Design:
@@ -220,6 +228,45 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     return Verdict(outcome=res.outcome, final=res.final or force_final, ratio=res.ratio, ci=res.ci,
                    p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, findings=findings,
                    stats=stats, **ids)
+
+
+def looks_used(side: Side, used: Sequence[int]) -> int:
+    """How many of ``side``'s good boots a verdict that used the boots ``used`` had
+    before it: the place of the last of them among the side's good boots (its look,
+    where every good boot had values)."""
+    ids = set(used)
+    places = [i + 1 for i, b in enumerate(side.good_boots) if b.id in ids]
+    return max(places, default=0)
+
+
+def _first_good(side: Side, n: int) -> Side:
+    """``side`` as it stood at its ``n``-th good boot: its boots up to that one, in order."""
+    out, good = [], 0
+    for b in side.boots:
+        if good >= n:
+            break
+        out.append(b)
+        good += b.status == "ok"
+    return dataclasses.replace(side, boots=tuple(out))
+
+
+def rejudge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, alpha: float,
+            upto: tuple[int, int], order_seed: int | None = None, config_findings: Sequence[Finding] = (),
+            prior: NoisePrior | None = None) -> Verdict | None:
+    """A hypothesis judged again at ``alpha`` over its looks: the verdict of the first
+    look at which :func:`judge`, its boundaries recomputed for ``alpha``, confirms, or
+    None where none does. ``upto``: each side's good boots at the look that ended its
+    first verdict (:func:`looks_used`); look ``n`` reads each side's first ``n`` of them,
+    as the rounds did. A curve's step-down asks it (``decide.multiplicity.step_down``:
+    why "some look up to the first verdict's" holds its level), and a refutation at
+    ``alpha`` stops nothing: only the first verdict's level refutes."""
+    at = rules.at(alpha)
+    for n in range(2, max(upto) + 1):
+        sides = (_first_good(baseline, min(n, upto[0])), _first_good(treatment, min(n, upto[1])))
+        v = judge(at, *sides, question, order_seed=order_seed, config_findings=config_findings, prior=prior)
+        if v.outcome is Outcome.CONFIRMED:
+            return dataclasses.replace(v, final=True)
+    return None
 
 
 def look(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
