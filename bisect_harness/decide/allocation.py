@@ -33,13 +33,15 @@ measured (``bench/bench_bisect.py --priced``) and not adopted; see that bench.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "measured_cost", "node_time"]
+__all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "measured_cost", "node_time",
+           "for_points"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,17 @@ def samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_sample
     var_b = max(comps.var_between, comps.var_within * 1e-9)
     m = math.sqrt((cost.boot_s / cost.sample_s) * (comps.var_within / var_b))
     return int(min(max_samples, max(min_samples, round(m))))
+
+
+def for_points(cost: CostModel, points: int) -> CostModel:
+    """``cost`` for a boot that measures ``points`` load points (a curve, ``sweep:``): a
+    boot takes its samples at every point, so one more sample per point costs
+    ``points`` samples, and the two-stage optimum per point is ``sqrt(points)`` times
+    smaller (each point's boot mean still varies by ``var_between + var_within / m``).
+    ``bench/bench_curve.py`` prices it."""
+    if int(points) != points or points < 1:
+        raise ValueError(f"for_points: points must be an integer >= 1, got {points!r}")
+    return cost if points == 1 else dataclasses.replace(cost, sample_s=cost.sample_s * points)
 
 
 def measured_cost(boots: Sequence[tuple[float, float, int]]) -> Optional[CostModel]:

@@ -174,7 +174,7 @@ class Verdict:
 
 def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
           order_seed: int | None = None, config_findings: Sequence[Finding] = (),
-          prior: NoisePrior | None = None) -> Verdict:
+          prior: NoisePrior | None = None, interval: bool = True) -> Verdict:
     """The verdict of one look at ``question`` (its metric alone: :func:`look` judges its
     mechanism too). ``force_final``: the caller will look no more (the budget is spent).
     ``order_seed``: the seed that drew the order of the sides in each round, kept in the
@@ -183,6 +183,8 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     ``prior``: the noise prior of earlier runs of the same two configs on this host
     (:mod:`bisect_harness.decide.prior`), pooled where the design's analysis reads
     rounds; its first look is then at 2 rounds (see :func:`prior_design`).
+    ``interval``: False leaves the robust analysis' interval uncomputed where only the
+    outcome is wanted (``evaluate``'s: the outcome does not depend on it).
 
     What this module works out itself comes first (the boots' checks, device sets,
     the design), then what it asks of others (the sides' findings, the values, the test)."""
@@ -216,7 +218,8 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
         res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=question.expect,
-                       min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior)
+                       min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior,
+                       interval=interval)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return dataclasses.replace(undecided, reason=f"metric {metric} cannot be compared: {exc}. Pick a metric with "
                                    "positive, varying values (a rate, a latency, a count per sample)", **ids)
@@ -252,20 +255,22 @@ def _first_good(side: Side, n: int) -> Side:
 
 def rejudge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, alpha: float,
             upto: tuple[int, int], order_seed: int | None = None, config_findings: Sequence[Finding] = (),
-            prior: NoisePrior | None = None) -> Verdict | None:
+            prior: NoisePrior | None = None, interval: bool = True) -> Verdict | None:
     """A hypothesis judged again at ``alpha`` over its looks: the verdict of the first
     look at which :func:`judge`, its boundaries recomputed for ``alpha``, confirms, or
     None where none does. ``upto``: each side's good boots at the look that ended its
     first verdict (:func:`looks_used`); look ``n`` reads each side's first ``n`` of them,
     as the rounds did. A curve's step-down asks it (``decide.multiplicity.step_down``:
     why "some look up to the first verdict's" holds its level), and a refutation at
-    ``alpha`` stops nothing: only the first verdict's level refutes."""
+    ``alpha`` stops nothing: only the first verdict's level refutes. The looks that do
+    not confirm are judged without the interval (``judge``'s ``interval``); the
+    confirming one with it, unless ``interval`` is False (the benches)."""
     at = rules.at(alpha)
+    kw = dict(order_seed=order_seed, config_findings=config_findings, prior=prior)
     for n in range(2, max(upto) + 1):
         sides = (_first_good(baseline, min(n, upto[0])), _first_good(treatment, min(n, upto[1])))
-        v = judge(at, *sides, question, order_seed=order_seed, config_findings=config_findings, prior=prior)
-        if v.outcome is Outcome.CONFIRMED:
-            return dataclasses.replace(v, final=True)
+        if judge(at, *sides, question, interval=False, **kw).outcome is Outcome.CONFIRMED:
+            return dataclasses.replace(judge(at, *sides, question, interval=interval, **kw), final=True)
     return None
 
 
