@@ -104,7 +104,10 @@ SCENARIOS = {"null": ((0.0,) * POINTS, 0.0), "one_2E": ((0.0, 0.0, -2 * E, 0.0, 
 #: the truths the pricing compares: the change at every point of the curve, and the one point's
 TRUTHS = {"0E": ((0.0,) * POINTS, 0.0), "1E": ((-E,) * POINTS, -E), "2E": ((-2 * E,) * POINTS, -2 * E),
           "2E_one": ((0.0, 0.0, -2 * E, 0.0, 0.0), -2 * E)}
-SAMPLE_RULES = ("as_one_point", "per_point")
+#: how a curve's boots choose their samples at each point: (a sample priced at every point,
+#: the fewest at each point)
+SAMPLE_RULES = {"as_one_point": (False, 3), "per_point": (True, 3), "per_point_min1": (True, 1)}
+QUICK = {"n_sim": 16, "n_price": 6, "price_models": ("stationary", "bursts", "h200_quiet")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,16 +139,17 @@ def record(boot_id: int, values: list[np.ndarray], labels) -> BootRecord:
 def samples_rule(rule: str | None, cost: allocation.CostModel | None, pairs_by_point, points: int) -> int:
     """Samples at each point for the next round: the shipped count without a cost model,
     else ``decide.allocation``'s choice from the rounds so far (pooled over the points,
-    as the executor pools its hypotheses of one metric), a sample priced as one sample
-    (``as_one_point``) or as one at every point (``per_point``)."""
+    as the executor pools its hypotheses of one metric) under ``rule`` (a key of
+    ``SAMPLE_RULES``): a sample priced as one sample or as one at every point
+    (``allocation.for_points``), and the fewest samples at each point."""
     d = Defaults()
     if cost is None:
         return d.samples_per_boot
-    priced = allocation.for_points(cost, points) if rule == "per_point" else cost
+    at_every_point, fewest = SAMPLE_RULES[rule]
+    priced = allocation.for_points(cost, points) if at_every_point else cost
     pairs = [p for ps in pairs_by_point for p in ps]
     comps = allocation.round_components(pairs) if pairs else None
-    return allocation.samples_per_boot(priced, comps, min_samples=d.samples_per_boot,
-                                       max_samples=d.max_samples_per_boot)
+    return allocation.samples_per_boot(priced, comps, min_samples=fewest, max_samples=d.max_samples_per_boot)
 
 
 def curve_run(model: str, effects, min_effect: float, seed, shared: float, *, rules: Rules,
@@ -224,15 +228,16 @@ def errors_cell(model: str, scenario: str, shared: float, n_sim: int, seed: int)
     return out
 
 
-def errors_model(model: str, shareds: tuple[float, ...], n_sim: int, seed: int) -> dict:
-    base = 1000 * ALL_MODELS.index(model) + seed
-    return {f"{s:g}": {name: errors_cell(model, name, s, n_sim, base + 10 * j)
-                       for j, name in enumerate(SCENARIOS)} for s in shareds}
+def errors_job(model: str, shared: float, scenario: str, n_sim: int, seed: int) -> dict:
+    """One cell of ``errors``, seeded by its model and scenario (the same paths at every
+    shared fraction's seed stream)."""
+    return errors_cell(model, scenario, shared, n_sim, 1000 * ALL_MODELS.index(model) + seed
+                       + 10 * list(SCENARIOS).index(scenario))
 
 
 def error_goals(errors: dict, alpha: float) -> dict:
     """The bench's goals over every model and shared fraction, and where they are missed."""
-    misses = {"null": [], "one_2E_power": [], "one_real": []}
+    misses: dict = {"null": [], "one_2E_power": [], "one_real": []}
     for model, by_shared in errors.items():
         for s, cells in by_shared.items():
             if cells["null"]["fw_false_confirmed"] > alpha + 0.01:
@@ -245,38 +250,33 @@ def error_goals(errors: dict, alpha: float) -> dict:
             "power_goal_met": not misses["one_2E_power"], "missed": misses}
 
 
-def pricing_model(model: str, n_sim: int, seed: int) -> dict:
-    """The pricing figures of one noise model (see the module's ``pricing``)."""
+def pricing_job(model: str, name: str, n_sim: int, seed: int) -> dict:
+    """The pricing figures of one noise model under one cost model (see the module's ``pricing``)."""
     base = 1000 * ALL_MODELS.index(model) + seed + 7
-    alpha = Defaults().alpha
-    out: dict = {}
-    for c, (name, cost) in enumerate(COSTS.items()):
-        res: dict = {"one_point": {}, "one_point_same_level": {}, "curve": {r: {} for r in SAMPLE_RULES}}
-        for j, (truth, (effects, one)) in enumerate(TRUTHS.items()):
-            seeds = [[base, c, j, i] for i in range(n_sim)]
-            cells = {
-                "one_point": [curve_run(model, (one,), E, s, POINTS_SHARED, rules=rules_for(1), cost=cost,
-                                        rule="as_one_point") for s in seeds],
-                "one_point_same_level": [curve_run(model, (one,), E, s, POINTS_SHARED, rules=rules_for(1, alpha / POINTS),
-                                                   cost=cost, rule="as_one_point") for s in seeds]}
-            for r in SAMPLE_RULES:
-                cells[r] = [curve_run(model, effects, E, s, POINTS_SHARED, rules=rules_for(POINTS), cost=cost, rule=r)
-                            for s in seeds]
-            for key, runs in cells.items():
-                points = len(runs[0].final)
-                into = res["curve"][key] if key in SAMPLE_RULES else res[key]
-                into[truth] = {
-                    "node_s": float(np.mean([sum(cost.boot(points * m) for m in r.samples) * 2 for r in runs])),
-                    "mean_boots": float(np.mean([r.boots for r in runs])),
-                    "mean_samples_per_point": float(np.mean([np.mean(r.samples) for r in runs])),
-                    "confirmed": [float(np.mean([r.final[i] is Outcome.CONFIRMED for r in runs]))
-                                  for i in range(points)]}
-        res["ratio"] = {r: {t: res["curve"][r][t]["node_s"] / res["one_point"][t]["node_s"] for t in TRUTHS}
-                        for r in SAMPLE_RULES}
-        res["ratio_same_level"] = {r: {t: res["curve"][r][t]["node_s"] / res["one_point_same_level"][t]["node_s"]
-                                       for t in TRUTHS} for r in SAMPLE_RULES}
-        out[name] = res
-    return out
+    alpha, cost, c = Defaults().alpha, COSTS[name], list(COSTS).index(name)
+    res: dict = {"one_point": {}, "one_point_same_level": {}, "curve": {r: {} for r in SAMPLE_RULES}}
+    for j, (truth, (effects, one)) in enumerate(TRUTHS.items()):
+        seeds = [[base, c, j, i] for i in range(n_sim)]
+        cells = {key: [curve_run(model, (one,), E, s, POINTS_SHARED, rules=rules, cost=cost, rule="as_one_point")
+                       for s in seeds]
+                 for key, rules in (("one_point", rules_for(1)),
+                                    ("one_point_same_level", rules_for(1, alpha / POINTS)))}
+        for r in SAMPLE_RULES:
+            cells[r] = [curve_run(model, effects, E, s, POINTS_SHARED, rules=rules_for(POINTS), cost=cost, rule=r)
+                        for s in seeds]
+        for key, runs in cells.items():
+            points = len(runs[0].final)
+            into = res["curve"][key] if key in SAMPLE_RULES else res[key]
+            into[truth] = {
+                "node_s": float(np.mean([sum(cost.boot(points * m) for m in r.samples) * 2 for r in runs])),
+                "mean_boots": float(np.mean([r.boots for r in runs])),
+                "mean_samples_per_point": float(np.mean([np.mean(r.samples) for r in runs])),
+                "confirmed": [float(np.mean([r.final[i] is Outcome.CONFIRMED for r in runs])) for i in range(points)]}
+    res["ratio"] = {r: {t: res["curve"][r][t]["node_s"] / res["one_point"][t]["node_s"] for t in TRUTHS}
+                    for r in SAMPLE_RULES}
+    res["ratio_same_level"] = {r: {t: res["curve"][r][t]["node_s"] / res["one_point_same_level"][t]["node_s"]
+                                   for t in TRUTHS} for r in SAMPLE_RULES}
+    return res
 
 
 def pricing_goals(pricing: dict) -> dict:
@@ -292,61 +292,86 @@ def pricing_goals(pricing: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="80 runs a cell, one shared fraction, pricing at 40")
-    ap.add_argument("--n-sim", type=int, default=600, help="curve runs per cell (errors; pricing takes a third)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK['n_sim']} runs a cell, one shared fraction; pricing at {QUICK['n_price']} runs a "
+                    f"cell on {', '.join(QUICK['price_models'])}")
+    ap.add_argument("--n-sim", type=int, default=400, help="curve runs per cell of errors")
+    ap.add_argument("--n-price", type=int, default=60, help="curve runs per cell of pricing")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated noise models")
-    ap.add_argument("--shared", default="0,0.5,1", help="comma-separated fractions of the between-boot variance "
-                    "common to a boot's points")
+    ap.add_argument("--shared", default=f"{POINTS_SHARED:g}", help="comma-separated fractions of the between-boot "
+                    "variance common to a boot's points (e.g. 0,0.5,1)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenarios of errors")
     ap.add_argument("--parts", default="errors,pricing", help="errors, pricing or both")
-    ap.add_argument("--workers", type=int, default=2, help="processes, one model each")
+    ap.add_argument("--workers", type=int, default=2, help="processes, one cell each")
+    ap.add_argument("--out", default=None, help="also write the JSON object to this file")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     for m in models:
         if m not in ALL_MODELS:
             ap.error(f"--models: unknown noise model {m!r}; one of {', '.join(ALL_MODELS)}")
+    scenarios = [x for x in args.scenarios.split(",") if x]
+    for x in scenarios:
+        if x not in SCENARIOS:
+            ap.error(f"--scenarios: unknown scenario {x!r}; one of {', '.join(SCENARIOS)}")
     shareds = (POINTS_SHARED,) if args.quick else tuple(float(x) for x in args.shared.split(","))
-    n_sim = 80 if args.quick else args.n_sim
-    n_price = 40 if args.quick else max(40, args.n_sim // 3)
+    n_sim, n_price = (QUICK["n_sim"], QUICK["n_price"]) if args.quick else (args.n_sim, args.n_price)
+    price_models = [m for m in models if m in QUICK["price_models"]] if args.quick else models
     parts = set(args.parts.split(","))
     alpha = Defaults().alpha
     t0 = time.perf_counter()
     out: dict = {"points": POINTS, "labels": list(LABELS), "claim_E": E, "alpha": alpha,
-                 "first_level": rules_for(POINTS).alpha_each, "n_sim": n_sim, "seed": args.seed,
-                 "shared": list(shareds), "quick": args.quick}
-    pool = multiprocessing.Pool(args.workers) if args.workers > 1 else None
-    run = pool.starmap if pool is not None else (lambda f, jobs: [f(*j) for j in jobs])
-    try:
-        if "errors" in parts:
-            results = run(errors_model, [(m, shareds, n_sim, args.seed) for m in models])
-            out["errors"] = dict(zip(models, results))
-            for model, by_shared in out["errors"].items():
-                for s, c in by_shared.items():
-                    print(f"[{model:16s} shared {s:>3s}] null: any confirmed {c['null']['fw_false_confirmed']:.3f} "
-                          f"(+-{c['null']['fw_se']:.3f}); 2E at one point: P(confirmed) {c['one_2E']['power']:.3f} "
-                          f"(first level {c['one_2E']['power_first_level']:.3f}), others confirmed "
-                          f"{c['one_2E']['fw_false_confirmed_others']:.3f}; min_effect 0: others confirmed "
-                          f"{c['one_real']['fw_false_confirmed_others']:.3f} (Bonferroni "
-                          f"{c['one_real']['bonferroni_fw_others']:.3f}); several: "
-                          + " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(c['several']['confirmed'],
-                                                                          c['several']['confirmed_first_level'])),
-                          flush=True)
-            out["error_goals"] = error_goals(out["errors"], alpha)
-        if "pricing" in parts:
-            results = run(pricing_model, [(m, n_price, args.seed) for m in models])
-            out["pricing"] = dict(zip(models, results))
-            for model, by_cost in out["pricing"].items():
-                for c, res in by_cost.items():
-                    print(f"[{model:16s} {c:10s}] curve/one point: " + "; ".join(
-                        f"{r} " + " ".join(f"{t} {res['ratio'][r][t]:.2f} ({res['ratio_same_level'][r][t]:.2f})"
-                                           for t in TRUTHS) for r in SAMPLE_RULES), flush=True)
-            out["pricing_goals"] = pricing_goals(out["pricing"])
-    finally:
-        if pool is not None:
-            pool.close()
+                 "first_level": rules_for(POINTS).alpha_each, "n_sim": n_sim, "n_price": n_price, "seed": args.seed,
+                 "shared": list(shareds), "quick": args.quick,
+                 "costs": {k: [c.boot_s, c.sample_s] for k, c in COSTS.items()},
+                 "sample_rules": {k: {"priced_at_every_point": a, "fewest_per_point": b}
+                                  for k, (a, b) in SAMPLE_RULES.items()}}
+    jobs = []
+    if "errors" in parts:
+        jobs += [(errors_job, (m, s, x, n_sim, args.seed)) for m in models for s in shareds for x in scenarios]
+    if "pricing" in parts:
+        jobs += [(pricing_job, (m, c, n_price, args.seed)) for m in price_models for c in COSTS]
+    with multiprocessing.Pool(max(1, args.workers)) as pool:
+        results = pool.starmap(_call, jobs)
+    for (f, a), res in zip(jobs, results):
+        if f is errors_job:
+            out.setdefault("errors", {}).setdefault(a[0], {}).setdefault(f"{a[1]:g}", {})[a[2]] = res
+        else:
+            out.setdefault("pricing", {}).setdefault(a[0], {})[a[1]] = res
+    for model, by_shared in out.get("errors", {}).items():
+        for s, c in by_shared.items():
+            said = []
+            if "null" in c:
+                said.append(f"null: any confirmed {c['null']['fw_false_confirmed']:.3f} (+-{c['null']['fw_se']:.3f})")
+            if "one_2E" in c:
+                said.append(f"2E at one point: P(confirmed) {c['one_2E']['power']:.3f} (first level "
+                            f"{c['one_2E']['power_first_level']:.3f}), others confirmed "
+                            f"{c['one_2E']['fw_false_confirmed_others']:.3f}")
+            if "one_real" in c:
+                said.append(f"min_effect 0: others confirmed {c['one_real']['fw_false_confirmed_others']:.3f} "
+                            f"(Bonferroni {c['one_real']['bonferroni_fw_others']:.3f})")
+            if "several" in c:
+                pairs = zip(c["several"]["confirmed"], c["several"]["confirmed_first_level"])
+                said.append("several, confirmed step-down/first level: " + " ".join(f"{a:.2f}/{b:.2f}" for a, b in pairs))
+            print(f"[{model:16s} shared {s:>3s}] " + "; ".join(said), flush=True)
+    if "errors" in out and {"null", "one_2E", "one_real"} <= set(scenarios):
+        out["error_goals"] = error_goals(out["errors"], alpha)
+    for model, by_cost in out.get("pricing", {}).items():
+        for c, res in by_cost.items():
+            print(f"[{model:16s} {c:10s}] curve/one point (same level): " + "; ".join(
+                f"{r} " + " ".join(f"{t} {res['ratio'][r][t]:.2f} ({res['ratio_same_level'][r][t]:.2f})"
+                                   for t in TRUTHS) for r in SAMPLE_RULES), flush=True)
+    if "pricing" in out:
+        out["pricing_goals"] = pricing_goals(out["pricing"])
     out["seconds"] = round(time.perf_counter() - t0, 1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, sort_keys=True))
     print(json.dumps(out, sort_keys=True))
     return 0
+
+
+def _call(f, args):
+    return f(*args)
 
 
 if __name__ == "__main__":

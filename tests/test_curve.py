@@ -205,7 +205,8 @@ def _curve_run(tmp_path, effects: dict[str, float], salt: int = 0):
     points; ``effects`` the treatment's true change at each point."""
     spec = load_spec(write_spec(
         tmp_path / "h.yaml", engine={"preset": "openai", "launch": ["srv", "--port", "{port}"]},
-        defaults={"boots_per_arm": 3, "max_boots_per_arm": 8, "samples_per_boot": 2, "host_preflight_s": 0},
+        defaults={"boots_per_arm": 3, "max_boots_per_arm": 8, "samples_per_boot": 2, "max_samples_per_boot": 2,
+                  "host_preflight_s": 0},
         hypotheses=[{"id": "wins", "baseline": {}, "treatment": {"flags": {"spec": 1}}, "metric": "tok_s",
                      "expect": "increase", "min_effect": "5%"}]))
     h = spec.hypotheses[0]
@@ -218,7 +219,8 @@ def _curve_run(tmp_path, effects: dict[str, float], salt: int = 0):
         rng = draws.rng(r, salt)
         level = 100.0 * rng.lognormvariate(0.0, 0.02)
         treated = bool(dict(r.flags).get("spec"))
-        return [SampleOutcome(metrics={"tok_s": level * (1 + effects[p.label] * treated) * rng.lognormvariate(0, 0.01)},
+        return [SampleOutcome(metrics={"tok_s": level * (1 + effects[p.label] * treated)
+                                       * rng.lognormvariate(0, 0.01)},
                               requests=1, output_tokens=1, duration_s=0.1, point=p.label)
                 for p in r.benchmark.points for _ in range(r.samples)]
 
@@ -280,3 +282,31 @@ def test_a_run_without_a_curve_stores_no_curves(tmp_path):
         run = Executor(make_plan(spec, cache_dir=tmp_path / "cache"), led, log_dir=tmp_path / "logs", calibrate=False,
                        backend=MockBackend(lambda r: [100.0, 101.0])).execute()
         assert "curves" not in (run.summary or {})
+
+
+def test_a_curves_boots_take_their_samples_priced_at_every_point(tmp_path):
+    # a boot of a 5-point curve takes its samples at every point: with a boot of 900 s and a
+    # sample of 20 s stated, the equal-parts choice is sqrt(900 / (5 * 20)) = 3 at each point
+    # (one point alone: sqrt(45) = 7), and never fewer than samples_per_boot spread over the points
+    assert allocation.fewest_per_point(3, 5) == 1 and allocation.fewest_per_point(3, 1) == 3
+    assert allocation.fewest_per_point(4, 3) == 2
+    taken = {}
+    for points in (1, 5):
+        spec = load_spec(write_spec(
+            tmp_path / f"h{points}.yaml", engine={"preset": "openai", "launch": ["srv", "--port", "{port}"]},
+            defaults={"boots_per_arm": 2, "max_boots_per_arm": 2, "samples_per_boot": 3, "boot_cost_s": 900,
+                      "sample_cost_s": 20, "host_preflight_s": 0},
+            hypotheses=[{"id": "h", "baseline": {}, "treatment": {"flags": {"x": 1}}, "metric": "tok_s",
+                         "expect": "increase", "min_effect": "5%"}]))
+        at = [LoadPoint.of(concurrency=c) for c in (1, 2, 4, 8, 16)][:points] if points > 1 else [None]
+        spec = dataclasses.replace(spec, family_size=points, hypotheses=tuple(
+            dataclasses.replace(spec.hypotheses[0], id=f"h@{p.label}" if p else "h", point=p,
+                                curve="h" if p else None) for p in at))
+        backend = MockBackend(lambda r: [SampleOutcome(metrics={"tok_s": 100.0 + i}, requests=1, output_tokens=1,
+                                                       duration_s=0.1, point=p.label if p else None)
+                                         for p in (r.benchmark.points or (None,)) for i in range(r.samples)])
+        with Ledger(f"sqlite:///{tmp_path / f'r{points}.db'}") as led:
+            Executor(make_plan(spec, cache_dir=tmp_path / "cache"), led, log_dir=tmp_path / "logs", calibrate=False,
+                     backend=backend).execute()
+        taken[points] = {r.samples for r in backend.requests}
+    assert taken == {1: {7}, 5: {3}}

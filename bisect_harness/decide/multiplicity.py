@@ -51,7 +51,12 @@ more than ``k - s`` points. Where ``phi_j`` grows with its level this is Holm's
 step-down (Scand. J. Statist. 1979): confirm what confirms at ``A/k``, judge the
 rest at ``A/(k-1)``, and so on; the closed form does not lean on that growth, which
 boundaries calibrated by simulation and the robust analysis' split of alpha between
-its t and sign-flip parts (which depends on alpha) do not promise exactly.
+its t and sign-flip parts (which depends on alpha) do not promise exactly. The
+executor keeps the verdicts confirmed at their first level (each a Bonferroni
+answer) and adds what the closed test confirms beyond them; the two agree wherever
+each look's level grows with alpha, as ``tests/test_curve.py`` checks for the shipped
+design along a curve's levels. A curve's points that ``--only`` left out of a run
+hold no share in it: the run's points share theirs (``k`` counts the points run).
 
 Only confirmations recycle alpha. A refutation says "confidently less than the
 claimed size"; its null (the effect is at least the claimed size) is not rejected

@@ -43,8 +43,8 @@ from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import drift_findings
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
 
-__all__ = ["Rules", "Question", "Verdict", "judge", "look", "rejudge", "looks_used", "side_findings", "marked_boots", "NightRule",
-           "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
+__all__ = ["Rules", "Question", "Verdict", "judge", "look", "rejudge", "looks_used", "side_findings", "marked_boots",
+           "NightRule", "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
 
 def never_booted(name: str, boots: Sequence[BootRecord], failed: str | None) -> str | None:
     """Why a side with no good boot could not be measured (its launch argv and first

@@ -247,12 +247,7 @@ class Executor:
             floor = max((self.priors[h.id].samples for h in pending if h.id in self.priors), default=0)
             samples = max(chosen, floor)
             if samples != (self.sched.samples_per_boot or d.samples_per_boot):
-                cost = self.cost_model()
-                self.obs.message(
-                    f"round {target}: {samples} samples per boot (the most a boot of a noise prior's rounds took: "
-                    f"no round is less noisy than the prior says)" if samples > chosen else
-                    f"round {target}: {samples} samples per boot (a boot costs {cost.boot_s:.1f} s, "
-                    f"a sample {cost.sample_s:.2f} s, {cost.source}; decide.allocation)")
+                self.obs.message(self._samples_said(target, samples, chosen))
             self.sched.samples_per_boot = samples
             self.sched.boot_round(needed, target)
             still = []
@@ -268,6 +263,20 @@ class Executor:
                     still.append(h)
             pending = still
             target += 1
+
+    def _samples_said(self, target: int, samples: int, chosen: int) -> str:
+        """Why round ``target`` takes ``samples`` samples (at each point of a curve's boot)."""
+        points = len(self.spec.points)
+        per = f"samples at each of a boot's {points} points" if points > 1 else "samples per boot"
+        if samples > chosen:
+            return (f"round {target}: {samples} {per} (the most a boot of a noise prior's rounds took: "
+                    f"no round is less noisy than the prior says)")
+        cost = self.cost_model()
+        if cost is None:
+            return (f"round {target}: {samples} {per} (defaults.samples_per_boot spread over the points until a "
+                    f"boot has measured what a sample costs; decide.allocation)")
+        return (f"round {target}: {samples} {per} (a boot costs {cost.boot_s:.1f} s, a sample {cost.sample_s:.2f} s, "
+                f"{cost.source}; decide.allocation)")
 
     # ------------------------------------------------------------------ bisect: true, explain: true
 
@@ -311,23 +320,33 @@ class Executor:
         return self.sched.cost_model()
 
     def samples_next(self, pending) -> int:
-        """Samples per boot for the next round of ``pending`` hypotheses: the two-stage
-        optimum of ``decide.allocation`` from their rounds so far (pooled per metric,
-        the most any metric asks for), within ``samples_per_boot`` ..
-        ``max_samples_per_boot``; before two rounds, the choice for equal parts when the
-        file states the costs, else the first count until a boot has measured them."""
+        """Samples per boot at each load point for the next round of ``pending``
+        hypotheses: the two-stage optimum of ``decide.allocation`` from their rounds so
+        far (pooled per metric, the most any metric asks for), within the fewest
+        (``samples_per_boot``, spread over the points a boot measures:
+        ``allocation.fewest_per_point``) .. ``max_samples_per_boot``, a sample priced
+        at every point (``allocation.for_points``: a curve's boot takes its samples at
+        each point; ``bench/bench_curve.py`` prices it); before two rounds, the choice
+        for equal parts when the file states the costs, else the fewest until a boot
+        has measured them. A fixed count (``max_samples_per_boot`` at most
+        ``samples_per_boot``) is taken at every point."""
         d = self.spec.defaults
-        cost = self.cost_model()
-        if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
+        if d.max_samples_per_boot <= d.samples_per_boot:
             return d.samples_per_boot
+        points = max(1, len(self.spec.points))
+        fewest = allocation.fewest_per_point(d.samples_per_boot, points)
+        cost = self.cost_model()
+        if cost is None:
+            return fewest
         by_metric: dict[str, list] = {}
         for h in pending:
             b, t = self.states[h.baseline.key], self.states[h.treatment.key]
             bv, tv = (self.ledger.boot_values(st.boots, h.metric.name, point=h.spec.point_label) for st in (b, t))
             by_metric.setdefault(h.metric.name, []).extend(zip(bv.values, tv.values))
         comps = [allocation.round_components(pairs) for pairs in by_metric.values()] or [None]
-        return max(allocation.samples_per_boot(cost, c, min_samples=d.samples_per_boot,
-                                               max_samples=d.max_samples_per_boot) for c in comps)
+        priced = allocation.for_points(cost, points)
+        return max(allocation.samples_per_boot(priced, c, min_samples=fewest, max_samples=d.max_samples_per_boot)
+                   for c in comps)
 
     def verdict_cost(self, b: ConfigState, t: ConfigState) -> dict:
         """What a verdict cost so far: every boot of its two configs in this run (failed
@@ -348,8 +367,8 @@ class Executor:
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
         v = verdict_rule.look(self.rules, *self._sides(h), self._question(h), force_final=force_final,
-                              order_seed=self.order_seed, config_findings=attach.verdict_findings([b.planned, t.planned]),
-                              prior=self.priors.get(h.id))
+                              order_seed=self.order_seed, prior=self.priors.get(h.id),
+                              config_findings=attach.verdict_findings([b.planned, t.planned]))
         return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))
 
     def _sides(self, h: PlannedHypothesis) -> tuple[verdict_rule.Side, verdict_rule.Side]:
