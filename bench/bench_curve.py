@@ -46,10 +46,13 @@ on the same hypothesis (boots shared: one boot measures every point), under the
 cost models of bench_stats (``small_gpu``: a boot 10 s, a sample 3 s;
 ``large_node``: 900 s, 20 s), a boot of the curve costing ``boot_s + POINTS * m *
 sample_s`` with ``m`` samples at each point. ``m`` is chosen per round by
-``decide.allocation`` from the rounds so far, as the executor does, under two rules:
-``as_one_point`` (a sample priced as one sample: what the executor did before
-curves) and ``per_point`` (a sample at every point priced as ``POINTS`` samples,
-``allocation.for_points``: what it does now). The one point is the shipped rule
+``decide.allocation`` from the rounds so far, as the executor does, under three
+rules (``SAMPLE_RULES``): ``as_one_point`` (a sample priced as one sample, at least
+``samples_per_boot`` at each point: what the executor did before curves),
+``per_point`` (a sample at every point priced as ``POINTS`` samples,
+``allocation.for_points``, at least ``samples_per_boot`` at each point) and
+``shipped`` (priced so, at least ``samples_per_boot`` spread over the points,
+``allocation.fewest_per_point``: 1 at each of 5; what the executor does now). The one point is the shipped rule
 alone in its file (alpha 0.05) and, beside it, at the curve's first level (alpha/5:
 the same question with the same error per point, so the ratio prices sharing the
 boots alone). ``pricing.<model>.<cost>`` holds ``one_point``, ``one_point_same_level``,
@@ -105,8 +108,9 @@ SCENARIOS = {"null": ((0.0,) * POINTS, 0.0), "one_2E": ((0.0, 0.0, -2 * E, 0.0, 
 TRUTHS = {"0E": ((0.0,) * POINTS, 0.0), "1E": ((-E,) * POINTS, -E), "2E": ((-2 * E,) * POINTS, -2 * E),
           "2E_one": ((0.0, 0.0, -2 * E, 0.0, 0.0), -2 * E)}
 #: how a curve's boots choose their samples at each point: (a sample priced at every point,
-#: the fewest at each point)
-SAMPLE_RULES = {"as_one_point": (False, 3), "per_point": (True, 3), "per_point_min1": (True, 1)}
+#: the fewest at each point); ``shipped`` is the executor's (``allocation.fewest_per_point``)
+SAMPLE_RULES = {"as_one_point": (False, Defaults().samples_per_boot), "per_point": (True, Defaults().samples_per_boot),
+                "shipped": (True, allocation.fewest_per_point(Defaults().samples_per_boot, POINTS))}
 QUICK = {"n_sim": 16, "n_price": 6, "price_models": ("stationary", "bursts", "h200_quiet")}
 
 
