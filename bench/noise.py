@@ -49,6 +49,14 @@ change there in 20 boots a side, and the harness's answer to it is
 
 ``no culprit`` and the culprit's position are scenarios of the benches, not noise.
 
+Load points (``Host.boot_points``): a boot that measures several points of a curve
+(``sweep:``) gives them one host: the model's state for the boot (a mode, a stall,
+a burst, the drift, the AR level, the step) is every point's, and of its Gaussian
+between-boot part a fraction ``shared`` of the variance is common to the boot's
+points (``POINTS_SHARED`` by default) and the rest each point's own (a boot whose
+placement slows batch 32 more than batch 1). ``boots.csv`` holds one point per boot,
+so the split is a model's choice, not a fit: the curve bench runs several.
+
 Usage::
 
     host = Host("bimodal", np.random.default_rng(0))
@@ -78,6 +86,7 @@ DRIFT_PER_BOOT, DRIFT_FLOOR = -0.001, 0.70
 BURST_MEAN_LEN, BURST_ON_FRACTION, BURST_SLOW, BURST_CV = 6.0, 0.25, 0.25, 0.08
 AR_PHI, AR_CV = 0.8, 0.02
 STEP_SLOW, STEP_AT = 0.06, (10, 40)
+POINTS_SHARED = 0.5
 
 
 class Host:
@@ -108,11 +117,15 @@ class Host:
             self._burst = bool(self.rng.random() < p_on)
         return self._burst
 
-    def factor(self, *, noisy_arm: bool) -> float:
-        """The multiplicative host effect on one boot's level (1.0 is a quiet boot)."""
+    def between(self, *, noisy_arm: bool) -> float:
+        """The Gaussian between-boot CV of a boot (larger on the noisy arm under ``unequal_variance``)."""
+        return self.between_cv * (UNEQUAL_FACTOR if (self.model == "unequal_variance" and noisy_arm) else 1.0)
+
+    def factor(self, *, noisy_arm: bool, between_scale: float = 1.0) -> float:
+        """The multiplicative host effect on one boot's level (1.0 is a quiet boot);
+        ``between_scale`` scales its Gaussian between-boot part (``boot_points``)."""
         m, rng = self.model, self.rng
-        between = self.between_cv * (UNEQUAL_FACTOR if (m == "unequal_variance" and noisy_arm) else 1.0)
-        f = 1.0 + between * rng.standard_normal()
+        f = 1.0 + between_scale * self.between(noisy_arm=noisy_arm) * rng.standard_normal()
         if m == "heavy_tail" and rng.random() < TAIL_P:
             f *= 1.0 - TAIL_SLOW
         elif m == "bimodal" and rng.random() < BIMODAL_P:
@@ -136,6 +149,22 @@ class Host:
         level = mu * self.factor(noisy_arm=(arm == "b") if noisy is None else noisy)
         self.t += 1
         return level + mu * self.within_cv * self.rng.standard_normal(samples or self.samples_per_boot)
+
+    def boot_points(self, mus, *, arm: str = "a", noisy: bool | None = None, samples: int | None = None,
+                    shared: float = POINTS_SHARED) -> list[np.ndarray]:
+        """One boot that measures several load points, the true level of each in ``mus``:
+        each point's samples (``samples`` of them, else ``samples_per_boot``). The boot's
+        host state is every point's; ``shared`` of its Gaussian between-boot variance is
+        common to the points, the rest each point's own (see the module)."""
+        if not 0.0 <= shared <= 1.0:
+            raise ValueError(f"shared must be a fraction in [0, 1], got {shared!r}")
+        noisy_arm = (arm == "b") if noisy is None else noisy
+        f = self.factor(noisy_arm=noisy_arm, between_scale=math.sqrt(shared))
+        own = self.between(noisy_arm=noisy_arm) * math.sqrt(1.0 - shared)
+        self.t += 1
+        n = samples or self.samples_per_boot
+        return [mu * f * (1.0 + own * self.rng.standard_normal()) + mu * self.within_cv * self.rng.standard_normal(n)
+                for mu in mus]
 
     def boot_means(self, mu: float, n: int, *, arm: str = "a", noisy: bool | None = None) -> np.ndarray:
         return np.array([self.boot(mu, arm=arm, noisy=noisy).mean() for _ in range(n)])

@@ -348,6 +348,9 @@ class VerdictStats:
     moved: ``decide.layers.layers``)."""
     cost: Mapping[str, Any] | None = None
     """What the verdict cost: boots, samples and node time per side."""
+    step_down: Mapping[str, Any] | None = None
+    """A load curve's step-down that confirmed this point above its first level: the
+    curve, the level, and the closed test's answers (``decide.multiplicity.StepDown``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Keys this harness does not know, kept as they were (and the fields of the
     statistical answer already stored in the verdict's columns: outcome, ratio, ci, ...)."""

@@ -33,13 +33,15 @@ measured (``bench/bench_bisect.py --priced``) and not adopted; see that bench.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "measured_cost", "node_time"]
+__all__ = ["CostModel", "Components", "round_components", "samples_per_boot", "measured_cost", "node_time",
+           "for_points", "fewest_per_point"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,29 @@ def samples_per_boot(cost: CostModel, comps: Optional[Components], *, min_sample
     var_b = max(comps.var_between, comps.var_within * 1e-9)
     m = math.sqrt((cost.boot_s / cost.sample_s) * (comps.var_within / var_b))
     return int(min(max_samples, max(min_samples, round(m))))
+
+
+def for_points(cost: CostModel, points: int) -> CostModel:
+    """``cost`` for a boot that measures ``points`` load points (a curve, ``sweep:``): a
+    boot takes its samples at every point, so one more sample per point costs
+    ``points`` samples, and the two-stage optimum per point is ``sqrt(points)`` times
+    smaller (each point's boot mean still varies by ``var_between + var_within / m``).
+    ``bench/bench_curve.py`` prices it."""
+    if int(points) != points or points < 1:
+        raise ValueError(f"for_points: points must be an integer >= 1, got {points!r}")
+    return cost if points == 1 else dataclasses.replace(cost, sample_s=cost.sample_s * points)
+
+
+def fewest_per_point(samples_per_boot: int, points: int) -> int:
+    """The fewest samples a boot takes at each of ``points`` load points:
+    ``samples_per_boot`` (``defaults.samples_per_boot``, the fewest a boot of one point
+    takes) spread over the points, at least one each, so a boot of a 5-point curve
+    takes at least 5 samples rather than 15. ``bench/bench_curve.py`` priced it: with
+    at least 3 at each point a 5-point curve cost 3.5-6x a point's node time on the
+    small GPU, with at least 1, 1.6-3.7x."""
+    if int(points) != points or points < 1:
+        raise ValueError(f"fewest_per_point: points must be an integer >= 1, got {points!r}")
+    return max(1, math.ceil(samples_per_boot / points))
 
 
 def measured_cost(boots: Sequence[tuple[float, float, int]]) -> Optional[CostModel]:

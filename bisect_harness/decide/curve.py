@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from bisect_harness.model import Expect, Outcome
+from bisect_harness.model import Better, Expect, Outcome
 
 __all__ = ["CurveAnswer", "PointVerdict", "answer"]
 
@@ -40,13 +40,16 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class PointVerdict:
     """One point's verdict as the curve reads it: its label (``concurrency=4``), the
-    hypothesis id that holds it, its outcome, ratio (treatment / baseline) and interval."""
+    hypothesis id that holds it, its outcome, ratio (treatment / baseline) and interval,
+    and ``alpha``, the level its verdict stands at (its share of the family's alpha, or
+    more where the curve's step-down confirmed it: ``decide.multiplicity.step_down``)."""
 
     label: str
     hypothesis: str
     outcome: Outcome
     ratio: float | None = None
     ci: tuple[float, float] | None = None
+    alpha: float | None = None
 
     def shows(self, expect: Expect) -> int:
         """+1: the claimed direction (confirmed); -1: the opposite (refuted, its interval
@@ -61,21 +64,23 @@ class PointVerdict:
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "hypothesis": self.hypothesis, "outcome": self.outcome.value,
-                "ratio": self.ratio, "ci": list(self.ci) if self.ci is not None else None}
+                "ratio": self.ratio, "ci": list(self.ci) if self.ci is not None else None, "alpha": self.alpha}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "PointVerdict":
         ci = d.get("ci")
         return cls(label=str(d["label"]), hypothesis=str(d.get("hypothesis", "")), outcome=Outcome(d["outcome"]),
-                   ratio=d.get("ratio"), ci=(float(ci[0]), float(ci[1])) if ci else None)
+                   ratio=d.get("ratio"), ci=(float(ci[0]), float(ci[1])) if ci else None, alpha=d.get("alpha"))
 
 
 @dataclass(frozen=True)
 class CurveAnswer:
     """What a curve's points show together: ``words`` (a sentence), ``shape`` (``every``,
     ``from``, ``up_to``, ``crosses``, ``mixed``, ``none``), ``crossing`` (the two labels
-    it crosses between, where it does) and ``largest`` (the label of the point whose
-    confirmed effect is largest: where ``bisect`` and ``explain`` look by default)."""
+    it crosses between, where it does), ``largest`` (the label of the point whose
+    confirmed effect is largest: where ``bisect`` and ``explain`` look by default) and
+    ``better``, the metric's better direction (None where not told), for a reader that
+    says "worse" and "better" where the words say "lower" and "higher"."""
 
     curve: str
     metric: str
@@ -85,12 +90,13 @@ class CurveAnswer:
     shape: str
     crossing: tuple[str, str] | None = None
     largest: str | None = None
+    better: Better | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "curve": self.curve, "metric": self.metric,
                 "expect": self.expect.value, "points": [p.to_json() for p in self.points], "words": self.words,
                 "shape": self.shape, "crossing": list(self.crossing) if self.crossing else None,
-                "largest": self.largest}
+                "largest": self.largest, "better": self.better.value if self.better is not None else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "CurveAnswer":
@@ -98,7 +104,7 @@ class CurveAnswer:
         return cls(curve=str(d["curve"]), metric=str(d["metric"]), expect=Expect(d["expect"]),
                    points=tuple(PointVerdict.from_json(p) for p in d.get("points") or ()), words=str(d["words"]),
                    shape=str(d["shape"]), crossing=(crossing[0], crossing[1]) if crossing else None,
-                   largest=d.get("largest"))
+                   largest=d.get("largest"), better=Better(d["better"]) if d.get("better") else None)
 
 
 def _way(expect: Expect, sign: int) -> str:
@@ -124,9 +130,11 @@ def _state(p: PointVerdict, expect: Expect) -> str:
     return "short" if p.outcome is Outcome.REFUTED else "undecided"
 
 
-def answer(curve: str, metric: str, expect: Expect, points: Sequence[PointVerdict]) -> CurveAnswer:
+def answer(curve: str, metric: str, expect: Expect, points: Sequence[PointVerdict], *,
+           better: Better | None = None) -> CurveAnswer:
     """The curve's answer from its points' verdicts, ``points`` in the sweep's order
-    (its axis ascending). See the module docstring for the words."""
+    (its axis ascending). See the module docstring for the words; ``better`` (the
+    metric's better direction) is kept with the answer, not read by the words."""
     pts = tuple(points)
     states = [_state(p, expect) for p in pts]
     largest = _largest(pts, expect)
@@ -134,7 +142,7 @@ def answer(curve: str, metric: str, expect: Expect, points: Sequence[PointVerdic
             "short": f"not {_way(expect, 1)} by the claimed size"}
 
     def made(words: str, shape: str, crossing: tuple[str, str] | None = None) -> CurveAnswer:
-        return CurveAnswer(curve, metric, expect, pts, words, shape, crossing, largest)
+        return CurveAnswer(curve, metric, expect, pts, words, shape, crossing, largest, better)
 
     decided = [(i, s) for i, s in enumerate(states) if s != "undecided"]
     undecided = [p.label for p, s in zip(pts, states) if s == "undecided"]

@@ -43,8 +43,8 @@ from bisect_harness.model import jsonable
 from bisect_harness.observe.drift import drift_findings
 from bisect_harness.model import NOT_MEASURED, Expect, Outcome, shown_outcome
 
-__all__ = ["Rules", "Question", "Verdict", "judge", "look", "side_findings", "marked_boots", "NightRule",
-           "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
+__all__ = ["Rules", "Question", "Verdict", "judge", "look", "rejudge", "looks_used", "side_findings", "marked_boots",
+           "NightRule", "judge_night", "Side", "NOT_MEASURED", "never_booted", "shown_outcome", "checks_done"]
 
 def never_booted(name: str, boots: Sequence[BootRecord], failed: str | None) -> str | None:
     """Why a side with no good boot could not be measured (its launch argv and first
@@ -87,11 +87,19 @@ class Rules:
     design: Design
     family_size: int
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    #: the shares of the family's alpha a look may spend: 1 (Bonferroni), more where a curve's
+    #: step-down recycled the shares of its confirmed points (``decide.multiplicity.step_down``)
+    shares: float = 1.0
 
     @property
     def alpha_each(self) -> float:
-        """Each hypothesis' alpha: Bonferroni over the family."""
-        return adjust_alpha(self.design.alpha, self.family_size)
+        """Each hypothesis' alpha: Bonferroni over the family, times :attr:`shares`."""
+        return adjust_alpha(self.design.alpha, self.family_size) * self.shares
+
+    def at(self, alpha: float) -> "Rules":
+        """These rules with the shares that make :attr:`alpha_each` ``alpha`` (a curve's
+        step-down level: ``decide.multiplicity.step_down``)."""
+        return dataclasses.replace(self, shares=alpha / adjust_alpha(self.design.alpha, self.family_size))
 
 
 def prior_design(design: Design, prior: NoisePrior | None) -> Design:
@@ -166,7 +174,7 @@ class Verdict:
 
 def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
           order_seed: int | None = None, config_findings: Sequence[Finding] = (),
-          prior: NoisePrior | None = None) -> Verdict:
+          prior: NoisePrior | None = None, interval: bool = True) -> Verdict:
     """The verdict of one look at ``question`` (its metric alone: :func:`look` judges its
     mechanism too). ``force_final``: the caller will look no more (the budget is spent).
     ``order_seed``: the seed that drew the order of the sides in each round, kept in the
@@ -175,6 +183,8 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     ``prior``: the noise prior of earlier runs of the same two configs on this host
     (:mod:`bisect_harness.decide.prior`), pooled where the design's analysis reads
     rounds; its first look is then at 2 rounds (see :func:`prior_design`).
+    ``interval``: False leaves the robust analysis' interval uncomputed where only the
+    outcome is wanted (``evaluate``'s: the outcome does not depend on it).
 
     What this module works out itself comes first (the boots' checks, device sets,
     the design), then what it asks of others (the sides' findings, the values, the test)."""
@@ -208,7 +218,8 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
                    for good, v in ((bgood, bv), (tgood, tv)))
     try:
         res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=question.expect,
-                       min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior)
+                       min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior,
+                       interval=interval)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return dataclasses.replace(undecided, reason=f"metric {metric} cannot be compared: {exc}. Pick a metric with "
                                    "positive, varying values (a rate, a latency, a count per sample)", **ids)
@@ -220,6 +231,47 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     return Verdict(outcome=res.outcome, final=res.final or force_final, ratio=res.ratio, ci=res.ci,
                    p_value=res.p_value, test=res.test, alpha=alpha, reason=res.reason, findings=findings,
                    stats=stats, **ids)
+
+
+def looks_used(side: Side, used: Sequence[int]) -> int:
+    """How many of ``side``'s good boots a verdict that used the boots ``used`` had
+    before it: the place of the last of them among the side's good boots (its look,
+    where every good boot had values)."""
+    ids = set(used)
+    places = [i + 1 for i, b in enumerate(side.good_boots) if b.id in ids]
+    return max(places, default=0)
+
+
+def _first_good(side: Side, n: int) -> Side:
+    """``side`` as it stood at its ``n``-th good boot: its boots up to that one, in order."""
+    out, good = [], 0
+    for b in side.boots:
+        if good >= n:
+            break
+        out.append(b)
+        good += b.status == "ok"
+    return dataclasses.replace(side, boots=tuple(out))
+
+
+def rejudge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, alpha: float,
+            upto: tuple[int, int], order_seed: int | None = None, config_findings: Sequence[Finding] = (),
+            prior: NoisePrior | None = None, interval: bool = True) -> Verdict | None:
+    """A hypothesis judged again at ``alpha`` over its looks: the verdict of the first
+    look at which :func:`judge`, its boundaries recomputed for ``alpha``, confirms, or
+    None where none does. ``upto``: each side's good boots at the look that ended its
+    first verdict (:func:`looks_used`); look ``n`` reads each side's first ``n`` of them,
+    as the rounds did. A curve's step-down asks it (``decide.multiplicity.step_down``:
+    why "some look up to the first verdict's" holds its level), and a refutation at
+    ``alpha`` stops nothing: only the first verdict's level refutes. The looks that do
+    not confirm are judged without the interval (``judge``'s ``interval``); the
+    confirming one with it, unless ``interval`` is False (the benches)."""
+    at = rules.at(alpha)
+    kw = dict(order_seed=order_seed, config_findings=config_findings, prior=prior)
+    for n in range(2, max(upto) + 1):
+        sides = (_first_good(baseline, min(n, upto[0])), _first_good(treatment, min(n, upto[1])))
+        if judge(at, *sides, question, interval=False, **kw).outcome is Outcome.CONFIRMED:
+            return dataclasses.replace(judge(at, *sides, question, interval=interval, **kw), final=True)
+    return None
 
 
 def look(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,

@@ -466,6 +466,12 @@ class Ledger:
         window crossed no threshold (``BootRecord.values``, the one reduction of a boot's samples)."""
         return BootValues.of(boot_records(boots), metric, quiet=quiet, point=point)
 
+    def looks(self, row: HypothesisRow) -> Sequence[VerdictRow]:
+        """Every look stored for the hypothesis of ``row``, in order (read afresh: the
+        row's ``verdicts`` holds what was loaded with it)."""
+        return self.session.scalars(select(VerdictRow).where(VerdictRow.hypothesis_id == row.id)
+                                    .order_by(VerdictRow.id)).all()
+
     def reusable_boots(self, config_key: str, host_fingerprint: str | None) -> Sequence[Boot]:
         """Finished boots of the same config on the same host (any earlier run)."""
         q = select(Boot).where(Boot.config_key == config_key, Boot.status == "ok")

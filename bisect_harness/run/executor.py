@@ -7,7 +7,11 @@ both sides. A round is a block: with ``defaults.analysis: paired`` a hypothesis
 is judged on the per-round ratios of its two configs (the i-th good boot of each
 config is round i). After each round every undecided hypothesis is looked at
 again by the rule in ``decide`` and stops asking for boots once decided or out of
-budget.
+budget. Once every hypothesis is final, the points of each load curve are judged
+together (``decide.multiplicity.step_down``: a point confirmed frees its share of
+alpha for the others, each judged again over its looks; what that confirms is
+stored as a further look), and each curve's answer (``decide.curve.answer``) is
+stored in ``runs.summary["curves"]``.
 
 Booting and recording belong to the :class:`~bisect_harness.run.scheduler.Scheduler`;
 the verdict rule to ``decide``; this module only says which configs to boot next
@@ -21,7 +25,9 @@ from pathlib import Path
 from typing import Mapping
 
 from bisect_harness.decide import allocation
+from bisect_harness.decide import curve as curve_rule
 from bisect_harness.decide import verdict as verdict_rule
+from bisect_harness.decide.multiplicity import step_down
 from bisect_harness.decide.design import ANALYSES, Design
 from bisect_harness.decide.prior import NoisePrior, prior_from_runs
 from bisect_harness.decide.power import noise_floor
@@ -104,6 +110,7 @@ class Executor:
             if self.spec.defaults.aa_check or self.aa_check:
                 self._aa_check(rows)
             self._sequential(rows, earlier)
+            self._curves(rows)
             self._follow_ups(rows)
         return run
 
@@ -240,12 +247,7 @@ class Executor:
             floor = max((self.priors[h.id].samples for h in pending if h.id in self.priors), default=0)
             samples = max(chosen, floor)
             if samples != (self.sched.samples_per_boot or d.samples_per_boot):
-                cost = self.cost_model()
-                self.obs.message(
-                    f"round {target}: {samples} samples per boot (the most a boot of a noise prior's rounds took: "
-                    f"no round is less noisy than the prior says)" if samples > chosen else
-                    f"round {target}: {samples} samples per boot (a boot costs {cost.boot_s:.1f} s, "
-                    f"a sample {cost.sample_s:.2f} s, {cost.source}; decide.allocation)")
+                self.obs.message(self._samples_said(target, samples, chosen))
             self.sched.samples_per_boot = samples
             self.sched.boot_round(needed, target)
             still = []
@@ -261,6 +263,20 @@ class Executor:
                     still.append(h)
             pending = still
             target += 1
+
+    def _samples_said(self, target: int, samples: int, chosen: int) -> str:
+        """Why round ``target`` takes ``samples`` samples (at each point of a curve's boot)."""
+        points = len(self.spec.points)
+        per = f"samples at each of a boot's {points} points" if points > 1 else "samples per boot"
+        if samples > chosen:
+            return (f"round {target}: {samples} {per} (the most a boot of a noise prior's rounds took: "
+                    f"no round is less noisy than the prior says)")
+        cost = self.cost_model()
+        if cost is None:
+            return (f"round {target}: {samples} {per} (defaults.samples_per_boot spread over the points until a "
+                    f"boot has measured what a sample costs; decide.allocation)")
+        return (f"round {target}: {samples} {per} (a boot costs {cost.boot_s:.1f} s, a sample {cost.sample_s:.2f} s, "
+                f"{cost.source}; decide.allocation)")
 
     # ------------------------------------------------------------------ bisect: true, explain: true
 
@@ -304,23 +320,33 @@ class Executor:
         return self.sched.cost_model()
 
     def samples_next(self, pending) -> int:
-        """Samples per boot for the next round of ``pending`` hypotheses: the two-stage
-        optimum of ``decide.allocation`` from their rounds so far (pooled per metric,
-        the most any metric asks for), within ``samples_per_boot`` ..
-        ``max_samples_per_boot``; before two rounds, the choice for equal parts when the
-        file states the costs, else the first count until a boot has measured them."""
+        """Samples per boot at each load point for the next round of ``pending``
+        hypotheses: the two-stage optimum of ``decide.allocation`` from their rounds so
+        far (pooled per metric, the most any metric asks for), within the fewest
+        (``samples_per_boot``, spread over the points a boot measures:
+        ``allocation.fewest_per_point``) .. ``max_samples_per_boot``, a sample priced
+        at every point (``allocation.for_points``: a curve's boot takes its samples at
+        each point; ``bench/bench_curve.py`` prices it); before two rounds, the choice
+        for equal parts when the file states the costs, else the fewest until a boot
+        has measured them. A fixed count (``max_samples_per_boot`` at most
+        ``samples_per_boot``) is taken at every point."""
         d = self.spec.defaults
-        cost = self.cost_model()
-        if d.max_samples_per_boot <= d.samples_per_boot or cost is None:
+        if d.max_samples_per_boot <= d.samples_per_boot:
             return d.samples_per_boot
+        points = max(1, len(self.spec.points))
+        fewest = allocation.fewest_per_point(d.samples_per_boot, points)
+        cost = self.cost_model()
+        if cost is None:
+            return fewest
         by_metric: dict[str, list] = {}
         for h in pending:
             b, t = self.states[h.baseline.key], self.states[h.treatment.key]
             bv, tv = (self.ledger.boot_values(st.boots, h.metric.name, point=h.spec.point_label) for st in (b, t))
             by_metric.setdefault(h.metric.name, []).extend(zip(bv.values, tv.values))
         comps = [allocation.round_components(pairs) for pairs in by_metric.values()] or [None]
-        return max(allocation.samples_per_boot(cost, c, min_samples=d.samples_per_boot,
-                                               max_samples=d.max_samples_per_boot) for c in comps)
+        priced = allocation.for_points(cost, points)
+        return max(allocation.samples_per_boot(priced, c, min_samples=fewest, max_samples=d.max_samples_per_boot)
+                   for c in comps)
 
     def verdict_cost(self, b: ConfigState, t: ConfigState) -> dict:
         """What a verdict cost so far: every boot of its two configs in this run (failed
@@ -340,14 +366,91 @@ class Executor:
 
     def _judge(self, h: PlannedHypothesis, row: HypothesisRow, *, force_final: bool) -> VerdictRow:
         b, t = self.states[h.baseline.key], self.states[h.treatment.key]
-        sides = [verdict_rule.Side(name, boot_records(st.boots), st.failed)
-                 for name, st in (("baseline", b), ("treatment", t))]
-        at = h.spec.point_label
-        question = verdict_rule.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
-            verdict_rule.Question(m.metric, m.expect, m.min_effect, point=at) for m in h.spec.mechanism), point=at)
-        v = verdict_rule.look(self.rules, *sides, question, force_final=force_final, order_seed=self.order_seed,
-                        config_findings=attach.verdict_findings([b.planned, t.planned]), prior=self.priors.get(h.id))
+        v = verdict_rule.look(self.rules, *self._sides(h), self._question(h), force_final=force_final,
+                              order_seed=self.order_seed, prior=self.priors.get(h.id),
+                              config_findings=attach.verdict_findings([b.planned, t.planned]))
         return verdict_row(row.id, v.with_stats(cost=self.verdict_cost(b, t)))
+
+    def _sides(self, h: PlannedHypothesis) -> tuple[verdict_rule.Side, verdict_rule.Side]:
+        b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+        return (verdict_rule.Side("baseline", boot_records(b.boots), b.failed),
+                verdict_rule.Side("treatment", boot_records(t.boots), t.failed))
+
+    @staticmethod
+    def _question(h: PlannedHypothesis) -> verdict_rule.Question:
+        at = h.spec.point_label
+        return verdict_rule.Question(h.metric.name, h.spec.expect, h.spec.min_effect, mechanism=tuple(
+            verdict_rule.Question(m.metric, m.expect, m.min_effect, point=at) for m in h.spec.mechanism), point=at)
+
+    # ------------------------------------------------------------------ load curves: the points together
+
+    def _curves(self, rows: Mapping[str, HypothesisRow]) -> None:
+        """Each curve's points (the hypotheses of one ``HypothesisSpec.curve``, in the
+        sweep's order) judged together by the step-down, and its answer stored in
+        ``runs.summary["curves"]`` (``decide.curve.CurveAnswer.to_json`` each), where
+        the report reads it. A run without a curve stores nothing."""
+        groups: dict[str, list[PlannedHypothesis]] = {}
+        for h in self.plan.hypotheses:
+            if h.spec.curve is not None and h.id in self.verdicts:
+                groups.setdefault(h.spec.curve, []).append(h)
+        if not groups:
+            return
+        answers = [self._curve(curve, hyps, rows) for curve, hyps in groups.items()]
+        self.run.summary = {**(self.run.summary or {}), "curves": [a.to_json() for a in answers]}
+        self.ledger.commit()
+
+    def _curve(self, curve: str, hyps: list[PlannedHypothesis], rows: Mapping[str, HypothesisRow]
+               ) -> curve_rule.CurveAnswer:
+        """One curve: the closed test of its points at their shares of alpha; a point it
+        confirms beyond its first verdict gets that verdict as a further look (its
+        ``stats.step_down`` saying how), or keeps the one an interrupted run stored."""
+        by_label = {h.spec.point_label: h for h in hyps}
+        first = self.rules.alpha_each
+        found: dict[tuple[str, float], verdict_rule.Verdict | None] = {}
+
+        def confirms(label: str, level: float) -> bool:
+            h = by_label[label]
+            if level == first:
+                return self.verdicts[h.id].outcome == Outcome.CONFIRMED.value
+            found[(label, level)] = self._rejudge(h, self.verdicts[h.id], level)
+            return found[(label, level)] is not None
+
+        sd = step_down(list(by_label), first, confirms)
+        for label in sd.stepped:
+            h, level = by_label[label], sd.confirmed[label]
+            row = self._stepped_before(rows[h.id])
+            if row is None:
+                b, t = self.states[h.baseline.key], self.states[h.treatment.key]
+                v = found[(label, level)].with_stats(cost=self.verdict_cost(b, t), step_down={
+                    "curve": curve, "level": level, **sd.to_json()})
+                row = self.ledger.add(verdict_row(rows[h.id].id, v))
+            self.verdicts[h.id] = row
+            self.obs.message(f"{curve}: {label} confirmed by the step-down at alpha {level:.3g} (the shares of "
+                             f"{', '.join(p for p, a in sd.confirmed.items() if a < level) or 'its points'} "
+                             f"confirmed before it)")
+            self.obs.verdict(h, row)
+        points = []
+        for label, h in by_label.items():
+            v = self.verdicts[h.id]
+            ci = (v.ci_low, v.ci_high) if v.ci_low is not None and v.ci_high is not None else None
+            points.append(curve_rule.PointVerdict(label, h.id, Outcome(v.outcome), v.ratio, ci, alpha=v.alpha))
+        h0 = hyps[0]
+        return curve_rule.answer(curve, h0.metric.name, h0.spec.expect, points, better=h0.metric.better)
+
+    def _rejudge(self, h: PlannedHypothesis, verdict: VerdictRow, alpha: float) -> verdict_rule.Verdict | None:
+        """``h`` judged again at ``alpha`` over the looks up to its final verdict's
+        (``decide.verdict.rejudge``): the confirming look's verdict, or None."""
+        b, t = self._sides(h)
+        upto = (verdict_rule.looks_used(b, verdict.baseline_boot_ids),
+                verdict_rule.looks_used(t, verdict.treatment_boot_ids))
+        planned = [self.states[h.baseline.key].planned, self.states[h.treatment.key].planned]
+        return verdict_rule.rejudge(self.rules, b, t, self._question(h), alpha=alpha, upto=upto,
+                                    order_seed=self.order_seed, config_findings=attach.verdict_findings(planned),
+                                    prior=self.priors.get(h.id))
+
+    def _stepped_before(self, row: HypothesisRow) -> VerdictRow | None:
+        """The step-down's look an interrupted run already stored for ``row`` (``--resume``)."""
+        return next((v for v in reversed(self.ledger.looks(row)) if v.final and v.figures.step_down), None)
 
 
 def _point_dict(h) -> dict:
