@@ -107,7 +107,7 @@ class Sequence:
     def __init__(self, req: dict, arrived: float, cache: KVCache):
         self.rid = req.get("rid")
         self.prompt = [int(t) for t in req["prompt_ids"]]
-        self.max_new = int(req["max_new_tokens"])
+        self.max_new = max(1, int(req["max_new_tokens"]))  # the prefill's token comes in any case
         self.ignore_eos = bool(req.get("ignore_eos", False))
         self.temperature = float(req.get("temperature", 0.0))
         self.gen = torch.Generator(device="cpu").manual_seed(int(req.get("seed", 0)))
@@ -257,8 +257,6 @@ class Engine:
         cap = self.model.cfg.max_seq
         if not prompt:
             raise ValueError("empty prompt")
-        if max_new < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, not {max_new}")
         need = len(prompt) + max_new + self.spec_steps + 1
         if need > cap:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new}) "
