@@ -100,8 +100,8 @@ STEPS: tuple[Step, ...] = (
     Step("Release 0.3.1", (_bump("0.3.0", "0.3.1"),
                            _changelog("0.3.1", "Named helper threads; clearer startup log."))),
     Step("model: explain the rotate-half layout", (
-        Replace("model.py", "    # x: [H, T, D]; cos/sin: [T, D] (rotate-half layout)\n",
-                "    # x: [H, T, D]; cos/sin: [T, D] (rotate-half layout: the first half of\n"
+        Replace("model.py", "    # x: [B, H, T, D]; cos/sin: [B, 1, T, D] (rotate-half layout)\n",
+                "    # x: [B, H, T, D]; cos/sin: [B, 1, T, D] (rotate-half layout: the first half of\n"
                 "    # each head pairs with the second half, as in GPT-NeoX)\n"),)),
     Step("build: print the artifact size", (
         Replace("build.py", "({len(KERNELS)} kernels, head_dim={head_dim})",
@@ -115,7 +115,7 @@ STEPS: tuple[Step, ...] = (
                             "    python serve.py --tp 2\n"),)),
     Step("worker: comment the request protocol", (
         Replace("worker.py", "        req = json.loads(line)\n",
-                "        req = json.loads(line)  # {prompt_ids, max_new_tokens, temperature, ignore_eos, seed}\n"),)),
+                "        req = json.loads(line)  # {rid, prompt_ids, max_new_tokens, temperature, ignore_eos, seed}\n"),)),
     Step("Release 0.3.2", (_bump("0.3.1", "0.3.2"),
                            _changelog("0.3.2", "Documentation of the request protocol."))),
     Step("build: raise the default context length to 4096 tokens", (
@@ -153,16 +153,17 @@ STEPS: tuple[Step, ...] = (
                            _changelog("0.4.1", "Attention tiles chosen per head size."))),
     Step("README: document the metrics endpoint", (
         Append("README.md", "\n`/metrics` exports `demo_generation_tokens_total`, `demo_requests_total`,\n"
-                            "`demo_decode_cycles_total` and the `demo_decode_cycle_seconds` histogram.\n"),)),
+                            "`demo_decode_cycles_total` and the `demo_decode_cycle_seconds` and\n"
+                            "`demo_decode_batch_size` histograms.\n"),)),
     Step("serve: start workers from a minimal environment", (
         Replace("serve.py", '''def worker_env() -> dict[str, str]:
     """The environment every worker process starts with."""
     return dict(os.environ)
 ''', _SCRUBBED_ENV),), event="env_scrub"),
     Step("model: name the cache layout in a comment", (
-        Replace("model.py", "        shape = (self.local_heads, cfg.max_seq, hd)\n",
+        Replace("model.py", "        shape = (self.local_heads, length, self.head_dim)\n",
                 "        # KV cache per layer: [local heads, positions, head dim].\n"
-                "        shape = (self.local_heads, cfg.max_seq, hd)\n"),)),
+                "        shape = (self.local_heads, length, self.head_dim)\n"),)),
     Step("worker: clarify the speculative cycle docstring", (
         Replace("worker.py", '"""Draft ``spec_steps`` tokens with the first layers, verify them in one pass."""',
                 '"""Draft ``spec_steps`` tokens with the first layers, verify them in one extend\n'
@@ -171,11 +172,12 @@ STEPS: tuple[Step, ...] = (
                            _changelog("0.4.2", "Workers start from a minimal environment."))),
     Step("tokenizer: keep the word pattern next to the vocabulary", (
         Replace("tokenizer.py", "VOCAB = 512\nEOS = 0\n", "VOCAB = 512  # ids 0..511; ``w{i}`` is token i\nEOS = 0\n"),)),
-    Step("serve: explain why requests are serialised", (
-        Replace("serve.py", '    """The worker processes and the request channel to them (one request at a time)."""\n',
-                '    """The worker processes and the request channel to them.\n\n'
-                "    One request at a time: every rank must see the same request stream, and\n"
-                "    the workers have no batching.\n"
+    Step("serve: explain how requests reach the workers", (
+        Replace("serve.py", '    """The worker processes and the channel to them: requests in, their events back."""\n',
+                '    """The worker processes and the channel to them: requests in, their events back.\n\n'
+                "    Every rank must see the same request stream, so each request goes to every\n"
+                "    rank under one lock; rank 0 alone answers, and each of its events names its\n"
+                "    request, since the batch runs many at once.\n"
                 '    """\n'),)),
     Step("README: list the build artifact", (
         Append("README.md", "\n`build.py` writes `build/kernels.json` (model shape, kernel table,\n"

@@ -16,7 +16,7 @@ from bisect_harness.errors import InfrastructureError
 from bisect_harness.demo.history import STEPS, apply_step, base_files
 
 #: Bump whenever the history or the engine files change: it names the cache folder.
-GENERATOR_VERSION = 14
+GENERATOR_VERSION = 15
 
 _MARKER = "bisect-harness-demo.json"  # inside .git: not part of any commit
 _EPOCH = 1_700_000_000  # 2023-11-14T22:13:20Z; each commit is one hour later

@@ -22,15 +22,18 @@ MODEL = {
     "max_seq": 512,
     "rope_theta": 10000.0,
     "draft_layers": 1,
-    "deep_scale": 0.35,
+    "deep_scale": 0.1,
 }
 
 COMM = {"default_chunk": 128}
 
 # The device a forward pass is paced to when the workers run on a CPU (milliseconds):
 # per layer run, per token per layer, per token per layer per 1,024 cache positions
-# attended over, per collective call.
-DEVICE = {"layer_ms": 0.9, "token_ms": 0.02, "attention_ms_per_1k": 0.15, "collective_ms": 0.04}
+# attended over, per collective call. The fixed cost per layer dominates a pass of
+# one token, so a lone request leaves the device mostly idle (a batch, or a verify
+# pass over a few draft tokens, costs little more); from about eight sequences a
+# batch's tokens dominate and every extra token is paid for.
+DEVICE = {"layer_ms": 2.0, "token_ms": 0.02, "attention_ms_per_1k": 0.15, "collective_ms": 0.04}
 
 KERNELS = ["rms_norm", "rope", "masked_attention", "silu_mlp", "all_reduce"]
 

@@ -5,7 +5,10 @@
 
 Endpoints: POST /v1/completions (OpenAI), POST /generate (SGLang-native),
 GET /health, GET /server_info, GET /metrics (Prometheus text), GET /v1/models.
-Requests are served one at a time by the worker processes.
+The worker processes batch the requests in flight continuously: up to
+``--max-running-requests`` of them decode together, one forward pass per step for
+the whole batch (``demo_decode_batch_size`` in /metrics: the sequences of each
+decode step).
 
 POST /start_profile and POST /stop_profile, as SGLang names them: a JSON body
 ``{"output_dir": DIR, "profile_id": NAME}`` starts ``torch.profiler`` in rank 0's
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -35,6 +39,7 @@ VERSION = "0.3.0"
 HERE = Path(__file__).resolve().parent
 ARTIFACT = HERE / "build" / "kernels.json"
 CYCLE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def log(msg: str) -> None:
@@ -52,8 +57,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Histogram:
+    """Cumulative buckets, a sum and a count, as Prometheus keeps them."""
+
+    def __init__(self, bounds: tuple):
+        self.bounds = bounds
+        self.buckets = [0] * len(bounds)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.buckets[i] += 1
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for bound, count in zip(self.bounds, self.buckets):
+            lines.append(f'{name}_bucket{{le="{bound}"}} {float(count)}')
+        return lines + [f'{name}_bucket{{le="+Inf"}} {float(self.count)}',
+                        f"{name}_sum {float(self.sum)}", f"{name}_count {float(self.count)}"]
+
+
 class Stats:
-    """Counters and one histogram, rendered in Prometheus text format.
+    """Counters and two histograms, rendered in Prometheus text format.
 
     Forward passes are counted per mode as SGLang counts them
     (``sglang:cuda_graph_passes_total{mode}``): ``<phase>_cuda_graph`` when a CUDA
@@ -61,6 +90,9 @@ class Stats:
     prefill, decode, draft and verify; their in-process seconds per mode beside them,
     so that verify milliseconds per cycle and decode milliseconds per step can be
     read over any window (the change in seconds over the change in passes).
+
+    ``demo_decode_batch_size`` observes each decode step's (or verify cycle's) batch:
+    its sum over its count across a window is the mean batch the steps ran.
     """
 
     MODES = ("prefill_none", "decode_cuda_graph", "decode_none", "draft_none", "verify_none")
@@ -69,8 +101,8 @@ class Stats:
         "demo_requests_total": "Requests served.",
         "demo_prompt_tokens_total": "Prompt tokens processed.",
         "demo_generation_tokens_total": "Tokens generated.",
-        "demo_decode_cycles_total": "Decode cycles run (a verify counts as one cycle).",
-        "demo_spec_verify_total": "Speculative verify passes.",
+        "demo_decode_cycles_total": "Decode steps run over the batch (a verify cycle counts as one).",
+        "demo_spec_verify_total": "Speculative verify passes (one per cycle, over the batch).",
         "demo_spec_accepted_tokens_total": "Draft tokens accepted by verify.",
         "demo_request_prefill_seconds_total": "In-process seconds, request at the worker -> first token.",
         "demo_request_decode_seconds_total": "In-process seconds, first token -> last token of a request.",
@@ -80,9 +112,8 @@ class Stats:
     def __init__(self):
         self.lock = threading.Lock()
         self.values = dict.fromkeys(self.COUNTERS, 0)
-        self.buckets = [0] * len(CYCLE_BUCKETS)
-        self.cycle_count = 0
-        self.cycle_sum = 0.0
+        self.cycles = Histogram(CYCLE_BUCKETS)
+        self.batches = Histogram(BATCH_BUCKETS)
         self.running = 0
         self.passes = dict.fromkeys(self.MODES, 0)
         self.forward_s = dict.fromkeys(self.MODES, 0.0)
@@ -91,23 +122,21 @@ class Stats:
         with self.lock:
             self.values[name] += value
 
-    def observe_cycle(self, seconds: float) -> None:
-        with self.lock:
-            self.cycle_count += 1
-            self.cycle_sum += seconds
-            for i, bound in enumerate(CYCLE_BUCKETS):
-                if seconds <= bound:
-                    self.buckets[i] += 1
-
-    def count_passes(self, event: dict) -> None:
-        """The forward passes of one ``tokens`` event, by mode."""
+    def count_step(self, event: dict) -> None:
+        """One ``step`` event of the workers: its forward passes by mode; a decode step or a
+        verify cycle is a cycle, of its time and its batch."""
         kind, mode = event["kind"], "cuda_graph" if event.get("graph") else "none"
         with self.lock:
             if kind == "verify":  # its drafts run eagerly first, then one verify pass
                 self._pass("draft_none", event["draft_passes"], event["draft_ms"] / 1e3)
                 self._pass(f"verify_{mode}", 1, event["verify_ms"] / 1e3)
+                self.values["demo_spec_verify_total"] += 1
             else:
                 self._pass(f"{kind}_{mode}", event.get("passes", 1), event["cycle_ms"] / 1e3)
+            if kind != "prefill":
+                self.values["demo_decode_cycles_total"] += 1
+                self.cycles.observe(event["cycle_ms"] / 1e3)
+                self.batches.observe(event["batch"])
 
     def _pass(self, mode: str, n: int, seconds: float) -> None:
         self.passes[mode] = self.passes.get(mode, 0) + n
@@ -128,26 +157,25 @@ class Stats:
                 lines += [f'{name}{{mode="{mode}"}} {float(v)}' for mode, v in values.items()]
             lines += ["# HELP demo_running_requests Requests being generated now.",
                       "# TYPE demo_running_requests gauge", f"demo_running_requests {self.running}"]
-            name = "demo_decode_cycle_seconds"
-            lines += [f"# HELP {name} Wall time of one decode or verify cycle.",
-                      f"# TYPE {name} histogram"]
-            for bound, count in zip(CYCLE_BUCKETS, self.buckets):
-                lines.append(f'{name}_bucket{{le="{bound}"}} {float(count)}')
-            lines += [f'{name}_bucket{{le="+Inf"}} {float(self.cycle_count)}',
-                      f"{name}_sum {self.cycle_sum}", f"{name}_count {float(self.cycle_count)}"]
+            lines += self.cycles.render("demo_decode_cycle_seconds", "Wall time of one decode or verify cycle.")
+            lines += self.batches.render("demo_decode_batch_size",
+                                         "Sequences run by one decode step or verify cycle.")
             return "\n".join(lines) + "\n"
 
 
 class Workers:
-    """The worker processes and the request channel to them (one request at a time)."""
+    """The worker processes and the channel to them: requests in, their events back."""
 
-    def __init__(self, args):
+    def __init__(self, args, on_step):
         self.args = args
+        self.on_step = on_step  # called with each step event of rank 0
         self.procs: list[subprocess.Popen] = []
         self.ready = threading.Event()
         self.failed: str | None = None
         self.info: dict = {}
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one message at a time into the ranks' pipes, in one order
+        self.pending: dict[str, queue.Queue] = {}  # rid -> the events of a request in flight
+        self.closed = False
         self.stopping = False
 
     def start(self) -> None:
@@ -162,6 +190,7 @@ class Workers:
                     "--device", a.device, "--seed", str(a.seed), "--threads", str(threads),
                     "--cuda-graph", "1" if a.cuda_graph else "0",
                     "--speculative-num-steps", str(a.speculative_num_steps),
+                    "--max-running-requests", str(a.max_running_requests),
                     "--attention-mode", a.attention_mode]
             self.procs.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                env=env, cwd=str(HERE), text=True, bufsize=1))
@@ -177,6 +206,7 @@ class Workers:
             infos.append(json.loads(line))
         self.info = infos[0]
         self.info["worker_pids"] = [i["pid"] for i in infos]
+        threading.Thread(target=self._dispatch, name="dispatch", daemon=True).start()
         self.ready.set()
         log(f"server ready: {len(infos)} worker(s) on {self.info['device']}")
 
@@ -201,29 +231,44 @@ class Workers:
             except subprocess.TimeoutExpired:
                 pass
 
-    def run(self, request: dict):
-        """Send one request to every rank; yield rank 0's events until it is done."""
+    def _dispatch(self) -> None:
+        """Hand each event of rank 0 to the request it names (a step event to the stats);
+        a request whose client left has no queue, and its events go nowhere."""
+        for raw in self.procs[0].stdout:
+            event = json.loads(raw)
+            if event["event"] == "step":
+                self.on_step(event)
+                continue
+            with self.lock:
+                events = self.pending.get(event["rid"])
+            if events is not None:
+                events.put(event)
         with self.lock:
-            line = json.dumps(request) + "\n"
+            self.closed = True
+            for events in self.pending.values():
+                events.put({"event": "error", "message": "worker rank 0 closed its output"})
+
+    def run(self, request: dict):
+        """Send one request to every rank; yield rank 0's events for it until it is done."""
+        rid = uuid.uuid4().hex
+        events: queue.Queue = queue.Queue()
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("worker rank 0 closed its output")
+            self.pending[rid] = events
+            line = json.dumps({**request, "rid": rid}) + "\n"
             for proc in self.procs:
                 proc.stdin.write(line)
                 proc.stdin.flush()
-            out = self.procs[0].stdout
-            finished = False
-            try:
-                while not finished:
-                    raw = out.readline()
-                    if not raw:
-                        raise RuntimeError("worker rank 0 closed its output")
-                    event = json.loads(raw)
-                    finished = event["event"] in ("done", "error")
-                    yield event
-            finally:
-                # A client that went away leaves events in the pipe: drain them so
-                # the next request starts clean.
-                while not finished:
-                    raw = out.readline()
-                    finished = not raw or json.loads(raw)["event"] in ("done", "error")
+        try:
+            while True:
+                event = events.get()
+                yield event
+                if event["event"] in ("done", "error"):
+                    return
+        finally:
+            with self.lock:
+                self.pending.pop(rid, None)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -455,7 +500,7 @@ class App:
     def __init__(self, args):
         self.args = args
         self.stats = Stats()
-        self.workers = Workers(args)
+        self.workers = Workers(args, self.stats.count_step)
 
     def server_info(self) -> dict:
         a, info = self.args, self.workers.info
@@ -469,6 +514,7 @@ class App:
             "cuda_graph": info["cuda_graph"],
             "attention_mode": a.attention_mode,
             "speculative_num_steps": a.speculative_num_steps,
+            "max_running_requests": a.max_running_requests,
             "seed": a.seed,
             "threads_per_worker": info["threads"],
             "context_length": info["context_length"],
@@ -496,12 +542,7 @@ class App:
             for event in self.workers.run(request):
                 if event["event"] == "tokens":
                     st.add("demo_generation_tokens_total", len(event["ids"]))
-                    st.count_passes(event)
-                    if event["kind"] != "prefill":
-                        st.add("demo_decode_cycles_total")
-                        st.observe_cycle(event["cycle_ms"] / 1e3)
                     if event["kind"] == "verify":
-                        st.add("demo_spec_verify_total")
                         st.add("demo_spec_accepted_tokens_total", event["accepted"])
                 elif event["event"] == "done":
                     st.add("demo_prompt_tokens_total", event["prompt_tokens"])
@@ -525,6 +566,8 @@ def parse_args(argv=None):
     ap.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1)
     ap.add_argument("--attention-mode", choices=["prefill", "decode"], default="prefill")
     ap.add_argument("--speculative-num-steps", type=int, default=0)
+    ap.add_argument("--max-running-requests", type=int, default=64,
+                    help="requests decoded together in one batch, at most (1: one at a time)")
     ap.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=True)
     ap.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -536,6 +579,8 @@ def parse_args(argv=None):
         ap.error("--tp must be at least 1")
     if args.speculative_num_steps < 0:
         ap.error("--speculative-num-steps must be >= 0")
+    if args.max_running_requests < 1:
+        ap.error("--max-running-requests must be at least 1")
     return args
 
 
