@@ -184,7 +184,7 @@ def curve_run(model: str, effects, min_effect: float, seed, shared: float, *, ru
         sides = (Side("baseline", tuple(base)), Side("treatment", tuple(treat)))
         for p in labels:
             if p not in final:
-                v = judge(rules, *sides, questions[p], force_final=k >= d.max_boots, interval=False)
+                v = judge(dataclasses.replace(rules, interval=False), *sides, questions[p], force_final=k >= d.max_boots)
                 if v.final:
                     final[p] = v
         if len(final) == len(labels):
@@ -199,7 +199,7 @@ def curve_run(model: str, effects, min_effect: float, seed, shared: float, *, ru
         if level == first_level:
             return v.outcome is Outcome.CONFIRMED
         upto = (looks_used(sides[0], v.baseline_boot_ids), looks_used(sides[1], v.treatment_boot_ids))
-        return rejudge(rules, *sides, questions[p], alpha=level, upto=upto, interval=False) is not None
+        return rejudge(dataclasses.replace(rules.at(level), interval=False), *sides, questions[p], upto=upto) is not None
 
     sd = step_down(labels, first_level, confirms)
     firsts = tuple(final[p].outcome for p in labels)
