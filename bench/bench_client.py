@@ -39,28 +39,37 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def read_request(conn: socket.socket, buf: bytes) -> tuple[bytes, bytes, bytes, bytes] | None:
+    """The next HTTP/1.1 request on ``conn`` after the bytes ``buf`` already read:
+    (method, path, body, the bytes read past it), or None once the peer closed."""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        buf += data
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    method, path, _ = lines[0].split(b" ", 2)
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(buf) < length:
+        buf += conn.recv(65536)
+    return method, path, buf[:length], buf[length:]
+
+
 def _serve_conn(conn: socket.socket, stats: dict) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     token_frame = _chunk(_EVENT.encode())
     buf = b""
     with conn:
         while True:
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            lines = head.split(b"\r\n")
-            method, path, _ = lines[0].split(b" ", 2)
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(buf) < length:
-                buf += conn.recv(65536)
-            body, buf = buf[:length], buf[length:]
+            got = read_request(conn, buf)
+            if got is None:
+                return
+            method, path, body, buf = got
             if method == b"GET":
                 payload = json.dumps({"object": "list", "data": [{"id": "bench", "object": "model"}]}).encode()
                 if path == b"/stats":

@@ -58,6 +58,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_client import read_request  # noqa: E402  (the loopback server's request reader)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,22 +80,10 @@ def _serve_conn(conn: socket.socket, stats: dict, lock: threading.Lock, ttft_s: 
     buf = b""
     with conn:
         while True:
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            lines = head.split(b"\r\n")
-            method, path, _ = lines[0].split(b" ", 2)
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(buf) < length:
-                buf += conn.recv(65536)
-            body, buf = buf[:length], buf[length:]
+            got = read_request(conn, buf)
+            if got is None:
+                return
+            method, path, body, buf = got
             if method == b"GET":
                 if path == b"/reset":
                     with lock:

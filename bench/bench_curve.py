@@ -38,8 +38,8 @@ JSON keys (stable), ``errors.<model>.<shared>``:
   ``confirmed`` after the step-down and ``confirmed_first_level`` (Bonferroni
   alone): the power the step-down adds where several points move.
 
-``error_goals``: every model and shared fraction meeting each goal, and the models
-that miss, with the figure.
+``error_goals``: whether every model and shared fraction meets each goal, and where
+one misses, the figure and its binomial standard error.
 
 ``pricing`` (``--parts pricing``): node time to the curve's verdicts against one point
 on the same hypothesis (boots shared: one boot measures every point), under the
@@ -184,7 +184,7 @@ def curve_run(model: str, effects, min_effect: float, seed, shared: float, *, ru
         sides = (Side("baseline", tuple(base)), Side("treatment", tuple(treat)))
         for p in labels:
             if p not in final:
-                v = judge(rules, *sides, questions[p], force_final=k >= d.max_boots, interval=False)
+                v = judge(dataclasses.replace(rules, interval=False), *sides, questions[p], force_final=k >= d.max_boots)
                 if v.final:
                     final[p] = v
         if len(final) == len(labels):
@@ -199,7 +199,7 @@ def curve_run(model: str, effects, min_effect: float, seed, shared: float, *, ru
         if level == first_level:
             return v.outcome is Outcome.CONFIRMED
         upto = (looks_used(sides[0], v.baseline_boot_ids), looks_used(sides[1], v.treatment_boot_ids))
-        return rejudge(rules, *sides, questions[p], alpha=level, upto=upto, interval=False) is not None
+        return rejudge(dataclasses.replace(rules.at(level), interval=False), *sides, questions[p], upto=upto) is not None
 
     sd = step_down(labels, first_level, confirms)
     firsts = tuple(final[p].outcome for p in labels)
@@ -240,16 +240,22 @@ def errors_job(model: str, shared: float, scenario: str, n_sim: int, seed: int) 
 
 
 def error_goals(errors: dict, alpha: float) -> dict:
-    """The bench's goals over every model and shared fraction, and where they are missed."""
+    """The bench's goals over every model and shared fraction, and where a figure misses
+    one: ``[model, shared, figure, its binomial standard error]`` (the goals compare the
+    figure itself; the error says how far chance alone moves it)."""
     misses: dict = {"null": [], "one_2E_power": [], "one_real": []}
+
+    def missed(key, model, s, cell, figure):
+        misses[key].append([model, s, figure, math.sqrt(max(figure * (1 - figure), 1e-12) / cell["n_sim"])])
+
     for model, by_shared in errors.items():
         for s, cells in by_shared.items():
             if cells["null"]["fw_false_confirmed"] > alpha + 0.01:
-                misses["null"].append([model, s, cells["null"]["fw_false_confirmed"]])
+                missed("null", model, s, cells["null"], cells["null"]["fw_false_confirmed"])
             if cells["one_2E"]["power"] < POWER_GOAL:
-                misses["one_2E_power"].append([model, s, cells["one_2E"]["power"]])
+                missed("one_2E_power", model, s, cells["one_2E"], cells["one_2E"]["power"])
             if cells["one_real"]["fw_false_confirmed_others"] > alpha + 0.01:
-                misses["one_real"].append([model, s, cells["one_real"]["fw_false_confirmed_others"]])
+                missed("one_real", model, s, cells["one_real"], cells["one_real"]["fw_false_confirmed_others"])
     return {"fw_goal_met": not misses["null"] and not misses["one_real"],
             "power_goal_met": not misses["one_2E_power"], "missed": misses}
 

@@ -146,12 +146,17 @@ def test_a_running_row_of_a_dead_process_is_marked_interrupted_on_the_next_open(
 
 
 def _v1_ledger(db: Path) -> None:
+    """A ledger as schema version 1 made it: every column a migration adds, dropped
+    (read from ``MIGRATIONS`` itself, so a new migration is undone here too)."""
     Ledger(f"sqlite:///{db}").close()
+    drops = []
+    for statements in ledger_mod.MIGRATIONS.values():
+        for statement in statements:
+            _alter, _table, table, _add, _column, column, *_type = statement.split()
+            drops.append(f"ALTER TABLE {table} DROP COLUMN {column};")
     con = sqlite3.connect(db)
-    con.executescript("DROP INDEX ix_configs_series; ALTER TABLE configs DROP COLUMN series; ALTER TABLE runs DROP COLUMN summary; "
-                      "ALTER TABLE bisect_probes DROP COLUMN purpose; ALTER TABLE bisect_probes DROP COLUMN boot_ids; "
-                      "ALTER TABLE verdicts DROP COLUMN findings; "
-                      "UPDATE meta SET value = '1' WHERE key = 'schema_version';")
+    con.executescript("DROP INDEX ix_configs_series; " + " ".join(drops) +
+                      " UPDATE meta SET value = '1' WHERE key = 'schema_version';")
     con.close()
 
 

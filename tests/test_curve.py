@@ -168,15 +168,15 @@ def test_rejudge_confirms_at_a_recycled_level_what_the_first_level_left_undecide
     assert v.outcome is Outcome.INCONCLUSIVE and v.alpha == pytest.approx(0.05 / 3)
     upto = (looks_used(b, v.baseline_boot_ids), looks_used(t, v.treatment_boot_ids))
     assert upto == (8, 8)
-    again = rejudge(rules, b, t, q, alpha=0.025, upto=upto)
+    again = rejudge(rules.at(0.025), b, t, q, upto=upto)
     assert again is not None and again.outcome is Outcome.CONFIRMED and again.final
     assert again.alpha == pytest.approx(0.025) and again.stats.family_size == 3
     assert again.stats.p_threshold > v.stats.p_threshold  # the boundary recomputed for the larger alpha
     assert again.ci is not None and again.ci[0] > 1.0
     assert again.stats.look == 8
     # at its own level it confirms nowhere, and no look past ``upto`` is read
-    assert rejudge(rules, b, t, q, alpha=0.05 / 3, upto=upto) is None
-    assert rejudge(rules, b, t, q, alpha=0.025, upto=(7, 7)) is None
+    assert rejudge(rules.at(0.05 / 3), b, t, q, upto=upto) is None
+    assert rejudge(rules.at(0.025), b, t, q, upto=(7, 7)) is None
 
 
 def test_rules_at_a_level_spend_that_many_shares():

@@ -136,9 +136,12 @@ def fewest_per_point(samples_per_boot: int, points: int) -> int:
     """The fewest samples a boot takes at each of ``points`` load points:
     ``samples_per_boot`` (``defaults.samples_per_boot``, the fewest a boot of one point
     takes) spread over the points, at least one each, so a boot of a 5-point curve
-    takes at least 5 samples rather than 15. ``bench/bench_curve.py`` priced it: with
-    at least 3 at each point a 5-point curve cost 3.5-6x a point's node time on the
-    small GPU, with at least 1, 1.6-3.7x."""
+    takes at least 5 samples rather than 15. ``bench/bench_curve.py --parts pricing``
+    priced it on a small GPU (a boot 10 s, a sample 3 s), where samples are most of a
+    boot's cost: with at least 3 at each point a 5-point curve with the same change at
+    every point cost 3.5-8.6x one point's node time, with at least 1 (this rule)
+    1.6-4.3x (12-20 runs a cell, 11 noise models); on a large node (900 s, 20 s) the
+    two rules price alike."""
     if int(points) != points or points < 1:
         raise ValueError(f"fewest_per_point: points must be an integer >= 1, got {points!r}")
     return max(1, math.ceil(samples_per_boot / points))

@@ -90,6 +90,9 @@ class Rules:
     #: the shares of the family's alpha a look may spend: 1 (Bonferroni), more where a curve's
     #: step-down recycled the shares of its confirmed points (``decide.multiplicity.step_down``)
     shares: float = 1.0
+    #: False: a look leaves the robust analysis' interval uncomputed where only its outcome
+    #: is read (the curve's step-down at the looks that do not confirm; the benches)
+    interval: bool = True
 
     @property
     def alpha_each(self) -> float:
@@ -174,7 +177,7 @@ class Verdict:
 
 def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, force_final: bool = False,
           order_seed: int | None = None, config_findings: Sequence[Finding] = (),
-          prior: NoisePrior | None = None, interval: bool = True) -> Verdict:
+          prior: NoisePrior | None = None) -> Verdict:
     """The verdict of one look at ``question`` (its metric alone: :func:`look` judges its
     mechanism too). ``force_final``: the caller will look no more (the budget is spent).
     ``order_seed``: the seed that drew the order of the sides in each round, kept in the
@@ -183,7 +186,7 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     ``prior``: the noise prior of earlier runs of the same two configs on this host
     (:mod:`bisect_harness.decide.prior`), pooled where the design's analysis reads
     rounds; its first look is then at 2 rounds (see :func:`prior_design`).
-    ``interval``: False leaves the robust analysis' interval uncomputed where only the
+    ``rules.interval``: False leaves the robust analysis' interval uncomputed where only the
     outcome is wanted (``evaluate``'s: the outcome does not depend on it).
 
     What this module works out itself comes first (the boots' checks, device sets,
@@ -219,7 +222,7 @@ def judge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, 
     try:
         res = evaluate([list(v) for v in bv.values], [list(v) for v in tv.values], expect=question.expect,
                        min_effect=question.min_effect, design=the_design, alpha=alpha, rounds=rounds, prior=prior,
-                       interval=interval)
+                       interval=rules.interval)
     except ValueError as exc:  # e.g. a metric that is zero or constant: there is no ratio to test
         return dataclasses.replace(undecided, reason=f"metric {metric} cannot be compared: {exc}. Pick a metric with "
                                    "positive, varying values (a rate, a latency, a count per sample)", **ids)
@@ -253,24 +256,25 @@ def _first_good(side: Side, n: int) -> Side:
     return dataclasses.replace(side, boots=tuple(out))
 
 
-def rejudge(rules: Rules, baseline: Side, treatment: Side, question: Question, *, alpha: float,
+def rejudge(rules: Rules, baseline: Side, treatment: Side, question: Question, *,
             upto: tuple[int, int], order_seed: int | None = None, config_findings: Sequence[Finding] = (),
-            prior: NoisePrior | None = None, interval: bool = True) -> Verdict | None:
-    """A hypothesis judged again at ``alpha`` over its looks: the verdict of the first
-    look at which :func:`judge`, its boundaries recomputed for ``alpha``, confirms, or
+            prior: NoisePrior | None = None) -> Verdict | None:
+    """A hypothesis judged again under ``rules`` at a recycled level (``Rules.at(alpha)``)
+    over its looks: the verdict of the first look at which :func:`judge`, its boundaries
+    recomputed for that level, confirms, or
     None where none does. ``upto``: each side's good boots at the look that ended its
     first verdict (:func:`looks_used`); look ``n`` reads each side's first ``n`` of them,
     as the rounds did. A curve's step-down asks it (``decide.multiplicity.step_down``:
     why "some look up to the first verdict's" holds its level), and a refutation at
-    ``alpha`` stops nothing: only the first verdict's level refutes. The looks that do
-    not confirm are judged without the interval (``judge``'s ``interval``); the
-    confirming one with it, unless ``interval`` is False (the benches)."""
-    at = rules.at(alpha)
+    that level stops nothing: only the first verdict's level refutes. The looks that do
+    not confirm are judged without the interval (``Rules.interval``); the confirming one
+    with it, unless ``rules.interval`` is False (the benches)."""
     kw = dict(order_seed=order_seed, config_findings=config_findings, prior=prior)
+    quick = dataclasses.replace(rules, interval=False)
     for n in range(2, max(upto) + 1):
         sides = (_first_good(baseline, min(n, upto[0])), _first_good(treatment, min(n, upto[1])))
-        if judge(at, *sides, question, interval=False, **kw).outcome is Outcome.CONFIRMED:
-            return dataclasses.replace(judge(at, *sides, question, interval=interval, **kw), final=True)
+        if judge(quick, *sides, question, **kw).outcome is Outcome.CONFIRMED:
+            return dataclasses.replace(judge(rules, *sides, question, **kw), final=True)
     return None
 
 

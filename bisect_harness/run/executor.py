@@ -444,7 +444,7 @@ class Executor:
         upto = (verdict_rule.looks_used(b, verdict.baseline_boot_ids),
                 verdict_rule.looks_used(t, verdict.treatment_boot_ids))
         planned = [self.states[h.baseline.key].planned, self.states[h.treatment.key].planned]
-        return verdict_rule.rejudge(self.rules, b, t, self._question(h), alpha=alpha, upto=upto,
+        return verdict_rule.rejudge(self.rules.at(alpha), b, t, self._question(h), upto=upto,
                                     order_seed=self.order_seed, config_findings=attach.verdict_findings(planned),
                                     prior=self.priors.get(h.id))
 
