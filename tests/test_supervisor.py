@@ -362,6 +362,39 @@ def test_a_server_that_ignores_sigterm_is_still_stopped_within_the_grace(tmp_pat
     assert wait_gone(marker, 0.5) == []
 
 
+def test_a_command_sits_in_the_harness_session_and_leads_its_own_group(tmp_path):
+    """One scheduling group with the harness's client (autogroups are sessions: the module
+    docstring of ``supervised`` says what a session of its own cost), a process group of
+    its own (a terminal's Ctrl-C reaches the harness, which stops the tree), and a record
+    that names no session the harness is in (the next start never reaps the harness's)."""
+    ids = tmp_path / "ids"
+    code = ("import os, time\n"
+            f"open({str(ids) + '.tmp'!r}, 'w').write(f'{{os.getsid(0)}} {{os.getpgrp()}} {{os.getpid()}}')\n"
+            f"os.replace({str(ids) + '.tmp'!r}, {str(ids)!r})\n"
+            "time.sleep(60)\n")
+    with open(tmp_path / "log", "wb") as log:
+        job = Supervised([sys.executable, "-c", code], env=dict(os.environ), cwd=tmp_path, stdout=log,
+                         record=tmp_path / "records").start()
+        try:
+            deadline = time.monotonic() + 30
+            while not ids.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            sid, pgid, pid = map(int, ids.read_text().split())
+            assert (sid, pgid, pid) == (os.getsid(0), job.pid, job.pid)
+            assert os.getsid(job.supervisor_pid) == os.getsid(0)
+            assert os.getpgid(job.supervisor_pid) == job.supervisor_pid != os.getpgrp()
+            (record,) = (tmp_path / "records").glob("*.json")
+            while time.monotonic() < deadline:  # the supervisor lists its tree every 0.1 s at first
+                listed = json.loads(record.read_text())
+                if job.pid in {p for p, _ in listed["processes"]}:
+                    break
+                time.sleep(0.05)
+            assert job.pid in {p for p, _ in listed["processes"]}, listed
+            assert listed["sessions"] == [], listed
+        finally:
+            job.stop(grace_s=1.0)
+
+
 def test_a_command_that_cannot_start_is_a_launch_error(tmp_path):
     with open(tmp_path / "log", "wb") as log, pytest.raises(LaunchError, match="no-such-command"):
         run([str(tmp_path / "no-such-command")], env={}, cwd=tmp_path, stdout=log, timeout_s=5, record=False)

@@ -436,7 +436,7 @@ def _log_tail(path: Path, lines: int = 30) -> str:
 
 def run_owned(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, log_path: Path,
               timeout_s: float, grace_s: float = 5.0) -> tuple[int | None, float]:
-    """Run ``argv`` (no shell) under a supervisor (``supervisor``: a session of its own,
+    """Run ``argv`` (no shell) under a supervisor (``supervisor``: a process group of its own,
     every descendant owned), output appended to ``log_path``; at ``timeout_s`` (or on
     any exception, Ctrl-C included, or the harness's death) the whole tree gets SIGTERM,
     then SIGKILL. Returns (exit code or None on timeout, seconds)."""

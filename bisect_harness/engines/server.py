@@ -3,7 +3,7 @@
 Every process we start is owned, whatever happens to the harness:
 
 - the server runs under a supervisor process (:mod:`bisect_harness.process.supervisor`,
-  a child subreaper) in a session of its own, with stdout and stderr in one log
+  a child subreaper) in a process group of its own, with stdout and stderr in one log
   file per boot; workers that double-fork or call ``setsid`` stay the
   supervisor's descendants;
 - :meth:`ServerProcess.stop` has the supervisor SIGTERM every descendant, wait,
@@ -179,7 +179,7 @@ class ServerProcess:
 
     @property
     def pgid(self) -> int | None:
-        """The server's process group id (equal to its pid: it leads a session of its own)."""
+        """The server's process group id (equal to its pid: it leads a process group of its own)."""
         return self.pid
 
     @property

@@ -13,6 +13,18 @@ Without a cgroup, a process that double-forks *and* leaves its session within th
 last tenth of a second before the supervisor itself is SIGKILLed can escape the
 record; everything else is found.
 
+The supervisor and the command lead process groups of their own but stay in the
+harness's session. Linux's autogroup scheduler (``CONFIG_SCHED_AUTOGROUP``, on by
+default on Ubuntu) shares a core between *sessions* before it shares it between
+their tasks, and a server in a session of its own whose processes spin on
+``sched_yield`` while they serve (vLLM's engine and worker waiting on each other's
+shared-memory queue) kept the harness's client off a core for 0.1-0.6 s at a time,
+several seconds on a busy host: its requests left late and its clock read their
+first tokens late (measured on two cores: p99 send lag 0.5-8.6 s and TTFT p50
+0.25-2.6 s at 2-16 req/s, against 1-9 ms and 10-90 ms with the server in the
+harness's session). Nothing here needs the session: the tree is found by parentage
+(the supervisor is a subreaper) and by its token (``TREE_ENV``).
+
 Example::
 
     with open(log_path, "ab") as log:
@@ -38,7 +50,7 @@ from bisect_harness.errors import InfrastructureError
 from bisect_harness.places import default_cache_dir
 from bisect_harness.process.capped_log import LOG_HEAD_BYTES, LOG_TAIL_BYTES
 from bisect_harness.process.proctree import TREE_ENV, _alive, _carrying, _descendants, _signal, _stat, _table
-from bisect_harness.process.supervisor import _KILL_WAIT_S, _SCRIPT
+from bisect_harness.process.supervisor import _KILL_WAIT_S, _SCRIPT, OWN_GROUP
 
 __all__ = ["LaunchError", "Supervised", "reap_leftovers", "registry_dir", "run", "supervisors_of"]
 
@@ -111,7 +123,8 @@ class Supervised:
     """One command run under its own supervisor process (see the module docstring).
 
     ``argv`` runs with exactly ``env`` in ``cwd``, stdout and stderr to ``stdout``
-    (a file opened for writing), stdin from /dev/null, in a session of its own.
+    (a file opened for writing), stdin from /dev/null, in a process group of its own in the
+    harness's session (the module docstring says why).
     ``timeout_s``: the supervisor kills the tree when it passes (:attr:`timed_out`).
     ``grace_s``: SIGTERM to SIGKILL when the supervisor stops the tree by itself
     (timeout, harness death, the command's exit); :meth:`stop` takes its own.
@@ -132,6 +145,7 @@ class Supervised:
         self.record_dir = None if record is False else (registry_dir() if record in (None, True) else Path(record))
         self.pid: int | None = None
         self.supervisor: subprocess.Popen | None = None
+        self._token: str | None = None
         self.timed_out = False
         self.left_alive: int | None = None
         self._rc: int | None = None
@@ -161,7 +175,7 @@ class Supervised:
             self.supervisor = subprocess.Popen(
                 [sys.executable, "-I", _SCRIPT, "--harness", str(os.getpid()), "--status-fd", str(w)],
                 env=self.env, cwd=self.cwd, stdin=subprocess.PIPE, stdout=self.stdout, stderr=subprocess.STDOUT,
-                pass_fds=(w,), start_new_session=True, close_fds=True)
+                pass_fds=(w,), close_fds=True, **(OWN_GROUP if sys.version_info >= (3, 11) else {}))
         except OSError as exc:
             os.close(r)
             raise LaunchError(exc.errno, f"cannot start in {self.cwd}: {exc.strerror or exc}") from exc
@@ -169,6 +183,10 @@ class Supervised:
             os.close(w)
         self._status_fd = r
         os.set_blocking(r, False)
+        st = _stat(self.supervisor.pid)
+        # the token the supervisor gives its tree (its pid and start time): what finds a process
+        # that left the tree while the supervisor died, as the leftovers' reaper finds it
+        self._token = f"{self.supervisor.pid}-{st[2]}" if st is not None else None
         record = None
         if self.record_dir is not None:
             record = str(self.record_dir / f"{self.supervisor.pid}.json")
@@ -292,10 +310,12 @@ class Supervised:
         if sup_st is not None and sup.poll() is None:
             targets.update({pid: st[2] for pid, st in _descendants(sup.pid, table).items()})
             targets[sup.pid] = sup_st[2]
-        if self.pid is not None:  # its session: the command started one (the supervisor's start_new_session)
+        if self.pid is not None:  # its session, where the command started one itself (setsid)
             targets.update({pid: st[2] for pid, st in table.items() if st[1] == self.pid})
-            for pid in list(targets):
-                targets.update({d: st[2] for d, st in _descendants(pid, table).items()})
+        if self._token is not None:  # whatever carries the tree's token, wherever it went
+            targets.update({pid: table[pid][2] for pid in _carrying(TREE_ENV, self._token, table)})
+        for pid in list(targets):
+            targets.update({d: st[2] for d, st in _descendants(pid, table).items()})
         for pid, ticks in targets.items():
             _signal(pid, ticks, signal.SIGKILL)
         try:

@@ -6,15 +6,17 @@ The harness is threaded, so it never runs Python code between ``fork`` and
     python -I .../bisect_harness/process/supervisor.py --harness PID --status-fd FD
 
 with the command's exact environment, its working folder and its log as
-stdout/stderr, in a session of its own. The harness writes one JSON line to the
-supervisor's stdin (argv, env, timeout, grace, record file) and keeps the pipe open.
-The supervisor then
+stdout/stderr, in a process group of its own in the harness's session (one
+scheduling group with the harness's client: ``supervised`` says why). The harness
+writes one JSON line to the supervisor's stdin (argv, env, timeout, grace, record
+file) and keeps the pipe open. The supervisor then
 
 - makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux), so a
   worker that double-forks or calls ``setsid`` is reparented to it, not to init,
   and stays its descendant;
-- starts the command in a session of its own and sends its pid back on the
-  status pipe (``pid N``), then its exit code (``exit RC``) when it ends;
+- starts the command in a process group of its own (the harness's session still)
+  and sends its pid back on the status pipe (``pid N``), then its exit code
+  (``exit RC``) when it ends;
 - kills its whole tree -- every descendant, listed again and again from
   ``/proc`` until none is left: SIGTERM to the command alone for half the grace
   (a server stops its own workers), then to every descendant left, SIGKILL after
@@ -68,12 +70,15 @@ _KILL_WAIT_S = 10.0
 
 class _Record:
     """The supervisor's record file: the harness and the supervisor (pid, start time) and every
-    process of the tree seen so far, with its session; what
+    process of the tree seen so far, with the sessions its processes made (never the harness's
+    own, ``shared``, which the tree only sits in); what
     :func:`bisect_harness.process.supervised.reap_leftovers` reads after both are gone."""
 
-    def __init__(self, path: str | None, harness: tuple[int, int], me: tuple[int, int], token: str | None = None):
+    def __init__(self, path: str | None, harness: tuple[int, int], me: tuple[int, int], token: str | None = None,
+                 shared: int | None = None):
         self.path = Path(path) if path else None
         self.head = {"version": 1, "harness": list(harness), "supervisor": list(me), "token": token}
+        self.shared = shared
         self.last: frozenset | None = None
 
     def update(self, tree: Mapping[int, tuple[int, int, float, str]]) -> None:
@@ -84,7 +89,7 @@ class _Record:
             return  # only new processes need recording; the dead ones cost nothing to keep
         self.last = now if self.last is None else self.last | now
         body = dict(self.head, processes=sorted([p, t] for p, t, _ in self.last),
-                    sessions=sorted({s for _, _, s in self.last}))
+                    sessions=sorted({s for _, _, s in self.last} - {self.shared}))
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,8 +222,16 @@ def _read_request(fd: int, timeout_s: float) -> tuple[dict | None, bytes]:
 
 _F_SETPIPE_SZ = 1031
 
+#: Popen's arguments that start a process in a process group of its own, in its parent's
+#: session (module docstring). Python 3.10 has no ``process_group``: ``setpgrp`` between fork
+#: and exec, which only a single-threaded parent may run (the supervisor is one; the harness,
+#: threaded, passes nothing there and the supervisor moves itself first thing, :func:`main`).
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
 
 def main(args: Sequence[str]) -> int:
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)  # Python 3.10 started us in the harness's group (OWN_GROUP)
     harness_pid = int(args[args.index("--harness") + 1])
     status = _Status(int(args[args.index("--status-fd") + 1]))
     harness_st = _stat(harness_pid)
@@ -245,7 +258,8 @@ def main(args: Sequence[str]) -> int:
     argv, grace_s, timeout_s = request["argv"], float(request["grace_s"]), request.get("timeout_s")
     me = os.getpid()
     token = f"{me}-{_stat(me)[2]}"
-    record = _Record(request.get("record"), (harness_pid, harness_st[2]), (me, _stat(me)[2]), token)
+    record = _Record(request.get("record"), (harness_pid, harness_st[2]), (me, _stat(me)[2]), token,
+                     shared=harness_st[1])
     record.update({})
     try:
         # The environment comes in the request: this interpreter may have changed its own
@@ -263,7 +277,7 @@ def main(args: Sequence[str]) -> int:
             except (OSError, ImportError):
                 pass
         log = _CappedLog(1, int(cap[0]), int(cap[1])) if out_r is not None else None
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, **OWN_GROUP,
                                  close_fds=True, stdout=out_w, stderr=out_w)
         if out_w is not None:
             os.close(out_w)
