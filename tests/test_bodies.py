@@ -74,7 +74,7 @@ def test_pieces_are_never_larger_than_asked_and_decode_to_the_whole():
     ("deflate", zlib.compress(b"hostile_tokens_total 3\n", wbits=-15)),  # raw, as some servers send
     ("x-gzip", gzip.compress(b"hostile_tokens_total 3\n")),
     ("identity", b"hostile_tokens_total 3\n"),
-])
+], ids=["deflate-zlib", "deflate-raw", "x-gzip", "identity"])  # gzip's header holds the time: ids by name
 def test_each_encoding_a_server_may_send_is_decoded(encoding, body):
     with Serve(body, {"Content-Encoding": encoding}) as srv, deadline_client() as http:
         got = bounded_get(http, srv.url, 10.0)
