@@ -29,9 +29,10 @@ from sqlalchemy.pool import NullPool
 from bisect_harness.errors import UserError
 from bisect_harness.record import database, ledger as ledger_mod, liveness, runlock
 from bisect_harness.record.ledger import SCHEMA_VERSION, Ledger, Run
+from bisect_harness.report import journal
 from bisect_harness.run.resume import spec_hash
 from helpers import HARNESS, SMALL_BENCH, harness, last_json, write_spec
-from postgres_server import PostgresServer, ServerUnavailable
+from postgres_server import PostgresServer, ServerUnavailable, free_port
 
 FORK = mp.get_context("fork")
 DEFAULTS = {"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 2, "host_preflight_s": 0}
@@ -158,14 +159,13 @@ def test_two_runs_at_once_lose_nothing_and_keep_their_rounds_apart(together):
 
 @pytest.mark.slow
 def test_journal_and_export_read_both_runs_back(together, tmp_path):
+    """Each run's journal, rendered again from the ledger (in this process: the command
+    is one call of ``journal.write``), and ``harness ledger export`` of both runs."""
     url = together["url"]
-    for name, answer in together["answers"].items():
-        run_id = answer["run_id"]
-        proc = harness("journal", run_id, "--ledger", url, "--journal-dir", tmp_path / "j", cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        (page,) = (tmp_path / "j").glob(f"*-run{run_id}.md")
-        body = page.read_text()
-        assert HYPOTHESES[name]["id"] in body and answer["hypotheses"][0]["verdict"] in body
+    with Ledger(url) as led:
+        for name, answer in together["answers"].items():
+            body = journal.write(led, led.run(answer["run_id"]), tmp_path / "j").read_text()
+            assert HYPOTHESES[name]["id"] in body and answer["hypotheses"][0]["verdict"] in body
     proc = harness("ledger", "export", "--format", "csv", "--out", tmp_path / "x", "--ledger", url)
     assert proc.returncode == 0, proc.stderr
     with (tmp_path / "x" / "boots.csv").open() as fh:
@@ -205,11 +205,11 @@ def test_an_older_ledger_is_upgraded_and_its_runs_render_and_resume(together, tm
         _downgrade_to_v1(url)
         assert "findings" not in [c["name"] for c in inspect(create_engine(database.engine_url(url),
                                                                             poolclass=NullPool)).get_columns("verdicts")]
-        page = harness("journal", done, "--ledger", url, "--journal-dir", tmp_path / "j", cwd=tmp_path)
-        assert page.returncode == 0, page.stderr[-2000:]
-        assert rows(url, "SELECT value FROM meta") == [(str(SCHEMA_VERSION),)]  # upgraded on that open
-        (path,) = (tmp_path / "j").glob(f"*-run{done}.md")
-        assert together["answers"]["regression"]["hypotheses"][0]["verdict"] in path.read_text()
+        with Ledger(url) as led:  # upgraded on this open
+            assert rows(url, "SELECT value FROM meta") == [(str(SCHEMA_VERSION),)]
+            assert {v.findings for v in led.run(done).hypotheses[0].verdicts} == {None}  # read from its sentences
+            page = journal.write(led, led.run(done), tmp_path / "j").read_text()
+        assert together["answers"]["regression"]["hypotheses"][0]["verdict"] in page
         spec = together["specs"]["attention"]
         resumed = harness("run", spec, "--resume", cut, "--no-calibration", "--json", "--ledger", url,
                           "--journal-dir", tmp_path / "j", cwd=spec.parent, timeout=300)
@@ -238,12 +238,16 @@ def test_the_url_password_is_never_stored_or_printed(together, tmp_path):
     outputs = [out + err for out, err in together["outs"].values()]
     listed = harness("ledger", "list", "--ledger", url)
     assert listed.returncode == 0 and "harness:***@127.0.0.1" in " ".join(listed.stdout.split()), listed.stdout
-    missing = harness("ledger", "show", "999", "--ledger", url)
-    assert missing.returncode == 2 and "no run 999" in missing.stderr
-    wrong = url.rsplit("/", 1)[0] + "/no_such_database"
-    refused = harness("ledger", "list", "--ledger", wrong)
-    assert refused.returncode == 2 and "no_such_database" in refused.stderr and "Traceback" not in refused.stderr
-    for out in (*outputs, listed.stdout + listed.stderr, missing.stderr, refused.stderr):
+    errors = []
+    for wrong in (url.rsplit("/", 1)[0] + "/no_such_database", url.replace(f":{together['server'].port}/", f":{free_port()}/")):
+        with pytest.raises(UserError) as refused:  # no database of that name; no server at that port
+            Ledger(wrong)
+        errors.append(str(refused.value))
+    with Ledger(url) as led, pytest.raises(UserError) as missing:
+        led.run(999)
+    errors.append(str(missing.value))
+    assert "no_such_database" in errors[0] and "no run 999" in errors[2], errors
+    for out in (*outputs, listed.stdout + listed.stderr, *errors):
         assert password not in out, out[-1500:]
     for path in together["root"].rglob("*"):
         if path.is_file():
