@@ -391,3 +391,18 @@ def test_the_server_fixture_leaves_nothing_running():
     assert server.leftovers()
     server.stop()
     assert server.leftovers() == [] and not root.exists(), group
+
+
+def test_what_postgres_cannot_hold_is_stored_as_near_as_it_can(postgres_server):
+    """A NUL in a text column (a server's log tail) and NaN or Infinity in a JSON one
+    (PostgreSQL's text and json have neither) would make the server refuse the row:
+    the NUL becomes U+FFFD, the number null, and the rest of the row is written."""
+    url = postgres_server.url(postgres_server.new_database())
+    with Ledger(url) as led:
+        run = led.add(Run(kind="run", spec_path="h.yaml", spec_text="", spec_hash="x", harness_version="t",
+                          status="done", error="engine said \x00 and died",
+                          summary={"values": [float("nan"), 1.5], "top": float("-inf")}))
+    with Ledger(url) as led:
+        row = led.run(run.id)
+        assert row.error == f"engine said {ledger_mod.NUL_STAND_IN} and died"
+        assert row.summary == {"values": [None, 1.5], "top": None}

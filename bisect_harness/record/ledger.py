@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import json
+import math
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -326,11 +328,12 @@ class Ledger:
         self.shown = database.shown(url)
         try:
             target = database.engine_url(url)
-            sqlite = target.get_backend_name() == database.SQLITE
+            backend = target.get_backend_name()
             # An explicit busy timeout: a second harness waits for the first one's write
-            # instead of failing with "database is locked".
-            self.engine: Engine = create_engine(target, future=True,
-                                                connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+            # instead of failing with "database is locked". PostgreSQL's json has no NaN.
+            options = ({"connect_args": {"timeout": BUSY_TIMEOUT_S}} if backend == database.SQLITE else
+                       {"json_serializer": _finite_json} if backend == database.POSTGRES else {})
+            self.engine: Engine = create_engine(target, future=True, **options)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             _while_locked(self._init_schema, self.engine)
@@ -343,6 +346,8 @@ class Ledger:
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
         event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
+        if self.engine.dialect.name == database.POSTGRES:
+            event.listen(self.session, "before_flush", _no_nul_before_flush)
         try:
             self._mark_stale()
         except SQLAlchemyError as exc:
@@ -565,6 +570,40 @@ def _or_unknown(value) -> object:
 def _redact_before_flush(session, _flush_context, _instances) -> None:
     for obj in (*session.new, *session.dirty):
         redact_row(obj)
+
+
+#: What a NUL character of a text column becomes on PostgreSQL, whose text holds none.
+NUL_STAND_IN = "\ufffd"
+
+
+def _no_nul_before_flush(session, _flush_context, _instances) -> None:
+    """On PostgreSQL: a NUL in a text column (a server's log tail, a failure it
+    printed) becomes U+FFFD, where the server would refuse the whole row. (JSON
+    columns keep theirs: JSON writes it as an escape.)"""
+    for obj in (*session.new, *session.dirty):
+        for attr in inspect(obj).mapper.column_attrs:
+            value = getattr(obj, attr.key, None)
+            if isinstance(value, str) and "\x00" in value:
+                setattr(obj, attr.key, value.replace("\x00", NUL_STAND_IN))
+
+
+def _finite_json(value: Any) -> str:
+    """JSON text of a JSON column on PostgreSQL, whose json type has no NaN nor
+    Infinity: such a number is stored as null there (SQLite keeps it as written)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
