@@ -69,6 +69,16 @@ def execute(url: str, *statements: str) -> None:
         engine.dispose()
 
 
+def schema_of(url: str) -> dict[str, list[str]]:
+    """The ledger's tables and their columns, whichever database it is."""
+    engine = create_engine(database.engine_url(url), poolclass=NullPool)
+    try:
+        found = inspect(engine)
+        return {table: [c["name"] for c in found.get_columns(table)] for table in found.get_table_names()}
+    finally:
+        engine.dispose()
+
+
 def _json(value):
     """A JSON column as stored: SQLite hands back its text, psycopg the value."""
     return json.loads(value) if isinstance(value, str) else value
@@ -203,11 +213,11 @@ def test_an_older_ledger_is_upgraded_and_its_runs_render_and_resume(together, tm
                      f"(SELECT id FROM hypotheses WHERE run_id = {cut})",
                 f"UPDATE runs SET status = 'interrupted', finished_at = NULL WHERE id = {cut}")
         _downgrade_to_v1(url)
-        assert "findings" not in [c["name"] for c in inspect(create_engine(database.engine_url(url),
-                                                                            poolclass=NullPool)).get_columns("verdicts")]
+        assert "findings" not in schema_of(url)["verdicts"]
         with Ledger(url) as led:  # upgraded on this open
             assert rows(url, "SELECT value FROM meta") == [(str(SCHEMA_VERSION),)]
-            assert {v.findings for v in led.run(done).hypotheses[0].verdicts} == {None}  # read from its sentences
+            assert [v.findings for v in led.run(done).hypotheses[0].verdicts] == [None] * len(
+                led.run(done).hypotheses[0].verdicts)  # what they found is read from their sentences
             page = journal.write(led, led.run(done), tmp_path / "j").read_text()
         assert together["answers"]["regression"]["hypotheses"][0]["verdict"] in page
         spec = together["specs"]["attention"]
@@ -232,14 +242,15 @@ def test_the_url_password_is_never_stored_or_printed(together, tmp_path):
     if together["backend"] != "postgres":
         pytest.skip("a SQLite URL has no password")
     url, password = together["url"], together["server"].password
-    for table in inspect(create_engine(database.engine_url(url), poolclass=NullPool)).get_table_names():
+    for table in schema_of(url):
         for (row,) in rows(url, f"SELECT row_to_json(t)::text FROM {table} t"):
             assert password not in row, (table, row[:300])
     outputs = [out + err for out, err in together["outs"].values()]
     listed = harness("ledger", "list", "--ledger", url)
     assert listed.returncode == 0 and "harness:***@127.0.0.1" in " ".join(listed.stdout.split()), listed.stdout
     errors = []
-    for wrong in (url.rsplit("/", 1)[0] + "/no_such_database", url.replace(f":{together['server'].port}/", f":{free_port()}/")):
+    port = together["server"].port
+    for wrong in (url.rsplit("/", 1)[0] + "/no_such_database", url.replace(f":{port}/", f":{free_port()}/")):
         with pytest.raises(UserError) as refused:  # no database of that name; no server at that port
             Ledger(wrong)
         errors.append(str(refused.value))
@@ -357,8 +368,7 @@ def test_a_newer_postgres_ledger_is_refused_with_the_version_it_needs(postgres_s
     with pytest.raises(UserError, match=rf"schema version 99, newer than this harness understands "
                                         rf"\({SCHEMA_VERSION}\)"):
         Ledger(url)
-    assert "bisect_probes" not in inspect(create_engine(database.engine_url(url),
-                                                        poolclass=NullPool)).get_table_names()
+    assert "bisect_probes" not in schema_of(url)
 
 
 def test_a_bare_postgresql_url_uses_psycopg_and_a_missing_driver_names_the_extra(postgres_server, tmp_path):
@@ -404,5 +414,5 @@ def test_what_postgres_cannot_hold_is_stored_as_near_as_it_can(postgres_server):
                           summary={"values": [float("nan"), 1.5], "top": float("-inf")}))
     with Ledger(url) as led:
         row = led.run(run.id)
-        assert row.error == f"engine said {ledger_mod.NUL_STAND_IN} and died"
+        assert row.error == f"engine said {database.NUL_STAND_IN} and died"
         assert row.summary == {"values": [None, 1.5], "top": None}

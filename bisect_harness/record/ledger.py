@@ -19,9 +19,6 @@ once create or upgrade it once, and a migration cut short leaves it as it was.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import json
-import math
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -332,7 +329,7 @@ class Ledger:
             # An explicit busy timeout: a second harness waits for the first one's write
             # instead of failing with "database is locked". PostgreSQL's json has no NaN.
             options = ({"connect_args": {"timeout": BUSY_TIMEOUT_S}} if backend == database.SQLITE else
-                       {"json_serializer": _finite_json} if backend == database.POSTGRES else {})
+                       {"json_serializer": database.finite_json} if backend == database.POSTGRES else {})
             self.engine: Engine = create_engine(target, future=True, **options)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -347,7 +344,7 @@ class Ledger:
         self.session = Session(self.engine, expire_on_commit=False)
         event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
         if self.engine.dialect.name == database.POSTGRES:
-            event.listen(self.session, "before_flush", _no_nul_before_flush)
+            event.listen(self.session, "before_flush", database.no_nul_before_flush)
         try:
             self._mark_stale()
         except SQLAlchemyError as exc:
@@ -384,15 +381,15 @@ class Ledger:
         """Create or upgrade the schema in one transaction, the version read before
         anything is written. The transaction first takes a lock that other openers of
         the ledger wait on: SQLite's write lock (``BEGIN IMMEDIATE``), PostgreSQL's
-        transaction-level advisory lock of the ledger's schema (:func:`schema_lock_key`),
+        transaction-level advisory lock of the ledger's schema (``database.schema_lock_key``),
         so processes opening one new ledger at once create it once, and a migration
         killed half-way leaves the ledger as it was (both databases roll back DDL)."""
         with self.engine.connect() as conn:
             if self.engine.dialect.name == database.SQLITE:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
             elif self.engine.dialect.name == database.POSTGRES:
-                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"),
-                             {"key": schema_lock_key(conn.execute(text("SELECT current_schema()")).scalar() or "")})
+                schema = conn.execute(text("SELECT current_schema()")).scalar() or ""
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": database.schema_lock_key(schema)})
             version = None
             if inspect(conn).has_table("meta"):
                 row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).first()
@@ -554,14 +551,6 @@ class Ledger:
         return out
 
 
-def schema_lock_key(schema: str) -> int:
-    """The 64-bit key of the advisory lock a PostgreSQL ledger whose tables live in
-    ``schema`` is created and upgraded under (one key, where a run's lock has two:
-    the two never meet, ``runlock.advisory_key``)."""
-    digest = hashlib.sha256(f"bisect-harness schema\0{schema}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 def _or_unknown(value) -> object:
     """A figure of a run's holder as its message says it: ``?`` where it was not recorded."""
     return "?" if value is None else value
@@ -570,40 +559,6 @@ def _or_unknown(value) -> object:
 def _redact_before_flush(session, _flush_context, _instances) -> None:
     for obj in (*session.new, *session.dirty):
         redact_row(obj)
-
-
-#: What a NUL character of a text column becomes on PostgreSQL, whose text holds none.
-NUL_STAND_IN = "\ufffd"
-
-
-def _no_nul_before_flush(session, _flush_context, _instances) -> None:
-    """On PostgreSQL: a NUL in a text column (a server's log tail, a failure it
-    printed) becomes U+FFFD, where the server would refuse the whole row. (JSON
-    columns keep theirs: JSON writes it as an escape.)"""
-    for obj in (*session.new, *session.dirty):
-        for attr in inspect(obj).mapper.column_attrs:
-            value = getattr(obj, attr.key, None)
-            if isinstance(value, str) and "\x00" in value:
-                setattr(obj, attr.key, value.replace("\x00", NUL_STAND_IN))
-
-
-def _finite_json(value: Any) -> str:
-    """JSON text of a JSON column on PostgreSQL, whose json type has no NaN nor
-    Infinity: such a number is stored as null there (SQLite keeps it as written)."""
-    try:
-        return json.dumps(value, allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(value), allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
