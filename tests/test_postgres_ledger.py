@@ -416,3 +416,21 @@ def test_what_postgres_cannot_hold_is_stored_as_near_as_it_can(postgres_server):
         row = led.run(run.id)
         assert row.error == f"engine said {database.NUL_STAND_IN} and died"
         assert row.summary == {"values": [None, 1.5], "top": None}
+
+
+def test_a_migration_that_fails_half_way_leaves_the_ledger_as_it_was(ledger_url, monkeypatch):
+    """Both databases run a migration in the one transaction that read the version: a
+    statement that fails after the first ``ALTER`` leaves a schema-1 ledger as it was
+    (PostgreSQL, like SQLite, rolls DDL back), and the next open migrates the whole way."""
+    Ledger(ledger_url).close()
+    _downgrade_to_v1(ledger_url)
+    first = ledger_mod.MIGRATIONS[2][0]
+    monkeypatch.setitem(ledger_mod.MIGRATIONS, 2, (first, "SELECT no_such_function()"))
+    with pytest.raises(ledger_mod.InfrastructureError, match=rf"from schema version 1 to {SCHEMA_VERSION}: .*no_such_function.*; the ledger was left as it was"):
+        Ledger(ledger_url)
+    assert rows(ledger_url, "SELECT value FROM meta") == [("1",)]
+    assert "series" not in schema_of(ledger_url)["configs"]
+    monkeypatch.undo()
+    Ledger(ledger_url).close()
+    assert rows(ledger_url, "SELECT value FROM meta") == [(str(SCHEMA_VERSION),)]
+    assert {"series", "summary", "findings", "point"} <= {c for cols in schema_of(ledger_url).values() for c in cols}

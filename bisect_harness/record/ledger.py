@@ -415,7 +415,7 @@ class Ledger:
                     conn.rollback()
                     raise InfrastructureError(
                         f"could not upgrade the ledger {self.shown} from schema version {version} to "
-                        f"{SCHEMA_VERSION}: {exc}; the ledger was left as it was; back it up and retry, "
+                        f"{SCHEMA_VERSION}: {_said(exc)}; the ledger was left as it was; back it up and retry, "
                         "or use another --ledger") from None
             conn.commit()
 
@@ -601,9 +601,14 @@ def _refused_write(exc: BaseException) -> bool:
     return any(key in text for key, _what, _fix in _REFUSALS)
 
 
+def _said(exc: BaseException) -> str:
+    """The first line of what the database said (not SQLAlchemy's statement and link)."""
+    return (str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__).splitlines()[0]
+
+
 def _write_error(url: str, exc: BaseException, *, opening: bool = False) -> InfrastructureError:
     """One line for a write the ledger refused: what, where, what to do (exit 3)."""
-    said = (str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__).splitlines()[0]
+    said = _said(exc)
     low = said.lower()
     for key, what, fix in _REFUSALS:
         if key in low:
