@@ -15,8 +15,9 @@ the database (:func:`hold` asks the kinds, :data:`KINDS`):
 - **PostgreSQL**: a session-level advisory lock (``pg_try_advisory_lock``) keyed
   by the ledger (a namespace drawn from the ledger's schema, within its database)
   and the run id, held on a connection of its own for the life of the run. The
-  server drops it when that connection closes: its holder exited, was killed,
-  or lost its node. The connection's ``application_name`` names the holder
+  server drops it when that connection closes: its holder exited or was killed
+  (a node that vanishes is found by the TCP keepalives that connection asks for,
+  in about a minute). The connection's ``application_name`` names the holder
   (``harness PID@HOST``, which the server cuts at 63 bytes: a host name past 47
   characters is shown cut), read through ``pg_locks`` and ``pg_stat_activity``
   by a refused harness. Every harness that writes a Postgres ledger holds its
@@ -180,6 +181,11 @@ class _FileLocks:
 
 # --------------------------------------------------------------------------- PostgreSQL: an advisory lock
 
+#: Settings of a holder's connection: the server probes it after 30 s of silence and
+#: drops it (and the lock) when a holder's host is gone for about a minute, and no
+#: server-wide idle timeout ends it while the run goes on.
+_HOLD_OPTIONS = ("-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 "
+                 "-c idle_session_timeout=0 -c idle_in_transaction_session_timeout=0")
 #: ``application_name`` of a holder's connection: ``harness PID@HOST``.
 _HOLDER_PREFIX = "harness "
 #: The holders of one run's advisory key in this database, their connections' names.
@@ -223,8 +229,11 @@ class _AdvisoryLocks:
     def hold(url: str, run_id: int) -> RunLock:
         me = liveness.owner_record()
         name = f"{_HOLDER_PREFIX}{me['pid']}@{me['hostname'] or socket.gethostname()}"
-        engine = create_engine(database.engine_url(url), poolclass=NullPool,
-                               connect_args={"application_name": name[:63]})
+        target = database.engine_url(url)
+        given = target.query.get("options")  # the URL's own (a search_path, say) come first
+        options = " ".join(o for o in (given if isinstance(given, str) else "", _HOLD_OPTIONS) if o)
+        engine = create_engine(target, poolclass=NullPool,
+                               connect_args={"application_name": name[:63], "options": options})
         try:
             connection = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except SQLAlchemyError as exc:
