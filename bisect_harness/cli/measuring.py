@@ -95,7 +95,7 @@ def run(
         console.print(_verdict_table(the_run))
         for line in curve_lines(the_run):
             console.print(line, markup=False)
-        console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
+        console.print(f"ledger: {led.shown} (run {the_run.id})", markup=False)  # its password never printed
         if json_out:
             emit("run", run_summary(the_run))
         _fail_if_not_measured(the_run, journal_dir / "logs")

@@ -30,7 +30,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
                                            "created_at": str(r.created_at), "spec": r.spec_path,
                                            "hypotheses": len(r.hypotheses)} for r in runs]})
             return
-        t = Table(title=escape(f"runs in {ledger}"))
+        t = Table(title=escape(f"runs in {led.shown}"))  # the URL's password never printed
         for col in ("run", "kind", "date", "status", "spec", "hypotheses", "verdicts"):
             t.add_column(col)
         for r in runs:
