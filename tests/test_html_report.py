@@ -33,6 +33,7 @@ from bisect_harness.record.ledger import (Boot, Calibration, Config, HypothesisR
 from bisect_harness.report.cells import fmt
 from bisect_harness.report.html import INDEX_PAGE, compare_page, run_page, series_page, write_site
 from bisect_harness.report.html.markup import inline
+from bisect_harness.report.series import nightly_series
 from helpers import write_spec
 from mock_boots import Planted, harness_here
 
@@ -318,9 +319,12 @@ def test_each_plot_draws_a_point_per_figure_the_ledger_holds(site, visit):
         assert cv.errors == []
         night = led.run(site["nightly"][-1])
         series = next(c.series for c in night.configs if c.series)
+        nights = nightly_series(led, series, "decode_ms", up_to_run=night.id)
     sv = visit(site["out"] / series_page(series))
-    assert sv.page.locator("svg.plot circle.night").count() == len(site["nightly"])
-    assert sv.page.locator("svg.plot circle.night[fill='#d62728']").count() == len(site["alerts"]) > 0
+    assert sv.page.locator("svg.plot circle.night").count() == len(nights) >= len(site["nightly"])
+    assert {n.run_id for n in nights} == set(site["nightly"])
+    assert sv.page.locator("svg.plot circle.night[fill='#d62728']").count() == sum(
+        n.status == "alert" for n in nights) > 0
 
 
 def test_the_series_page_links_each_alert_to_its_bisection_and_shows_the_stored_change_points(site, visit):
@@ -338,7 +342,10 @@ def test_the_series_page_links_each_alert_to_its_bisection_and_shows_the_stored_
         assert page.page.locator(f"#{frag} h2").inner_text().startswith("Bisection")
     rows = v.page.locator("#changepoints-table tbody tr").count() if stored else 0
     assert rows == len(stored)
-    assert v.page.locator("#nights-table tbody tr").count() == len(site["nightly"])
+    with Ledger(site["url"]) as led:
+        nights = nightly_series(led, series, "decode_ms", up_to_run=last.id)
+    runs = v.page.eval_on_selector_all("#nights-table tbody tr", "rs => rs.map(r => +r.dataset.run)")
+    assert runs == [n.run_id for n in nights] and set(runs) == set(site["nightly"])
 
 
 def test_the_compare_page_says_what_harness_compare_decides(site, visit):
