@@ -45,6 +45,9 @@ CHROMIUM_ARGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable
 #: the 200-run index must load and answer a click within these seconds on a busy 2-core host
 INDEX_LOAD_S = 10.0
 
+# one ledger per module: under `--dist loadgroup` its tests stay on one worker and make it once
+pytestmark = pytest.mark.xdist_group("html-report")
+
 
 def make_ledger(root: Path) -> dict:
     """A ledger of real runs (see the module doc): its URL, the ids of each kind of run,
@@ -207,7 +210,14 @@ class Visit:
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.context.route("**/*", self._route)
+        self.go(path)
+
+    def go(self, path: Path) -> "Visit":
+        """Open ``path`` in the same tab, what the last page logged forgotten."""
+        self.errors.clear()
+        self.fetched.clear()
         self.page.goto(path.resolve().as_uri(), wait_until="load")
+        return self
 
     def _route(self, route) -> None:
         url = route.request.url
@@ -248,12 +258,13 @@ def test_every_page_loads_without_a_console_error_and_every_link_resolves(site, 
     and, with a fragment, an element of that page."""
     out = site["out"].resolve()
     todo, seen, anchors = [out / INDEX_PAGE], set(), []
+    v = visit(out / INDEX_PAGE)
     while todo:
         path = todo.pop()
         if path in seen:
             continue
         seen.add(path)
-        v = visit(path)
+        v.go(path)
         assert v.errors == [], f"{path.relative_to(out)}: {v.errors}"
         assert v.fetched == [], f"{path.relative_to(out)} fetched {v.fetched}"
         for href in v.page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
@@ -263,7 +274,6 @@ def test_every_page_loads_without_a_console_error_and_every_link_resolves(site, 
             todo.append(target)
             if frag:
                 anchors.append((path, target, frag))
-        v.close()
     assert {p.relative_to(out).as_posix() for p in seen} == set(site["pages"])
     for path, target, frag in anchors:
         assert f'id="{frag}"' in target.read_text(encoding="utf-8"), f"{path}: #{frag} is not in {target}"
@@ -392,9 +402,14 @@ def test_the_index_stays_usable_with_200_runs_and_screenshots_are_taken(site, vi
     v = visit(out / INDEX_PAGE)
     rows = "#runs-table tbody tr"
     assert v.page.locator(rows).count() == 200
+    loaded_s = time.monotonic() - started
+    shots = Path(os.environ.get("BISECT_HARNESS_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    v.page.screenshot(path=str(shots / "report-index.png"))  # as it opens: newest first
+    clicked = time.monotonic()
     v.page.click("#runs-table thead th:nth-child(1)")
     assert v.page.evaluate("() => +document.querySelector('#runs-table tbody tr').dataset.run") == 1
-    assert time.monotonic() - started < INDEX_LOAD_S
+    assert loaded_s + (time.monotonic() - clicked) < INDEX_LOAD_S
     assert v.errors == [] and v.fetched == []
     v.page.fill("#filter", "nightly")
     assert v.page.locator(f"{rows}:not([hidden])").count() == nightly > 0
@@ -402,9 +417,6 @@ def test_the_index_stays_usable_with_200_runs_and_screenshots_are_taken(site, vi
     v.page.fill("#filter", "")
     assert v.page.locator(f"{rows}:not([hidden])").count() == 200
     assert (out / INDEX_PAGE).stat().st_size < 512 * 1024 and len(written.pages) > 200
-    shots = Path(os.environ.get("BISECT_HARNESS_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    shots.mkdir(parents=True, exist_ok=True)
-    v.page.screenshot(path=str(shots / "report-index.png"))
     run = visit(site["out"] / run_page(site["runs"][0]))
     run.page.screenshot(path=str(shots / "report-run.png"), full_page=True)
     for name in ("report-index.png", "report-run.png"):

@@ -29,7 +29,7 @@ SIDE_COLOURS = {"baseline": "#1f77b4", "treatment": "#ff7f0e"}
 OUTCOME_COLOURS = {"confirmed": "#2ca02c", "refuted": "#d62728", "inconclusive": "#7f7f7f"}
 
 WIDTH, HEIGHT = 640, 300
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 28, 44
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 46, 44
 
 
 def _nice_ticks(low: float, high: float, most: int = 6) -> list[float]:
@@ -146,10 +146,11 @@ def boots_plot(points, *, title: str, metric: str, unit: str) -> str:
 
 
 def _legend(items: Sequence[tuple[str, str]]) -> str:
+    """A row of coloured dots and their words above the plot's box, clear of its points."""
     parts, at = [], LEFT + 8
     for text, colour in items:
-        parts.append(f'<circle cx="{at}" cy="{TOP + 12}" r="5" fill="{colour}"/>'
-                     f'<text x="{at + 9}" y="{TOP + 16}" class="legend">{escape(text)}</text>')
+        parts.append(f'<circle cx="{at}" cy="{TOP - 12}" r="5" fill="{colour}"/>'
+                     f'<text x="{at + 9}" y="{TOP - 8}" class="legend">{escape(text)}</text>')
         at += 16 + 8 * len(text)
     return '<g class="legend">' + "".join(parts) + "</g>"
 
