@@ -293,14 +293,14 @@ def _series_context(ledger: Ledger, ref: SeriesRef, runs_by_id: dict[int, Run], 
     report, from_run = _stored_changepoints(ref, runs_by_id)
     points = [p for p in (report or {}).get("points") or []
               if (p.get("series") == ref.key if ref.point is not None else "point" not in p)]
-    plot = svg.series_plot([svg.NightMark(run_id=r.run_id, value=r.value, low=r.low, high=r.high,
+    plot = svg.series_plot([svg.NightMark(run_id=r.run_id, commit=r.commit, value=r.value, low=r.low, high=r.high,
                                           alert=r.status == "alert",
                                           label=f"night run {r.run_id} ({r.date}, {r.commit}): {fmt(r.value, 3)}, "
                                                 f"boots {fmt(r.low, 3)} to {fmt(r.high, 3)}, {r.status}")
-                            for r in rows], [p["run_id"] for p in points],
+                            for r in rows], [(p["run_id"], str(p["commit"])[:12]) for p in points],
                            title=f"{ref.experiment}: {ref.metric} per night", metric=ref.metric)
     return {"ref": ref, "nights": rows, "plot": Markup(plot), "changepoints": points, "report": report,
-            "report_run": from_run, "alerts": [r for r in rows if r.status == "alert"]}
+            "report_run": from_run, "alerts": [r for r in rows if r.status == "alert" and r.tonight]}
 
 
 def _night_ratio(run: Run | None, ref: SeriesRef) -> str:

@@ -200,10 +200,11 @@ def curve_plot(points, *, title: str, axis: str | None, xs: Sequence[float | Non
 
 @dataclass(frozen=True)
 class NightMark:
-    """One night of a series as its plot draws it: its run, its value, the range of its
-    boots' means, and whether it alerted."""
+    """One night of a series as its plot draws it: its run and commit, its value, the
+    range of its boots' means, and whether it alerted."""
 
     run_id: int
+    commit: str
     value: float
     low: float
     high: float
@@ -211,10 +212,12 @@ class NightMark:
     label: str
 
 
-def series_plot(nights: Sequence[NightMark], change_runs: Sequence[int], *, title: str, metric: str) -> str:
+def series_plot(nights: Sequence[NightMark], change_at: Sequence[tuple[int, str]], *, title: str,
+                metric: str) -> str:
     """A nightly series: one ``circle.night`` per night at its value, a bar over the range
     of its boots' means, red where it alerted; a dashed ``line.change-point`` before
-    each night a stored change point starts at. "" without a night."""
+    each night a stored change point starts at (``change_at``: its run and commit, as
+    the night's row names them). "" without a night."""
     if not nights:
         return ""
     y = _Axis(*_padded([v for n in nights for v in (n.value, n.low, n.high)]), HEIGHT - BOTTOM, TOP)
@@ -224,7 +227,7 @@ def series_plot(nights: Sequence[NightMark], change_runs: Sequence[int], *, titl
     every = max(1, math.ceil(len(nights) / 12))
     out += _x_ticks(x, [(i, str(n.run_id)) for i, n in enumerate(nights) if i % every == 0])
     for i, n in enumerate(nights):
-        if n.run_id in change_runs:
+        if (n.run_id, n.commit) in change_at:
             cx = x(i - 0.5)
             out.append(f'<line class="change-point" x1="{cx:.1f}" x2="{cx:.1f}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" '
                        f'stroke="#9467bd" stroke-width="2" stroke-dasharray="6 4"><title>change point from night run '
