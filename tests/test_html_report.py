@@ -3,7 +3,7 @@
 One ledger, made once for the module by the real ``harness`` commands in this process
 (boots answered by the mock backend: ``mock_boots.Planted``, the demo history's 1.9x
 regression, and ``curve_boots.Curved``, a curve that wins at low load): two runs of a
-hypothesis that bisects its confirmed regression, a load-curve run, and eight nights
+hypothesis that bisects its confirmed regression, a load-curve run, and ten nights
 of a nightly series whose first slow night alerts and bisects and whose last stores a
 change-point pass. A second ledger holds 200 runs, copies of those rows made through
 the ledger's session (:func:`copy_runs`).

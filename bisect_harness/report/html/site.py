@@ -36,6 +36,7 @@ from typing import Sequence
 
 import jinja2
 from markupsafe import Markup
+from sqlalchemy import select
 
 from bisect_harness.errors import UserError
 from bisect_harness.model import Outcome, shown_outcome
@@ -202,6 +203,9 @@ class HypothesisPlot:
 
 
 def _run_context(ledger: Ledger, run: Run, refs: dict[str, SeriesRef], previous: dict[int, int]) -> dict:
+    """A run's page: the journal's sections of ``run`` (no PNG drawn), each hypothesis'
+    boots and each curve (before its first point's hypothesis) as SVG, the series the
+    run is a night of, and the comparisons it takes part in."""
     parts = journal.sections(ledger, run)
     curve_by_first = {}
     for c in parts.curves:
@@ -384,7 +388,7 @@ def write_site(ledger: Ledger, out: Path, *, pairs: Sequence[tuple[int, int]] = 
     refs = _series_refs(runs)
     previous = _previous_runs(runs)
     bisections: dict[int, list] = {}
-    for bis in ledger.session.query(Bisection).order_by(Bisection.id):
+    for bis in ledger.session.scalars(select(Bisection).order_by(Bisection.id)):
         bisections.setdefault(bis.run_id, []).append(bis)
     written = []
 
