@@ -28,8 +28,7 @@ import pytest
 from sqlalchemy import inspect as sa_inspect, select
 
 from bisect_harness.demo import create_demo_repo
-from bisect_harness.record.ledger import (Boot, Calibration, Config, HypothesisRow, Ledger, Run, SampleRow,
-                                          VerdictRow)
+from bisect_harness.record.ledger import Boot, Ledger
 from bisect_harness.report.cells import fmt
 from bisect_harness.report.html import INDEX_PAGE, compare_page, run_page, series_page, write_site
 from bisect_harness.report.html.markup import inline
@@ -252,7 +251,7 @@ def _local(url: str) -> tuple[Path, str]:
 # --------------------------------------------------------------------------- the tests
 
 
-def test_every_page_loads_without_a_console_error_and_every_link_resolves(site, visit):
+def test_every_page_loads_without_a_console_error_and_every_link_resolves(visit, site):
     """A crawl from the index reaches every page written; each loads with no console
     error, fetches nothing outside the folder, and each link names a file that exists
     and, with a fragment, an element of that page."""
@@ -279,7 +278,7 @@ def test_every_page_loads_without_a_console_error_and_every_link_resolves(site, 
         assert f'id="{frag}"' in target.read_text(encoding="utf-8"), f"{path}: #{frag} is not in {target}"
 
 
-def test_the_index_lists_every_run_newest_first_with_its_verdicts_counted(site, visit):
+def test_the_index_lists_every_run_newest_first_with_its_verdicts_counted(visit, site):
     v = visit(site["out"] / INDEX_PAGE)
     rows = v.page.eval_on_selector_all("#runs-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => "
                                        "c.textContent.trim()))")
@@ -292,7 +291,7 @@ def test_the_index_lists_every_run_newest_first_with_its_verdicts_counted(site, 
             assert row[3] == run.kind and row[4].startswith(run.status)
 
 
-def test_the_verdict_table_shows_what_the_ledger_holds(site, visit):
+def test_the_verdict_table_shows_what_the_ledger_holds(visit, site):
     run_id = site["runs"][0]
     v = visit(site["out"] / run_page(run_id))
     rows = v.page.eval_on_selector_all("#verdicts-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => "
@@ -308,7 +307,7 @@ def test_the_verdict_table_shows_what_the_ledger_holds(site, visit):
         assert "confirmed" in [r[3] for r in rows]  # the planted regression, confirmed as the ledger says
 
 
-def test_each_plot_draws_a_point_per_figure_the_ledger_holds(site, visit):
+def test_each_plot_draws_a_point_per_figure_the_ledger_holds(visit, site):
     """A hypothesis' plot: a circle per boot of its two configs with values of its
     metric; a curve's: a point per load point with a ratio; a series': a night each."""
     run_id = site["runs"][0]
@@ -337,7 +336,7 @@ def test_each_plot_draws_a_point_per_figure_the_ledger_holds(site, visit):
         n.status == "alert" for n in nights) > 0
 
 
-def test_the_series_page_links_each_alert_to_its_bisection_and_shows_the_stored_change_points(site, visit):
+def test_the_series_page_links_each_alert_to_its_bisection_and_shows_the_stored_change_points(visit, site):
     with Ledger(site["url"]) as led:
         last = led.run(site["nightly"][-1])
         series = next(c.series for c in last.configs if c.series)
@@ -358,7 +357,7 @@ def test_the_series_page_links_each_alert_to_its_bisection_and_shows_the_stored_
     assert runs == [n.run_id for n in nights] and set(runs) == set(site["nightly"])
 
 
-def test_the_compare_page_says_what_harness_compare_decides(site, visit):
+def test_the_compare_page_says_what_harness_compare_decides(visit, site):
     from bisect_harness.report.compare import compare_runs
 
     a, b = site["runs"]
@@ -370,7 +369,7 @@ def test_the_compare_page_says_what_harness_compare_decides(site, visit):
     assert shown == [[r.label, r.verdict.outcome.value] for r in decided]
 
 
-def test_a_click_on_a_column_head_sorts_the_table(site, visit):
+def test_a_click_on_a_column_head_sorts_the_table(visit, site):
     v = visit(site["out"] / INDEX_PAGE)
     ids = "() => [...document.querySelectorAll('#runs-table tbody tr')].map(r => +r.dataset.run)"
     newest_first = v.page.evaluate(ids)
@@ -388,7 +387,7 @@ def test_a_click_on_a_column_head_sorts_the_table(site, visit):
     assert got == sorted(got, reverse=True) and len(set(got)) > 1
 
 
-def test_the_index_stays_usable_with_200_runs_and_screenshots_are_taken(site, visit, tmp_path, tmp_path_factory):
+def test_the_index_stays_usable_with_200_runs_and_screenshots_are_taken(visit, site, tmp_path, tmp_path_factory):
     """200 runs: the index lists them all, loads and sorts within :data:`INDEX_LOAD_S`,
     its filter keeps only the rows that hold the words typed; screenshots of the index and
     of a run page are written for a person to look at."""
