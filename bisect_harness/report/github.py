@@ -112,9 +112,6 @@ def night_markdown(run, site: PublishedSite | NoSite = NoSite()) -> str:
     alert = " (alert)" if n.alert else ""
     lines = [f"## {experiment_of(run)}: nightly check {n.status}{alert}", "",
              f"Tonight's commit {_code(n.commit[:12])}, {n.metric}: {n.night.reason}"]
-    if n.night.ratio is not None:
-        lines[-1] += (f" (tonight / earlier nights {effect(n.night.ratio, *(n.night.ci or (None, None)))}, "
-                      f"p={fmt(n.night.p_value, 4)}, {n.night.nights_compared} nights compared)")
     lines.append("")
     if n.swept:
         lines += [f"- **{p.status}** at {_code(p.point)}: {p.reason}" for p in n.points]
