@@ -26,10 +26,12 @@ class Link:
 
 
 def series_slug(series: str) -> str:
-    """A nightly series' key as a file name: the config's series (20 hex digits) and, for
-    a load point, ``@`` and its label (``<series>@concurrency=32``), every character
-    that is not a letter, a digit, ``.``, ``_`` or ``-`` made a ``-``."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", series)
+    """A nightly series' key as the site names its page: the config's series (20 hex
+    digits) and, for a load point, ``@`` and its label; each run of characters other
+    than letters, digits, ``_``, ``.`` and ``-`` one ``-``, none at either end
+    (``<series>@concurrency=32`` -> ``<series>-concurrency-32``). The HTML report names
+    its pages by the same rule."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", series).strip("-.") or "series"
 
 
 def index_page() -> tuple[str, str]:
