@@ -30,7 +30,7 @@ def series_slug(series: str) -> str:
     digits) and, for a load point, ``@`` and its label; each run of characters other
     than letters, digits, ``_``, ``.`` and ``-`` one ``-``, none at either end
     (``<series>@concurrency=32`` -> ``<series>-concurrency-32``). The HTML report names
-    its pages by the same rule."""
+    its pages by this rule (``report.html.site`` imports it)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", series).strip("-.") or "series"
 
 

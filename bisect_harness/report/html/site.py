@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -47,6 +46,7 @@ from bisect_harness.report.html import svg
 from bisect_harness.report.html.markup import inline
 from bisect_harness.report.reproduce import experiment_name
 from bisect_harness.report.series import nightly_series, point_series
+from bisect_harness.report.site_links import series_slug
 from bisect_harness.secrets import redact_text
 from bisect_harness.spec import metric_defs
 
@@ -64,12 +64,6 @@ COMPARE_METRIC = "tok_s"
 def run_page(run_id: int) -> str:
     """``runs/<run_id>.html``: a run's page, relative to the report's folder."""
     return f"runs/{int(run_id)}.html"
-
-
-def series_slug(series: str) -> str:
-    """A series key as a file name: ``<series>@concurrency=32`` -> ``<series>-concurrency-32``."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", series).strip("-.")
-    return slug or "series"
 
 
 def series_page(series: str) -> str:
