@@ -21,6 +21,7 @@ def harness_cache(tmp_path_factory):
 
 
 from slurm_cluster import slurm_cluster  # noqa: E402,F401 - a real Slurm cluster, for the tests that ask
+from postgres_server import ledger_url, postgres_server  # noqa: E402,F401 - a real PostgreSQL server, likewise
 
 
 #: Test files that judge time or the host's quiet: they run alone, after the rest

@@ -5,7 +5,10 @@ workflow and runs its ``run:`` steps, in order, with the job's env and GitHub's
 ``bash -eo pipefail``, in a temp folder. The ``uses:`` actions are the seams,
 emulated as their documentation says: checkout copies the experiment folder,
 cache/restore and cache/save copy the cached path to and from a store that
-outlives a run, upload-artifact copies the matching files out. The ``install``
+outlives a run, upload-artifact copies the matching files (or folder) out, the JUnit
+report action reads its file as a check would. Each run has its own
+``$GITHUB_STEP_SUMMARY`` file, and repository variables (``vars.*``) read empty, as
+where none is set. The ``install``
 step is checked but not run (the package is already installed here; installing
 would change this environment). Three nights in a row on the demo engine show the
 ledger kept between runs, the journal published each night, and the job's result
@@ -24,13 +27,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import xml.etree.ElementTree as ET
+
 import pytest
+import xmlschema
 import yaml
 
 from helpers import query
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
+JUNIT_SCHEMA = xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit.xsd"))
 
 
 class LocalRunner:
@@ -42,6 +49,7 @@ class LocalRunner:
         self.root, self.bin = root, harness_bin
         self.store = root / "actions-cache"      # outlives a workflow run, as the Actions cache does
         self.artifacts = root / "artifacts"
+        self.checks = root / "checks"           # the JUnit files a check run was made of
         self.run_id = 0
 
     def expr(self, text: str) -> str:
@@ -49,6 +57,8 @@ class LocalRunner:
             name = m.group(1).strip()
             if name == "github.run_id":
                 return str(self.run_id)
+            if name.startswith("vars."):
+                return ""
             raise AssertionError(f"the local runner does not know the expression {name!r}")
         return re.sub(r"\$\{\{(.*?)\}\}", one, str(text))
 
@@ -58,7 +68,8 @@ class LocalRunner:
         ws = self.root / f"workspace-{self.run_id}"
         ws.mkdir()
         env = {**os.environ, **{k: self.expr(v) for k, v in (self.job.get("env") or {}).items()},
-               "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", "GITHUB_WORKSPACE": str(ws)}
+               "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", "GITHUB_WORKSPACE": str(ws),
+               "GITHUB_STEP_SUMMARY": str(ws.parent / f"step-summary-{self.run_id}.md")}
         shell = (self.job.get("defaults") or {}).get("run", {}).get("shell")
         assert shell == "bash", "run steps need bash -eo pipefail (GitHub's `shell: bash`)"
         failed, results = False, []
@@ -103,7 +114,18 @@ class LocalRunner:
             for pattern in str(with_["path"]).split():
                 for f in glob.glob(str(ws / pattern)):
                     dest.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(f, dest / Path(f).name)
+                    if Path(f).is_dir():  # a folder uploads its contents
+                        shutil.copytree(f, dest, dirs_exist_ok=True)
+                    else:
+                        shutil.copy2(f, dest / Path(f).name)
+        elif action == "mikepenz/action-junit-report":
+            report = ws / with_["report_paths"]
+            if report.exists():
+                ET.parse(report)  # the action fails on a file that is not XML
+                self.checks.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(report, self.checks / f"{self.run_id}-{report.name}")
+            else:
+                assert str(with_.get("require_tests", "true")).lower() == "false", "a missing report fails the check"
         else:
             raise AssertionError(f"the local runner does not emulate {action}")
 
@@ -127,7 +149,8 @@ def test_three_nights_keep_the_ledger_publish_the_journal_and_fail_only_on_an_al
         assert proc.returncode in (0, 4), proc.stderr[-3000:]
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert night["failed"] == (proc.returncode == 4) == out["alert"]
-        assert [s for _, s, _ in night["steps"]][-2:] == ["ok", "ok"]  # the ledger and journal saved even so
+        after = [name for name, _, _ in night["steps"]].index("Nightly check") + 1
+        assert {s for _, s, _ in night["steps"][after:]} == {"ok"}  # the ledger, journal, answers saved even so
         # the ledger came back from the cache: tonight's run is the i-th nightly run in it
         db = night["workspace"] / ".nightly" / "ledger" / "results.db"
         assert [r for (r,) in query(db, "SELECT id FROM runs WHERE kind = 'nightly' ORDER BY id")] == list(range(1, i + 1))
@@ -141,6 +164,17 @@ def test_three_nights_keep_the_ledger_publish_the_journal_and_fail_only_on_an_al
         assert f"Change points over the whole series: change points over {i} night(s) of tok_s: 0 found" in text
         index = (art / "index.md").read_text()
         assert all(f"| {r} |" in index for r in range(1, i + 1))
+        # the answers where CI reads them: the step summary, the JUnit check, the HTML report
+        summary = (night["workspace"].parent / f"step-summary-{i}.md").read_text()
+        assert summary.startswith(f"## nightly-demo: nightly check {out['status']}")
+        assert out["reason"] in summary.split("<details>")[0] and "</details>" in summary
+        assert "](http" not in summary  # no site address given: no links
+        report = tmp_path / "checks" / f"{i}-junit.xml"
+        JUNIT_SCHEMA.validate(str(report))
+        (case,) = ET.parse(report).getroot().iter("testcase")
+        ended = next((c.tag for c in case), "passed")
+        assert ended == {"first-night": "skipped", "ok": "passed"}.get(out["status"], "failure")
+        assert (tmp_path / "artifacts" / f"nightly-report-{i}" / "index.html").exists()
     last = [json.loads(n["proc"].stdout.strip().splitlines()[-1]) for n in nights]
     assert nights[0]["proc"].returncode == 0 and last[0]["status"] == "first-night"
     assert last[2]["nights_compared"] == 2
@@ -156,5 +190,6 @@ def test_an_alert_fails_the_job_and_still_saves_the_ledger_and_journal(tmp_path)
     steps = {name: status for name, status, _ in night["steps"]}
     assert steps["Nightly check"] == "failed"
     assert steps["Save the ledger"] == "ok" and steps["Publish the journal"] == "ok"
+    assert steps["Publish the JUnit results"] == "ok" and steps["Publish the report"] == "ok"
     assert (tmp_path / "actions-cache" / "nightly-ledger-1" / ".nightly" / "ledger" / "results.db").read_text() == "kept\n"
     assert json.loads((tmp_path / "artifacts" / "nightly-journal-1" / "nightly.json").read_text()) == {"alert": True}

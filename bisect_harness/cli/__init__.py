@@ -24,6 +24,7 @@ from rich.console import Console
 
 from bisect_harness.cli import measuring, reading, upkeep
 from bisect_harness.cli.common import RESUME_NEWEST
+from bisect_harness.cli import site  # harness report
 from bisect_harness.errors import HarnessError, InfrastructureError
 from bisect_harness.secrets import redact_text
 
@@ -47,6 +48,7 @@ app.command("journal")(reading.journal_cmd)
 app.command()(upkeep.doctor)
 app.command()(reading.compare)
 app.command()(upkeep.schema)
+app.command()(site.report)
 demo_app.command("init")(upkeep.demo_init)
 ledger_app.command("list")(reading.ledger_list)
 ledger_app.command("show")(reading.ledger_show)

@@ -14,7 +14,8 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from bisect_harness.cli.outputs import emit
+from bisect_harness.cli.outputs import (FORMAT_OPT, JUNIT_OPT, REPORT_URL_OPT, emit, publish_markdown, shown_format,
+                                        write_junit)
 from bisect_harness.cli.common import (BACKEND_OPT, JOURNAL_OPT, LEDGER_OPT, RESUME_NEWEST, SLOTS_OPT, WAIT_QUIET_OPT,
                                        _backend, _console, _effect, _write_journal)
 from bisect_harness.cli.summary import _verdict_table, curve_lines, run_summary
@@ -52,12 +53,19 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="Profile every hypothesis (as profile: true): one extra "
                                  "sample per arm under the engine's profiler, after the measured ones, never a "
                                  "sample of the verdict; the summary in the ledger, the trace beside the journal."),
+    form: str = FORMAT_OPT,
+    report_url: Optional[str] = REPORT_URL_OPT,
+    junit_file: Optional[Path] = JUNIT_OPT,
 ) -> None:
     """Run every hypothesis in FILE: boot, verify, benchmark, decide, record."""
     from bisect_harness.plan.build import make_plan
     from bisect_harness.spec import load_spec
 
     console = _console(json_out)
+    form = shown_format(form)
+    if dry_run and (form != "text" or junit_file is not None):
+        raise UserError("--format github and --junit show a run's answers; --dry-run boots nothing and has none: "
+                        "drop one of them")
     spec = load_spec(file).select(tuple(only or ()))
     if dry_run and resume is not None:
         raise UserError("--resume boots what an interrupted run still lacks; --dry-run boots nothing: drop one of them")
@@ -92,14 +100,35 @@ def run(
             _write_journal(led, executor.run, journal_dir, console, ledger, after_error=True)
             raise
         _write_journal(led, the_run, journal_dir, console, ledger)
-        console.print(_verdict_table(the_run))
-        for line in curve_lines(the_run):
-            console.print(line, markup=False)
-        console.print(f"ledger: {ledger} (run {the_run.id})", markup=False)
+        _ci_forms(console, the_run, form=form, report_url=report_url, junit_file=junit_file, ledger=led.shown,
+                  json_out=json_out)
+        console.print(f"ledger: {led.shown} (run {the_run.id})", markup=False)  # its password never printed
         if json_out:
             emit("run", run_summary(the_run))
         _fail_if_not_measured(the_run, journal_dir / "logs")
         _exit_if_no_culprit(the_run, console)
+
+
+def _ci_forms(console: Console, run, *, form: str, report_url: str | None, junit_file: Path | None, ledger: str,
+              json_out: bool) -> None:
+    """A run's answers as ``--format`` asks (the verdict table and the curves' lines, or
+    ``report.github``'s markdown) and, with ``--junit``, as JUnit XML (``report.junit``)."""
+    from bisect_harness.report.site_links import site_at
+
+    site = site_at(report_url)
+    if form == "github":
+        from bisect_harness.report.github import run_markdown
+
+        publish_markdown(redact_text(run_markdown(run, site)), json_mode=json_out)
+    else:
+        console.print(_verdict_table(run))
+        for line in curve_lines(run):
+            console.print(line, markup=False)
+    if junit_file is not None:
+        from bisect_harness.report.junit import run_suite
+
+        console.print(f"junit: {write_junit(junit_file, [run_suite(run, ledger_url=ledger, site=site)])}",
+                      markup=False)
 
 
 def _exit_if_no_culprit(run, console: Console) -> None:
@@ -321,6 +350,27 @@ def bisect(
         raise typer.Exit(EXIT_NO_CULPRIT)
 
 
+def _night_forms(run, *, form: str, report_url: str | None, junit_file: Path | None, ledger: str
+                 ) -> tuple[str | None, Path | None]:
+    """The night's markdown where ``--format github`` asks for it, and the path of its
+    JUnit file where ``--junit`` does (written here), both read from what the night
+    stored; made while the ledger is open."""
+    from bisect_harness.report.site_links import site_at
+
+    site = site_at(report_url)
+    markdown = None
+    if form == "github":
+        from bisect_harness.report.github import night_markdown
+
+        markdown = redact_text(night_markdown(run, site))
+    path = None
+    if junit_file is not None:
+        from bisect_harness.report.junit import night_suite
+
+        path = write_junit(junit_file, [night_suite(run, ledger_url=ledger, site=site)])
+    return markdown, path
+
+
 #: ``harness bisect``: the search stopped without an answer on a host that was mostly busy
 EXIT_UNDETERMINED = 5
 #: ``harness bisect`` (and ``harness run`` with ``bisect: true``): no culprit was named (its
@@ -347,6 +397,9 @@ def nightly(
     slots: Optional[int] = SLOTS_OPT,
     changepoints: bool = typer.Option(False, "--changepoints", help="Then look for level shifts over the whole "
                                       "series (old ones no night flagged); reported, never an alert."),
+    form: str = FORMAT_OPT,
+    report_url: Optional[str] = REPORT_URL_OPT,
+    junit_file: Optional[Path] = JUNIT_OPT,
 ) -> None:
     """Measure the newest commit, compare with earlier nights, bisect a regression.
 
@@ -354,6 +407,7 @@ def nightly(
     from bisect_harness.spec import load_spec
 
     console = _console(json_out)
+    form = shown_format(form)
     from bisect_harness.run.nightly import NightlyOptions, run_nightly
 
     options = _options(NightlyOptions, "--min-effect or --max-boots", rev=rev, metric=metric,
@@ -377,16 +431,23 @@ def nightly(
             executor.run.summary = {**(executor.run.summary or {}), "changepoints": report}
             led.commit()
         _write_journal(led, executor.run, journal_dir, console, ledger)
-    console.print(f"{outcome.status}: {outcome.reason}", markup=False)
-    if report is not None:
-        from bisect_harness.report.series import report_lines
+        markdown, junit_path = _night_forms(executor.run, form=form, report_url=report_url, junit_file=junit_file,
+                                            ledger=ledger)
+    if markdown is not None:
+        publish_markdown(markdown, json_mode=json_out)
+    else:
+        console.print(f"{outcome.status}: {outcome.reason}", markup=False)
+        if report is not None:
+            from bisect_harness.report.series import report_lines
 
-        for line in report_lines(report):
-            console.print(line, markup=False)
-    for d in outcome.drift:
-        console.print(f"  host drift: {d}", markup=False)
-    for w in outcome.warnings:
-        console.print(f"  warning: {w}", markup=False)
+            for line in report_lines(report):
+                console.print(line, markup=False)
+        for d in outcome.drift:
+            console.print(f"  host drift: {d}", markup=False)
+        for w in outcome.warnings:
+            console.print(f"  warning: {w}", markup=False)
+    if junit_path is not None:
+        console.print(f"junit: {junit_path}", markup=False)
     if json_out:
         emit("nightly", {**outcome.to_json(), **({"changepoints": report} if report is not None else {})})
     if outcome.alert:

@@ -34,10 +34,16 @@ there whether or not it was named. A leader is no culprit until named: read
 from __future__ import annotations
 
 import json
+import os
+import sys
+from pathlib import Path
+
+import typer
 
 from bisect_harness.errors import UserError
 
-__all__ = ["KINDS", "VERSIONS", "emit", "output_schema"]
+__all__ = ["FORMAT_OPT", "FORMATS", "JUNIT_OPT", "KINDS", "REPORT_URL_OPT", "VERSIONS", "emit", "output_schema",
+           "publish_markdown", "shown_format", "write_junit"]
 
 #: The version of each output's shape. ``doctor``'s is its stored record's
 #: (``observe.provenance``' ``SCHEMA_VERSION``), which the report already carries.
@@ -66,6 +72,46 @@ def output_schema(kind: str) -> dict:
             **body, "required": ["schema_version", *body.get("required", [])],
             "properties": {"schema_version": {"const": VERSIONS[kind]}, **body.get("properties", {})},
             "$defs": _DEFS}
+
+
+# -- the forms CI reads: --format github, --report-url, --junit ---------------------------
+
+#: What ``--format`` takes: ``text`` (the terminal's tables and lines) or ``github``
+#: (markdown for ``$GITHUB_STEP_SUMMARY`` and a pull-request comment, ``report.github``).
+FORMATS = ("text", "github")
+FORMAT_OPT = typer.Option("text", "--format", help="text (tables and lines) or github: markdown for a job's step "
+                          "summary and a pull-request comment (answers first, a folded table of evidence, links "
+                          "with --report-url); appended to $GITHUB_STEP_SUMMARY where it is set.")
+REPORT_URL_OPT = typer.Option(None, "--report-url", metavar="URL", help="Where `harness report --out DIR` is "
+                              "published: --format github and --junit link to its pages (none without it).")
+JUNIT_OPT = typer.Option(None, "--junit", metavar="FILE", help="Also write the answers as JUnit XML: a test case "
+                         "per hypothesis (per load point), a confirmed regression a failure, an undetermined one "
+                         "skipped with its reason.")
+
+
+def shown_format(value: str) -> str:
+    """``--format``'s value, or a UserError naming the formats."""
+    if value not in FORMATS:
+        raise UserError(f"--format {value!r}: no such format; known: {', '.join(FORMATS)}")
+    return value
+
+
+def publish_markdown(text: str, *, json_mode: bool) -> None:
+    """Print ``--format github``'s markdown (on stderr under ``--json``, whose object stays
+    the last line of stdout) and append it to ``$GITHUB_STEP_SUMMARY`` where the job
+    sets it, so the job's summary page shows it."""
+    print(text, file=sys.stderr if json_mode else sys.stdout, flush=True)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+
+def write_junit(path: Path, suites) -> Path:
+    """Write ``--junit``'s file (``report.junit``), whole or not at all."""
+    from bisect_harness.report import junit
+
+    return junit.write(path, junit.to_xml(suites))
 
 
 # -- the schemas, as data ------------------------------------------------------------------

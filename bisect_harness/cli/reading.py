@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape  # every user string shown through Rich markup goes through it
 from rich.table import Table
 
-from bisect_harness.cli.outputs import emit
+from bisect_harness.cli.outputs import FORMAT_OPT, REPORT_URL_OPT, emit, publish_markdown, shown_format
 from bisect_harness.cli.common import JOURNAL_OPT, LEDGER_OPT, _console, _effect, _write_journal
 from bisect_harness.cli.summary import _verdict_table, run_summary
 from bisect_harness.errors import UserError
@@ -30,7 +30,7 @@ def ledger_list(ledger: str = LEDGER_OPT, json_out: bool = typer.Option(False, "
                                            "created_at": str(r.created_at), "spec": r.spec_path,
                                            "hypotheses": len(r.hypotheses)} for r in runs]})
             return
-        t = Table(title=escape(f"runs in {ledger}"))
+        t = Table(title=escape(f"runs in {led.shown}"))  # the URL's password never printed
         for col in ("run", "kind", "date", "status", "spec", "hypotheses", "verdicts"):
             t.add_column(col)
         for r in runs:
@@ -80,16 +80,28 @@ def compare(
                                          "Default: worse in the metric's own direction."),
     ledger: str = LEDGER_OPT,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object as the last line."),
+    form: str = FORMAT_OPT,
+    report_url: Optional[str] = REPORT_URL_OPT,
 ) -> None:
     """Each config measured in both runs, RUN_B against RUN_A, by the verdict rule (boot-level
     statistics, host drift and every boot warning)."""
     from bisect_harness.report.compare import compare_runs, render_lines
     from bisect_harness.record.ledger import Ledger, require_existing
 
+    form = shown_format(form)
     if expect is not None and expect not in ("increase", "decrease"):
         raise UserError(f"--expect must be increase or decrease, got {expect!r}")
     with Ledger(require_existing(ledger)) as led:
         rows = compare_runs(led, run_a, run_b, metric=metric, expect=expect, min_effect=_effect(min_effect))
+        if form == "github":
+            from bisect_harness.report.github import compare_markdown
+            from bisect_harness.report.site_links import site_at
+
+            publish_markdown(redact_text(compare_markdown(rows, run_a, run_b, site_at(report_url))),
+                             json_mode=json_out)
+            if json_out:
+                emit("compare", {"run_a": run_a, "run_b": run_b, "configs": [r.to_json() for r in rows]})
+            return
         text = "\n".join(render_lines(rows, run_a, run_b))
         if json_out:
             _console(True).print(redact_text(text), markup=False)

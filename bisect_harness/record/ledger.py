@@ -1,11 +1,19 @@
 """The ledger: every run, config, boot, sample, verdict and bisection, append-only.
 
-Any SQLAlchemy URL works; the default is ``sqlite:///results.db``. Each sample is
-committed the moment it is measured, so a killed run loses nothing already
-measured, and a later run (or a resumed bisection) can reuse it.
+A SQLite file (the default, ``sqlite:///results.db``) for one person, a PostgreSQL
+database (``postgresql://user@host/db``, with the ``postgres`` extra) for a team;
+any other SQLAlchemy URL opens too, without run locks (``record.database``,
+``record.runlock``). Each sample is committed the moment it is measured, so a
+killed run loses nothing already measured, and a later run (or a resumed
+bisection) can reuse it. Several harnesses write one ledger at once: each row is
+its own transaction, and a run is held by one harness (``runlock``).
 
 The schema carries a version number in ``meta``; a database written by a newer
-harness is refused rather than misread.
+harness is refused rather than misread. Migrations (:data:`MIGRATIONS`) are plain
+``ALTER TABLE ... ADD COLUMN`` statements that both databases run, in the one
+transaction that reads the version: SQLite takes its write lock first and
+PostgreSQL a transaction-level advisory lock, so processes opening one ledger at
+once create or upgrade it once, and a migration cut short leaves it as it was.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine,
-                        event, insert, inspect, select, update)
+                        event, insert, inspect, select, text, update)
 from sqlalchemy.engine import make_url
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -28,7 +36,7 @@ from bisect_harness.errors import InfrastructureError, UserError
 from bisect_harness.model import utcnow
 from bisect_harness.secrets import redact_row
 from bisect_harness.observe import host_state
-from bisect_harness.record import legacy, liveness, runlock
+from bisect_harness.record import database, legacy, liveness, runlock
 
 if TYPE_CHECKING:  # only read: the ledger need not load the statistics to open
     from bisect_harness.decide.verdict import Verdict
@@ -312,27 +320,36 @@ class Ledger:
 
     def __init__(self, url: str = "sqlite:///results.db"):
         self.url = url
+        database.register_password(url)  # never stored nor printed (``secrets``)
+        #: the URL as messages print it: its password as ``***``
+        self.shown = database.shown(url)
         try:
-            sqlite = make_url(url).get_backend_name() == "sqlite"
+            target = database.engine_url(url)
+            backend = target.get_backend_name()
             # An explicit busy timeout: a second harness waits for the first one's write
-            # instead of failing with "database is locked".
-            self.engine: Engine = create_engine(url, future=True,
-                                                connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+            # instead of failing with "database is locked". PostgreSQL's json has no NaN.
+            options = ({"connect_args": {"timeout": BUSY_TIMEOUT_S}} if backend == database.SQLITE else
+                       {"json_serializer": database.finite_json} if backend == database.POSTGRES else {})
+            self.engine: Engine = create_engine(target, future=True, **options)
             if self.engine.dialect.name == "sqlite":
                 event.listen(self.engine, "connect", _sqlite_pragmas)
             _while_locked(self._init_schema, self.engine)
+        except ImportError as exc:  # the URL's database driver is not installed
+            raise database.driver_missing(url, exc) from None
         except SQLAlchemyError as exc:
             if _refused_write(exc):  # the ledger is there, but the machine refuses to write it
-                raise _write_error(url, exc, opening=True) from None
-            raise UserError(f"cannot open the ledger {url!r}: {exc.__class__.__name__}: {exc}. "
+                raise _write_error(self.shown, exc, opening=True) from None
+            raise UserError(f"cannot open the ledger {self.shown!r}: {exc.__class__.__name__}: {exc}. "
                             "Pass --ledger with a valid SQLAlchemy URL, e.g. sqlite:///results.db") from None
         self.session = Session(self.engine, expire_on_commit=False)
         event.listen(self.session, "before_flush", _redact_before_flush)  # secrets never stored (secrets.py)
+        if self.engine.dialect.name == database.POSTGRES:
+            event.listen(self.session, "before_flush", database.no_nul_before_flush)
         try:
             self._mark_stale()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise _write_error(self.url, exc) from None
+            raise _write_error(self.shown, exc) from None
 
     def _mark_stale(self) -> list[int]:
         """Mark ``interrupted`` the running runs (and their running boots) whose owning
@@ -340,11 +357,14 @@ class Ledger:
         (``runlock``: its holder went without recording the end, on any host); returns
         the run ids marked. Commits when it marks anything."""
         marked = []
-        for run in self.session.scalars(select(Run).where(Run.status == "running")).all():
+        running = self.session.scalars(select(Run).where(Run.status == "running")).all()
+        # on PostgreSQL the locks are asked on the session's own connection
+        asked = self.session.connection() if running and self.engine.dialect.name == database.POSTGRES else None
+        for run in running:
             owner = RunHost.from_json(run.host).owner or HarnessProcess()
             if liveness.owner_gone(owner.to_json()):
                 why = liveness.STALE_REASON.format(pid=owner.pid, hostname=owner.hostname)
-            elif runlock.left_free(self.url, run.id):
+            elif runlock.left_free(self.url, run.id, asked):
                 why = liveness.LEFT_REASON.format(pid=_or_unknown(owner.pid), hostname=_or_unknown(owner.hostname))
             else:
                 continue
@@ -359,19 +379,24 @@ class Ledger:
 
     def _init_schema(self) -> None:
         """Create or upgrade the schema in one transaction, the version read before
-        anything is written. On SQLite the transaction takes the write lock first
-        (``BEGIN IMMEDIATE``), so processes opening one new ledger at once create it
-        once, and a migration killed half-way leaves the ledger as it was."""
+        anything is written. The transaction first takes a lock that other openers of
+        the ledger wait on: SQLite's write lock (``BEGIN IMMEDIATE``), PostgreSQL's
+        transaction-level advisory lock of the ledger's schema (``database.schema_lock_key``),
+        so processes opening one new ledger at once create it once, and a migration
+        killed half-way leaves the ledger as it was (both databases roll back DDL)."""
         with self.engine.connect() as conn:
-            if self.engine.dialect.name == "sqlite":
+            if self.engine.dialect.name == database.SQLITE:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif self.engine.dialect.name == database.POSTGRES:
+                schema = conn.execute(text("SELECT current_schema()")).scalar() or ""
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": database.schema_lock_key(schema)})
             version = None
             if inspect(conn).has_table("meta"):
                 row = conn.execute(select(Meta.value).where(Meta.key == "schema_version")).first()
                 version = int(row[0]) if row is not None else None
             if version is not None and version > SCHEMA_VERSION:
                 conn.rollback()
-                raise UserError(f"the ledger {self.url} has schema version {version}, newer than this harness "
+                raise UserError(f"the ledger {self.shown} has schema version {version}, newer than this harness "
                                 f"understands ({SCHEMA_VERSION}); upgrade bisect-harness or use another --ledger")
             existed = set(inspect(conn).get_table_names())
             Base.metadata.create_all(conn)  # a table new since the ledger's version comes whole
@@ -389,8 +414,8 @@ class Ledger:
                 except SQLAlchemyError as exc:
                     conn.rollback()
                     raise InfrastructureError(
-                        f"could not upgrade the ledger {self.url} from schema version {version} to "
-                        f"{SCHEMA_VERSION}: {exc}; the ledger was left as it was; back it up and retry, "
+                        f"could not upgrade the ledger {self.shown} from schema version {version} to "
+                        f"{SCHEMA_VERSION}: {_said(exc)}; the ledger was left as it was; back it up and retry, "
                         "or use another --ledger") from None
             conn.commit()
 
@@ -413,7 +438,7 @@ class Ledger:
             self.session.commit()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise _write_error(self.url, exc) from None
+            raise _write_error(self.shown, exc) from None
         return obj
 
     def add_run(self, run: Run) -> tuple[Run, runlock.RunLock]:
@@ -428,7 +453,7 @@ class Ledger:
         except SQLAlchemyError as exc:
             self.session.rollback()
             lock.release()
-            raise _write_error(self.url, exc) from None
+            raise _write_error(self.shown, exc) from None
         except BaseException:
             self.session.rollback()
             lock.release()
@@ -440,14 +465,14 @@ class Ledger:
             self.session.commit()
         except SQLAlchemyError as exc:
             self.session.rollback()
-            raise _write_error(self.url, exc) from None
+            raise _write_error(self.shown, exc) from None
 
     # ------------------------------------------------------------------ reads
 
     def run(self, run_id: int) -> Run:
         run = self.session.get(Run, run_id)
         if run is None:
-            raise UserError(f"no run {run_id} in {self.url}; `harness ledger list` shows the runs")
+            raise UserError(f"no run {run_id} in {self.shown}; `harness ledger list` shows the runs")
         return run
 
     def runs(self, limit: int = 50) -> Sequence[Run]:
@@ -456,7 +481,7 @@ class Ledger:
     def latest_run(self) -> Run:
         run = self.session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
         if run is None:
-            raise UserError(f"the ledger {self.url} holds no runs yet; start one with `harness run FILE`")
+            raise UserError(f"the ledger {self.shown} holds no runs yet; start one with `harness run FILE`")
         return run
 
     def boot_values(self, boots: Iterable[Boot], metric: str, *, quiet: bool = False,
@@ -576,9 +601,14 @@ def _refused_write(exc: BaseException) -> bool:
     return any(key in text for key, _what, _fix in _REFUSALS)
 
 
+def _said(exc: BaseException) -> str:
+    """The first line of what the database said (not SQLAlchemy's statement and link)."""
+    return (str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__).splitlines()[0]
+
+
 def _write_error(url: str, exc: BaseException, *, opening: bool = False) -> InfrastructureError:
     """One line for a write the ledger refused: what, where, what to do (exit 3)."""
-    said = (str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__).splitlines()[0]
+    said = _said(exc)
     low = said.lower()
     for key, what, fix in _REFUSALS:
         if key in low:

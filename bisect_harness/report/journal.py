@@ -190,18 +190,41 @@ class _Page:
     logs: dict = field(default_factory=dict)  # (commits, releases) -> the commits between them
 
 
+@dataclass(frozen=True)
+class JournalSections:
+    """One run's page as the sections the journal's template reads: the run section
+    (``head``), a section per hypothesis, a block per curve by the id of the
+    hypothesis it goes before (``curves_at``), the curves themselves and a section
+    per config. The markdown journal and the HTML report (``report.html``) print the
+    same sections."""
+
+    head: RunSection
+    hypotheses: list[HypothesisSection]
+    curves_at: dict[str, curve_view.CurveSection]
+    curves: list[curve_view.Curve]
+    configs: list
+
+
 def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     """The journal's markdown for one run: the run section (its head, summary, searches
     and calibration), a section per hypothesis and a section per config, each made from
-    the ledger's rows by a function of its own."""
+    the ledger's rows by a function of its own (:func:`sections`)."""
+    parts = sections(ledger, run, plots_dir=plots_dir)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=False, lstrip_blocks=False)
+    return _tidy(env.get_template("journal.md.j2").render(**vars(parts.head), hypotheses=parts.hypotheses,
+                                                          configs=parts.configs, curves_at=parts.curves_at))
+
+
+def sections(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> JournalSections:
+    """The sections of ``run``'s page, each made from the ledger's rows (plots written
+    into ``plots_dir``; None: none drawn)."""
     session = ledger.session
     if not (session.new or session.dirty or session.deleted):
         # Rows read while the run went on hold lists that grew since (the closing
         # calibration, the last looks, a search's boots): the journal reads them again.
         session.expire_all()
-    env = jinja2.Environment(loader=jinja2.PackageLoader("bisect_harness", "templates"),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=False, lstrip_blocks=False)
     bisection_rows = session.scalars(select(Bisection).where(Bisection.run_id == run.id)).all()
     page = _Page(run=run, plots_dir=plots_dir, stem=journal_stem(run),
                  declared=metric_defs.declared_metrics(run.spec_text),  # engine.metrics, read once for the window view
@@ -215,8 +238,7 @@ def render(ledger: Ledger, run: Run, *, plots_dir: Path | None = None) -> str:
     configs = [config_view.config_section(c) for c in run.configs]
     run_boots = session.scalars(select(Boot).where(Boot.run_id == run.id).order_by(Boot.id)).all()
     head = _run_section(page, hyps, run_boots, curves)
-    return _tidy(env.get_template("journal.md.j2").render(**vars(head), hypotheses=hyps, configs=configs,
-                                                          curves_at=curves_at))
+    return JournalSections(head=head, hypotheses=hyps, curves_at=curves_at, curves=list(curves), configs=configs)
 
 
 def _curve_sections(curves: Sequence[curve_view.Curve], page: _Page) -> dict[str, curve_view.CurveSection]:
@@ -381,6 +403,7 @@ class HypothesisSection:
     commands: list[dict]
     git_log: list[str]
     git_note: str
+    points: tuple[plots.BootPoint, ...] = ()  # the plot's points: each boot's values, as the section read them
 
 
 def _hypothesis_section(h, page: _Page) -> HypothesisSection:
@@ -411,7 +434,7 @@ def _hypothesis_section(h, page: _Page) -> HypothesisSection:
         plot=plot, plot_missing=plot_missing,
         commands=[{"side": side, "boot": b.id, "text": reproduce.boot_command(b)}
                   for side, b in sorted(boots.first_used.items())],
-        git_log=git_log, git_note=git_note)
+        git_log=git_log, git_note=git_note, points=boots.points)
 
 
 def _verdict_part(v, drift: int, page: _Page) -> VerdictPart:

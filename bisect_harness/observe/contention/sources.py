@@ -20,6 +20,7 @@ import psutil
 
 from bisect_harness.errors import NotObserved
 from bisect_harness.kinds import Registry
+from bisect_harness.secrets import redact_text
 
 Reader = Callable[[str], str]
 
@@ -274,6 +275,7 @@ class ForeignCpuSource(Source):
             cmd = " ".join(" ".join(psutil.Process(pid).cmdline()).split())  # one line, even for `-c` code
         except psutil.Error:
             return None
+        cmd = redact_text(cmd)  # before it is cut: a secret cut in two is no longer found (another harness's --ledger)
         return cmd if len(cmd) <= 80 else cmd[:77] + "..."
 
     @staticmethod
