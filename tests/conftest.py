@@ -38,15 +38,12 @@ SERIAL = frozenset({
     "test_releases.py",          # a bisection over releases
     "test_slurm_e2e.py",         # a bisection through Slurm
     "test_nightly_workflow.py",  # nights whose alert is bisected
-    "test_resume.py",            # a killed run's budget, timed kills
-    "test_boot_checks.py",       # the A/A noise floor
     "test_calibration.py",       # the probe's spread
     "test_client.py",            # inter-token gaps of replayed streams
     "test_open_loop.py",         # send lags against scheduled times
     "test_capacity.py",          # a server's known capacity under an SLO
     "test_capacity_real.py",     # vLLM's capacity under a TTFT SLO
     "test_load_curve_real.py",   # llama-server's TTFT at two loads
-    "test_vllm_real.py",         # vLLM boots against their deadlines
     "test_llamacpp_real.py",     # a search on llama-server
     "test_slurm.py",             # a Ctrl-C timed against two running jobs and a queued one
 })

@@ -12,6 +12,7 @@ from bisect_harness.demo import create_demo_repo
 from bisect_harness.model import Expect
 from bisect_harness.decide.verdict import judge_night
 from bisect_harness.decide.shift import detect_shift
+from bisect_harness.record.ledger import Ledger
 
 from helpers import last_json, query, write_spec
 from mock_boots import Planted, harness_here
@@ -144,6 +145,14 @@ def test_nightly_alerts_on_the_regression_and_names_the_culprit(tmp_path):
     journal = sorted((tmp_path / "exp").glob("*-run6.md"))[0].read_text()
     assert "## Nightly check: regression" in journal and "## Bisection" in journal
     assert out["bisection"]["culprit"] == regression
+    # the bisection's configs carry the night's series, but the series holds one entry a night:
+    # tonight's commit, never a step of its search
+    ((series,),) = query(tmp_path / "r.db", "select series from configs where run_id = 6 order by id limit 1")
+    assert query(tmp_path / "r.db", "select count(*) from configs where run_id = 6 and series = ?", (series,))[0][0] > 1
+    with Ledger(f"sqlite:///{tmp_path / 'r.db'}") as led:
+        nights = led.nightly_history(series, before_run=7)
+        assert [(r.id, c) for r, c, _ in nights][-2:] == [(5, history.shas[i - 1]), (6, history.shas[i + 2])]
+        assert [r.id for r, _, _ in nights] == [1, 2, 3, 4, 5, 6]
     # the stored night and its bisection carry their findings beside the sentences
     ((summary,),) = query(tmp_path / "r.db", "select summary from runs where kind = 'nightly' order by id desc limit 1")
     stored = json.loads(summary)

@@ -539,12 +539,19 @@ class Ledger:
         return out
 
     def nightly_history(self, series: str, *, before_run: int) -> list[tuple[Run, str, list[Boot]]]:
-        """Earlier nightly runs of one series, oldest first: (run, commit, ok boots)."""
+        """Earlier nightly runs of one series, oldest first: (run, commit, ok boots), one
+        entry a night. A night's own config is the first of the series its run made: an
+        alert's bisection measures older commits in the same run, and its configs carry
+        the series too (the config without its commit), but they are steps of a search,
+        not nights."""
         q = (select(Config).join(Run, Run.id == Config.run_id)
              .where(Config.series == series, Run.kind == "nightly", Run.id < before_run)
-             .order_by(Run.id))
-        out = []
+             .order_by(Run.id, Config.id))
+        out, seen = [], set()
         for cfg in self.session.scalars(q).all():
+            if cfg.run_id in seen:
+                continue
+            seen.add(cfg.run_id)
             ok = [b for b in cfg.boots if b.status == "ok"]
             if ok:
                 out.append((cfg.run, cfg.commit, ok))

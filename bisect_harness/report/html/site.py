@@ -253,10 +253,8 @@ def _hypothesis_rows(hyps, run: Run) -> list[dict]:
 class NightRow:
     """One night of a series as ``report.series.nightly_series`` reads it (the rows the
     change-point pass took): its run, date, commit, value, the lowest and highest of
-    its boots' means, its status, whether the commit is the one the night measured
-    (``tonight``; else a commit its bisection booted in the same series), the interval
-    its night's test stored (tonight / the earlier nights), and the bisections its
-    alert ran."""
+    its boots' means, its status, the interval its night's test stored (tonight / the
+    earlier nights), and the bisections its alert ran."""
 
     run_id: int
     date: str
@@ -266,7 +264,6 @@ class NightRow:
     low: float
     high: float
     status: str
-    tonight: bool
     ratio: str
     bisections: tuple[int, ...]
 
@@ -275,18 +272,15 @@ def _series_context(ledger: Ledger, ref: SeriesRef, runs_by_id: dict[int, Run], 
     last = max(ref.runs)
     nights = nightly_series(ledger, ref.series, ref.metric, up_to_run=last, point=ref.point)
     spread = {}
-    for run, commit, boots in ledger.nightly_history(ref.series, before_run=last + 1):
+    for run, _commit, boots in ledger.nightly_history(ref.series, before_run=last + 1):
         means = [m for m in ledger.boot_values(boots, ref.metric, point=ref.point).means() if m > 0]
         if means:
-            spread[(run.id, commit or "")] = (min(means), max(means))
+            spread[run.id] = (min(means), max(means))
     rows = []
     for n in nights:
-        low, high = spread.get((n.run_id, n.commit), (n.value, n.value))
-        run = runs_by_id.get(n.run_id)
-        measured = (run.summary or {}).get("commit") if run is not None and isinstance(run.summary, dict) else None
+        low, high = spread.get(n.run_id, (n.value, n.value))
         rows.append(NightRow(run_id=n.run_id, date=n.date, commit=n.commit[:12], value=n.value, boots=n.boots,
-                             low=low, high=high, status=n.status, tonight=measured in (None, n.commit),
-                             ratio=_night_ratio(run, ref) if measured in (None, n.commit) else "",
+                             low=low, high=high, status=n.status, ratio=_night_ratio(runs_by_id.get(n.run_id), ref),
                              bisections=tuple(b.id for b in bisections.get(n.run_id, ()))))
     report, from_run = _stored_changepoints(ref, runs_by_id)
     points = [p for p in (report or {}).get("points") or []
@@ -298,7 +292,7 @@ def _series_context(ledger: Ledger, ref: SeriesRef, runs_by_id: dict[int, Run], 
                             for r in rows], [(p["run_id"], str(p["commit"])[:12]) for p in points],
                            title=f"{ref.experiment}: {ref.metric} per night", metric=ref.metric)
     return {"ref": ref, "nights": rows, "plot": Markup(plot), "changepoints": points, "report": report,
-            "report_run": from_run, "alerts": [r for r in rows if r.status == "alert" and r.tonight]}
+            "report_run": from_run, "alerts": [r for r in rows if r.status == "alert"]}
 
 
 def _night_ratio(run: Run | None, ref: SeriesRef) -> str:
