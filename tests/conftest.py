@@ -42,11 +42,17 @@ SERIAL = frozenset({
     "test_client.py",            # inter-token gaps of replayed streams
     "test_open_loop.py",         # send lags against scheduled times
     "test_capacity.py",          # a server's known capacity under an SLO
-    "test_capacity_real.py",     # vLLM's capacity under a TTFT SLO
     "test_load_curve_real.py",   # llama-server's TTFT at two loads
     "test_llamacpp_real.py",     # a search on llama-server
     "test_slurm.py",             # a Ctrl-C timed against two running jobs and a queued one
+    "test_sources_live.py",      # a measured effect at two boots a side
 })
+
+#: The workers' longest files, started first (``--dist loadfile`` hands files out in the
+#: order collected): one left for the end keeps a worker busy alone while the other idles.
+FIRST = ("test_vllm_real.py", "test_capacity_real.py", "test_cli_e2e.py", "test_postgres_ledger.py",
+         "test_noise_prior.py", "test_record.py", "test_openai_engine.py", "test_html_report.py",
+         "test_spec_limits.py", "test_hostile_servers.py", "test_secrets.py", "test_profile_capture.py")
 
 
 def pytest_configure(config):
@@ -62,3 +68,4 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL:
             item.add_marker(pytest.mark.serial)
+    items.sort(key=lambda item: FIRST.index(item.path.name) if item.path.name in FIRST else len(FIRST))

@@ -67,9 +67,12 @@ def shown(url: str) -> str:
     """``url`` as it may be printed: its password as ``***`` (a string that is no URL
     is shown with every registered secret masked)."""
     try:
-        return engine_url(url).render_as_string(hide_password=True)
+        parsed = engine_url(url)
     except ArgumentError:
         return secrets.redact_text(url)
+    if parsed.password is None:  # nothing to hide: as written (a rendering would %-escape a ``file:`` path)
+        return url
+    return parsed.render_as_string(hide_password=True)
 
 
 def register_password(url: str) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import re
 import socket
 import uuid
 import xml.etree.ElementTree as ET
@@ -155,14 +154,17 @@ def night_suite(run, *, ledger_url: str | None = None, site: PublishedSite | NoS
     return _suite(run, cases, ledger_url, site)
 
 
-#: Characters XML 1.0 cannot hold (control characters but tab, newline and return; lone
-#: surrogates; U+FFFE and U+FFFF): an engine's log line may carry them into a reason.
-_NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+def _xml_char(c: str) -> str:
+    """``c`` where XML 1.0 can hold it, else ``?``: control characters but tab, newline and
+    return, lone surrogates, U+FFFE and U+FFFF it cannot (an engine's log line may carry
+    them into a reason)."""
+    o = ord(c)
+    return c if o in (0x9, 0xA, 0xD) or 0x20 <= o <= 0xD7FF or 0xE000 <= o <= 0xFFFD or o >= 0x10000 else "?"
 
 
 def _x(text: str) -> str:
     """``text`` as XML 1.0 can hold it: each character it cannot, ``?``."""
-    return _NOT_XML.sub("?", str(text))
+    return "".join(map(_xml_char, str(text)))
 
 
 def to_xml(suites: Sequence[Suite]) -> bytes:
