@@ -48,8 +48,9 @@ SERIAL = frozenset({
     "test_sources_live.py",      # a measured effect at two boots a side
 })
 
-#: The workers' longest files, started first (``--dist loadfile`` hands files out in the
-#: order collected): one left for the end keeps a worker busy alone while the other idles.
+#: The workers' longest files, started first (``--dist loadfile --no-loadscope-reorder``
+#: hands files out in the order collected; xdist's own order, the files with the most
+#: tests first, left the two vLLM files to the end, a worker busy alone for minutes).
 FIRST = ("test_vllm_real.py", "test_capacity_real.py", "test_cli_e2e.py", "test_postgres_ledger.py",
          "test_noise_prior.py", "test_record.py", "test_openai_engine.py", "test_html_report.py",
          "test_spec_limits.py", "test_hostile_servers.py", "test_secrets.py", "test_profile_capture.py")

@@ -188,6 +188,22 @@ def test_journal_and_export_read_both_runs_back(together, tmp_path):
     assert [v for _s, v in samples] == pytest.approx([_json(m)["tok_s"] for _s, m in stored], rel=1e-12)
 
 
+@pytest.mark.slow
+def test_the_html_report_reads_both_runs_back(together, tmp_path):
+    """``harness report`` on the ledger: the index lists both runs, and each run's page
+    shows its hypothesis with the verdict the ledger holds."""
+    proc = harness("report", "--ledger", together["url"], "--out", tmp_path / "site")
+    assert proc.returncode == 0, proc.stderr
+    index = (tmp_path / "site" / "index.html").read_text()
+    for name, answer in together["answers"].items():
+        run_id = answer["run_id"]
+        assert f'href="runs/{run_id}.html"' in index, index[:3000]
+        page = (tmp_path / "site" / "runs" / f"{run_id}.html").read_text()
+        (stored,) = rows(together["url"], "SELECT v.outcome FROM verdicts v JOIN hypotheses h ON h.id = v.hypothesis_id "
+                                          "WHERE h.run_id = :run AND v.final", {"run": run_id})
+        assert HYPOTHESES[name]["id"] in page and stored[0] in page
+
+
 def _downgrade_to_v1(url: str) -> None:
     """The ledger as schema version 1 left it: every column a migration adds dropped
     (read from ``MIGRATIONS``, as ``test_concurrency._v1_ledger`` does on SQLite)."""

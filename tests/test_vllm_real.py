@@ -44,15 +44,17 @@ def _require_vllm() -> None:
         pytest.skip(msg)
 
 
-def _vllm_processes() -> list[str]:
+def _left_alive(pids) -> list[str]:
+    """Those of ``pids`` (a server tree's processes, as its env check listed them) still
+    running. Only our own tree counts: other tests beside this one boot vLLM too."""
     out = []
-    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+    for pid in sorted(set(pids)):
         try:
-            title = " ".join(p.info["cmdline"] or []) or p.info["name"] or ""
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {p.name()} {' '.join(p.cmdline())[:120]}")
         except (psutil.Error, OSError):
             continue
-        if title.startswith("VLLM::") or (p.info["name"] or "").startswith("VLLM::"):
-            out.append(f"{p.info['pid']} {title}")
     return out
 
 
@@ -165,7 +167,8 @@ def test_a_real_vllm_run_verifies_every_boot_and_decides(model, tmp_path):
     hits = query(db, "SELECT json_extract(metrics, '$.prefix_hits'), json_extract(metrics, '$.cached_prompt_tokens') "
                      "FROM samples")
     assert hits and all(h == 0 and cached is None for h, cached in hits), hits
-    assert not _vllm_processes(), _vllm_processes()
+    ours = [p["pid"] for (rep,) in query(db, "SELECT env_report FROM boots") for p in json.loads(rep)["processes"]]
+    assert ours and not _left_alive(ours), _left_alive(ours)
     print(f"vLLM run: {len(boots)} boots in {took:.0f} s")
 
 
@@ -259,4 +262,4 @@ def test_a_worker_renamed_without_spt_noenv_is_unverified(model, tmp_path):
     assert var.absent == () and var.mismatched == {}  # never "missing"
     assert set(var.unseen) | {p.pid for p in report.unverified} >= {p.pid for p in renamed}
     assert "unreadable in" in report.unverified_text()
-    assert not _vllm_processes(), _vllm_processes()
+    assert not _left_alive(p.pid for p in report.processes), _left_alive(p.pid for p in report.processes)
