@@ -11,11 +11,11 @@ wall time, the pages written, the largest page and the index's size.
 
     python bench/bench_report.py [--runs 200] [--repeat 3]
 
-Measured on a shared 2-core host (load average 3 to 4, other test runs beside it),
-200 runs (399 pages: the index, 200 runs, one nightly series, 197 comparisons):
-11.0 s median wall time for ``harness report`` as a fresh process (10.2 to 11.0 s
-over 3 repeats, 7.6 s of it writing the pages; 16 to 21 s when the host was busier);
-the largest page is the nightly series' (144 night rows), 122 KiB; the index, 98 KiB.
+Measured on a quiet 2-core host, 200 runs (399 pages: the index, 200 runs, one
+nightly series, 197 comparisons): 6.4 s median wall time for ``harness report`` as a
+fresh process (6.3 to 6.9 s over 3 repeats, 4.4 to 4.9 s of it writing the pages);
+the largest page is the nightly series' (one row a night), 99 KiB; the index, 98 KiB.
+Earlier, on a host busy with other test runs (load average 3 to 4): 11.0 s median.
 ``tests/test_html_report.py`` holds the index under 512 KiB and its load and a sort
 under 10 s in Chromium.
 
