@@ -248,7 +248,7 @@ def _curve_sections(curves: Sequence[curve_view.Curve], page: _Page) -> dict[str
     for curve in curves:
         first = next(h for h in page.run.hypotheses if h.hid in {p.hypothesis for p in curve.points})
         out[first.hid] = curve_view.section(curve, plots_dir=page.plots_dir, stem=page.stem,
-                                            unit=_unit(first, page.run.spec_text))
+                                            unit=metric_unit(first, page.run.spec_text))
     return out
 
 
@@ -412,7 +412,7 @@ def _hypothesis_section(h, page: _Page) -> HypothesisSection:
     drift = tuple(DriftRow(field=d.field, a=_md(d.a), b=_md(d.b), severity=d.severity.value, message=_md(d.message))
                   for d in host_drift(boot_records(boots.used["baseline"]), boot_records(boots.used["treatment"])))
     same, not_same = host_state.same_host_state(boots.used["baseline"], boots.used["treatment"], drift)
-    unit = _unit(h, run.spec_text)
+    unit = metric_unit(h, run.spec_text)
     plot, plot_missing = _plot(h, boots, unit, page)
     git_log, git_note = _commit_log(h, page)
     means = {side: (_fmt(_mean(ms), 2) + (f" {unit}" if unit else "") + f" (mean of {len(ms)} boot means)"
@@ -587,7 +587,7 @@ def _changepoint_lines(run) -> list[str]:
     return [_md(line.strip()) for line in report_lines(report)] if report else []
 
 
-def _unit(h, spec_text: str) -> str:
+def metric_unit(h, spec_text: str) -> str:
     """The metric's unit: as recorded with the hypothesis, else from the spec as written."""
     stored = (h.spec or {}).get("metric_def") or {}
     if stored.get("unit"):

@@ -207,7 +207,7 @@ def _run_context(ledger: Ledger, run: Run, refs: dict[str, SeriesRef], previous:
         curve_by_first[first] = c
     plots = {}
     for h in parts.hypotheses:
-        unit = _unit(next(x for x in run.hypotheses if x.id == h.row_id), run.spec_text)
+        unit = journal.metric_unit(next(x for x in run.hypotheses if x.id == h.row_id), run.spec_text)
         boots = svg.boots_plot(h.points, title=f"{h.id}: {h.metric} per boot", metric=h.metric, unit=unit)
         curve = curve_by_first.get(h.id)
         drawn = ""
@@ -222,15 +222,6 @@ def _run_context(ledger: Ledger, run: Run, refs: dict[str, SeriesRef], previous:
     nearby = [(a, b) for b, a in previous.items() if run.id in (a, b)]
     return {"parts": parts, "head": parts.head, "run": run, "plots": plots, "series": series,
             "compares": sorted(nearby), "hypothesis_rows": _hypothesis_rows(parts.hypotheses, run)}
-
-
-def _unit(h, spec_text: str) -> str:
-    """The metric's unit, as the journal reads it: recorded with the hypothesis, else the spec's."""
-    stored = (h.spec or {}).get("metric_def") or {}
-    if stored.get("unit"):
-        return str(stored["unit"])
-    metric = metric_defs.lookup_metric(h.metric, spec_text)
-    return metric.unit if metric is not None and metric.unit else ""
 
 
 def _hypothesis_rows(hyps, run: Run) -> list[dict]:
