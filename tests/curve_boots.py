@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from pathlib import Path
 from typing import Callable
 
 from bisect_harness.backends.mock import MockBackend
@@ -16,6 +17,29 @@ from bisect_harness.boot import SampleOutcome
 from bisect_harness.workload import LoadPoint
 
 POINTS = tuple(LoadPoint.of(concurrency=c) for c in (1, 4, 16, 32))
+
+#: Speculative decoding as the essays found it: 1.5x at concurrency 1, 0.6x at 32.
+DRAFTING_FACTORS = {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}
+
+
+def write_drafting_curve(path: Path) -> Path:
+    """A hypotheses file at ``path`` whose one hypothesis, ``spec-wins``, sweeps the
+    concurrencies of :data:`POINTS` on a launched OpenAI-compatible server: the file the
+    CLI tests of a curve run with :func:`drafting_boots`."""
+    from helpers import write_spec
+
+    return write_spec(path, engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
+                      defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
+                                "host_preflight_s": 0},
+                      hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
+                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%",
+                                   "sweep": {"concurrency": [dict(p.settings)["concurrency"] for p in POINTS]}}])
+
+
+def drafting_boots() -> "Curved":
+    """Boots of :func:`write_drafting_curve`'s file: the treatment (flag ``spec``) at
+    :data:`DRAFTING_FACTORS` of the baseline."""
+    return Curved(lambda r, c: DRAFTING_FACTORS[c] if dict(r.flags).get("spec") else 1.0)
 
 
 class Curved:

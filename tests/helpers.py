@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import sqlite3
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -206,3 +208,38 @@ class FakeServer:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+#: Forked processes for the tests that release several at once (``released_together``).
+FORK = mp.get_context("fork")
+
+
+def released_together(target, args_list, timeout_s: float = 120.0) -> list[tuple[int | None, str]]:
+    """Run ``target(barrier, *args)`` in one forked process per args, released at once;
+    (exit code, error text) of each."""
+    barrier = FORK.Barrier(len(args_list))
+    errors = FORK.Queue()
+
+    def child(index, *args):
+        try:
+            target(barrier, *args)
+        except BaseException:
+            errors.put((index, traceback.format_exc(limit=3)))
+            errors.close()
+            errors.join_thread()  # flushed before the hard exit
+            os._exit(1)
+        os._exit(0)
+
+    procs = [FORK.Process(target=child, args=(i, *args)) for i, args in enumerate(args_list)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    found = {}
+    while not errors.empty():
+        index, text = errors.get()
+        found[index] = text
+    return [(p.exitcode, found.get(i, "")) for i, p in enumerate(procs)]

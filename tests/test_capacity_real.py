@@ -44,22 +44,18 @@ random-weight Llama made here.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from helpers import harness, last_json, query, write_spec
+from test_vllm_real import PYTHON, _left_alive, _require_vllm
 from tinyllama import build_tiny_llama
 
 from bisect_harness.measure.capacity import STOPS
 
 pytestmark = pytest.mark.slow
-
-VENV = Path(os.environ.get("BISECT_HARNESS_VLLM_VENV",
-                           Path.home() / ".cache" / "bisect-harness" / "vllm-venv"))
 
 SLO_MS = 500.0
 CAPACITY = {"start_rps": 2, "tolerance": 0.25, "trial_requests": 10, "max_trials": 5}
@@ -67,16 +63,8 @@ BENCH = {"prompt_tokens": 16, "output_tokens": 200, "warmup_requests": 2, "arriv
          "slo": {"ttft_p90_ms": SLO_MS}, "capacity": CAPACITY, "max_lag_ms": 250}
 
 
-def _require_vllm() -> None:
-    if not (VENV / "bin" / "vllm").exists():
-        msg = f"no vLLM venv at {VENV} (make it with .ci/install-vllm {VENV})"
-        if os.environ.get("BISECT_HARNESS_REQUIRE_REAL_ENGINES") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 def _engine(model: Path) -> dict:
-    return {"preset": "vllm", "python": str(VENV / "bin" / "python"), "ready_timeout_s": 240,
+    return {"preset": "vllm", "python": str(PYTHON), "ready_timeout_s": 240,
             # 1 GiB of KV cache: vLLM's CPU default (4 GiB) does not boot beside the tests
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
             "flags": {"model": str(model), "enforce-eager": True, "max-model-len": 256, "seed": 0}}
@@ -132,10 +120,8 @@ def test_one_sequence_at_a_time_cuts_capacity_under_a_ttft_slo(tmp_path):
         for s in found:
             assert f"| {side} | {s['boot']} | ok | {s['capacity_rps']:.2f} |" in journal, (s, journal)
     # every process of every boot's server (as its env check listed them) is gone
-    ours = {p["pid"]: p["name"] for (rep,) in query(db, "SELECT env_report FROM boots")
-            for p in json.loads(rep)["processes"]}
-    left = [p for p in psutil.process_iter(["pid", "name"]) if ours.get(p.info["pid"]) == p.info["name"]]
-    assert ours and not left, left
+    ours = [p["pid"] for (rep,) in query(db, "SELECT env_report FROM boots") for p in json.loads(rep)["processes"]]
+    assert ours and not _left_alive(ours), _left_alive(ours)
     print(f"capacity_rps per boot: {figures}; effect {verdict['effect']:.3f}x {verdict['ci']}; {took:.0f} s")
 
 

@@ -235,15 +235,10 @@ def test_compare_in_github_form_says_each_config_and_links_its_page(made):
 
 
 def test_a_curve_is_a_test_case_per_point_and_its_stored_answer_in_words(tmp_path):
-    from curve_boots import Curved
+    from curve_boots import drafting_boots, write_drafting_curve
 
-    path = write_spec(tmp_path / "curve.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
-                      defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
-                                "host_preflight_s": 0},
-                      hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
-                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%",
-                                   "sweep": {"concurrency": [1, 4, 16, 32]}}])
-    drafting = Curved(lambda r, c: {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}[c] if dict(r.flags).get("spec") else 1.0)
+    path = write_drafting_curve(tmp_path / "curve.yaml")
+    drafting = drafting_boots()
     proc = harness_here("run", path, "--no-calibration", "--json", "--format", "github", "--junit",
                         tmp_path / "curve.xml", "--ledger", f"sqlite:///{tmp_path / 'r.db'}", "--journal-dir",
                         tmp_path / "exp", handler=drafting, cwd=tmp_path)

@@ -6,13 +6,11 @@ real git repository and real virtual environments in temp folders.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import socket
 import sqlite3
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
@@ -22,40 +20,8 @@ from bisect_harness.record import ledger as ledger_mod
 from bisect_harness.engines.checkout import Workspace
 from bisect_harness.record.ledger import Boot, Config, Ledger, Run
 from bisect_harness.record.liveness import OWNER_KEY, owner_record
-from helpers import HARNESS, git, query
+from helpers import FORK, HARNESS, git, query, released_together
 
-FORK = mp.get_context("fork")
-
-
-def _together(target, args_list, timeout_s: float = 120.0) -> list[tuple[int | None, str]]:
-    """Run ``target(barrier, *args)`` in one forked process per args, released at once;
-    (exit code, error text) of each."""
-    barrier = FORK.Barrier(len(args_list))
-    errors = FORK.Queue()
-
-    def child(index, *args):
-        try:
-            target(barrier, *args)
-        except BaseException:
-            errors.put((index, traceback.format_exc(limit=3)))
-            errors.close()
-            errors.join_thread()  # flushed before the hard exit
-            os._exit(1)
-        os._exit(0)
-
-    procs = [FORK.Process(target=child, args=(i, *args)) for i, args in enumerate(args_list)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout_s)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    found = {}
-    while not errors.empty():
-        index, text = errors.get()
-        found[index] = text
-    return [(p.exitcode, found.get(i, "")) for i, p in enumerate(procs)]
 
 
 def _open_ledger(barrier, url):
@@ -67,7 +33,7 @@ def test_four_processes_open_one_new_ledger_at_once_twenty_times(tmp_path):
     results = []
     for trial in range(20):
         url = f"sqlite:///{tmp_path / f'ledger-{trial}.db'}"
-        results += _together(_open_ledger, [(url,)] * 4)
+        results += released_together(_open_ledger, [(url,)] * 4)
         assert query(tmp_path / f"ledger-{trial}.db", "SELECT value FROM meta WHERE key = 'schema_version'") == \
             [(str(ledger_mod.SCHEMA_VERSION),)]
     failed = [(code, err) for code, err in results if code != 0]
@@ -102,7 +68,7 @@ def _make_tree_and_env(barrier, repo, cache, sha):
 def test_three_processes_make_worktrees_and_envs_on_one_new_cache(tmp_path, same_commit):
     shas = _repo(tmp_path / "repo")
     picks = [shas[-1]] * 3 if same_commit else shas
-    results = _together(_make_tree_and_env, [(tmp_path / "repo", tmp_path / "cache", sha) for sha in picks])
+    results = released_together(_make_tree_and_env, [(tmp_path / "repo", tmp_path / "cache", sha) for sha in picks])
     assert [code for code, _ in results] == [0, 0, 0], [e for _, e in results if e][:1]
     ws = Workspace(tmp_path / "repo", cache_dir=tmp_path / "cache")
     listed = git(ws.mirror_path, "worktree", "list", "--porcelain")

@@ -73,15 +73,10 @@ def make_ledger(root: Path) -> dict:
 
     harness("run", spec)
     harness("run", spec)
-    from curve_boots import Curved
+    from curve_boots import drafting_boots, write_drafting_curve
 
-    curve = write_spec(root / "curve.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
-                       defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
-                                 "host_preflight_s": 0},
-                       hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
-                                    "metric": "tok_s", "expect": "increase", "min_effect": "10%",
-                                    "sweep": {"concurrency": [1, 4, 16, 32]}}])
-    drafting = Curved(lambda r, c: {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}[c] if dict(r.flags).get("spec") else 1.0)
+    curve = write_drafting_curve(root / "curve.yaml")
+    drafting = drafting_boots()
     harness("run", curve, handler=drafting)
     nights = [hist.shas[i] for i in range(i_reg - 5, i_reg)] + [hist.shas[i] for i in range(i_reg + 1, i_reg + 6)]
     for k, rev in enumerate(nights):

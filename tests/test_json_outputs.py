@@ -158,15 +158,10 @@ def test_a_curve_run_prints_each_point_grouped_under_its_curve(tmp_path):
     ``curve_boots.Curved``): one entry per point with its curve and
     point, and the curve's points' verdicts under ``curves``, with the answer the run
     stored (null where it stored none, with the note that says so)."""
-    from curve_boots import Curved
+    from curve_boots import drafting_boots, write_drafting_curve
 
-    path = write_spec(tmp_path / "curve.yaml", engine={"preset": "openai", "launch": ["my-server", "--port", "{port}"]},
-                      defaults={"boots_per_arm": 3, "max_boots_per_arm": 4, "samples_per_boot": 2,
-                                "host_preflight_s": 0},
-                      hypotheses=[{"id": "spec-wins", "baseline": {}, "treatment": {"flags": {"spec": 1}},
-                                   "metric": "tok_s", "expect": "increase", "min_effect": "10%",
-                                   "sweep": {"concurrency": [1, 4, 16, 32]}}])
-    drafting = Curved(lambda r, c: {1: 1.5, 4: 1.3, 16: 0.8, 32: 0.6}[c] if dict(r.flags).get("spec") else 1.0)
+    path = write_drafting_curve(tmp_path / "curve.yaml")
+    drafting = drafting_boots()
     url = f"sqlite:///{tmp_path / 'r.db'}"
     ran = _json(harness_here("run", path, "--no-calibration", "--json", "--ledger", url, "--journal-dir",
                              tmp_path / "exp", handler=drafting, cwd=tmp_path))

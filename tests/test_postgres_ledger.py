@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import csv
 import json
-import multiprocessing as mp
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
@@ -31,10 +29,9 @@ from bisect_harness.record import database, ledger as ledger_mod, liveness, runl
 from bisect_harness.record.ledger import SCHEMA_VERSION, Ledger, Run
 from bisect_harness.report import journal
 from bisect_harness.run.resume import spec_hash
-from helpers import HARNESS, SMALL_BENCH, harness, last_json, write_spec
+from helpers import HARNESS, SMALL_BENCH, harness, last_json, released_together, write_spec
 from postgres_server import PostgresServer, ServerUnavailable, free_port
 
-FORK = mp.get_context("fork")
 DEFAULTS = {"samples_per_boot": 1, "boots_per_arm": 2, "max_boots_per_arm": 2, "host_preflight_s": 0}
 HYPOTHESES = {
     "regression": {"id": "head-regression", "baseline": {"commit": "HEAD~26"}, "treatment": {"commit": "HEAD"},
@@ -337,41 +334,11 @@ def _open_ledger(barrier, url):
     Ledger(url).close()
 
 
-def _together(target, args_list, timeout_s: float = 120.0) -> list[tuple[int | None, str]]:
-    """``target(barrier, *args)`` in one forked process per args, released at once."""
-    barrier = FORK.Barrier(len(args_list))
-    errors = FORK.Queue()
-
-    def child(index, *args):
-        try:
-            target(barrier, *args)
-        except BaseException:
-            errors.put((index, traceback.format_exc(limit=3)))
-            errors.close()
-            errors.join_thread()
-            os._exit(1)
-        os._exit(0)
-
-    procs = [FORK.Process(target=child, args=(i, *args)) for i, args in enumerate(args_list)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout_s)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    found = {}
-    while not errors.empty():
-        index, text_ = errors.get()
-        found[index] = text_
-    return [(p.exitcode, found.get(i, "")) for i, p in enumerate(procs)]
-
-
 def test_four_processes_open_one_new_postgres_ledger_at_once(postgres_server):
     results = []
     for _trial in range(5):
         url = postgres_server.url(postgres_server.new_database())
-        results += _together(_open_ledger, [(url,)] * 4)
+        results += released_together(_open_ledger, [(url,)] * 4)
         assert rows(url, "SELECT key, value FROM meta") == [("schema_version", str(SCHEMA_VERSION))]
     failed = [(code, err) for code, err in results if code != 0]
     assert len(results) == 20 and failed == [], failed[0][1][-1500:]
